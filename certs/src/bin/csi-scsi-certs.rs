@@ -1,0 +1,165 @@
+//! `csi-scsi-certs`: create the cluster CA and issue agent and proxy
+//! certificates, as PEM files or Kubernetes Secret manifests.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use csi_scsi_certs::{
+    CA_CERT_FILE, CA_KEY_FILE, CertError, CertificateAuthority, Identity, TrustDomain, Validity,
+    secret_manifest, write_issued,
+};
+
+/// Trust material for csi-scsi's mutual TLS between the proxy and agents.
+///
+/// One CA per cluster. Each agent gets a server certificate naming its node
+/// (spiffe://<trust-domain>/node/<node> and DNS <node>); the proxy gets a
+/// client certificate naming spiffe://<trust-domain>/proxy. Keys are ECDSA
+/// P-256 and written with mode 0600.
+#[derive(Parser, Debug)]
+#[command(name = "csi-scsi-certs", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new cluster CA: writes ca.crt and ca.key (0600) into --out.
+    InitCa {
+        /// Directory for ca.crt and ca.key.
+        #[arg(long)]
+        out: PathBuf,
+        /// SPIFFE trust domain, recorded in the CA certificate.
+        #[arg(long, default_value = "csi-scsi.local")]
+        trust_domain: String,
+        /// Validity in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+        /// Replace an existing CA (every certificate it issued stops being trusted
+        /// once agents and the proxy load the new ca.crt).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue the server certificate of the agent on one node.
+    IssueAgent {
+        /// Kubernetes node name the agent runs on.
+        #[arg(long)]
+        node: String,
+        #[command(flatten)]
+        issue: IssueArgs,
+    },
+    /// Issue the proxy's client certificate.
+    IssueProxy {
+        #[command(flatten)]
+        issue: IssueArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct IssueArgs {
+    /// Directory holding the CA's ca.crt and ca.key.
+    #[arg(long)]
+    ca: PathBuf,
+    /// pem: a directory with tls.crt, tls.key, ca.crt. secret: a YAML file
+    /// (or stdout when --out is "-") with a kubernetes.io/tls Secret.
+    #[arg(long, value_enum, default_value_t = Format::Pem)]
+    format: Format,
+    /// Output directory (pem) or file (secret; "-" for stdout).
+    #[arg(long)]
+    out: PathBuf,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365)]
+    days: u32,
+    /// Secret name (secret format); defaults to csi-scsi-agent-<node> or csi-scsi-proxy.
+    #[arg(long)]
+    secret_name: Option<String>,
+    /// Secret namespace (secret format).
+    #[arg(long, default_value = "csi-scsi")]
+    namespace: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Format {
+    Pem,
+    Secret,
+}
+
+fn main() -> ExitCode {
+    csi_scsi_certs::install_crypto_provider();
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(msg) => {
+            eprintln!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("csi-scsi-certs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<String, CertError> {
+    match command {
+        Command::InitCa {
+            out,
+            trust_domain,
+            days,
+            force,
+        } => {
+            let key_path = out.join(CA_KEY_FILE);
+            if key_path.exists() && !force {
+                return Err(CertError::Io {
+                    path: key_path,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        "a CA already exists here; pass --force to replace it",
+                    ),
+                });
+            }
+            let domain = TrustDomain::new(&trust_domain)?;
+            let ca = CertificateAuthority::create(&domain, Validity::days(days))?;
+            csi_scsi_certs::write_ca(&out, &ca)?;
+            Ok(format!(
+                "created CA for trust domain {domain} in {}",
+                out.display()
+            ))
+        }
+        Command::IssueAgent { node, issue } => {
+            let name = issue
+                .secret_name
+                .clone()
+                .unwrap_or_else(|| format!("csi-scsi-agent-{node}"));
+            issue_to(&issue, &Identity::Node(node), &name)
+        }
+        Command::IssueProxy { issue } => {
+            let name = issue
+                .secret_name
+                .clone()
+                .unwrap_or_else(|| "csi-scsi-proxy".into());
+            issue_to(&issue, &Identity::Proxy, &name)
+        }
+    }
+}
+
+fn issue_to(args: &IssueArgs, identity: &Identity, secret_name: &str) -> Result<String, CertError> {
+    let ca = CertificateAuthority::load(&args.ca.join(CA_CERT_FILE), &args.ca.join(CA_KEY_FILE))?;
+    let issued = ca.issue(identity, Validity::days(args.days))?;
+    let uri = ca.trust_domain().uri(identity);
+    match args.format {
+        Format::Pem => {
+            write_issued(&args.out, &issued)?;
+            Ok(format!("issued {uri} into {}", args.out.display()))
+        }
+        Format::Secret => {
+            let yaml = secret_manifest(&issued, secret_name, &args.namespace);
+            if args.out == Path::new("-") {
+                print!("{yaml}");
+            } else {
+                csi_scsi_certs::write_private_file(&args.out, &yaml)?;
+            }
+            Ok(format!("issued {uri} as Secret {}/{secret_name}", args.namespace))
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! Trust material for csi-scsi, in five lines:
+//! - one CA per cluster signs every certificate (ECDSA P-256);
+//! - an agent's server certificate names its node: URI SAN
+//!   `spiffe://<trust-domain>/node/<node>` and DNS SAN `<node>`;
+//! - the proxy's client certificate names `spiffe://<trust-domain>/proxy`;
+//! - agents accept only the proxy; the proxy dialling node X accepts only X;
+//! - files are reloaded when they change; there is never a plaintext fallback.
+//!
+//! This crate issues certificates (rcgen) and builds the rustls configs; it
+//! never opens sockets.
+#![forbid(unsafe_code)]
+
+mod authority;
+mod error;
+mod identity;
+mod issue;
+mod material;
+mod pem_files;
+mod reload;
+mod secret;
+mod tls;
+mod verify;
+
+pub use authority::CertificateAuthority;
+pub use error::CertError;
+pub use identity::{Identity, TrustDomain};
+pub use issue::{IssuedCertificate, Validity};
+pub use material::{Material, MaterialPaths, Role};
+pub use pem_files::{
+    CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_issued, write_private_file,
+};
+pub use reload::MaterialStore;
+pub use secret::secret_manifest;
+pub use tls::{client_config_for_node, server_config};
+pub use verify::IdentityRejected;
+
+/// Installs ring as the process-wide rustls crypto provider (idempotent).
+pub fn install_crypto_provider() {
+    // Fails only when a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

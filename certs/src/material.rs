@@ -1,0 +1,249 @@
+//! One consistent set of trust material (own certificate and key, CA
+//! roots) loaded from files and checked before use.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier;
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+use crate::identity::identities_in;
+use crate::pem_files::read_bytes;
+use crate::{CA_CERT_FILE, CertError, Identity, TLS_CERT_FILE, TLS_KEY_FILE, TrustDomain};
+
+/// Which side of the agent API a process is on; decides what its own
+/// certificate must say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The agent on `node`: serves the agent API with a server certificate.
+    Agent {
+        /// The node this agent runs on.
+        node: String,
+    },
+    /// The proxy: calls agents with a client certificate.
+    Proxy,
+}
+
+/// Where the three PEM files live.
+#[derive(Clone, Debug)]
+pub struct MaterialPaths {
+    /// Own certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Own private key.
+    pub key: PathBuf,
+    /// CA certificate(s) to trust; several during a CA rotation.
+    pub ca: PathBuf,
+}
+
+/// Loaded, checked trust material.
+pub struct Material {
+    pub(crate) certified_key: Arc<CertifiedKey>,
+    pub(crate) client_verifier: Arc<dyn ClientCertVerifier>,
+    pub(crate) server_verifier: Arc<WebPkiServerVerifier>,
+    identity: Identity,
+    serial: String,
+    not_after: SystemTime,
+    raw: [Vec<u8>; 3],
+}
+
+// === impl Role ===
+
+impl Role {
+    /// The identity this role's certificate must carry.
+    pub fn identity(&self) -> Identity {
+        match self {
+            Self::Agent { node } => Identity::Node(node.clone()),
+            Self::Proxy => Identity::Proxy,
+        }
+    }
+}
+
+// === impl MaterialPaths ===
+
+impl MaterialPaths {
+    /// `tls.crt`, `tls.key` and `ca.crt` in `dir` (a mounted Secret).
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            cert: dir.join(TLS_CERT_FILE),
+            key: dir.join(TLS_KEY_FILE),
+            ca: dir.join(CA_CERT_FILE),
+        }
+    }
+
+    pub(crate) fn read_raw(&self) -> Result<[Vec<u8>; 3], CertError> {
+        Ok([
+            read_bytes(&self.cert)?,
+            read_bytes(&self.key)?,
+            read_bytes(&self.ca)?,
+        ])
+    }
+}
+
+// === impl Material ===
+
+impl Material {
+    /// Reads and checks the files: key matches certificate, certificate
+    /// chains to the CA and is within its validity, and names `role`.
+    pub fn load(paths: &MaterialPaths, role: &Role, domain: &TrustDomain) -> Result<Self, CertError> {
+        Self::from_raw(paths, paths.read_raw()?, role, domain)
+    }
+
+    pub(crate) fn from_raw(
+        paths: &MaterialPaths,
+        raw: [Vec<u8>; 3],
+        role: &Role,
+        domain: &TrustDomain,
+    ) -> Result<Self, CertError> {
+        let [cert_pem, key_pem, ca_pem] = &raw;
+        let chain = parse_certs(&paths.cert, cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertError::BadPem {
+            path: paths.key.clone(),
+            reason: format!("no private key: {e}"),
+        })?;
+        let roots = parse_certs(&paths.ca, ca_pem)?;
+        let mut store = RootCertStore::empty();
+        for root in roots {
+            store.add(root).map_err(|e| CertError::BadPem {
+                path: paths.ca.clone(),
+                reason: format!("unusable CA certificate: {e}"),
+            })?;
+        }
+        let store = Arc::new(store);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certified_key = CertifiedKey::from_der(chain.clone(), key, &provider)?;
+        certified_key.keys_match()?;
+        let client_verifier =
+            WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
+                .build()
+                .map_err(|e| CertError::BadPem {
+                    path: paths.ca.clone(),
+                    reason: format!("cannot build a verifier from the CA: {e}"),
+                })?;
+        let server_verifier = WebPkiServerVerifier::builder_with_provider(store, provider)
+            .build()
+            .map_err(|e| CertError::BadPem {
+                path: paths.ca.clone(),
+                reason: format!("cannot build a verifier from the CA: {e}"),
+            })?;
+
+        let (leaf, intermediates) = chain.split_first().ok_or_else(|| CertError::BadPem {
+            path: paths.cert.clone(),
+            reason: "no certificate".into(),
+        })?;
+        let expected = role.identity();
+        let (ids, raw_ids) = identities_in(leaf, domain);
+        if !ids.contains(&expected) {
+            return Err(CertError::WrongIdentity {
+                path: paths.cert.clone(),
+                expected: domain.uri(&expected),
+                found: if raw_ids.is_empty() {
+                    "no spiffe:// identity".into()
+                } else {
+                    raw_ids.join(", ")
+                },
+            });
+        }
+        let now = UnixTime::now();
+        let checked = match role {
+            Role::Agent { node } => {
+                let name = ServerName::try_from(node.clone()).map_err(|_| CertError::InvalidName {
+                    what: "node name",
+                    value: node.clone(),
+                    reason: "not a DNS name",
+                })?;
+                server_verifier
+                    .verify_server_cert(leaf, intermediates, &name, &[], now)
+                    .map(|_| ())
+            }
+            Role::Proxy => client_verifier
+                .verify_client_cert(leaf, intermediates, now)
+                .map(|_| ()),
+        };
+        checked.map_err(|source| CertError::Untrusted {
+            path: paths.cert.clone(),
+            ca: paths.ca.clone(),
+            source,
+        })?;
+        let (serial, not_after) = serial_and_expiry(leaf).ok_or_else(|| CertError::BadPem {
+            path: paths.cert.clone(),
+            reason: "certificate does not parse".into(),
+        })?;
+        Ok(Self {
+            certified_key: Arc::new(certified_key),
+            client_verifier,
+            server_verifier,
+            identity: expected,
+            serial,
+            not_after,
+            raw,
+        })
+    }
+
+    /// The identity of our own certificate.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Serial number of our own certificate, lower-case hex.
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
+    /// When our own certificate expires.
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    /// Time left before our own certificate expires (zero once expired).
+    pub fn remaining(&self) -> Duration {
+        self.not_after
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    }
+
+    pub(crate) fn same_files(&self, raw: &[Vec<u8>; 3]) -> bool {
+        &self.raw == raw
+    }
+}
+
+impl std::fmt::Debug for Material {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Material")
+            .field("identity", &self.identity)
+            .field("serial", &self.serial)
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| CertError::BadPem {
+            path: path.to_owned(),
+            reason: format!("malformed PEM: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(CertError::BadPem {
+            path: path.to_owned(),
+            reason: "no CERTIFICATE block".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Serial number (hex) and notAfter of a DER certificate.
+pub(crate) fn serial_and_expiry(der: &[u8]) -> Option<(String, SystemTime)> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let serial = cert.tbs_certificate.raw_serial_as_string().replace(':', "");
+    let secs = cert.validity().not_after.timestamp();
+    let not_after = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?);
+    Some((serial, not_after))
+}

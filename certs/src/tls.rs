@@ -1,0 +1,66 @@
+//! rustls configs for the agent API: mutual TLS only, HTTP/2 ALPN, material
+//! read from a [`MaterialStore`] at every handshake.
+
+use std::sync::Arc;
+
+use rustls::client::ResolvesClientCert;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, ServerConfig, SignatureScheme};
+
+use crate::verify::{NodeServerVerifier, ProxyClientVerifier};
+use crate::{CertError, MaterialStore};
+
+/// Presents the store's current certificate, on either side.
+#[derive(Debug)]
+struct CurrentCert(Arc<MaterialStore>);
+
+/// The agent's server config: requires a client certificate from the CA
+/// that names the proxy.
+pub fn server_config(store: Arc<MaterialStore>) -> Result<Arc<ServerConfig>, CertError> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(Arc::new(ProxyClientVerifier {
+            store: store.clone(),
+        }))
+        .with_cert_resolver(Arc::new(CurrentCert(store)));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The proxy's client config for dialling `node`: the server must present a
+/// certificate from the CA that names exactly that node.
+pub fn client_config_for_node(store: Arc<MaterialStore>, node: &str) -> Result<Arc<ClientConfig>, CertError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NodeServerVerifier {
+            store: store.clone(),
+            node: node.to_owned(),
+        }))
+        .with_client_cert_resolver(Arc::new(CurrentCert(store)));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+// === impl CurrentCert ===
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current().certified_key.clone())
+    }
+}
+
+impl ResolvesClientCert for CurrentCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current().certified_key.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,202 @@
+//! rustls verifiers that demand the expected peer identity on top of the
+//! usual chain checks, reading the current CA from the [`MaterialStore`] so
+//! rotated roots apply to the next handshake.
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use crate::identity::identities_in;
+use crate::{Identity, MaterialStore};
+
+/// Why a peer with a valid chain was still refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdentityRejected {
+    /// The agent API accepts only the proxy; this client is someone else.
+    #[error("client identity {presented} is not the proxy ({expected}): only the proxy may call the agent API")]
+    NotProxy {
+        /// The identity required.
+        expected: String,
+        /// What the client presented.
+        presented: String,
+    },
+    /// The proxy dialled one node and another answered.
+    #[error("dialled {expected} but the peer's certificate names {presented}")]
+    WrongNode {
+        /// The identity required.
+        expected: String,
+        /// What the server presented.
+        presented: String,
+    },
+}
+
+/// Server side of the agent API: a client certificate from the CA that
+/// names the proxy, nothing else.
+#[derive(Debug)]
+pub(crate) struct ProxyClientVerifier {
+    pub(crate) store: Arc<MaterialStore>,
+}
+
+/// Client side (the proxy) dialling one node: a server certificate from the
+/// CA that names exactly that node.
+#[derive(Debug)]
+pub(crate) struct NodeServerVerifier {
+    pub(crate) store: Arc<MaterialStore>,
+    pub(crate) node: String,
+}
+
+// === impl ProxyClientVerifier ===
+
+impl ClientCertVerifier for ProxyClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // Hints are optional; the roots can change under us, so send none.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let material = self.store.current();
+        let domain = self.store.trust_domain();
+        let (ids, raw) = identities_in(end_entity, domain);
+        let presented = describe(&raw);
+        let rejected = || {
+            other(IdentityRejected::NotProxy {
+                expected: domain.uri(&Identity::Proxy),
+                presented: presented.clone(),
+            })
+        };
+        match material
+            .client_verifier
+            .verify_client_cert(end_entity, intermediates, now)
+        {
+            Ok(verified) if ids.contains(&Identity::Proxy) => Ok(verified),
+            Ok(_) => Err(rejected()),
+            // An agent certificate lacks the client-auth usage; say who it is.
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
+            )) if !ids.contains(&Identity::Proxy) => Err(rejected()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.store
+            .current()
+            .client_verifier
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.store
+            .current()
+            .client_verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.store.current().client_verifier.supported_verify_schemes()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+}
+
+// === impl NodeServerVerifier ===
+
+impl ServerCertVerifier for NodeServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let material = self.store.current();
+        let domain = self.store.trust_domain();
+        let expected = Identity::Node(self.node.clone());
+        let (ids, raw) = identities_in(end_entity, domain);
+        let wrong_node = || {
+            other(IdentityRejected::WrongNode {
+                expected: domain.uri(&expected),
+                presented: describe(&raw),
+            })
+        };
+        // Check against the node we meant to reach, whatever name the
+        // connector put in SNI.
+        let name = ServerName::try_from(self.node.clone()).map_err(|_| wrong_node())?;
+        match material.server_verifier.verify_server_cert(
+            end_entity,
+            intermediates,
+            &name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) if ids.contains(&expected) => Ok(verified),
+            Ok(_) => Err(wrong_node()),
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Err(wrong_node()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.store
+            .current()
+            .server_verifier
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.store
+            .current()
+            .server_verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.store.current().server_verifier.supported_verify_schemes()
+    }
+}
+
+fn other(e: IdentityRejected) -> rustls::Error {
+    rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
+}
+
+fn describe(raw: &[String]) -> String {
+    if raw.is_empty() {
+        "no spiffe:// identity".into()
+    } else {
+        raw.join(", ")
+    }
+}
