@@ -1,1 +1,17 @@
-fn main() {}
+//! csi-scsi-agent: the node plugin. Reads its configuration, then serves
+//! CSI on the kubelet socket and the agent API over mutual TLS until
+//! SIGTERM, draining in-flight calls within the grace period.
+#![forbid(unsafe_code)]
+
+mod config;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = config::Args::parse();
+    let format = args.log_format;
+    csi_scsi_daemon::run_main("csi-scsi-agent", args.validate(), format, serve::run)
+}

@@ -28,9 +28,19 @@ impl CertificateAuthority {
     pub fn create(domain: &TrustDomain, validity: Validity) -> Result<Self, CertError> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let serial = random_serial();
+        // A unique name per CA: verifiers find issuers by name, so two CAs
+        // with one name would make a foreign certificate look like a bad
+        // signature instead of an unknown issuer.
+        let tag: String = serial
+            .as_ref()
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("csi-scsi CA {domain}"));
+            .push(DnType::CommonName, format!("csi-scsi CA {domain} {tag}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -42,7 +52,7 @@ impl CertificateAuthority {
                 .try_into()
                 .map_err(|_| bad_domain(domain))?,
         )];
-        params.serial_number = Some(random_serial());
+        params.serial_number = Some(serial);
         validity.apply(&mut params);
         let cert = params.self_signed(&key)?;
         let cert_pem = cert.pem();

@@ -53,7 +53,9 @@ impl TrustDomain {
 
     /// Parses a SPIFFE URI of this domain; `None` for any other URI.
     pub fn parse_uri(&self, uri: &str) -> Option<Identity> {
-        let rest = uri.strip_prefix("spiffe://")?.strip_prefix(self.0.as_str())?;
+        let rest = uri
+            .strip_prefix("spiffe://")?
+            .strip_prefix(self.0.as_str())?;
         match rest {
             "/proxy" => Some(Identity::Proxy),
             _ => {
@@ -88,7 +90,8 @@ pub(crate) fn validate_node_name(node: &str) -> Result<(), CertError> {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
@@ -113,12 +116,12 @@ pub(crate) fn identities_in(der: &[u8], domain: &TrustDomain) -> (Vec<Identity>,
     };
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::URI(uri) = name {
-                if uri.starts_with("spiffe://") {
-                    raw.push((*uri).to_owned());
-                    if let Some(id) = domain.parse_uri(uri) {
-                        parsed.push(id);
-                    }
+            if let x509_parser::extensions::GeneralName::URI(uri) = name
+                && uri.starts_with("spiffe://")
+            {
+                raw.push((*uri).to_owned());
+                if let Some(id) = domain.parse_uri(uri) {
+                    parsed.push(id);
                 }
             }
         }

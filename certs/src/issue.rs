@@ -70,13 +70,17 @@ impl CertificateAuthority {
         params.subject_alt_names = vec![SanType::URI(
             uri.as_str().try_into().map_err(|_| invalid("URI", &uri))?,
         )];
-        params.distinguished_name.push(DnType::CommonName, identity.to_string());
+        params
+            .distinguished_name
+            .push(DnType::CommonName, identity.to_string());
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         match identity {
             Identity::Node(node) => {
                 validate_node_name(node)?;
                 params.subject_alt_names.push(SanType::DnsName(
-                    node.as_str().try_into().map_err(|_| invalid("node name", node))?,
+                    node.as_str()
+                        .try_into()
+                        .map_err(|_| invalid("node name", node))?,
                 ));
                 params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             }

@@ -27,7 +27,8 @@ pub use identity::{Identity, TrustDomain};
 pub use issue::{IssuedCertificate, Validity};
 pub use material::{Material, MaterialPaths, Role};
 pub use pem_files::{
-    CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_issued, write_private_file,
+    CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_issued,
+    write_private_file,
 };
 pub use reload::MaterialStore;
 pub use secret::secret_manifest;

@@ -91,7 +91,11 @@ impl MaterialPaths {
 impl Material {
     /// Reads and checks the files: key matches certificate, certificate
     /// chains to the CA and is within its validity, and names `role`.
-    pub fn load(paths: &MaterialPaths, role: &Role, domain: &TrustDomain) -> Result<Self, CertError> {
+    pub fn load(
+        paths: &MaterialPaths,
+        role: &Role,
+        domain: &TrustDomain,
+    ) -> Result<Self, CertError> {
         Self::from_raw(paths, paths.read_raw()?, role, domain)
     }
 
@@ -153,11 +157,12 @@ impl Material {
         let now = UnixTime::now();
         let checked = match role {
             Role::Agent { node } => {
-                let name = ServerName::try_from(node.clone()).map_err(|_| CertError::InvalidName {
-                    what: "node name",
-                    value: node.clone(),
-                    reason: "not a DNS name",
-                })?;
+                let name =
+                    ServerName::try_from(node.clone()).map_err(|_| CertError::InvalidName {
+                        what: "node name",
+                        value: node.clone(),
+                        reason: "not a DNS name",
+                    })?;
                 server_verifier
                     .verify_server_cert(leaf, intermediates, &name, &[], now)
                     .map(|_| ())

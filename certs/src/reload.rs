@@ -28,7 +28,11 @@ pub struct MaterialStore {
 
 impl MaterialStore {
     /// Loads the files once; fails if they are missing or inconsistent.
-    pub fn load(paths: MaterialPaths, role: Role, domain: TrustDomain) -> Result<Arc<Self>, CertError> {
+    pub fn load(
+        paths: MaterialPaths,
+        role: Role,
+        domain: TrustDomain,
+    ) -> Result<Arc<Self>, CertError> {
         let material = Material::load(&paths, &role, &domain)?;
         Ok(Arc::new(Self {
             paths,
@@ -83,16 +87,17 @@ impl MaterialStore {
     /// runtime.
     pub fn watch(self: &Arc<Self>, poll: Duration) -> Result<(), CertError> {
         let (tx, mut rx) = mpsc::channel::<()>(1);
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
-                // A full channel already holds a pending wake-up.
-                let _ = tx.try_send(());
-            }
-        })
-        .map_err(|source| CertError::Watch {
-            path: self.paths.cert.clone(),
-            source,
-        })?;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if event.is_ok() {
+                    // A full channel already holds a pending wake-up.
+                    let _ = tx.try_send(());
+                }
+            })
+            .map_err(|source| CertError::Watch {
+                path: self.paths.cert.clone(),
+                source,
+            })?;
         for dir in watched_dirs(&self.paths) {
             watcher
                 .watch(&dir, RecursiveMode::NonRecursive)
@@ -141,6 +146,12 @@ fn watched_dirs(paths: &MaterialPaths) -> BTreeSet<PathBuf> {
     [&paths.cert, &paths.key, &paths.ca]
         .into_iter()
         .map(|p| p.parent().unwrap_or(Path::new(".")).to_path_buf())
-        .map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p })
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                p
+            }
+        })
         .collect()
 }

@@ -25,12 +25,21 @@ pub fn server_config(store: Arc<MaterialStore>) -> Result<Arc<ServerConfig>, Cer
         }))
         .with_cert_resolver(Arc::new(CurrentCert(store)));
     config.alpn_protocols = vec![b"h2".to_vec()];
+    // A resumed session skips certificate checks: an expired or no longer
+    // trusted client would get back in. Every connection does a full
+    // handshake against the current material (connections are long-lived
+    // HTTP/2, so this costs little).
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
 }
 
 /// The proxy's client config for dialling `node`: the server must present a
 /// certificate from the CA that names exactly that node.
-pub fn client_config_for_node(store: Arc<MaterialStore>, node: &str) -> Result<Arc<ClientConfig>, CertError> {
+pub fn client_config_for_node(
+    store: Arc<MaterialStore>,
+    node: &str,
+) -> Result<Arc<ClientConfig>, CertError> {
     let mut config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
@@ -40,6 +49,8 @@ pub fn client_config_for_node(store: Arc<MaterialStore>, node: &str) -> Result<A
         }))
         .with_client_cert_resolver(Arc::new(CurrentCert(store)));
     config.alpn_protocols = vec![b"h2".to_vec()];
+    // Same reason as the server: always verify the agent's current certificate.
+    config.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(config))
 }
 

@@ -6,18 +6,22 @@ use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, SignatureScheme,
+};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::identity::identities_in;
 use crate::{Identity, MaterialStore};
 
 /// Why a peer with a valid chain was still refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum IdentityRejected {
     /// The agent API accepts only the proxy; this client is someone else.
-    #[error("client identity {presented} is not the proxy ({expected}): only the proxy may call the agent API")]
+    #[error(
+        "client identity {presented} is not the proxy ({expected}): only the proxy may call the agent API"
+    )]
     NotProxy {
         /// The identity required.
         expected: String,
@@ -32,6 +36,14 @@ pub enum IdentityRejected {
         /// What the server presented.
         presented: String,
     },
+}
+
+// rustls prints the error inside `CertificateError::Other` with `Debug`;
+// make that the sentence an operator should read.
+impl std::fmt::Debug for IdentityRejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Server side of the agent API: a client certificate from the CA that
@@ -112,7 +124,10 @@ impl ClientCertVerifier for ProxyClientVerifier {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.store.current().client_verifier.supported_verify_schemes()
+        self.store
+            .current()
+            .client_verifier
+            .supported_verify_schemes()
     }
 
     fn client_auth_mandatory(&self) -> bool {
@@ -185,7 +200,10 @@ impl ServerCertVerifier for NodeServerVerifier {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.store.current().server_verifier.supported_verify_schemes()
+        self.store
+            .current()
+            .server_verifier
+            .supported_verify_schemes()
     }
 }
 

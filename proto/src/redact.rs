@@ -97,6 +97,9 @@ mod tests {
         };
         let text = format!("{chap:?}");
         assert!(text.contains("user") && text.contains("target"), "{text}");
-        assert!(!text.contains("p4ss-one") && !text.contains("p4ss-two"), "{text}");
+        assert!(
+            !text.contains("p4ss-one") && !text.contains("p4ss-two"),
+            "{text}"
+        );
     }
 }

@@ -1,1 +1,17 @@
-fn main() {}
+//! csi-scsi-proxy: the controller plugin. Reads its configuration, then
+//! serves CSI to the sidecars on a Unix socket until SIGTERM, draining
+//! in-flight calls within the grace period.
+#![forbid(unsafe_code)]
+
+mod config;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = config::Args::parse();
+    let format = args.log_format;
+    csi_scsi_daemon::run_main("csi-scsi-proxy", args.validate(), format, serve::run)
+}

@@ -1,1 +1,9 @@
-//! placeholder
+//! The csi-scsi test harness: real processes, real sockets, real TLS.
+//! The end-to-end tests (and, later, the lab) drive the binaries through it.
+#![forbid(unsafe_code)]
+
+pub mod binaries;
+pub mod csi_client;
+pub mod daemon;
+pub mod patience;
+pub mod pki;

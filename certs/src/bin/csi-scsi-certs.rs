@@ -159,7 +159,10 @@ fn issue_to(args: &IssueArgs, identity: &Identity, secret_name: &str) -> Result<
             } else {
                 csi_scsi_certs::write_private_file(&args.out, &yaml)?;
             }
-            Ok(format!("issued {uri} as Secret {}/{secret_name}", args.namespace))
+            Ok(format!(
+                "issued {uri} as Secret {}/{secret_name}",
+                args.namespace
+            ))
         }
     }
 }

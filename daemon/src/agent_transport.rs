@@ -1,0 +1,108 @@
+//! The agent API's transport: gRPC over mutual TLS on TCP, never plaintext.
+//! The server side logs every refused handshake with its cause; the client
+//! side opens one lazily connected HTTP/2 channel to one node's agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_scsi_certs::{CertError, MaterialStore, client_config_for_node};
+use futures::Stream;
+use rustls::ServerConfig;
+use rustls::pki_types::ServerName;
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::{Channel, Endpoint};
+use tonic_tls::rustls::TlsStream;
+
+/// How long a peer may take to complete its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a channel to an agent could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The agent address is not `host:port`.
+    #[error("invalid agent address {addr:?}: {source}")]
+    BadAddress {
+        /// The rejected address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The node name cannot be a TLS server name.
+    #[error("node name {0:?} is not a valid TLS server name")]
+    BadNodeName(String),
+    /// The TLS config could not be built.
+    #[error(transparent)]
+    Tls(#[from] CertError),
+}
+
+/// Accepts TLS connections on `listener` with `config`; a failed handshake
+/// is logged with the peer and the reason, then dropped.
+pub fn tls_incoming(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+) -> impl Stream<Item = Result<TlsStream<TcpStream>, tonic_tls::Error>> + Send + 'static {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic_tls::incoming_inner(
+        incoming,
+        LoggingAcceptor(tokio_rustls::TlsAcceptor::from(config)),
+    )
+}
+
+/// A lazily connected channel to the agent of `node` at `addr` (`host:port`),
+/// which must present a certificate naming `node`.
+pub fn agent_channel(
+    addr: &str,
+    node: &str,
+    store: Arc<MaterialStore>,
+    connect_timeout: Duration,
+) -> Result<Channel, TransportError> {
+    let config = client_config_for_node(store, node)?;
+    let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+        .map_err(|source| TransportError::BadAddress {
+            addr: addr.to_owned(),
+            source,
+        })?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true);
+    let server_name = ServerName::try_from(node.to_owned())
+        .map_err(|_| TransportError::BadNodeName(node.to_owned()))?;
+    let transport = tonic_tls::TcpTransport::from_endpoint(&endpoint);
+    let connector = tonic_tls::rustls::TlsConnector::new(transport, config, server_name);
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// A TLS acceptor that says why a handshake failed.
+#[derive(Clone)]
+struct LoggingAcceptor(tokio_rustls::TlsAcceptor);
+
+impl tonic_tls::TlsAcceptor<TcpStream> for LoggingAcceptor {
+    type TlsStream = TlsStream<TcpStream>;
+
+    async fn accept(&self, stream: TcpStream) -> Result<Self::TlsStream, tonic_tls::Error> {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.0.accept(stream)).await {
+            Ok(Ok(tls)) => Ok(TlsStream::new(tls)),
+            // A TCP probe (load balancer, kubelet tcpSocket) connects and
+            // closes without a word: not worth a warning.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                tracing::debug!(%peer, "agent API: connection closed before the TLS handshake");
+                Err(e.into())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%peer, error = %e, "agent API: TLS handshake refused");
+                Err(e.into())
+            }
+            Err(_) => {
+                tracing::warn!(%peer, "agent API: TLS handshake timed out");
+                Err("TLS handshake timed out".into())
+            }
+        }
+    }
+}

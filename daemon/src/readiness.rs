@@ -1,0 +1,139 @@
+//! Readiness: named checks that together decide CSI `Probe` (and later
+//! `/readyz`). Each check looks at real state, never a constant.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use csi_scsi_certs::MaterialStore;
+
+/// One condition the process needs to do its work.
+pub trait Check: Send + Sync {
+    /// Short name for logs and status output.
+    fn name(&self) -> &str;
+    /// `Err(reason)` when the condition does not hold now.
+    fn check(&self) -> Result<(), String>;
+}
+
+/// Every check of one process.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Vec<Arc<dyn Check>>,
+}
+
+/// TLS material is loaded and our certificate has not expired.
+pub struct TlsMaterialCheck(pub Arc<MaterialStore>);
+
+/// Host tools the process runs are present and executable.
+pub struct ToolsCheck {
+    tools: Vec<PathBuf>,
+}
+
+// === impl Readiness ===
+
+impl Readiness {
+    /// No checks: always ready.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a check.
+    pub fn with(mut self, check: impl Check + 'static) -> Self {
+        self.checks.push(Arc::new(check));
+        self
+    }
+
+    /// The failing checks with their reasons; empty when ready.
+    pub fn failures(&self) -> Vec<(String, String)> {
+        self.checks
+            .iter()
+            .filter_map(|c| c.check().err().map(|why| (c.name().to_owned(), why)))
+            .collect()
+    }
+
+    /// Whether every check passes now.
+    pub fn is_ready(&self) -> bool {
+        self.failures().is_empty()
+    }
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.checks.iter().map(|c| c.name().to_owned()))
+            .finish()
+    }
+}
+
+// === impl TlsMaterialCheck ===
+
+impl Check for TlsMaterialCheck {
+    fn name(&self) -> &str {
+        "tls"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let material = self.0.current();
+        if material.remaining().is_zero() {
+            return Err(format!(
+                "certificate {} (serial {}) has expired",
+                self.0.paths().cert.display(),
+                material.serial()
+            ));
+        }
+        // The files may have been removed since the last load.
+        for path in [
+            &self.0.paths().cert,
+            &self.0.paths().key,
+            &self.0.paths().ca,
+        ] {
+            if !path.exists() {
+                return Err(format!("{} is missing", path.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+// === impl ToolsCheck ===
+
+impl ToolsCheck {
+    /// Checks each tool: an absolute path as given, a bare name on `$PATH`.
+    pub fn new(tools: impl IntoIterator<Item = PathBuf>) -> Self {
+        Self {
+            tools: tools.into_iter().collect(),
+        }
+    }
+}
+
+impl Check for ToolsCheck {
+    fn name(&self) -> &str {
+        "host-tools"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let missing: Vec<String> = self
+            .tools
+            .iter()
+            .filter(|t| !is_executable(t))
+            .map(|t| t.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("missing host tools: {}", missing.join(", ")))
+        }
+    }
+}
+
+fn is_executable(tool: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if tool.is_absolute() {
+        return runnable(tool);
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| runnable(&dir.join(tool))))
+        .unwrap_or(false)
+}

@@ -1,0 +1,13 @@
+//! End-to-end tests: real binaries, real Unix sockets, real TLS handshakes.
+//! One test binary with submodules, to keep link time down.
+#![allow(clippy::unwrap_used)]
+#![warn(clippy::assertions_on_result_states)]
+
+#[path = "e2e/identity.rs"]
+mod identity;
+#[path = "e2e/mtls.rs"]
+mod mtls;
+#[path = "e2e/rotation.rs"]
+mod rotation;
+#[path = "e2e/support.rs"]
+mod support;
