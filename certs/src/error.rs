@@ -60,6 +60,14 @@ pub enum CertError {
         #[source]
         source: rustls::Error,
     },
+    /// The private key does not belong to the certificate.
+    #[error("private key {key} does not match certificate {cert}")]
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+    },
     /// A file watcher could not be set up.
     #[error("cannot watch {path}: {source}")]
     Watch {

@@ -121,8 +121,16 @@ impl Material {
         }
         let store = Arc::new(store);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let certified_key = CertifiedKey::from_der(chain.clone(), key, &provider)?;
-        certified_key.keys_match()?;
+        let mismatch = || CertError::KeyMismatch {
+            cert: paths.cert.clone(),
+            key: paths.key.clone(),
+        };
+        let certified_key =
+            CertifiedKey::from_der(chain.clone(), key, &provider).map_err(|e| match e {
+                rustls::Error::InconsistentKeys(_) => mismatch(),
+                other => CertError::Rustls(other),
+            })?;
+        certified_key.keys_match().map_err(|_| mismatch())?;
         let client_verifier =
             WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
                 .build()

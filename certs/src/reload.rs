@@ -22,6 +22,8 @@ pub struct MaterialStore {
     domain: TrustDomain,
     current: ArcSwap<Material>,
     generation: watch::Sender<u64>,
+    /// Files last refused, so a bad set is reported once, not every poll.
+    rejected: std::sync::Mutex<Option<[Vec<u8>; 3]>>,
 }
 
 // === impl MaterialStore ===
@@ -40,6 +42,7 @@ impl MaterialStore {
             domain,
             current: ArcSwap::from_pointee(material),
             generation: watch::channel(0).0,
+            rejected: std::sync::Mutex::new(None),
         }))
     }
 
@@ -64,14 +67,27 @@ impl MaterialStore {
     }
 
     /// Rereads the files now. `Ok(true)` when new material was swapped in,
-    /// `Ok(false)` when the files are unchanged, `Err` when they changed but
-    /// are unusable (the old material stays in use).
+    /// `Ok(false)` when the files are unchanged (or are the same bad files
+    /// already reported), `Err` when they changed but are unusable (the old
+    /// material stays in use).
     pub fn reload(&self) -> Result<bool, CertError> {
         let raw = self.paths.read_raw()?;
         if self.current.load().same_files(&raw) {
             return Ok(false);
         }
-        let material = Material::from_raw(&self.paths, raw, &self.role, &self.domain)?;
+        let mut rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        if rejected.as_ref() == Some(&raw) {
+            return Ok(false);
+        }
+        let material = match Material::from_raw(&self.paths, raw.clone(), &self.role, &self.domain)
+        {
+            Ok(m) => m,
+            Err(e) => {
+                *rejected = Some(raw);
+                return Err(e);
+            }
+        };
+        *rejected = None;
         tracing::info!(
             identity = %material.identity(),
             serial = material.serial(),

@@ -11,7 +11,7 @@ use csi_scsi_certs::{
     CertError, Identity, IdentityRejected, MaterialPaths, MaterialStore, Role,
     client_config_for_node, server_config,
 };
-use rustls::{AlertDescription, CertificateError, InconsistentKeys, InvalidMessage};
+use rustls::{AlertDescription, CertificateError, InvalidMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::{
@@ -444,10 +444,15 @@ async fn bad_rotated_files_are_refused_and_the_old_certificate_stays_in_use() {
     let second = pki.issue(&node("node-a"));
     volume.update(&second.cert_pem, &first.key_pem, &second.ca_pem);
     match store.reload() {
-        Err(CertError::Rustls(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch))) => {}
+        Err(CertError::KeyMismatch { cert, key }) => {
+            assert_eq!(cert, volume.paths().cert);
+            assert_eq!(key, volume.paths().key);
+        }
         other => panic!("expected a key mismatch, got {other:?}"),
     }
     assert_eq!(store.current().serial(), old_serial);
+    // The same bad files are reported once, not at every poll.
+    assert!(matches!(store.reload(), Ok(false)));
 
     // Handshakes still present the old certificate.
     let tls = connect(client.clone(), "node-a", server.addr)
