@@ -1,5 +1,6 @@
 //! The agent's command line, read and checked once before anything binds.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,6 +8,9 @@ use std::time::Duration;
 use clap::Parser;
 use csi_scsi_certs::{MaterialPaths, TrustDomain};
 use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
+
+use crate::host::Host;
+use crate::host::command::CommandRunner;
 
 /// csi-scsi node agent: serves CSI Identity and Node to kubelet on a Unix
 /// socket, and the agent API (discover, attach, detach, wipe, rescan) to the
@@ -52,6 +56,35 @@ pub struct Args {
     )]
     pub required_tools: Vec<PathBuf>,
 
+    /// Root of sysfs (a prepared tree in tests and the lab).
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+
+    /// Root of device nodes, with disk/by-id and disk/by-path beneath it.
+    #[arg(long, default_value = "/dev")]
+    pub dev_root: PathBuf,
+
+    /// The mount table to read.
+    #[arg(long, default_value = "/proc/self/mountinfo")]
+    pub mountinfo: PathBuf,
+
+    /// kubelet's root directory: staging and target paths must lie under it.
+    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+
+    /// Use this path for a host tool instead of $PATH, e.g.
+    /// --tool iscsiadm=/usr/sbin/iscsiadm (repeatable).
+    #[arg(long = "tool", value_name = "NAME=PATH")]
+    pub tools: Vec<String>,
+
+    /// Timeout of one host tool run (mkfs, iscsiadm, ...).
+    #[arg(long, default_value = "120", value_name = "SECONDS")]
+    pub command_timeout: u64,
+
+    /// Most volumes kubelet may place on this node (0: no limit).
+    #[arg(long, default_value = "0")]
+    pub max_volumes: u64,
+
     /// How long in-flight calls may run after SIGTERM before the agent exits.
     #[arg(long, default_value = "30", value_name = "SECONDS")]
     pub grace_period: u64,
@@ -68,6 +101,8 @@ pub struct Args {
 /// Validated configuration.
 #[derive(Debug)]
 pub struct Config {
+    pub host: Host,
+    pub max_volumes: u64,
     pub node_name: String,
     pub csi_socket: PathBuf,
     pub agent_listen: SocketAddr,
@@ -88,7 +123,26 @@ impl Args {
         if self.node_name.is_empty() {
             return Err("--node-name: must not be empty".into());
         }
+        let mut tools = BTreeMap::new();
+        for spec in &self.tools {
+            let (name, path) = spec
+                .split_once('=')
+                .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+                .ok_or_else(|| format!("--tool: {spec:?} is not NAME=PATH"))?;
+            tools.insert(name.to_owned(), PathBuf::from(path));
+        }
+        let kubelet_dir = std::fs::canonicalize(&self.kubelet_dir).unwrap_or(self.kubelet_dir.clone());
+        let host = Host {
+            sysfs: self.sysfs_root,
+            dev: self.dev_root,
+            mountinfo: self.mountinfo,
+            kubelet_dir,
+            tools,
+            runner: CommandRunner::new(Duration::from_secs(self.command_timeout.max(1))),
+        };
         Ok(Config {
+            host,
+            max_volumes: self.max_volumes,
             node_name: self.node_name,
             csi_socket,
             agent_listen: self.agent_listen,

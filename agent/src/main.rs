@@ -3,12 +3,10 @@
 //! SIGTERM, draining in-flight calls within the grace period.
 #![forbid(unsafe_code)]
 
-mod config;
-mod serve;
-
 use std::process::ExitCode;
 
 use clap::Parser;
+use csi_scsi_agent::{config, serve};
 
 fn main() -> ExitCode {
     let args = config::Args::parse();

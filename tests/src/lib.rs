@@ -5,5 +5,7 @@
 pub mod binaries;
 pub mod csi_client;
 pub mod daemon;
+pub mod loop_luns;
+pub mod node_tree;
 pub mod patience;
 pub mod pki;

@@ -1,0 +1,223 @@
+//! Runs host tools: the only place in the workspace that spawns processes.
+//! Every run has a timeout, captures stdout and stderr, logs its argv at
+//! debug level with secrets redacted, and kills the child if abandoned.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// One argument of a command; secrets never reach logs or errors.
+#[derive(Clone)]
+pub enum Arg {
+    /// An ordinary argument.
+    Plain(OsString),
+    /// A secret (a CHAP password): passed to the tool, shown as `<redacted>`.
+    Secret(String),
+}
+
+/// What a finished command produced.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Exit code (-1 when killed by a signal).
+    pub code: i32,
+    /// Standard output, decoded lossily.
+    pub stdout: String,
+    /// Standard error, decoded lossily.
+    pub stderr: String,
+}
+
+/// Why a command did not produce an [`Output`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The tool could not be started (missing, not executable).
+    #[error("cannot run {tool}: {source}")]
+    Spawn {
+        /// The tool.
+        tool: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tool ran past its timeout and was killed.
+    #[error("{tool} did not finish within {after:?} and was killed")]
+    Timeout {
+        /// The tool.
+        tool: PathBuf,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The tool exited non-zero.
+    #[error("{tool} exited with code {code}: {stderr_tail}")]
+    Failed {
+        /// The tool.
+        tool: PathBuf,
+        /// Its exit code.
+        code: i32,
+        /// The last lines of its stderr (or stdout when stderr was empty).
+        stderr_tail: String,
+    },
+}
+
+/// Spawns tools with a default timeout.
+#[derive(Debug, Clone)]
+pub struct CommandRunner {
+    timeout: Duration,
+}
+
+// === impl Arg ===
+
+impl Arg {
+    /// A secret argument.
+    pub fn secret(s: &str) -> Self {
+        Self::Secret(s.to_owned())
+    }
+}
+
+impl<T: Into<OsString>> From<T> for Arg {
+    fn from(s: T) -> Self {
+        Self::Plain(s.into())
+    }
+}
+
+impl std::fmt::Debug for Arg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Plain(s) => write!(f, "{}", s.to_string_lossy()),
+            Self::Secret(_) => f.write_str("<redacted>"),
+        }
+    }
+}
+
+// === impl CommandRunner ===
+
+impl CommandRunner {
+    /// A runner whose commands time out after `timeout` unless told otherwise.
+    pub fn new(timeout: Duration) -> Self {
+        Self { timeout }
+    }
+
+    /// Runs `tool args` with the default timeout; any exit code is returned
+    /// for the caller to interpret.
+    pub async fn output(&self, tool: &Path, args: &[Arg]) -> Result<Output, CommandError> {
+        self.output_within(tool, args, self.timeout).await
+    }
+
+    /// Runs `tool args`; a non-zero exit is [`CommandError::Failed`].
+    pub async fn run(&self, tool: &Path, args: &[Arg]) -> Result<Output, CommandError> {
+        self.run_within(tool, args, self.timeout).await
+    }
+
+    /// [`CommandRunner::run`] with an explicit timeout.
+    pub async fn run_within(&self, tool: &Path, args: &[Arg], timeout: Duration) -> Result<Output, CommandError> {
+        let out = self.output_within(tool, args, timeout).await?;
+        if out.code == 0 {
+            Ok(out)
+        } else {
+            Err(CommandError::Failed {
+                tool: tool.to_owned(),
+                code: out.code,
+                stderr_tail: tail(if out.stderr.trim().is_empty() { &out.stdout } else { &out.stderr }),
+            })
+        }
+    }
+
+    /// [`CommandRunner::output`] with an explicit timeout.
+    pub async fn output_within(&self, tool: &Path, args: &[Arg], timeout: Duration) -> Result<Output, CommandError> {
+        tracing::debug!(tool = %tool.display(), args = ?args, "running host tool");
+        // The one sanctioned process spawn (see clippy.toml).
+        #[allow(clippy::disallowed_methods)]
+        let mut cmd = tokio::process::Command::new(tool);
+        cmd.args(args.iter().map(|a| match a {
+            Arg::Plain(s) => s.clone(),
+            Arg::Secret(s) => OsString::from(s),
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("LC_ALL", "C")
+        .kill_on_drop(true);
+        let child = cmd.spawn().map_err(|source| CommandError::Spawn {
+            tool: tool.to_owned(),
+            source,
+        })?;
+        match tokio::time::timeout(timeout, child.wait_with_output()).await {
+            Err(_) => Err(CommandError::Timeout {
+                tool: tool.to_owned(),
+                after: timeout,
+            }),
+            Ok(Err(source)) => Err(CommandError::Spawn {
+                tool: tool.to_owned(),
+                source,
+            }),
+            Ok(Ok(out)) => Ok(Output {
+                code: out.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }),
+        }
+    }
+}
+
+/// The last few lines of a tool's output, bounded, for error messages.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    let start = lines.len().saturating_sub(4);
+    let mut s = lines[start..].join(" | ");
+    if s.len() > 600 {
+        let cut = s.char_indices().map(|(i, _)| i).take_while(|&i| i <= 600).last().unwrap_or(0);
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn failing_tool_error_carries_stderr_and_code() {
+        let r = CommandRunner::new(Duration::from_secs(5));
+        let err = r
+            .run(Path::new("sh"), &["-c".into(), "echo first >&2; echo boom >&2; exit 3".into()])
+            .await
+            .expect_err("must fail");
+        match err {
+            CommandError::Failed { code, stderr_tail, .. } => {
+                assert_eq!(code, 3);
+                assert_eq!(stderr_tail, "first | boom");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn slow_tool_is_killed_at_the_timeout() {
+        let r = CommandRunner::new(Duration::from_millis(200));
+        let err = r
+            .run(Path::new("sleep"), &["5".into()])
+            .await
+            .expect_err("must time out");
+        assert!(matches!(err, CommandError::Timeout { .. }), "{err}");
+    }
+
+    #[test]
+    fn secret_arguments_are_redacted_in_debug() {
+        let args = [Arg::from("-v"), Arg::secret("hunter2")];
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn missing_tool_is_a_spawn_error() {
+        let r = CommandRunner::new(Duration::from_secs(1));
+        let err = r
+            .run(Path::new("/nonexistent/tool"), &[])
+            .await
+            .expect_err("must fail");
+        assert!(matches!(err, CommandError::Spawn { .. }), "{err}");
+    }
+}

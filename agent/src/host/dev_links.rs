@@ -1,0 +1,99 @@
+//! `/dev/disk/by-id` and `/dev/disk/by-path` under the /dev root: find a
+//! LUN's device node by WWID, list the links that point at a device.
+
+use std::io::ErrorKind;
+use std::path::{Component, Path, PathBuf};
+
+use super::Host;
+use crate::wwid::Wwid;
+
+/// A device node found through a `/dev/disk` link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedDevice {
+    /// The link used (`<dev>/disk/by-id/...`).
+    pub link: PathBuf,
+    /// The device node it points at, inside the /dev root (`<dev>/sdb`).
+    pub node: PathBuf,
+    /// The kernel name (`sdb`, `dm-3`).
+    pub kernel_name: String,
+}
+
+/// Finds the device of `wwid` through `/dev/disk/by-id`, preferring the
+/// multipath map over a single path. `Ok(None)` when no link exists.
+pub fn find_by_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Option<LinkedDevice>> {
+    for name in wwid.by_id_names() {
+        let link = host.dev("disk/by-id").join(&name);
+        match resolve(host, &link) {
+            Ok(Some(found)) => return Ok(Some(found)),
+            Ok(None) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Every link under `disk/<dir>` (`by-id` or `by-path`) that points at
+/// `kernel_name`, sorted.
+pub fn links_to(host: &Host, dir: &str, kernel_name: &str) -> std::io::Result<Vec<String>> {
+    let base = host.dev("disk").join(dir);
+    let entries = match std::fs::read_dir(&base) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries.flatten() {
+        if let Ok(Some(found)) = resolve(host, &entry.path())
+            && found.kernel_name == kernel_name
+        {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Follows one link lexically inside the /dev root (links are relative,
+/// `../../sdb`, as udev writes them; an absolute `/dev/sdb` target is taken
+/// relative to the /dev root). `Ok(None)` when the link or its target is
+/// missing.
+fn resolve(host: &Host, link: &Path) -> std::io::Result<Option<LinkedDevice>> {
+    let target = match std::fs::read_link(link) {
+        Ok(t) => t,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let node = if let Ok(rest) = target.strip_prefix("/dev") {
+        host.dev.join(rest)
+    } else if target.is_absolute() {
+        target.clone()
+    } else {
+        normalize(&link.parent().unwrap_or(Path::new("/")).join(&target))
+    };
+    if !node.exists() {
+        return Ok(None);
+    }
+    let Some(kernel_name) = node.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Ok(None);
+    };
+    Ok(Some(LinkedDevice {
+        link: link.to_owned(),
+        node,
+        kernel_name,
+    }))
+}
+
+/// Removes `.` and `..` components without touching the filesystem.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}

@@ -1,0 +1,59 @@
+//! The only door to the machine. Every module here reads or changes host
+//! state under a configurable root (sysfs, /dev, mountinfo, the kubelet
+//! directory) or through a configurable tool path, so tests and the lab can
+//! point the production code at a prepared tree of real loop devices.
+//! Domain code never builds a path from a literal `/sys`, `/dev` or `/proc`.
+
+pub mod block;
+pub mod command;
+pub mod dev_links;
+pub mod fc;
+pub mod filesystem;
+pub mod iscsiadm;
+pub mod mount;
+pub mod mountinfo;
+pub mod multipath;
+pub mod sysfs;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use command::CommandRunner;
+
+/// Where this host's trees and tools are.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Root of sysfs (`/sys`).
+    pub sysfs: PathBuf,
+    /// Root of device nodes (`/dev`); `disk/by-id` and `disk/by-path` live under it.
+    pub dev: PathBuf,
+    /// The mount table to read (`/proc/self/mountinfo`).
+    pub mountinfo: PathBuf,
+    /// kubelet's root directory (`/var/lib/kubelet`): staging and target
+    /// paths must resolve under it.
+    pub kubelet_dir: PathBuf,
+    /// Tool name -> path overrides (`--tool iscsiadm=/path`); others run from `$PATH`.
+    pub tools: BTreeMap<String, PathBuf>,
+    /// Runs the tools.
+    pub runner: CommandRunner,
+}
+
+impl Host {
+    /// The path to run for tool `name` (an override, or the bare name for `$PATH`).
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.tools
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(name))
+    }
+
+    /// `path` under the sysfs root (`path` is relative, e.g. `class/scsi_host`).
+    pub fn sys(&self, path: impl AsRef<Path>) -> PathBuf {
+        self.sysfs.join(path)
+    }
+
+    /// `path` under the /dev root (`path` is relative, e.g. `disk/by-id`).
+    pub fn dev(&self, path: impl AsRef<Path>) -> PathBuf {
+        self.dev.join(path)
+    }
+}

@@ -1,0 +1,11 @@
+//! csi-scsi-agent, the node plugin: CSI Identity and Node for kubelet on a
+//! Unix socket, and the agent API (discover, attach, detach, wipe, rescan)
+//! for the proxy over mutual TLS. All host access goes through [`host`].
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+pub mod host;
+pub mod serve;
+pub mod volume_id;
+pub mod wwid;

@@ -1,0 +1,87 @@
+//! Volume IDs: `<wwid>:<binding-uid>`. The binding UID changes every time
+//! the LUN is bound to a new volume, so a stale call about an old binding
+//! can never touch the LUN's next owner.
+
+use std::fmt;
+
+use crate::wwid::{InvalidWwid, Wwid};
+
+/// A parsed CSI volume ID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VolumeId {
+    /// The LUN.
+    pub wwid: Wwid,
+    /// The binding this volume ID names.
+    pub binding: String,
+}
+
+/// Why a string is not a volume ID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidVolumeId {
+    /// No `:<binding-uid>` part.
+    #[error("volume ID {0:?} is not <wwid>:<binding-uid>")]
+    Shape(String),
+    /// The binding UID is not 1-64 characters of `[A-Za-z0-9-]`.
+    #[error("volume ID {0:?} has an invalid binding UID")]
+    Binding(String),
+    /// The WWID part is malformed.
+    #[error("volume ID has an invalid WWID: {0}")]
+    Wwid(#[from] InvalidWwid),
+}
+
+impl VolumeId {
+    /// Parses `<wwid>:<binding-uid>`; the binding is after the last `:`.
+    pub fn parse(s: &str) -> Result<Self, InvalidVolumeId> {
+        let (wwid, binding) = s
+            .rsplit_once(':')
+            .ok_or_else(|| InvalidVolumeId::Shape(s.to_owned()))?;
+        let binding_ok = !binding.is_empty()
+            && binding.len() <= 64
+            && binding.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !binding_ok {
+            return Err(InvalidVolumeId::Binding(s.to_owned()));
+        }
+        let wwid = Wwid::parse(wwid)?;
+        // Only the canonical spelling is a volume ID we issued.
+        if wwid.as_str() != s[..s.len() - binding.len() - 1].trim() {
+            return Err(InvalidVolumeId::Shape(s.to_owned()));
+        }
+        Ok(Self {
+            wwid,
+            binding: binding.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.wwid, self.binding)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_id_round_trips() {
+        let s = "naa.6001405d27e5d898829468b90ce4ef8c:7f0c1e2a-5b7d-4c1e-9a0b-1c2d3e4f5a6b";
+        assert_eq!(VolumeId::parse(s).expect("valid").to_string(), s);
+    }
+
+    #[test]
+    fn malformed_volume_ids_are_refused() {
+        for bad in [
+            "",
+            "naa.6001405d27e5d898829468b90ce4ef8c",
+            "naa.6001405d27e5d898829468b90ce4ef8c:",
+            "naa.6001405d27e5d898829468b90ce4ef8c:a/b",
+            "sdb:1234",
+            "36001405d27e5d898829468b90ce4ef8c:1234",
+            "../../etc:1234",
+        ] {
+            assert!(VolumeId::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
