@@ -3,12 +3,10 @@
 //! in-flight calls within the grace period.
 #![forbid(unsafe_code)]
 
-mod config;
-mod serve;
-
 use std::process::ExitCode;
 
 use clap::Parser;
+use csi_scsi_proxy::{config, serve};
 
 fn main() -> ExitCode {
     let args = config::Args::parse();
