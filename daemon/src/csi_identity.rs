@@ -19,6 +19,7 @@ pub const PLUGIN_NAME: &str = "csi-scsi.io";
 pub struct IdentityService {
     version: String,
     services: Vec<service::Type>,
+    expansion: Option<plugin_capability::volume_expansion::Type>,
     readiness: Readiness,
 }
 
@@ -31,8 +32,15 @@ impl IdentityService {
         Self {
             version: version.to_owned(),
             services,
+            expansion: None,
             readiness,
         }
+    }
+
+    /// Also advertise volume expansion of this kind.
+    pub fn with_expansion(mut self, kind: plugin_capability::volume_expansion::Type) -> Self {
+        self.expansion = Some(kind);
+        self
     }
 }
 

@@ -1,7 +1,8 @@
 //! What every long-running csi-scsi process needs, shared by the proxy and
 //! the agent: the CSI Unix socket, the mutual-TLS transport of the agent
 //! API, readiness checks behind CSI `Probe`, the Identity service, signal
-//! handling with a bounded drain, and logging set-up. No CSI domain logic.
+//! handling with a bounded drain, logging set-up, and per-key in-flight
+//! guards. No CSI domain logic.
 #![forbid(unsafe_code)]
 
 mod agent_transport;
@@ -9,6 +10,7 @@ mod csi_identity;
 mod csi_socket;
 mod endpoint;
 mod logging;
+mod op_guard;
 mod process;
 mod readiness;
 mod shutdown;
@@ -18,6 +20,7 @@ pub use csi_identity::{IdentityService, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};
 pub use logging::{LogFormat, init_logging};
-pub use process::{EX_USAGE, run_main};
+pub use op_guard::{OpGuard, OpGuards};
+pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use shutdown::Shutdown;

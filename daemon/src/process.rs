@@ -10,6 +10,19 @@ use crate::{LogFormat, init_logging};
 /// Exit code for a bad command line or configuration.
 pub const EX_USAGE: u8 = 64;
 
+/// Parses the command line; a usage error exits 64 (EX_USAGE), like any
+/// other configuration error, while `--help` and `--version` exit 0.
+pub fn parse_args<A: clap::Parser>() -> A {
+    match A::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE.into() } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    }
+}
+
 /// Runs `serve(config)` on a multi-threaded runtime and turns the outcome
 /// into an exit code.
 pub fn run_main<C, F, Fut>(

@@ -7,6 +7,8 @@ use clap::Parser;
 use csi_scsi_certs::{MaterialPaths, TrustDomain};
 use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
 
+use crate::agents::{Backoff, CallConfig};
+
 /// csi-scsi proxy (controller plugin): serves CSI Identity and Controller to
 /// the external-provisioner, -attacher and -resizer sidecars on a Unix
 /// socket, keeps the inventory of SCSI LUNs, and forwards node-local work
@@ -31,6 +33,43 @@ pub struct Args {
     #[arg(long, env = "TRUST_DOMAIN", default_value = "csi-scsi.local")]
     pub trust_domain: String,
 
+    /// The embedded inventory database (SQLite), used when not in Kubernetes.
+    #[arg(long, env = "STORE", default_value = "/var/lib/csi-scsi/inventory.db")]
+    pub store: PathBuf,
+
+    /// File of agents: `<node> <host:port> [label=value,...]` per line.
+    #[arg(long, env = "AGENTS_FILE")]
+    pub agents_file: PathBuf,
+
+    /// JSON file of SCSI targets (embedded mode's SCSITargets).
+    #[arg(long, env = "TARGETS_FILE")]
+    pub targets_file: Option<PathBuf>,
+
+    /// Directory of Secrets (one directory per Secret, one file per key)
+    /// holding CHAP credentials that targets refer to.
+    #[arg(long, env = "SECRETS_DIR")]
+    pub secrets_dir: Option<PathBuf>,
+
+    /// Seconds between discovery passes (targets changes trigger one at once).
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    pub discovery_interval: u64,
+
+    /// Overall deadline of one agent call (retries included).
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    pub agent_timeout: u64,
+
+    /// Overall deadline of one wipe.
+    #[arg(long, default_value = "7200", value_name = "SECONDS")]
+    pub wipe_timeout: u64,
+
+    /// Agent calls in flight at once (bounds every fan-out).
+    #[arg(long, default_value = "64")]
+    pub agent_concurrency: usize,
+
+    /// Tries per agent call that meets UNAVAILABLE.
+    #[arg(long, default_value = "4")]
+    pub agent_attempts: u32,
+
     /// How long in-flight calls may run after SIGTERM before the proxy exits.
     #[arg(long, default_value = "30", value_name = "SECONDS")]
     pub grace_period: u64,
@@ -47,6 +86,12 @@ pub struct Args {
 /// Validated configuration.
 #[derive(Debug)]
 pub struct Config {
+    pub store: PathBuf,
+    pub agents_file: PathBuf,
+    pub targets_file: Option<PathBuf>,
+    pub secrets_dir: Option<PathBuf>,
+    pub discovery_interval: Duration,
+    pub calls: CallConfig,
     pub csi_socket: PathBuf,
     pub tls: MaterialPaths,
     pub trust_domain: TrustDomain,
@@ -61,7 +106,26 @@ impl Args {
             parse_csi_endpoint(&self.csi_endpoint).map_err(|e| format!("--csi-endpoint: {e}"))?;
         let trust_domain =
             TrustDomain::new(&self.trust_domain).map_err(|e| format!("--trust-domain: {e}"))?;
+        let backoff = Backoff::try_new(Duration::from_millis(100), Duration::from_secs(5), 0.5)
+            .map_err(|e| e.to_string())?;
+        if self.agent_concurrency == 0 {
+            return Err("--agent-concurrency: must be at least 1".into());
+        }
+        let calls = CallConfig {
+            connect_timeout: Duration::from_secs(5),
+            deadline: Duration::from_secs(self.agent_timeout.max(1)),
+            wipe_deadline: Duration::from_secs(self.wipe_timeout.max(1)),
+            attempts: self.agent_attempts.max(1),
+            backoff,
+            concurrency: self.agent_concurrency,
+        };
         Ok(Config {
+            store: self.store,
+            agents_file: self.agents_file,
+            targets_file: self.targets_file,
+            secrets_dir: self.secrets_dir,
+            discovery_interval: Duration::from_secs(self.discovery_interval.max(1)),
+            calls,
             csi_socket,
             tls: MaterialPaths::in_dir(&self.tls_dir),
             trust_domain,

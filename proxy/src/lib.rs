@@ -3,7 +3,17 @@
 //! directory, and the fan-out client that is the only caller of agents.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod config;
+pub mod csi;
+pub mod directory;
+pub mod error;
 pub mod inventory;
+pub mod lifecycle;
+pub mod locks;
+pub mod parameters;
+pub mod reconcile;
+pub mod secrets;
+pub mod volume_id;
 pub mod selector;
 pub mod serve;

@@ -5,11 +5,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use csi_scsi_proxy::{config, serve};
 
 fn main() -> ExitCode {
-    let args = config::Args::parse();
+    let args: config::Args = csi_scsi_daemon::parse_args();
     let format = args.log_format;
     csi_scsi_daemon::run_main("csi-scsi-proxy", args.validate(), format, serve::run)
 }

@@ -166,8 +166,9 @@ async fn bad_configuration_exits_64_naming_the_flag() {
                 "tcp://127.0.0.1:1",
             ],
         ),
-        ("csi-scsi-proxy", vec!["--csi-endpoint", "relative.sock"]),
-        ("csi-scsi-proxy", vec!["--trust-domain", "Not A Domain"]),
+        ("csi-scsi-proxy", vec!["--agents-file", "/dev/null", "--csi-endpoint", "relative.sock"]),
+        ("csi-scsi-proxy", vec!["--agents-file", "/dev/null", "--trust-domain", "Not A Domain"]),
+        ("csi-scsi-proxy", vec!["--no-such-flag"]),
     ] {
         let mut args: Vec<String> = args.into_iter().map(String::from).collect();
         args.extend(["--tls-dir".into(), tls.display().to_string()]);

@@ -87,11 +87,19 @@ impl Env {
     pub async fn start_proxy(&self) -> Proxy {
         let tls = self.pki.issue_proxy("proxy-tls");
         let csi = self.path("proxy/csi.sock");
+        let agents = self.path("agents.txt");
+        if !agents.exists() {
+            std::fs::write(&agents, "").expect("agents file");
+        }
         let args = vec![
             "--csi-endpoint".into(),
             csi.display().to_string(),
             "--tls-dir".into(),
             tls.display().to_string(),
+            "--store".into(),
+            self.path("proxy/inventory.db").display().to_string(),
+            "--agents-file".into(),
+            agents.display().to_string(),
         ];
         let daemon = Daemon::spawn("csi-scsi-proxy", &args, &self.path("proxy.log"));
         wait_for_sockets(&daemon, &csi, None).await;

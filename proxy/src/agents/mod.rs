@@ -1,0 +1,14 @@
+//! Calling agents: one lazily opened HTTP/2 channel per agent (mTLS, the
+//! peer must be that node), a tower stack per call (deadline, retries on
+//! UNAVAILABLE for idempotent calls, bounded concurrency), and fan-out.
+
+mod call;
+mod fanout;
+mod pool;
+mod retry;
+mod stack;
+
+pub use call::{AgentCall, AgentOp, AgentReply, Caller, REQUEST_ID_HEADER};
+pub use fanout::fan_out;
+pub use pool::{AgentPool, CallConfig, PoolError};
+pub use retry::{Backoff, InvalidBackoff, RetryPolicy};

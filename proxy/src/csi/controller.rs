@@ -1,0 +1,351 @@
+//! The CSI Controller service: each RPC opens a span, parses its request,
+//! calls the life cycle, and maps the result. Unsupported RPCs answer
+//! UNIMPLEMENTED.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use csi_scsi_proto::csi::controller_server::Controller;
+use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
+use csi_scsi_proto::csi::controller_service_capability::{Rpc as RpcCap, Type as CapType};
+use csi_scsi_proto::csi::*;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use super::request::{self, required};
+use crate::lifecycle::{CreateRequest, Lifecycle, NODE_TOPOLOGY_KEY, VolumeView};
+use crate::parameters::ClassParameters;
+use crate::selector::Selector;
+
+/// The RPCs this controller serves, as listed in ControllerGetCapabilities.
+const CAPABILITIES: [Rpc; 10] = [
+    Rpc::CreateDeleteVolume,
+    Rpc::PublishUnpublishVolume,
+    Rpc::ListVolumes,
+    Rpc::GetCapacity,
+    Rpc::PublishReadonly,
+    Rpc::ExpandVolume,
+    Rpc::ListVolumesPublishedNodes,
+    Rpc::VolumeCondition,
+    Rpc::GetVolume,
+    Rpc::SingleNodeMultiWriter,
+];
+
+/// The Controller service.
+pub struct ControllerService {
+    life: Arc<Lifecycle>,
+}
+
+impl ControllerService {
+    /// A service over `life`.
+    pub fn new(life: Arc<Lifecycle>) -> Self {
+        Self { life }
+    }
+}
+
+fn topology(nodes: Vec<String>) -> Vec<Topology> {
+    nodes
+        .into_iter()
+        .map(|n| Topology {
+            segments: HashMap::from([(NODE_TOPOLOGY_KEY.to_owned(), n)]),
+        })
+        .collect()
+}
+
+fn volume_of(v: &VolumeView) -> Volume {
+    let fs = v
+        .device
+        .binding
+        .as_ref()
+        .and_then(|b| b.capabilities.iter().find_map(|c| c.strip_prefix("mount:")?.split(':').next().map(str::to_owned)));
+    let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
+    if let Some(fs) = fs {
+        context.insert("fsType".to_owned(), fs);
+    }
+    Volume {
+        capacity_bytes: i64::try_from(v.device.size_bytes).unwrap_or(i64::MAX),
+        volume_id: v.volume_id.clone(),
+        volume_context: context,
+        content_source: None,
+        accessible_topology: topology(v.device.node_names()),
+    }
+}
+
+fn condition(v: &VolumeView) -> VolumeCondition {
+    VolumeCondition {
+        abnormal: v.abnormal.is_some(),
+        message: v.abnormal.clone().unwrap_or_else(|| "LUN is visible and bound".into()),
+    }
+}
+
+fn span(method: &'static str, volume: &str, request_id: &str) -> tracing::Span {
+    tracing::info_span!("csi", method, volume_id = %volume, request_id = %request_id)
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(&self, request: Request<CreateVolumeRequest>) -> Result<Response<CreateVolumeResponse>, Status> {
+        let rid = request::request_id(&request);
+        let req = request.into_inner();
+        let span = span("CreateVolume", &req.name, &rid);
+        async move {
+            let name = required("name", &req.name)?.to_owned();
+            let access = request::accesses(&req.volume_capabilities)?;
+            let parameters = ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
+            if req.volume_content_source.is_some() {
+                return Err(crate::error::ProxyError::InvalidArgument {
+                    field: "volume_content_source",
+                    reason: "cloning and snapshots are not supported".into(),
+                }
+                .into());
+            }
+            if !req.mutable_parameters.is_empty() {
+                return Err(crate::error::ProxyError::InvalidArgument {
+                    field: "mutable_parameters",
+                    reason: "no mutable parameters are supported".into(),
+                }
+                .into());
+            }
+            let (required_bytes, limit_bytes) = request::capacity(req.capacity_range.as_ref())?;
+            let nodes = request::topology_nodes(req.accessibility_requirements.as_ref())?;
+            let dev = self
+                .life
+                .create(CreateRequest {
+                    name,
+                    required_bytes,
+                    limit_bytes,
+                    access,
+                    parameters,
+                    nodes,
+                })
+                .await?;
+            let view = VolumeView {
+                volume_id: dev.volume_id().unwrap_or_default(),
+                device: dev,
+                abnormal: None,
+            };
+            Ok(Response::new(CreateVolumeResponse { volume: Some(volume_of(&view)) }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn delete_volume(&self, request: Request<DeleteVolumeRequest>) -> Result<Response<DeleteVolumeResponse>, Status> {
+        let rid = request::request_id(&request);
+        let req = request.into_inner();
+        let span = span("DeleteVolume", &req.volume_id, &rid);
+        async move {
+            required("volume_id", &req.volume_id)?;
+            self.life.delete(&req.volume_id, &rid).await?;
+            Ok(Response::new(DeleteVolumeResponse {}))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        let rid = request::request_id(&request);
+        let req = request.into_inner();
+        let span = span("ControllerPublishVolume", &req.volume_id, &rid);
+        async move {
+            required("volume_id", &req.volume_id)?;
+            required("node_id", &req.node_id)?;
+            let cap = req.volume_capability.as_ref().ok_or_else(|| crate::error::ProxyError::InvalidArgument {
+                field: "volume_capability",
+                reason: "is required".into(),
+            })?;
+            let access = request::access(cap)?;
+            let publish_context = self.life.publish(&req.volume_id, &req.node_id, &access, &rid).await?;
+            Ok(Response::new(ControllerPublishVolumeResponse { publish_context }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        let rid = request::request_id(&request);
+        let req = request.into_inner();
+        let span = span("ControllerUnpublishVolume", &req.volume_id, &rid);
+        async move {
+            required("volume_id", &req.volume_id)?;
+            self.life.unpublish(&req.volume_id, &req.node_id, &rid).await?;
+            Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        required("volume_id", &req.volume_id)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities: at least one is required"));
+        }
+        let view = self.life.volume(&req.volume_id).await?;
+        let have = view.device.binding.as_ref().map(|b| b.capabilities.clone()).unwrap_or_default();
+        let fs = have
+            .iter()
+            .find_map(|c| c.strip_prefix("mount:")?.split(':').next())
+            .unwrap_or("ext4")
+            .to_owned();
+        let mut unsupported = Vec::new();
+        for cap in &req.volume_capabilities {
+            match request::access(cap) {
+                Ok(a) if have.contains(&a.canonical(&fs)) => {}
+                Ok(a) => unsupported.push(a.canonical(&fs)),
+                Err(e) => unsupported.push(e.to_string()),
+            }
+        }
+        if let Err(e) = ClassParameters::parse(&req.parameters) {
+            unsupported.push(e.to_string());
+        }
+        let response = if unsupported.is_empty() {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: HashMap::new(),
+                }),
+                message: String::new(),
+            }
+        } else {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: format!("not supported by this volume: {}", unsupported.join("; ")),
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn list_volumes(&self, request: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        let max = usize::try_from(req.max_entries).map_err(|_| Status::invalid_argument("max_entries: must not be negative"))?;
+        let (views, next) = match self.life.volumes(&req.starting_token, max).await {
+            Ok(page) => page,
+            Err(None) => return Err(Status::aborted(format!("starting_token {:?} is not valid", req.starting_token))),
+            Err(Some(e)) => return Err(e.into()),
+        };
+        let entries = views
+            .iter()
+            .map(|v| list_volumes_response::Entry {
+                volume: Some(volume_of(v)),
+                status: Some(list_volumes_response::VolumeStatus {
+                    published_node_ids: v.device.published.clone(),
+                    volume_condition: Some(condition(v)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(ListVolumesResponse {
+            entries,
+            next_token: next.unwrap_or_default(),
+        }))
+    }
+
+    async fn get_capacity(&self, request: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
+        let req = request.into_inner();
+        for cap in &req.volume_capabilities {
+            request::access(cap)?;
+        }
+        let params = ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
+        let nodes = match &req.accessible_topology {
+            Some(t) => request::topology_nodes(Some(&TopologyRequirement {
+                requisite: vec![t.clone()],
+                preferred: Vec::new(),
+            }))?,
+            None => Vec::new(),
+        };
+        let selector: &Selector = &params.selector;
+        let (total, largest) = self.life.capacity(&nodes, selector).await?;
+        Ok(Response::new(GetCapacityResponse {
+            available_capacity: i64::try_from(total).unwrap_or(i64::MAX),
+            maximum_volume_size: Some(i64::try_from(largest).unwrap_or(i64::MAX)),
+            minimum_volume_size: None,
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        let capabilities = CAPABILITIES
+            .iter()
+            .map(|&r| ControllerServiceCapability {
+                r#type: Some(CapType::Rpc(RpcCap { r#type: r as i32 })),
+            })
+            .collect();
+        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn create_snapshot(&self, _r: Request<CreateSnapshotRequest>) -> Result<Response<CreateSnapshotResponse>, Status> {
+        Err(Status::unimplemented("snapshots are not supported"))
+    }
+
+    async fn delete_snapshot(&self, _r: Request<DeleteSnapshotRequest>) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        Err(Status::unimplemented("snapshots are not supported"))
+    }
+
+    async fn list_snapshots(&self, _r: Request<ListSnapshotsRequest>) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Err(Status::unimplemented("snapshots are not supported"))
+    }
+
+    async fn get_snapshot(&self, _r: Request<GetSnapshotRequest>) -> Result<Response<GetSnapshotResponse>, Status> {
+        Err(Status::unimplemented("snapshots are not supported"))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        let rid = request::request_id(&request);
+        let req = request.into_inner();
+        let span = span("ControllerExpandVolume", &req.volume_id, &rid);
+        async move {
+            required("volume_id", &req.volume_id)?;
+            let (required_bytes, _) = request::capacity(req.capacity_range.as_ref())?;
+            if req.capacity_range.is_none() {
+                return Err(Status::invalid_argument("capacity_range: is required"));
+            }
+            let block = req.volume_capability.as_ref().map(request::access).transpose()?.map(|a| a.block);
+            let (bytes, node) = self.life.expand(&req.volume_id, required_bytes, block, &rid).await?;
+            Ok(Response::new(ControllerExpandVolumeResponse {
+                capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+                node_expansion_required: node,
+            }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        let req = request.into_inner();
+        required("volume_id", &req.volume_id)?;
+        let v = self.life.volume(&req.volume_id).await?;
+        Ok(Response::new(ControllerGetVolumeResponse {
+            volume: Some(volume_of(&v)),
+            status: Some(controller_get_volume_response::VolumeStatus {
+                published_node_ids: v.device.published.clone(),
+                volume_condition: Some(condition(&v)),
+            }),
+        }))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _r: Request<ControllerModifyVolumeRequest>,
+    ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
+        Err(Status::unimplemented("volume modification is not supported"))
+    }
+}

@@ -1,0 +1,52 @@
+//! The one mapping from `ProxyError` to the gRPC status a CSI caller gets,
+//! following the spec's error tables. Exhaustive on purpose: a new variant
+//! must choose its code here.
+
+use tonic::{Code, Status};
+
+use crate::agents::PoolError;
+use crate::error::ProxyError;
+use crate::inventory::InventoryError;
+
+impl From<ProxyError> for Status {
+    fn from(e: ProxyError) -> Self {
+        let code = match &e {
+            ProxyError::InvalidArgument { .. } | ProxyError::Parameter(_) => Code::InvalidArgument,
+            ProxyError::VolumeNotFound(_) | ProxyError::NodeNotFound(_) => Code::NotFound,
+            ProxyError::NameConflict { .. } => Code::AlreadyExists,
+            ProxyError::NoDeviceFits(_) | ProxyError::ResizePending { .. } => Code::ResourceExhausted,
+            ProxyError::CapacityOutOfRange(_) => Code::OutOfRange,
+            ProxyError::PublishedElsewhere { .. } => Code::FailedPrecondition,
+            ProxyError::DeviceState { .. } => Code::Unavailable,
+            ProxyError::Busy(_) => Code::Aborted,
+            ProxyError::Secret { .. } => Code::FailedPrecondition,
+            ProxyError::AgentsUnavailable { .. } => Code::Unavailable,
+            // The agent's answer is translated deliberately: its codes
+            // describe the node, the caller asked about a volume.
+            ProxyError::Agent { status, .. } => match status.code() {
+                Code::InvalidArgument | Code::Internal | Code::Unknown | Code::DataLoss => Code::Internal,
+                Code::NotFound => Code::NotFound,
+                Code::FailedPrecondition | Code::AlreadyExists => Code::FailedPrecondition,
+                Code::Unauthenticated | Code::PermissionDenied => Code::FailedPrecondition,
+                Code::DeadlineExceeded => Code::DeadlineExceeded,
+                Code::ResourceExhausted => Code::ResourceExhausted,
+                Code::Aborted => Code::Aborted,
+                Code::Unavailable | Code::Cancelled => Code::Unavailable,
+                Code::OutOfRange | Code::Unimplemented => Code::Internal,
+                Code::Ok => Code::Internal,
+            },
+            ProxyError::Inventory(i) => match i {
+                InventoryError::NoFit(_) => Code::ResourceExhausted,
+                InventoryError::Conflict(_) => Code::Aborted,
+                InventoryError::WrongState { .. } => Code::FailedPrecondition,
+                InventoryError::NotFound(_) => Code::NotFound,
+                InventoryError::Store(_) => Code::Internal,
+            },
+            ProxyError::Pool(p) => match p {
+                PoolError::UnknownNode(_) => Code::NotFound,
+                PoolError::Channel { .. } => Code::Unavailable,
+            },
+        };
+        Status::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,185 @@
+//! The file-backed agent directory: one agent per line,
+//! `<node> <host:port> [label=value,...]`, `#` comments. Edits are picked up
+//! through inotify and a slow poll; a bad file keeps the last good map.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{mpsc, watch};
+
+use super::{AgentDirectory, AgentEntry, Agents};
+
+/// Agents listed in a file.
+pub struct FileDirectory {
+    path: PathBuf,
+    tx: watch::Sender<Agents>,
+}
+
+/// Why the file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DirectoryError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line is malformed.
+    #[error("{path}:{line}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The watcher could not start.
+    #[error("cannot watch {0}: {1}")]
+    Watch(PathBuf, notify::Error),
+}
+
+impl FileDirectory {
+    /// Reads `path` once; fails on a missing or malformed file.
+    pub fn load(path: &Path) -> Result<Arc<Self>, DirectoryError> {
+        let agents = read(path)?;
+        Ok(Arc::new(Self {
+            path: path.to_owned(),
+            tx: watch::channel(Arc::new(agents)).0,
+        }))
+    }
+
+    /// Rereads the file; publishes a new snapshot when it changed.
+    pub fn reload(&self) -> Result<bool, DirectoryError> {
+        let agents = read(&self.path)?;
+        let changed = *self.tx.borrow().as_ref() != agents;
+        if changed {
+            tracing::info!(agents = agents.len(), path = %self.path.display(), "agent directory changed");
+            self.tx.send_replace(Arc::new(agents));
+        }
+        Ok(changed)
+    }
+
+    /// Watches the file's directory (and polls every `poll`) until dropped.
+    pub fn watch(self: &Arc<Self>, poll: Duration) -> Result<(), DirectoryError> {
+        let (tx, mut rx) = mpsc::channel::<()>(1);
+        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            if e.is_ok() {
+                let _ = tx.try_send(());
+            }
+        })
+        .map_err(|e| DirectoryError::Watch(self.path.clone(), e))?;
+        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        watcher
+            .watch(dir, RecursiveMode::NonRecursive)
+            .map_err(|e| DirectoryError::Watch(dir.to_owned(), e))?;
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let _watcher = watcher;
+            let mut tick = tokio::time::interval(poll);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    woke = rx.recv() => {
+                        if woke.is_none() { return; }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        while rx.try_recv().is_ok() {}
+                    }
+                    _ = tick.tick() => {}
+                }
+                let Some(me) = me.upgrade() else { return };
+                if let Err(e) = me.reload() {
+                    tracing::warn!(error = %e, "agent directory file rejected; keeping the last good one");
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+impl AgentDirectory for FileDirectory {
+    fn snapshot(&self) -> Agents {
+        self.tx.borrow().clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Agents> {
+        self.tx.subscribe()
+    }
+}
+
+fn read(path: &Path) -> Result<BTreeMap<String, AgentEntry>, DirectoryError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DirectoryError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text).map_err(|(line, reason)| DirectoryError::Parse {
+        path: path.to_owned(),
+        line,
+        reason,
+    })
+}
+
+/// Parses the file's text; errors carry the 1-based line number.
+pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)> {
+    let mut out = BTreeMap::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(node), Some(address)) = (words.next(), words.next()) else {
+            return Err((i + 1, "expected `<node> <host:port> [labels]`".into()));
+        };
+        if !address.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+            return Err((i + 1, format!("{address:?} is not host:port")));
+        }
+        let mut labels = BTreeMap::new();
+        if let Some(spec) = words.next() {
+            for pair in spec.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| (i + 1, format!("label {pair:?} is not key=value")))?;
+                labels.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        if words.next().is_some() {
+            return Err((i + 1, "unexpected text after the labels".into()));
+        }
+        if out
+            .insert(node.to_owned(), AgentEntry { address: address.to_owned(), labels })
+            .is_some()
+        {
+            return Err((i + 1, format!("node {node} listed twice")));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nodes_addresses_and_labels() {
+        let map = parse("# lab\nnode-a 198.18.0.2:9810 zone=a,rack=1\nnode-b 198.18.0.3:9810\n").expect("valid");
+        assert_eq!(map.len(), 2);
+        assert_eq!(map["node-a"].address, "198.18.0.2:9810");
+        assert_eq!(map["node-a"].labels["zone"], "a");
+        assert!(map["node-b"].labels.is_empty());
+    }
+
+    #[test]
+    fn malformed_lines_name_the_line() {
+        assert_eq!(parse("node-a\n").map_err(|e| e.0), Err(1));
+        assert_eq!(parse("a 1.2.3.4:1\nb nope\n").map_err(|e| e.0), Err(2));
+        assert_eq!(parse("a 1.2.3.4:1\na 1.2.3.4:2\n").map_err(|e| e.0), Err(2));
+    }
+}

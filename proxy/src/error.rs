@@ -1,0 +1,108 @@
+//! `ProxyError`: what can go wrong on the controller side. Mapped to gRPC
+//! codes in exactly one place, `csi/status.rs`.
+
+use crate::agents::PoolError;
+use crate::inventory::InventoryError;
+use crate::parameters::InvalidParameter;
+
+/// A controller-side failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// A request field is missing or malformed.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A StorageClass parameter is refused.
+    #[error(transparent)]
+    Parameter(#[from] InvalidParameter),
+    /// No such volume.
+    #[error("volume {0} does not exist")]
+    VolumeNotFound(String),
+    /// No such node (no agent known for it).
+    #[error("node {0} is not known (no agent registered)")]
+    NodeNotFound(String),
+    /// A volume with this name exists with other parameters.
+    #[error("volume {name} already exists with different parameters: {difference}")]
+    NameConflict {
+        /// The request name.
+        name: String,
+        /// What differs.
+        difference: String,
+    },
+    /// No Available device fits now.
+    #[error("no available device fits: {0}")]
+    NoDeviceFits(String),
+    /// No device could ever fit the requested size.
+    #[error("no device of the requested size exists: {0}")]
+    CapacityOutOfRange(String),
+    /// The volume is published where the request does not allow it.
+    #[error("volume {volume} is published to {nodes}: {reason}")]
+    PublishedElsewhere {
+        /// The volume.
+        volume: String,
+        /// Where it is published.
+        nodes: String,
+        /// Why that blocks the request.
+        reason: &'static str,
+    },
+    /// The LUN is smaller than asked and cannot grow by itself.
+    #[error("LUN {wwid} has {have} bytes, {want} requested: recorded resize request {request}; grow the LUN on the array and the resize completes on retry")]
+    ResizePending {
+        /// The LUN.
+        wwid: String,
+        /// Its size.
+        have: u64,
+        /// The requested size.
+        want: u64,
+        /// The PendingResizeRequest name.
+        request: String,
+    },
+    /// The device is not in a state that allows the operation now.
+    #[error("device {wwid} is {state}: {reason}")]
+    DeviceState {
+        /// The device.
+        wwid: String,
+        /// Its phase.
+        state: String,
+        /// What to do.
+        reason: String,
+    },
+    /// An agent answered with an error.
+    #[error("agent on {node}: {status}")]
+    Agent {
+        /// The node.
+        node: String,
+        /// Its answer (code and message, never secrets).
+        status: tonic::Status,
+    },
+    /// No agent that could do the work answered.
+    #[error("no agent reachable for {what}: {detail}")]
+    AgentsUnavailable {
+        /// What was attempted.
+        what: String,
+        /// Per-node failures.
+        detail: String,
+    },
+    /// Another operation on the same volume held it too long.
+    #[error("another operation on {0} is in progress; retry")]
+    Busy(String),
+    /// A CHAP secret could not be read.
+    #[error("secret {name}: {reason}")]
+    Secret {
+        /// The Secret name.
+        name: String,
+        /// Why (never its content).
+        reason: String,
+    },
+    /// The inventory failed.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// A call could not be sent at all.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+}

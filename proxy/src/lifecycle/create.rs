@@ -1,0 +1,109 @@
+//! CreateVolume: bind an Available LUN to a new volume, idempotently by name.
+
+use std::collections::BTreeMap;
+
+use super::Lifecycle;
+use super::access::Access;
+use crate::error::ProxyError;
+use crate::inventory::{BindRequest, Binding, Device, InventoryError};
+use crate::parameters::ClassParameters;
+
+/// A parsed CreateVolume request.
+#[derive(Clone, Debug)]
+pub struct CreateRequest {
+    /// The request name (the PV name).
+    pub name: String,
+    /// `required_bytes` (0: any size).
+    pub required_bytes: u64,
+    /// `limit_bytes` (0: no limit).
+    pub limit_bytes: u64,
+    /// Requested capabilities.
+    pub access: Vec<Access>,
+    /// StorageClass parameters.
+    pub parameters: ClassParameters,
+    /// Nodes in order of preference (preferred first, then the rest of
+    /// requisite); empty: anywhere.
+    pub nodes: Vec<String>,
+}
+
+impl Lifecycle {
+    /// Binds a LUN (or returns the one already bound to this name).
+    pub async fn create(&self, req: CreateRequest) -> Result<Device, ProxyError> {
+        let _guard = self.lock(&format!("name/{}", req.name)).await?;
+        let default_fs = req.parameters.fs_type.clone().unwrap_or_else(|| "ext4".into());
+        let capabilities: Vec<String> = req.access.iter().map(|a| a.canonical(&default_fs)).collect();
+        // "If a volume corresponding to the specified volume name already
+        // exists, is accessible from accessibility_requirements, and is
+        // compatible with the specified capacity_range, volume_capabilities,
+        // parameters and mutable_parameters ... the Plugin MUST reply 0 OK."
+        if let Some(existing) = self.inventory.bound_to_name(&req.name).await? {
+            return compatible(&existing, &req, &capabilities).map(|()| existing);
+        }
+        let binding = Binding {
+            uid: uuid::Uuid::new_v4().to_string(),
+            volume_name: req.name.clone(),
+            required_bytes: req.required_bytes,
+            limit_bytes: req.limit_bytes,
+            capabilities: capabilities.clone(),
+            parameters: req.parameters.identity.clone(),
+            cleanup: req.parameters.cleanup.as_str().to_owned(),
+        };
+        let bind = BindRequest {
+            binding,
+            topology: req.nodes.iter().map(|n| vec![n.clone()]).collect(),
+            selector: req.parameters.selector.clone(),
+        };
+        let max = if req.limit_bytes == 0 { u64::MAX } else { req.limit_bytes };
+        match self.inventory.bind(bind, req.required_bytes, max).await {
+            Ok(dev) => {
+                // bind() returns an existing binding when it raced with itself.
+                compatible(&dev, &req, &capabilities)?;
+                tracing::info!(volume = %req.name, wwid = %dev.wwid, size = dev.size_bytes, "bound LUN");
+                Ok(dev)
+            }
+            Err(InventoryError::NoFit(why)) => {
+                let largest = self.inventory.largest_size().await?;
+                if largest < req.required_bytes {
+                    Err(ProxyError::CapacityOutOfRange(format!(
+                        "{} bytes requested, the largest LUN has {largest}",
+                        req.required_bytes
+                    )))
+                } else {
+                    Err(ProxyError::NoDeviceFits(why))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Whether `dev`, already bound to `req.name`, satisfies `req`.
+fn compatible(dev: &Device, req: &CreateRequest, capabilities: &[String]) -> Result<(), ProxyError> {
+    let conflict = |difference: String| {
+        Err(ProxyError::NameConflict {
+            name: req.name.clone(),
+            difference,
+        })
+    };
+    let Some(b) = &dev.binding else {
+        return conflict("the bound device lost its binding".into());
+    };
+    if dev.size_bytes < req.required_bytes || (req.limit_bytes != 0 && dev.size_bytes > req.limit_bytes) {
+        return conflict(format!("existing volume has {} bytes", dev.size_bytes));
+    }
+    let mut want = capabilities.to_vec();
+    let mut have = b.capabilities.clone();
+    want.sort();
+    have.sort();
+    if want != have {
+        return conflict(format!("capabilities {have:?} vs {want:?}"));
+    }
+    let params: BTreeMap<_, _> = req.parameters.identity.clone();
+    if params != b.parameters {
+        return conflict("StorageClass parameters differ".into());
+    }
+    if !req.nodes.is_empty() && !dev.node_names().iter().any(|n| req.nodes.contains(n)) {
+        return conflict("existing volume is not accessible from the requested topology".into());
+    }
+    Ok(())
+}

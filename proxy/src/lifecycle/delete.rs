@@ -1,0 +1,111 @@
+//! DeleteVolume: release the LUN, wipe it through an agent that sees it,
+//! and offer it again. A failed wipe leaves it Failed, never Available.
+
+use csi_scsi_proto::agent::WipeRequest;
+use tonic::Code;
+
+use super::Lifecycle;
+use crate::agents::AgentOp;
+use crate::error::ProxyError;
+use crate::inventory::{Device, Phase};
+use crate::parameters::Cleanup;
+use crate::volume_id::VolumeRef;
+
+impl Lifecycle {
+    /// Deletes the volume `id`. Unknown or stale IDs succeed without
+    /// touching anything.
+    pub async fn delete(&self, id: &str, request_id: &str) -> Result<(), ProxyError> {
+        // "If a volume corresponding to the specified volume_id does not
+        // exist or the artifacts associated with the volume do not exist
+        // anymore, the Plugin MUST reply 0 OK."
+        let Some(vol) = VolumeRef::parse(id) else {
+            tracing::info!(volume_id = %id, "delete of a volume ID we never issued: nothing to do");
+            return Ok(());
+        };
+        let _guard = self.lock(&vol.wwid).await?;
+        let Some(dev) = self.inventory.device(&vol.wwid).await? else {
+            return Ok(());
+        };
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid.as_str()) {
+            tracing::info!(volume_id = %id, "stale volume ID (the LUN has another binding): nothing to do");
+            return Ok(());
+        }
+        if !dev.published.is_empty() {
+            return Err(ProxyError::PublishedElsewhere {
+                volume: id.to_owned(),
+                nodes: dev.published.join(","),
+                reason: "unpublish it first",
+            });
+        }
+        self.release(dev, request_id).await
+    }
+
+    /// Wipes a device whose volume is gone and makes it Available. Resumes
+    /// a release interrupted by a restart or a failed wipe.
+    pub async fn release(&self, mut dev: Device, request_id: &str) -> Result<(), ProxyError> {
+        if !matches!(dev.phase, Phase::Releasing | Phase::Failed) {
+            dev.phase = Phase::Releasing;
+            dev.reason.clear();
+            dev = self.inventory.update(dev).await?;
+        }
+        let cleanup = dev
+            .binding
+            .as_ref()
+            .and_then(|b| Cleanup::parse(&b.cleanup).ok())
+            .unwrap_or(Cleanup::Zero);
+        let Some(mode) = cleanup.wipe_mode() else {
+            return self.make_available(dev).await;
+        };
+        let nodes = dev.node_names();
+        if nodes.is_empty() {
+            return Err(ProxyError::DeviceState {
+                wwid: dev.wwid.clone(),
+                state: "not visible from any node".into(),
+                reason: "the wipe resumes once a node sees the LUN again".into(),
+            });
+        }
+        let mut failures = Vec::new();
+        for node in &nodes {
+            let op = AgentOp::Wipe(WipeRequest {
+                wwid: dev.wwid.clone(),
+                mode: mode as i32,
+            });
+            match self.call(node, op, request_id).await {
+                Ok(_) => {
+                    tracing::info!(wwid = %dev.wwid, %node, cleanup = cleanup.as_str(), "LUN wiped");
+                    return self.make_available(dev).await;
+                }
+                // Not present, or unreachable, on this node: try another.
+                Err(ProxyError::Agent { node, status })
+                    if matches!(status.code(), Code::NotFound | Code::Unavailable | Code::DeadlineExceeded) =>
+                {
+                    failures.push(format!("{node}: {}", status.message()));
+                }
+                Err(ProxyError::Pool(e)) => failures.push(e.to_string()),
+                Err(ProxyError::Agent { node, status }) => {
+                    // The wipe itself failed (in use, I/O error): never offer
+                    // this LUN again until someone looks at it.
+                    dev.phase = Phase::Failed;
+                    dev.reason = format!("wipe on {node} failed: {}", status.message());
+                    tracing::warn!(wwid = %dev.wwid, reason = %dev.reason, "release failed");
+                    self.inventory.update(dev).await?;
+                    return Err(ProxyError::Agent { node, status });
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Err(ProxyError::AgentsUnavailable {
+            what: format!("wiping {}", dev.wwid),
+            detail: failures.join("; "),
+        })
+    }
+
+    async fn make_available(&self, mut dev: Device) -> Result<(), ProxyError> {
+        dev.phase = if dev.nodes.is_empty() { Phase::Lost } else { Phase::Available };
+        dev.binding = None;
+        dev.published.clear();
+        dev.reason.clear();
+        self.inventory.update(dev).await?;
+        Ok(())
+    }
+}

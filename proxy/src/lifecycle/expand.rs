@@ -1,0 +1,69 @@
+//! ControllerExpandVolume: the driver cannot grow a LUN. It rescans; if the
+//! array already grew it, expansion goes on; if not, it records a pending
+//! resize request for the storage administrator and answers so the resizer
+//! retries.
+
+use csi_scsi_proto::agent::RescanRequest;
+
+use super::Lifecycle;
+use crate::agents::{AgentOp, AgentReply};
+use crate::error::ProxyError;
+use crate::inventory::ResizeRequest;
+use crate::volume_id::VolumeRef;
+
+impl Lifecycle {
+    /// Returns the new capacity and whether node expansion is needed.
+    pub async fn expand(&self, id: &str, required: u64, block: Option<bool>, request_id: &str) -> Result<(u64, bool), ProxyError> {
+        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let _guard = self.lock(&vol.wwid).await?;
+        let mut dev = self.bound(&vol).await?;
+        let binding = dev.binding.clone().ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let is_block = block.unwrap_or_else(|| binding.capabilities.iter().all(|c| c.starts_with("block:")));
+        let node_expansion = !is_block;
+        if dev.size_bytes < required {
+            // Ask the nodes that see it to re-read its capacity.
+            let mut grown = dev.size_bytes;
+            for node in dev.node_names() {
+                let op = AgentOp::Rescan(RescanRequest { wwid: dev.wwid.clone() });
+                match self.call(&node, op, request_id).await {
+                    Ok(AgentReply::Rescan(r)) => grown = grown.max(r.size_bytes),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(%node, error = %e, "rescan failed"),
+                }
+            }
+            if grown > dev.size_bytes {
+                dev.size_bytes = grown;
+                dev = self.inventory.update(dev).await?;
+            }
+        }
+        let name = format!("resize-{}", binding.volume_name);
+        if dev.size_bytes >= required {
+            if let Some(mut r) = self.inventory.resizes().await?.into_iter().find(|r| r.name == name && !r.done) {
+                r.done = true;
+                r.current_bytes = dev.size_bytes;
+                self.inventory.put_resize(r).await?;
+            }
+            return Ok((dev.size_bytes, node_expansion));
+        }
+        self.inventory
+            .put_resize(ResizeRequest {
+                name: name.clone(),
+                volume_id: id.to_owned(),
+                wwid: dev.wwid.clone(),
+                requested_bytes: required,
+                current_bytes: dev.size_bytes,
+                created: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() as i64)
+                    .unwrap_or(0),
+                done: false,
+            })
+            .await?;
+        Err(ProxyError::ResizePending {
+            wwid: dev.wwid,
+            have: dev.size_bytes,
+            want: required,
+            request: name,
+        })
+    }
+}

@@ -1,0 +1,122 @@
+//! The volume life cycle on the controller side: create (bind a LUN),
+//! delete (release and wipe), publish/unpublish (attach/detach on a node),
+//! expand, and the read-only queries. No gRPC types cross into here except
+//! the agent API's messages; the CSI layer parses and maps.
+
+pub mod access;
+mod create;
+mod delete;
+mod expand;
+mod publish;
+mod query;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_scsi_proto::agent;
+
+use crate::agents::{AgentOp, AgentPool, AgentReply};
+use crate::error::ProxyError;
+use crate::inventory::{Device, Inventory, Target};
+use crate::locks::{KeyGuard, KeyedLocks};
+use crate::secrets::SecretSource;
+
+pub use create::CreateRequest;
+pub use query::VolumeView;
+
+/// The topology key every node reports in NodeGetInfo.
+pub const NODE_TOPOLOGY_KEY: &str = "topology.csi-scsi.io/node";
+
+/// How long an operation waits for another one on the same key.
+const LOCK_WAIT: Duration = Duration::from_secs(20);
+
+/// The controller's state and collaborators.
+pub struct Lifecycle {
+    inventory: Arc<dyn Inventory>,
+    agents: Arc<AgentPool>,
+    secrets: Arc<dyn SecretSource>,
+    locks: KeyedLocks,
+}
+
+impl Lifecycle {
+    /// A controller over `inventory`, calling agents through `agents`.
+    pub fn new(inventory: Arc<dyn Inventory>, agents: Arc<AgentPool>, secrets: Arc<dyn SecretSource>) -> Self {
+        Self {
+            inventory,
+            agents,
+            secrets,
+            locks: KeyedLocks::default(),
+        }
+    }
+
+    /// The inventory.
+    pub fn inventory(&self) -> &Arc<dyn Inventory> {
+        &self.inventory
+    }
+
+    /// The agent pool.
+    pub fn agents(&self) -> &Arc<AgentPool> {
+        &self.agents
+    }
+
+    async fn lock(&self, key: &str) -> Result<KeyGuard, ProxyError> {
+        self.locks
+            .lock(key, LOCK_WAIT)
+            .await
+            .ok_or_else(|| ProxyError::Busy(key.to_owned()))
+    }
+
+    /// The agent API's description of the targets `device` is reachable
+    /// through on `node` (with CHAP credentials resolved).
+    async fn targets_for(&self, device: &Device, node: &str) -> Result<Vec<agent::Target>, ProxyError> {
+        let specs = self.inventory.targets().await?;
+        let mut names: Vec<&str> = device
+            .nodes
+            .iter()
+            .filter(|v| v.node == node)
+            .map(|v| v.target.as_str())
+            .collect();
+        if names.is_empty() {
+            names.push(device.target.as_str());
+        }
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter_map(|n| specs.iter().find(|t| t.name == n))
+            .map(|t| self.agent_target(t))
+            .collect()
+    }
+
+    /// A target as the agent API describes it, CHAP included.
+    pub fn agent_target(&self, t: &Target) -> Result<agent::Target, ProxyError> {
+        let transport = if let Some(iscsi) = &t.iscsi {
+            let chap = iscsi.chap_secret_ref.as_ref().map(|r| self.secrets.chap(r)).transpose()?;
+            Some(agent::target::Transport::Iscsi(agent::IscsiTarget {
+                portals: iscsi.portals.clone(),
+                iqn: iscsi.iqn.clone(),
+                chap,
+            }))
+        } else {
+            t.fibre_channel.as_ref().map(|fc| {
+                agent::target::Transport::FibreChannel(agent::FibreChannelTarget { wwpns: fc.wwpns.clone() })
+            })
+        };
+        Ok(agent::Target {
+            name: t.name.clone(),
+            transport,
+        })
+    }
+
+    /// Calls one agent; transport trouble and agent errors both become
+    /// `ProxyError`s that name the node.
+    async fn call(&self, node: &str, op: AgentOp, request_id: &str) -> Result<AgentReply, ProxyError> {
+        match self.agents.call(node, op, request_id).await? {
+            Ok(reply) => Ok(reply),
+            Err(status) => Err(ProxyError::Agent {
+                node: node.to_owned(),
+                status,
+            }),
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! ControllerPublishVolume / ControllerUnpublishVolume: attach the LUN on a
+//! node through its agent and record where it is published.
+
+use std::collections::HashMap;
+
+use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
+
+use super::Lifecycle;
+use super::access::Access;
+use crate::agents::{AgentOp, AgentReply};
+use crate::error::ProxyError;
+use crate::inventory::{Device, Phase};
+use crate::volume_id::VolumeRef;
+
+impl Lifecycle {
+    /// Attaches volume `id` on `node`; returns the publish context
+    /// (`devicePath`, `wwid`).
+    pub async fn publish(
+        &self,
+        id: &str,
+        node: &str,
+        access: &Access,
+        request_id: &str,
+    ) -> Result<HashMap<String, String>, ProxyError> {
+        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        if !self.agents.directory().snapshot().contains_key(node) {
+            return Err(ProxyError::NodeNotFound(node.to_owned()));
+        }
+        let _guard = self.lock(&vol.wwid).await?;
+        let mut dev = self.bound(&vol).await?;
+        if let Some(b) = &dev.binding {
+            let wanted = access.canonical(fs_of(&b.capabilities));
+            if !b.capabilities.contains(&wanted) {
+                return Err(ProxyError::InvalidArgument {
+                    field: "volume_capability",
+                    reason: format!("{wanted} is not among the volume's capabilities {:?}", b.capabilities),
+                });
+            }
+        }
+        let already = dev.published.iter().any(|n| n == node);
+        if !already {
+            if access.mode.single_node() && !dev.published.is_empty() {
+                return Err(ProxyError::PublishedElsewhere {
+                    volume: id.to_owned(),
+                    nodes: dev.published.join(","),
+                    reason: "its access mode allows one node only",
+                });
+            }
+            // Record first, so a racing publish elsewhere sees this node.
+            dev.published.push(node.to_owned());
+            dev = self.inventory.update(dev).await?;
+        }
+        let targets = self.targets_for(&dev, node).await?;
+        let op = AgentOp::Attach(AttachRequest {
+            wwid: dev.wwid.clone(),
+            targets,
+        });
+        match self.call(node, op, request_id).await {
+            Ok(AgentReply::Attach(a)) => Ok(HashMap::from([
+                ("devicePath".to_owned(), a.device_path),
+                ("wwid".to_owned(), dev.wwid.clone()),
+            ])),
+            Ok(_) => Err(ProxyError::AgentsUnavailable {
+                what: "attach".into(),
+                detail: "agent answered with the wrong message".into(),
+            }),
+            Err(e) => {
+                if !already {
+                    // Undo the record: the LUN is not attached there.
+                    dev.published.retain(|n| n != node);
+                    if let Err(undo) = self.inventory.update(dev).await {
+                        tracing::warn!(error = %undo, "could not undo the publish record");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Detaches volume `id` from `node` (every node when `node` is empty).
+    pub async fn unpublish(&self, id: &str, node: &str, request_id: &str) -> Result<(), ProxyError> {
+        // "If the volume corresponding to the volume_id or the node
+        // corresponding to node_id cannot be found by the Plugin and the
+        // volume can be safely regarded as ControllerUnpublished from the
+        // node, the plugin SHOULD return 0 OK."
+        let Some(vol) = VolumeRef::parse(id) else { return Ok(()) };
+        let _guard = self.lock(&vol.wwid).await?;
+        let Some(mut dev) = self.inventory.device(&vol.wwid).await? else {
+            return Ok(());
+        };
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid.as_str()) {
+            return Ok(());
+        }
+        let nodes: Vec<String> = if node.is_empty() {
+            dev.published.clone()
+        } else {
+            vec![node.to_owned()]
+        };
+        let agents = self.agents.directory().snapshot();
+        for n in nodes {
+            if !agents.contains_key(&n) {
+                // The node left the cluster: nothing can be attached there.
+                tracing::warn!(node = %n, wwid = %dev.wwid, "node has no agent any more; dropping its publish record");
+            } else {
+                let targets = self.targets_for(&dev, &n).await?;
+                let op = AgentOp::Detach(DetachRequest {
+                    wwid: dev.wwid.clone(),
+                    targets,
+                });
+                self.call(&n, op, request_id).await?;
+            }
+            if dev.published.contains(&n) {
+                dev.published.retain(|p| p != &n);
+                dev = self.inventory.update(dev).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The device bound to `vol`, or VolumeNotFound.
+    pub(super) async fn bound(&self, vol: &VolumeRef) -> Result<Device, ProxyError> {
+        match self.inventory.device(&vol.wwid).await? {
+            Some(d)
+                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str())
+                    && matches!(d.phase, Phase::Bound | Phase::Lost) =>
+            {
+                Ok(d)
+            }
+            _ => Err(ProxyError::VolumeNotFound(vol.to_string())),
+        }
+    }
+}
+
+/// The filesystem a binding's mount capabilities name (ext4 by default).
+pub(super) fn fs_of(capabilities: &[String]) -> &str {
+    capabilities
+        .iter()
+        .find_map(|c| c.strip_prefix("mount:").and_then(|r| r.split(':').next()))
+        .unwrap_or("ext4")
+}

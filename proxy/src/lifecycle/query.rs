@@ -1,0 +1,80 @@
+//! Read-only questions: one volume, a page of volumes, capacity.
+
+use super::Lifecycle;
+use crate::error::ProxyError;
+use crate::inventory::{Device, Phase};
+use crate::selector::Selector;
+use crate::volume_id::VolumeRef;
+
+/// A volume as ListVolumes and ControllerGetVolume show it.
+#[derive(Clone, Debug)]
+pub struct VolumeView {
+    /// The device.
+    pub device: Device,
+    /// Its volume ID.
+    pub volume_id: String,
+    /// Abnormal condition, if any.
+    pub abnormal: Option<String>,
+}
+
+impl Lifecycle {
+    /// One volume by ID.
+    pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
+        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        match self.inventory.device(&vol.wwid).await? {
+            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str()) => Ok(view(d)),
+            _ => Err(ProxyError::VolumeNotFound(id.to_owned())),
+        }
+    }
+
+    /// Up to `max` volumes after the token (a WWID we returned earlier).
+    /// `Err(None)` when the token is not one of ours.
+    pub async fn volumes(&self, token: &str, max: usize) -> Result<(Vec<VolumeView>, Option<String>), Option<ProxyError>> {
+        if !token.is_empty() && self.inventory.device(token).await.map_err(|e| Some(e.into()))?.is_none() {
+            return Err(None);
+        }
+        let want = if max == 0 { 1000 } else { max };
+        let mut out = Vec::new();
+        let mut after = (!token.is_empty()).then(|| token.to_owned());
+        loop {
+            let page = self
+                .inventory
+                .devices(after.as_deref(), want.max(64))
+                .await
+                .map_err(|e| Some(e.into()))?;
+            let exhausted = page.len() < want.max(64);
+            for d in page {
+                after = Some(d.wwid.clone());
+                if d.binding.is_some() {
+                    out.push(view(d));
+                    if out.len() == want {
+                        let next = out.last().map(|v| v.device.wwid.clone());
+                        return Ok((out, next));
+                    }
+                }
+            }
+            if exhausted {
+                return Ok((out, None));
+            }
+        }
+    }
+
+    /// Available bytes and the largest Available LUN visible from `nodes`.
+    pub async fn capacity(&self, nodes: &[String], selector: &Selector) -> Result<(u64, u64), ProxyError> {
+        Ok(self.inventory.capacity(nodes, selector).await?)
+    }
+}
+
+fn view(device: Device) -> VolumeView {
+    let abnormal = match device.phase {
+        Phase::Lost => Some(format!("LUN is not visible from any node: {}", device.reason)),
+        Phase::Failed => Some(format!("LUN failed: {}", device.reason)),
+        Phase::Releasing => Some("LUN is being released".to_owned()),
+        Phase::Available | Phase::Bound => None,
+    };
+    VolumeView {
+        volume_id: device.volume_id().unwrap_or_default(),
+        device,
+        abnormal,
+    }
+}

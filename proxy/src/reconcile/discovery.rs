@@ -1,0 +1,141 @@
+//! Discovery: fan `Discover` out to the agents whose nodes match each
+//! target, merge the reports by WWID into the inventory, and resume
+//! releases that a restart or an outage interrupted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_scsi_proto::agent::DiscoverRequest;
+use tokio::sync::Notify;
+
+use crate::agents::{AgentOp, AgentReply, fan_out};
+use crate::directory::AgentEntry;
+use crate::error::ProxyError;
+use crate::inventory::{DiscoveryRound, LunReport, Phase, Target};
+use crate::lifecycle::Lifecycle;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassSummary {
+    /// Targets discovered.
+    pub targets: usize,
+    /// Devices seen for the first time.
+    pub added: usize,
+    /// Devices that went Lost.
+    pub lost: usize,
+    /// Node/target pairs that did not answer.
+    pub unanswered: usize,
+    /// Releases resumed and completed.
+    pub released: usize,
+}
+
+/// Whether `node` (with `entry`) should reach `target`.
+pub fn node_matches(target: &Target, node: &str, entry: &AgentEntry) -> bool {
+    (target.nodes.is_empty() || target.nodes.iter().any(|n| n == node))
+        && target.node_selector.iter().all(|(k, v)| entry.labels.get(k) == Some(v))
+}
+
+/// One discovery pass over every target.
+pub async fn reconcile_once(life: &Lifecycle, concurrency: usize) -> Result<PassSummary, ProxyError> {
+    let request_id = format!("discovery-{}", uuid::Uuid::new_v4());
+    let agents = life.agents().directory().snapshot();
+    let mut summary = PassSummary::default();
+    for target in life.inventory().targets().await? {
+        let nodes: Vec<String> = agents
+            .iter()
+            .filter(|(n, e)| node_matches(&target, n, e))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let op = AgentOp::Discover(DiscoverRequest {
+            target: Some(life.agent_target(&target)?),
+        });
+        let mut round = DiscoveryRound {
+            target: target.name.clone(),
+            device_labels: target.device_labels.clone(),
+            answered: BTreeMap::new(),
+            unanswered: Vec::new(),
+        };
+        for (node, result) in fan_out(life.agents(), nodes, op, &request_id, concurrency).await {
+            match result {
+                Ok(Ok(AgentReply::Discover(r))) => {
+                    for p in r.portals.iter().filter(|p| !p.reachable) {
+                        tracing::warn!(%node, target = %target.name, portal = %p.portal, error = %p.error, "portal unreachable");
+                    }
+                    let luns = r
+                        .luns
+                        .into_iter()
+                        .map(|l| LunReport {
+                            paths: l.paths.iter().map(|p| if p.by_path.is_empty() { p.by_id.clone() } else { p.by_path.clone() }).collect(),
+                            wwid: l.wwid,
+                            lun: l.lun,
+                            size_bytes: l.size_bytes,
+                            vendor: l.vendor,
+                            model: l.model,
+                            serial: l.serial,
+                        })
+                        .collect();
+                    round.answered.insert(node, luns);
+                }
+                Ok(Ok(_)) => round.unanswered.push(node),
+                Ok(Err(status)) => {
+                    tracing::warn!(%node, target = %target.name, code = ?status.code(), error = %status.message(), "discover failed");
+                    round.unanswered.push(node);
+                }
+                Err(e) => {
+                    tracing::warn!(%node, target = %target.name, error = %e, "discover not sent");
+                    round.unanswered.push(node);
+                }
+            }
+        }
+        summary.targets += 1;
+        summary.unanswered += round.unanswered.len();
+        let out = life.inventory().apply_discovery(round).await?;
+        summary.added += out.added.len();
+        summary.lost += out.lost.len();
+        for wwid in &out.lost {
+            tracing::warn!(%wwid, target = %target.name, "device no longer reported by any node: Lost");
+        }
+    }
+    summary.released = resume_releases(life, &request_id).await;
+    Ok(summary)
+}
+
+/// Finishes releases left Releasing (a restart mid-wipe, agents down).
+async fn resume_releases(life: &Lifecycle, request_id: &str) -> usize {
+    let mut done = 0;
+    let mut after: Option<String> = None;
+    loop {
+        let Ok(page) = life.inventory().devices(after.as_deref(), 500).await else { return done };
+        let last = page.last().map(|d| d.wwid.clone());
+        for dev in page.into_iter().filter(|d| d.phase == Phase::Releasing) {
+            let wwid = dev.wwid.clone();
+            match life.release(dev, request_id).await {
+                Ok(()) => {
+                    tracing::info!(%wwid, "resumed release completed");
+                    done += 1;
+                }
+                Err(e) => tracing::info!(%wwid, error = %e, "release still pending"),
+            }
+        }
+        match last {
+            Some(l) => after = Some(l),
+            None => return done,
+        }
+    }
+}
+
+/// Runs passes every `interval` and whenever `trigger` is notified, until
+/// the task is dropped.
+pub async fn run(life: Arc<Lifecycle>, interval: Duration, trigger: Arc<Notify>, concurrency: usize) {
+    loop {
+        match reconcile_once(&life, concurrency).await {
+            Ok(s) => tracing::info!(targets = s.targets, added = s.added, lost = s.lost, unanswered = s.unanswered, released = s.released, "discovery pass"),
+            Err(e) => tracing::warn!(error = %e, "discovery pass failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = trigger.notified() => {}
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Reconcilers: plain async functions run periodically and on triggers.
+
+pub mod discovery;
+pub mod targets_file;
