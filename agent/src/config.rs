@@ -77,6 +77,14 @@ pub struct Args {
     #[arg(long = "tool", value_name = "NAME=PATH")]
     pub tools: Vec<String>,
 
+    /// Where the agent keeps its small state (which LUNs it attached).
+    #[arg(long, default_value = "/var/lib/csi-scsi-agent")]
+    pub state_dir: PathBuf,
+
+    /// Login timeout of one iSCSI portal (dead portals are reported, not waited for).
+    #[arg(long, default_value = "15", value_name = "SECONDS")]
+    pub login_timeout: u64,
+
     /// Timeout of one host tool run (mkfs, iscsiadm, ...).
     #[arg(long, default_value = "120", value_name = "SECONDS")]
     pub command_timeout: u64,
@@ -102,6 +110,8 @@ pub struct Args {
 #[derive(Debug)]
 pub struct Config {
     pub host: Host,
+    pub state_dir: PathBuf,
+    pub login_timeout: Duration,
     pub max_volumes: u64,
     pub node_name: String,
     pub csi_socket: PathBuf,
@@ -131,7 +141,8 @@ impl Args {
                 .ok_or_else(|| format!("--tool: {spec:?} is not NAME=PATH"))?;
             tools.insert(name.to_owned(), PathBuf::from(path));
         }
-        let kubelet_dir = std::fs::canonicalize(&self.kubelet_dir).unwrap_or(self.kubelet_dir.clone());
+        let kubelet_dir =
+            std::fs::canonicalize(&self.kubelet_dir).unwrap_or(self.kubelet_dir.clone());
         let host = Host {
             sysfs: self.sysfs_root,
             dev: self.dev_root,
@@ -141,6 +152,8 @@ impl Args {
             runner: CommandRunner::new(Duration::from_secs(self.command_timeout.max(1))),
         };
         Ok(Config {
+            state_dir: self.state_dir,
+            login_timeout: Duration::from_secs(self.login_timeout.max(1)),
             host,
             max_volumes: self.max_volumes,
             node_name: self.node_name,

@@ -62,6 +62,169 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// NodePublishVolume without `staging_target_path`, which this plugin
+    /// needs (it has STAGE_UNSTAGE_VOLUME).
+    #[error(
+        "staging_target_path is not set: this plugin stages volumes first (STAGE_UNSTAGE_VOLUME)"
+    )]
+    StagingPathMissing,
+    /// The volume is not staged at the staging path given.
+    #[error("volume {volume} is not staged at {path}: {reason}")]
+    NotStaged {
+        /// The volume ID.
+        volume: String,
+        /// The staging path.
+        path: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// A staging or target path already holds another device or volume.
+    #[error("{path} already holds {holder}")]
+    PathTaken {
+        /// The staging or target path.
+        path: PathBuf,
+        /// What is there.
+        holder: String,
+    },
+    /// The volume is already staged or published at the path, but not as
+    /// this request asks.
+    #[error("volume {volume} is already at {path}, but {reason}")]
+    Incompatible {
+        /// The volume ID.
+        volume: String,
+        /// The staging or target path.
+        path: PathBuf,
+        /// How it differs.
+        reason: String,
+    },
+    /// A path to unmount holds something that is not this volume.
+    #[error("refusing to touch {path}: it holds {holder}, not volume {volume}")]
+    ForeignMount {
+        /// The volume ID.
+        volume: String,
+        /// The path.
+        path: PathBuf,
+        /// What is mounted there.
+        holder: String,
+    },
+    /// NodeUnstageVolume while the volume is still published on this node.
+    #[error("volume {volume} is still published at {}", targets.iter().map(|t| t.display().to_string()).collect::<Vec<_>>().join(", "))]
+    StillPublished {
+        /// The volume ID.
+        volume: String,
+        /// Where it is published.
+        targets: Vec<PathBuf>,
+    },
+    /// A second publication of a volume whose access mode allows only one
+    /// on a node.
+    #[error(
+        "volume {volume} is already published at {target}, and access mode {mode} allows one publication per node"
+    )]
+    PublishedElsewhere {
+        /// The volume ID.
+        volume: String,
+        /// The existing publication.
+        target: PathBuf,
+        /// The access mode asked for.
+        mode: &'static str,
+    },
+    /// The device carries a filesystem or other signature than the one
+    /// asked for; it is never reformatted.
+    #[error("device {device} carries {found}, not {wanted}; it is never reformatted")]
+    ForeignFilesystem {
+        /// The device node.
+        device: PathBuf,
+        /// What it carries.
+        found: String,
+        /// What was asked for.
+        wanted: String,
+    },
+    /// The device is read-only but write access was asked for.
+    #[error("device {device} is read-only: it can be neither written nor formatted")]
+    DeviceReadOnly {
+        /// The device node.
+        device: PathBuf,
+    },
+    /// The volume capability is valid but beyond what this volume supports.
+    #[error("unsupported volume capability: {0}")]
+    UnsupportedCapability(String),
+    /// The kernel refused to grow a mounted filesystem.
+    #[error("cannot grow the mounted {fs} filesystem on {device}: {detail}")]
+    OnlineGrowRefused {
+        /// The device node.
+        device: PathBuf,
+        /// The filesystem type.
+        fs: &'static str,
+        /// Why, for the operator.
+        detail: String,
+    },
+    /// The requested capacity cannot be met by the device as it is.
+    #[error("capacity {wanted} cannot be met: the device has {size} bytes")]
+    CapacityOutOfRange {
+        /// The device's size in bytes.
+        size: u64,
+        /// The range asked for, for people.
+        wanted: String,
+    },
+    /// The volume is not staged or published at the path given.
+    #[error("volume {volume} is not at {path}: {reason}")]
+    VolumeNotAtPath {
+        /// The volume ID.
+        volume: String,
+        /// The path.
+        path: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// A mount(2) or umount(2) call failed.
+    #[error("{op} {path}: {source}")]
+    Mount {
+        /// The operation (`mount`, `bind mount`, `unmount`).
+        op: &'static str,
+        /// The mount point.
+        path: PathBuf,
+        /// The errno.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something that cannot happen did; please file a bug.
+    #[error("internal error, please report it: {0}")]
+    Unreachable(&'static str),
+    /// The target refused our login (CHAP or an initiator ACL).
+    #[error("login to {target} refused: {reason}")]
+    LoginRefused {
+        /// The target.
+        target: String,
+        /// Why (never credentials).
+        reason: String,
+    },
+    /// No portal of the target answered.
+    #[error("no portal of {target} answered: {detail}")]
+    NoPortalAnswered {
+        /// The target.
+        target: String,
+        /// Per-portal failures.
+        detail: String,
+    },
+    /// The device did not appear before the deadline.
+    #[error("device {wwid} did not appear within {waited:?}")]
+    AttachTimeout {
+        /// The device.
+        wwid: Wwid,
+        /// How long we waited.
+        waited: std::time::Duration,
+    },
+    /// An iSCSI session operation failed.
+    #[error(transparent)]
+    Iscsi(#[from] crate::host::iscsiadm::IscsiError),
+    /// Erasing the device failed part-way.
+    #[error("wiping {wwid} failed: {reason}")]
+    WipeFailed {
+        /// The device.
+        wwid: Wwid,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl AgentError {

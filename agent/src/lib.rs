@@ -3,9 +3,14 @@
 //! for the proxy over mutual TLS. All host access goes through [`host`].
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod config;
+pub mod csi;
+pub mod device;
 pub mod error;
 pub mod host;
 pub mod serve;
+pub mod volume;
 pub mod volume_id;
+pub mod vpd;
 pub mod wwid;

@@ -1,15 +1,23 @@
 //! Builds the agent's services and runs them until shutdown.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
     CsiSocket, IdentityService, Readiness, Shutdown, TlsMaterialCheck, ToolsCheck, tls_incoming,
 };
+use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
+use csi_scsi_proto::csi::node_server::NodeServer;
+use csi_scsi_proto::csi::plugin_capability::service::Type as PluginService;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 
+use crate::api::AgentApi;
 use crate::config::Config;
+use crate::csi::node::NodeService;
+use crate::device::{Attachments, Devices};
 
 /// Serves CSI (Unix socket) and the agent API (mTLS) until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -42,10 +50,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let readiness = Readiness::new()
         .with(TlsMaterialCheck(store.clone()))
         .with(ToolsCheck::new(config.required_tools.clone()));
-    // The node plugin's capabilities (topology) arrive with the Node service.
-    let identity = IdentityService::new(env!("CARGO_PKG_VERSION"), Vec::new(), readiness);
+    // NodeGetInfo reports the node's topology, which the spec allows only
+    // with the VOLUME_ACCESSIBILITY_CONSTRAINTS plugin capability.
+    let identity = IdentityService::new(
+        env!("CARGO_PKG_VERSION"),
+        vec![PluginService::VolumeAccessibilityConstraints],
+        readiness,
+    );
+    let node = NodeService::new(
+        std::sync::Arc::new(config.host.clone()),
+        config.node_name.clone(),
+        config.max_volumes,
+    );
     let csi = Server::builder()
         .add_service(IdentityServer::new(identity))
+        .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(
             socket.incoming().context("CSI socket already served")?,
             shutdown.signaled(),
@@ -55,8 +74,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    let attachments = Arc::new(Attachments::load(&config.state_dir));
+    let devices = Arc::new(Devices::new(
+        config.host.clone(),
+        attachments,
+        config.login_timeout,
+    ));
+    let agent_api = AgentApi::new(devices, &config.node_name, config.trust_domain.clone());
     let api = Server::builder()
         .add_service(health)
+        .add_service(AgentServer::new(agent_api))
         .serve_with_incoming_shutdown(
             tls_incoming(listener, server_config(store.clone())?),
             shutdown.signaled(),

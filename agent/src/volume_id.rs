@@ -38,7 +38,9 @@ impl VolumeId {
             .ok_or_else(|| InvalidVolumeId::Shape(s.to_owned()))?;
         let binding_ok = !binding.is_empty()
             && binding.len() <= 64
-            && binding.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            && binding
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
         if !binding_ok {
             return Err(InvalidVolumeId::Binding(s.to_owned()));
         }

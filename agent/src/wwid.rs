@@ -79,7 +79,11 @@ impl Wwid {
                 Some(("2", r)) => (WwidKind::Eui, r),
                 Some(("1", r)) => (WwidKind::T10, r),
                 Some(("8", r)) => (WwidKind::Name, r),
-                _ => return Err(bad("unknown designator prefix (want naa., eui., t10., or a udev type digit)")),
+                _ => {
+                    return Err(bad(
+                        "unknown designator prefix (want naa., eui., t10., or a udev type digit)",
+                    ));
+                }
             }
         };
         match kind {
@@ -128,12 +132,25 @@ impl Wwid {
     }
 
     fn from_text(kind: WwidKind, text: &str) -> Result<Self, &'static str> {
+        // SPC-4: a SCSI name string starts with "iqn.", "eui." or "naa.";
+        // anything else is a label (InfiniBox's "vol=...") or an edited
+        // example, not an identity.
+        let named = ["iqn.", "eui.", "naa."].iter().any(|p| {
+            text.get(..p.len())
+                .is_some_and(|h| h.eq_ignore_ascii_case(p))
+        });
+        if kind == WwidKind::Name && !named {
+            return Err("SCSI name string must start with iqn., eui. or naa.");
+        }
         // udev replaces blanks with '_'; do the same so every source agrees.
-        let words: Vec<&str> = text.split(|c: char| c == ' ' || c == '_').filter(|w| !w.is_empty()).collect();
+        let words: Vec<&str> = text.split([' ', '_']).filter(|w| !w.is_empty()).collect();
         if words.is_empty() {
             return Err("empty identifier");
         }
-        if words.iter().any(|w| w.chars().any(|c| !c.is_ascii_graphic())) {
+        if words
+            .iter()
+            .any(|w| w.chars().any(|c| !c.is_ascii_graphic()))
+        {
             return Err("identifier has characters outside printable ASCII");
         }
         let prefix = if kind == WwidKind::T10 { "t10" } else { "name" };
@@ -215,14 +232,24 @@ mod tests {
             "dm-uuid-mpath-36001405d27e5d898829468b90ce4ef8c",
             "mpath-36001405d27e5d898829468b90ce4ef8c",
         ] {
-            assert_eq!(Wwid::parse(spelling).map(|w| w.to_string()), Ok(want.to_owned()), "{spelling:?}");
+            assert_eq!(
+                Wwid::parse(spelling).map(|w| w.to_string()),
+                Ok(want.to_owned()),
+                "{spelling:?}"
+            );
         }
     }
 
     #[test]
     fn naa5_eui_and_t10_parse() {
-        assert_eq!(Wwid::parse("350002ac20398383d").expect("naa5").as_str(), "naa.50002ac20398383d");
-        assert_eq!(Wwid::parse("eui.0123456789abcdef").expect("eui").kind(), WwidKind::Eui);
+        assert_eq!(
+            Wwid::parse("350002ac20398383d").expect("naa5").as_str(),
+            "naa.50002ac20398383d"
+        );
+        assert_eq!(
+            Wwid::parse("eui.0123456789abcdef").expect("eui").kind(),
+            WwidKind::Eui
+        );
         // multipath keeps the blanks of a T10 id; udev's by-id turns them into '_'.
         let a = Wwid::parse("1IET     00080001").expect("t10");
         let b = Wwid::parse("scsi-1IET_00080001").expect("t10 by-id");

@@ -129,6 +129,15 @@ pub(crate) fn identities_in(der: &[u8], domain: &TrustDomain) -> (Vec<Identity>,
     (parsed, raw)
 }
 
+/// The one identity of `domain` a DER certificate names, if exactly one.
+pub fn identity_of(der: &[u8], domain: &TrustDomain) -> Option<Identity> {
+    let (ids, _) = identities_in(der, domain);
+    match ids.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

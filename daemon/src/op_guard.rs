@@ -49,7 +49,10 @@ impl<K: Eq + Hash + Clone> OpGuards<K> {
 
     /// How many keys are in flight.
     pub fn len(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Whether no key is in flight.
@@ -74,7 +77,11 @@ impl<K: Eq + Hash> Clone for OpGuards<K> {
 
 impl<K: Eq + Hash> fmt::Debug for OpGuards<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.inflight.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let n = self
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
         f.debug_struct("OpGuards").field("in_flight", &n).finish()
     }
 }

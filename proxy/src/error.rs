@@ -51,7 +51,9 @@ pub enum ProxyError {
         reason: &'static str,
     },
     /// The LUN is smaller than asked and cannot grow by itself.
-    #[error("LUN {wwid} has {have} bytes, {want} requested: recorded resize request {request}; grow the LUN on the array and the resize completes on retry")]
+    #[error(
+        "LUN {wwid} has {have} bytes, {want} requested: recorded resize request {request}; grow the LUN on the array and the resize completes on retry"
+    )]
     ResizePending {
         /// The LUN.
         wwid: String,

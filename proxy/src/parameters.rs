@@ -61,7 +61,9 @@ const PROVISIONER_PREFIX: &str = "csi.storage.k8s.io/";
 
 impl ClassParameters {
     /// Validates every key and value.
-    pub fn parse(params: &std::collections::HashMap<String, String>) -> Result<Self, InvalidParameter> {
+    pub fn parse(
+        params: &std::collections::HashMap<String, String>,
+    ) -> Result<Self, InvalidParameter> {
         let mut out = Self {
             selector: Selector::default(),
             cleanup: Cleanup::Zero,
@@ -107,7 +109,9 @@ impl Cleanup {
             other => {
                 return Err(InvalidParameter::Value {
                     key: "cleanup",
-                    reason: format!("{other:?} is not one of none, discard, zero, random-1, random-3"),
+                    reason: format!(
+                        "{other:?} is not one of none, discard, zero, random-1, random-3"
+                    ),
                 });
             }
         })
@@ -142,7 +146,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn p(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]

@@ -31,7 +31,9 @@ impl SecretSource for DirSecrets {
         let read = |key: &str, required: bool| -> Result<String, ProxyError> {
             match std::fs::read_to_string(dir.join(key)) {
                 Ok(v) => Ok(v.trim_end_matches(['\n', '\r']).to_owned()),
-                Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+                Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                    Ok(String::new())
+                }
                 Err(e) => Err(bad(format!("key {key}: {}", e.kind()))),
             }
         };

@@ -126,14 +126,25 @@ fn key_of(k: &str) -> Result<String, String> {
     let k = k.trim();
     let ok = !k.is_empty()
         && k.len() <= 253
-        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
-    if ok { Ok(k.to_owned()) } else { Err(format!("invalid label key {k:?}")) }
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    if ok {
+        Ok(k.to_owned())
+    } else {
+        Err(format!("invalid label key {k:?}"))
+    }
 }
 
 fn value_of(v: &str) -> Result<String, String> {
     let v = v.trim();
-    let ok = v.len() <= 63 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok { Ok(v.to_owned()) } else { Err(format!("invalid label value {v:?}")) }
+    let ok = v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(format!("invalid label value {v:?}"))
+    }
 }
 
 #[cfg(test)]
@@ -141,7 +152,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -167,7 +181,14 @@ mod tests {
 
     #[test]
     fn malformed_selectors_are_refused() {
-        for sel in ["array in a1", "array in (a1", "a)", "ti er=fast", "k=v v", "=x"] {
+        for sel in [
+            "array in a1",
+            "array in (a1",
+            "a)",
+            "ti er=fast",
+            "k=v v",
+            "=x",
+        ] {
             assert!(Selector::parse(sel).is_err(), "{sel}");
         }
     }

@@ -38,7 +38,10 @@ impl Check for StoreCheck {
         if self.0.is_open() {
             Ok(())
         } else {
-            Err(format!("inventory store {} does not answer", self.0.path().display()))
+            Err(format!(
+                "inventory store {} does not answer",
+                self.0.path().display()
+            ))
         }
     }
 }
@@ -48,10 +51,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
     let tls = MaterialStore::load(config.tls.clone(), Role::Proxy, config.trust_domain.clone())
         .context("loading TLS material")?;
-    tls.watch(config.tls_poll_interval).context("watching TLS material")?;
+    tls.watch(config.tls_poll_interval)
+        .context("watching TLS material")?;
     let store = EmbeddedInventory::open(&config.store).context("opening the inventory store")?;
     let directory = FileDirectory::load(&config.agents_file).context("reading the agents file")?;
-    directory.watch(std::time::Duration::from_secs(30)).context("watching the agents file")?;
+    directory
+        .watch(std::time::Duration::from_secs(30))
+        .context("watching the agents file")?;
     let directory: Arc<dyn AgentDirectory> = directory;
     let inventory: Arc<dyn Inventory> = Arc::new(store.clone());
     let secrets: Arc<dyn SecretSource> = match &config.secrets_dir {
@@ -72,18 +78,34 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let trigger = Arc::new(Notify::new());
     let mut background = tokio::task::JoinSet::new();
     if let Some(path) = config.targets_file.clone() {
-        background.spawn(targets_file::watch(path, inventory.clone(), trigger.clone(), std::time::Duration::from_secs(30)));
+        background.spawn(targets_file::watch(
+            path,
+            inventory.clone(),
+            trigger.clone(),
+            std::time::Duration::from_secs(30),
+        ));
     }
-    background.spawn(discovery::run(life.clone(), config.discovery_interval, trigger, config.calls.concurrency));
+    background.spawn(discovery::run(
+        life.clone(),
+        config.discovery_interval,
+        trigger,
+        config.calls.concurrency,
+    ));
 
-    let readiness = Readiness::new().with(TlsMaterialCheck(tls.clone())).with(StoreCheck(store));
+    let readiness = Readiness::new()
+        .with(TlsMaterialCheck(tls.clone()))
+        .with(StoreCheck(store));
     // The LUN grows on the array; the filesystem grows online on the node.
-    let identity = IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
-        .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
+    let identity =
+        IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
+            .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(ControllerServer::new(ControllerService::new(life)))
-        .serve_with_incoming_shutdown(socket.incoming().context("CSI socket already served")?, shutdown.signaled());
+        .serve_with_incoming_shutdown(
+            socket.incoming().context("CSI socket already served")?,
+            shutdown.signaled(),
+        );
 
     tokio::select! {
         served = csi => {

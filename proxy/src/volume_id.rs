@@ -14,8 +14,12 @@ impl VolumeRef {
     /// text cannot be one of our IDs.
     pub fn parse(id: &str) -> Option<Self> {
         let (wwid, uid) = id.rsplit_once(':')?;
-        let uid_ok = !uid.is_empty() && uid.len() <= 64 && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        let wwid_ok = ["naa.", "eui.", "t10.", "name."].iter().any(|p| wwid.starts_with(p))
+        let uid_ok = !uid.is_empty()
+            && uid.len() <= 64
+            && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        let wwid_ok = ["naa.", "eui.", "t10.", "name."]
+            .iter()
+            .any(|p| wwid.starts_with(p))
             && wwid.len() <= 256
             && !wwid.chars().any(char::is_control);
         (uid_ok && wwid_ok).then(|| Self {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use csi_scsi_proxy::inventory::{
-    BindRequest, Binding, DiscoveryRound, EmbeddedInventory, Inventory, InventoryError, LunReport, Phase,
+    BindRequest, Binding, DiscoveryRound, EmbeddedInventory, Inventory, InventoryError, LunReport,
+    Phase,
 };
 use csi_scsi_proxy::selector::Selector;
 
@@ -18,7 +19,9 @@ fn lun(i: u32, size: u64) -> LunReport {
         vendor: "LIO-ORG".into(),
         model: "disk".into(),
         serial: format!("sn{i}"),
-        paths: vec![format!("ip-198.18.0.1:3260-iscsi-iqn.2026-01.io.csi-scsi:a-lun-{i}")],
+        paths: vec![format!(
+            "ip-198.18.0.1:3260-iscsi-iqn.2026-01.io.csi-scsi:a-lun-{i}"
+        )],
     }
 }
 
@@ -26,7 +29,10 @@ fn round(target: &str, answered: &[(&str, Vec<LunReport>)], unanswered: &[&str])
     DiscoveryRound {
         target: target.into(),
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
-        answered: answered.iter().map(|(n, l)| (n.to_string(), l.clone())).collect(),
+        answered: answered
+            .iter()
+            .map(|(n, l)| (n.to_string(), l.clone()))
+            .collect(),
         unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
     }
 }
@@ -44,7 +50,10 @@ fn binding(name: &str) -> Binding {
 }
 
 fn uuid_like(name: &str) -> String {
-    format!("uid-{}", name.replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
+    format!(
+        "uid-{}",
+        name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    )
 }
 
 fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
@@ -64,7 +73,14 @@ async fn discovery_merges_reports_by_wwid_and_records_topology() {
     let dir = tempfile::tempdir().unwrap();
     let inv = open(&dir);
     let out = inv
-        .apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)]), ("node-b", vec![lun(1, 1 << 30), lun(2, 2 << 30)])], &[]))
+        .apply_discovery(round(
+            "t1",
+            &[
+                ("node-a", vec![lun(1, 1 << 30)]),
+                ("node-b", vec![lun(1, 1 << 30), lun(2, 2 << 30)]),
+            ],
+            &[],
+        ))
         .await
         .unwrap();
     assert_eq!(out.added.len(), 2);
@@ -73,7 +89,9 @@ async fn discovery_merges_reports_by_wwid_and_records_topology() {
     assert_eq!(d1.node_names(), vec!["node-a", "node-b"]);
     assert_eq!(d1.labels.get("tier").map(String::as_str), Some("fast"));
     // The same LUN through a second target is a second path, not a second device.
-    inv.apply_discovery(round("t2", &[("node-c", vec![lun(1, 1 << 30)])], &[])).await.unwrap();
+    inv.apply_discovery(round("t2", &[("node-c", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
     let d1 = inv.device(&lun(1, 0).wwid).await.unwrap().unwrap();
     assert_eq!(d1.node_names(), vec!["node-a", "node-b", "node-c"]);
     assert_eq!(inv.devices(None, 100).await.unwrap().len(), 2);
@@ -83,40 +101,85 @@ async fn discovery_merges_reports_by_wwid_and_records_topology() {
 async fn a_device_no_node_reports_goes_lost_and_keeps_its_binding() {
     let dir = tempfile::tempdir().unwrap();
     let inv = open(&dir);
-    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[])).await.unwrap();
-    let bound = inv.bind(bind_req("pv-1", &[], ""), 1, u64::MAX).await.unwrap();
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let bound = inv
+        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
+        .await
+        .unwrap();
     // node-a silent: its earlier report stands.
-    inv.apply_discovery(round("t1", &[], &["node-a"])).await.unwrap();
-    assert_eq!(inv.device(&bound.wwid).await.unwrap().unwrap().phase, Phase::Bound);
+    inv.apply_discovery(round("t1", &[], &["node-a"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        inv.device(&bound.wwid).await.unwrap().unwrap().phase,
+        Phase::Bound
+    );
     // node-a answers without the LUN: Lost, binding kept.
-    let out = inv.apply_discovery(round("t1", &[("node-a", vec![])], &[])).await.unwrap();
+    let out = inv
+        .apply_discovery(round("t1", &[("node-a", vec![])], &[]))
+        .await
+        .unwrap();
     assert_eq!(out.lost, vec![bound.wwid.clone()]);
     let lost = inv.device(&bound.wwid).await.unwrap().unwrap();
     assert_eq!(lost.phase, Phase::Lost);
     assert_eq!(lost.binding.as_ref().unwrap().volume_name, "pv-1");
     // It comes back: Bound again.
-    let out = inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[])).await.unwrap();
+    let out = inv
+        .apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
     assert_eq!(out.found, vec![bound.wwid.clone()]);
-    assert_eq!(inv.device(&bound.wwid).await.unwrap().unwrap().phase, Phase::Bound);
+    assert_eq!(
+        inv.device(&bound.wwid).await.unwrap().unwrap().phase,
+        Phase::Bound
+    );
 }
 
 #[tokio::test]
 async fn bind_picks_the_smallest_fit_matching_labels_and_topology() {
     let dir = tempfile::tempdir().unwrap();
     let inv = open(&dir);
-    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 4 << 30), lun(2, 1 << 30)]), ("node-b", vec![lun(3, 2 << 30)])], &[]))
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, 4 << 30), lun(2, 1 << 30)]),
+            ("node-b", vec![lun(3, 2 << 30)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let d = inv
+        .bind(bind_req("pv-1", &[], ""), 1 << 30, u64::MAX)
         .await
         .unwrap();
-    let d = inv.bind(bind_req("pv-1", &[], ""), 1 << 30, u64::MAX).await.unwrap();
     assert_eq!(d.wwid, lun(2, 0).wwid, "smallest fit");
-    let d = inv.bind(bind_req("pv-2", &["node-b", "node-a"], ""), 1 << 30, u64::MAX).await.unwrap();
+    let d = inv
+        .bind(
+            bind_req("pv-2", &["node-b", "node-a"], ""),
+            1 << 30,
+            u64::MAX,
+        )
+        .await
+        .unwrap();
     assert_eq!(d.wwid, lun(3, 0).wwid, "preferred node first");
-    let err = inv.bind(bind_req("pv-3", &[], "tier=slow"), 1, u64::MAX).await.unwrap_err();
+    let err = inv
+        .bind(bind_req("pv-3", &[], "tier=slow"), 1, u64::MAX)
+        .await
+        .unwrap_err();
     assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
-    let err = inv.bind(bind_req("pv-3", &["node-c"], ""), 1, u64::MAX).await.unwrap_err();
+    let err = inv
+        .bind(bind_req("pv-3", &["node-c"], ""), 1, u64::MAX)
+        .await
+        .unwrap_err();
     assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
     // A retry of a bound name returns the same device.
-    let again = inv.bind(bind_req("pv-1", &[], ""), 1 << 30, u64::MAX).await.unwrap();
+    let again = inv
+        .bind(bind_req("pv-1", &[], ""), 1 << 30, u64::MAX)
+        .await
+        .unwrap();
     assert_eq!(again.wwid, lun(2, 0).wwid);
 }
 
@@ -125,15 +188,24 @@ async fn two_hundred_concurrent_binds_over_one_hundred_devices_bind_each_at_most
     let dir = tempfile::tempdir().unwrap();
     let inv = Arc::new(open(&dir));
     let luns: Vec<_> = (0..100).map(|i| lun(i, 1 << 30)).collect();
-    inv.apply_discovery(round("t1", &[("node-a", luns)], &[])).await.unwrap();
+    inv.apply_discovery(round("t1", &[("node-a", luns)], &[]))
+        .await
+        .unwrap();
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let inv = inv.clone();
-            tokio::spawn(async move { inv.bind(bind_req(&format!("pv-{i}"), &[], ""), 1, u64::MAX).await })
+            tokio::spawn(async move {
+                inv.bind(bind_req(&format!("pv-{i}"), &[], ""), 1, u64::MAX)
+                    .await
+            })
         })
         .collect();
     let results = futures::future::join_all(tasks).await;
-    let bound: Vec<_> = results.into_iter().map(|r| r.unwrap()).filter_map(Result::ok).collect();
+    let bound: Vec<_> = results
+        .into_iter()
+        .map(|r| r.unwrap())
+        .filter_map(Result::ok)
+        .collect();
     assert_eq!(bound.len(), 100);
     let mut wwids: Vec<_> = bound.iter().map(|d| d.wwid.clone()).collect();
     wwids.sort();
@@ -143,7 +215,10 @@ async fn two_hundred_concurrent_binds_over_one_hundred_devices_bind_each_at_most
     let check = open(&dir);
     let all = check.devices(None, 1000).await.unwrap();
     assert!(all.iter().all(|d| d.phase == Phase::Bound));
-    let mut names: Vec<_> = all.iter().map(|d| d.binding.as_ref().unwrap().volume_name.clone()).collect();
+    let mut names: Vec<_> = all
+        .iter()
+        .map(|d| d.binding.as_ref().unwrap().volume_name.clone())
+        .collect();
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 100, "one name per device");
@@ -153,8 +228,13 @@ async fn two_hundred_concurrent_binds_over_one_hundred_devices_bind_each_at_most
 async fn a_stale_update_is_refused_as_a_conflict() {
     let dir = tempfile::tempdir().unwrap();
     let inv = open(&dir);
-    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[])).await.unwrap();
-    let d = inv.bind(bind_req("pv-1", &[], ""), 1, u64::MAX).await.unwrap();
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let d = inv
+        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
+        .await
+        .unwrap();
     let mut first = d.clone();
     first.published = vec!["node-a".into()];
     inv.update(first).await.unwrap();
@@ -168,7 +248,9 @@ async fn a_stale_update_is_refused_as_a_conflict() {
 async fn the_store_is_a_plain_sqlite_file_the_sqlite3_tool_can_read() {
     let dir = tempfile::tempdir().unwrap();
     let inv = open(&dir);
-    inv.apply_discovery(round("t1", &[("node-a", vec![lun(7, 1 << 30)])], &[])).await.unwrap();
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(7, 1 << 30)])], &[]))
+        .await
+        .unwrap();
     let out = std::process::Command::new("sqlite3")
         .arg(inv.path())
         .arg("PRAGMA user_version; PRAGMA journal_mode; SELECT wwid, phase FROM devices;")
@@ -178,7 +260,10 @@ async fn the_store_is_a_plain_sqlite_file_the_sqlite3_tool_can_read() {
     };
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("1\nwal\n"), "{text}");
-    assert!(text.contains(&format!("{}|Available", lun(7, 0).wwid)), "{text}");
+    assert!(
+        text.contains(&format!("{}|Available", lun(7, 0).wwid)),
+        "{text}"
+    );
     // Reopening runs no migration twice.
     drop(inv);
     let again = open(&dir);

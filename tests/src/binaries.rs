@@ -8,12 +8,11 @@ use std::path::PathBuf;
 /// build hint when it is missing, since no test can run without it.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .to_path_buf();
+    // target/<profile>/deps/<test> or target/<profile>/<bin> -> target/<profile>/<name>
+    let mut dir = exe.parent().expect("target directory").to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -18,9 +18,14 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `name` with `args`; stderr and stdout go to `log`.
     pub fn spawn(name: &str, args: &[String], log: &Path) -> Self {
+        Self::spawn_program(&binary(name), args, log)
+    }
+
+    /// Starts any program (for example `nsenter ... <agent>`).
+    pub fn spawn_program(program: &Path, args: &[String], log: &Path) -> Self {
         let out = File::create(log).expect("create log file");
         let err = out.try_clone().expect("clone log file");
-        let child = Command::new(binary(name))
+        let child = Command::new(program)
             .args(args)
             .env("RUST_LOG", "info,csi_scsi=debug")
             .stdin(Stdio::null())
@@ -42,6 +47,13 @@ impl Daemon {
     /// The process ID.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Leaves the process running when this handle is dropped.
+    pub fn detach(mut self) -> u32 {
+        let pid = self.pid();
+        self.child = None;
+        pid
     }
 
     /// The exit status if the process has exited.

@@ -5,7 +5,12 @@
 pub mod binaries;
 pub mod csi_client;
 pub mod daemon;
+pub mod fabric;
+pub mod iscsi;
+pub mod kernel;
+pub mod lab;
 pub mod loop_luns;
 pub mod node_tree;
 pub mod patience;
 pub mod pki;
+pub mod tgt;

@@ -45,8 +45,14 @@ impl LoopLun {
     /// Grows the backing file to `size` and tells the loop driver
     /// (`losetup -c`), as an array administrator growing a LUN.
     pub fn grow(&self, size: u64) -> std::io::Result<()> {
-        std::fs::OpenOptions::new().write(true).open(&self.file)?.set_len(size)?;
-        let st = Command::new("losetup").arg("-c").arg(&self.device).status()?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.file)?
+            .set_len(size)?;
+        let st = Command::new("losetup")
+            .arg("-c")
+            .arg(&self.device)
+            .status()?;
         if st.success() {
             Ok(())
         } else {

@@ -112,7 +112,9 @@ impl NodeTree {
 
     /// Adds SCSI host `host` (`class/scsi_host/host<H>` with its `scan` trigger).
     pub fn add_scsi_host(&self, host: u32) -> io::Result<()> {
-        let dir = self.sys().join(format!("devices/platform/host{host}/scsi_host/host{host}"));
+        let dir = self
+            .sys()
+            .join(format!("devices/platform/host{host}/scsi_host/host{host}"));
         fs::create_dir_all(&dir)?;
         write_trigger(&dir.join("scan"))?;
         fs::write(dir.join("proc_name"), "iscsi_tcp\n")?;
@@ -126,8 +128,15 @@ impl NodeTree {
     /// `port_state` and the `issue_lip` trigger.
     pub fn add_fc_host(&self, host: u32, port_name: &str) -> io::Result<()> {
         self.add_scsi_host(host)?;
-        fs::write(self.sys().join(format!("devices/platform/host{host}/scsi_host/host{host}/proc_name")), "qla2xxx\n")?;
-        let dir = self.sys().join(format!("devices/platform/host{host}/fc_host/host{host}"));
+        fs::write(
+            self.sys().join(format!(
+                "devices/platform/host{host}/scsi_host/host{host}/proc_name"
+            )),
+            "qla2xxx\n",
+        )?;
+        let dir = self
+            .sys()
+            .join(format!("devices/platform/host{host}/fc_host/host{host}"));
         fs::create_dir_all(&dir)?;
         fs::write(dir.join("port_name"), format!("0x{port_name}\n"))?;
         fs::write(dir.join("node_name"), format!("0x{port_name}\n"))?;
@@ -141,9 +150,18 @@ impl NodeTree {
 
     /// What the kernel creates at an iSCSI login: the session and its
     /// connection under SCSI host `host`.
-    pub fn add_iscsi_session(&self, host: u32, session: u32, iqn: &str, portal: &str, initiator: &str) -> io::Result<()> {
+    pub fn add_iscsi_session(
+        &self,
+        host: u32,
+        session: u32,
+        iqn: &str,
+        portal: &str,
+        initiator: &str,
+    ) -> io::Result<()> {
         self.add_scsi_host(host)?;
-        let base = self.sys().join(format!("devices/platform/host{host}/session{session}"));
+        let base = self
+            .sys()
+            .join(format!("devices/platform/host{host}/session{session}"));
         let sdir = base.join(format!("iscsi_session/session{session}"));
         fs::create_dir_all(&sdir)?;
         for (f, v) in [
@@ -157,26 +175,51 @@ impl NodeTree {
             fs::write(sdir.join(f), format!("{v}\n"))?;
         }
         let (addr, port) = portal.rsplit_once(':').unwrap_or((portal, "3260"));
-        let cdir = base.join(format!("connection{session}:0/iscsi_connection/connection{session}:0"));
+        let cdir = base.join(format!(
+            "connection{session}:0/iscsi_connection/connection{session}:0"
+        ));
         fs::create_dir_all(&cdir)?;
-        for (f, v) in [("persistent_address", addr), ("address", addr), ("persistent_port", port), ("port", port)] {
+        for (f, v) in [
+            ("persistent_address", addr),
+            ("address", addr),
+            ("persistent_port", port),
+            ("port", port),
+        ] {
             fs::write(cdir.join(f), format!("{v}\n"))?;
         }
         relink(
-            &format!("../../devices/platform/host{host}/session{session}/iscsi_session/session{session}"),
-            &self.sys().join(format!("class/iscsi_session/session{session}")),
+            &format!(
+                "../../devices/platform/host{host}/session{session}/iscsi_session/session{session}"
+            ),
+            &self
+                .sys()
+                .join(format!("class/iscsi_session/session{session}")),
         )?;
         relink(
-            &format!("../../devices/platform/host{host}/session{session}/connection{session}:0/iscsi_connection/connection{session}:0"),
-            &self.sys().join(format!("class/iscsi_connection/connection{session}:0")),
+            &format!(
+                "../../devices/platform/host{host}/session{session}/connection{session}:0/iscsi_connection/connection{session}:0"
+            ),
+            &self
+                .sys()
+                .join(format!("class/iscsi_connection/connection{session}:0")),
         )
     }
 
     /// What the kernel removes at logout (the session's disks must be gone).
     pub fn remove_iscsi_session(&self, host: u32, session: u32) -> io::Result<()> {
-        let _ = fs::remove_file(self.sys().join(format!("class/iscsi_session/session{session}")));
-        let _ = fs::remove_file(self.sys().join(format!("class/iscsi_connection/connection{session}:0")));
-        remove_if_exists(&self.sys().join(format!("devices/platform/host{host}/session{session}")))
+        let _ = fs::remove_file(
+            self.sys()
+                .join(format!("class/iscsi_session/session{session}")),
+        );
+        let _ = fs::remove_file(
+            self.sys()
+                .join(format!("class/iscsi_connection/connection{session}:0")),
+        );
+        remove_if_exists(
+            &self
+                .sys()
+                .join(format!("devices/platform/host{host}/session{session}")),
+        )
     }
 
     /// What the kernel and udev do when a SCSI disk path appears. Returns
@@ -184,7 +227,12 @@ impl NodeTree {
     pub fn add_disk(&self, disk: &DiskPath) -> io::Result<String> {
         let name = self.free_sd_name()?;
         let (host, parent, by_path) = match &disk.transport {
-            PathTransport::Iscsi { host, session, portal, iqn } => (
+            PathTransport::Iscsi {
+                host,
+                session,
+                portal,
+                iqn,
+            } => (
                 *host,
                 format!("host{host}/session{session}"),
                 format!("ip-{portal}-iscsi-{iqn}-lun-{}", disk.lun),
@@ -196,7 +244,10 @@ impl NodeTree {
             ),
         };
         let hctl = format!("{host}:0:{}:{}", disk.target, disk.lun);
-        let rel_dev = format!("devices/platform/{parent}/target{host}:0:{}/{hctl}", disk.target);
+        let rel_dev = format!(
+            "devices/platform/{parent}/target{host}:0:{}/{hctl}",
+            disk.target
+        );
         let dev_dir = self.sys().join(&rel_dev);
         fs::create_dir_all(&dev_dir)?;
         for (f, v) in [
@@ -210,34 +261,68 @@ impl NodeTree {
             fs::write(dev_dir.join(f), format!("{v}\n"))?;
         }
         // The real VPD 0x80 page: header, then the serial.
-        let mut pg80 = vec![0u8, 0x80, 0, u8::try_from(disk.serial.len()).unwrap_or(u8::MAX)];
+        let mut pg80 = vec![
+            0u8,
+            0x80,
+            0,
+            u8::try_from(disk.serial.len()).unwrap_or(u8::MAX),
+        ];
         pg80.extend_from_slice(disk.serial.as_bytes());
         fs::write(dev_dir.join("vpd_pg80"), pg80)?;
         write_trigger(&dev_dir.join("delete"))?;
         write_trigger(&dev_dir.join("rescan"))?;
 
         let meta = fs::metadata(&disk.backing)?;
-        let (major, minor) = (nix::sys::stat::major(meta.rdev()), nix::sys::stat::minor(meta.rdev()));
+        let (major, minor) = (
+            nix::sys::stat::major(meta.rdev()),
+            nix::sys::stat::minor(meta.rdev()),
+        );
         let blk = dev_dir.join("block").join(&name);
         fs::create_dir_all(&blk)?;
         fs::write(blk.join("dev"), format!("{major}:{minor}\n"))?;
-        fs::write(blk.join("size"), format!("{}\n", device_size(&disk.backing)? / 512))?;
+        fs::write(
+            blk.join("size"),
+            format!("{}\n", device_size(&disk.backing)? / 512),
+        )?;
         fs::write(blk.join("ro"), "0\n")?;
         fs::write(blk.join("removable"), "0\n")?;
         relink(&format!("../../../{hctl}"), &blk.join("device"))?;
-        relink(&format!("../{rel_dev}/block/{name}"), &self.sys().join(format!("block/{name}")))?;
-        relink(&format!("../../{rel_dev}/block/{name}"), &self.sys().join(format!("class/block/{name}")))?;
-        relink(&format!("../../{rel_dev}"), &self.sys().join(format!("class/scsi_device/{hctl}")))?;
+        relink(
+            &format!("../{rel_dev}/block/{name}"),
+            &self.sys().join(format!("block/{name}")),
+        )?;
+        relink(
+            &format!("../../{rel_dev}/block/{name}"),
+            &self.sys().join(format!("class/block/{name}")),
+        )?;
+        relink(
+            &format!("../../{rel_dev}"),
+            &self.sys().join(format!("class/scsi_device/{hctl}")),
+        )?;
 
         let node = self.dev().join(&name);
         let _ = fs::remove_file(&node);
-        mknod(&node, SFlag::S_IFBLK, Mode::from_bits_truncate(0o660), makedev(major, minor))
-            .map_err(io::Error::from)?;
+        mknod(
+            &node,
+            SFlag::S_IFBLK,
+            Mode::from_bits_truncate(0o660),
+            makedev(major, minor),
+        )
+        .map_err(io::Error::from)?;
         if let Some(id) = disk.wwid.strip_prefix("naa.") {
-            relink(&format!("../../{name}"), &self.dev().join(format!("disk/by-id/wwn-0x{id}")))?;
-            relink(&format!("../../{name}"), &self.dev().join(format!("disk/by-id/scsi-3{id}")))?;
+            relink(
+                &format!("../../{name}"),
+                &self.dev().join(format!("disk/by-id/wwn-0x{id}")),
+            )?;
+            relink(
+                &format!("../../{name}"),
+                &self.dev().join(format!("disk/by-id/scsi-3{id}")),
+            )?;
         }
-        relink(&format!("../../{name}"), &self.dev().join(format!("disk/by-path/{by_path}")))?;
+        relink(
+            &format!("../../{name}"),
+            &self.dev().join(format!("disk/by-path/{by_path}")),
+        )?;
         Ok(name)
     }
 
@@ -285,7 +370,10 @@ impl NodeTree {
     /// kernel does on `echo 1 > device/rescan`).
     pub fn rescan_size(&self, name: &str, backing: &Path) -> io::Result<()> {
         let size = device_size(backing)? / 512;
-        fs::write(self.sys().join(format!("block/{name}/size")), format!("{size}\n"))
+        fs::write(
+            self.sys().join(format!("block/{name}/size")),
+            format!("{size}\n"),
+        )
     }
 
     fn free_sd_name(&self) -> io::Result<String> {

@@ -7,6 +7,8 @@
 mod identity;
 #[path = "e2e/mtls.rs"]
 mod mtls;
+#[path = "e2e/node.rs"]
+mod node;
 #[path = "e2e/rotation.rs"]
 mod rotation;
 #[path = "e2e/support.rs"]

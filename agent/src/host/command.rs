@@ -110,7 +110,12 @@ impl CommandRunner {
     }
 
     /// [`CommandRunner::run`] with an explicit timeout.
-    pub async fn run_within(&self, tool: &Path, args: &[Arg], timeout: Duration) -> Result<Output, CommandError> {
+    pub async fn run_within(
+        &self,
+        tool: &Path,
+        args: &[Arg],
+        timeout: Duration,
+    ) -> Result<Output, CommandError> {
         let out = self.output_within(tool, args, timeout).await?;
         if out.code == 0 {
             Ok(out)
@@ -118,13 +123,22 @@ impl CommandRunner {
             Err(CommandError::Failed {
                 tool: tool.to_owned(),
                 code: out.code,
-                stderr_tail: tail(if out.stderr.trim().is_empty() { &out.stdout } else { &out.stderr }),
+                stderr_tail: tail(if out.stderr.trim().is_empty() {
+                    &out.stdout
+                } else {
+                    &out.stderr
+                }),
             })
         }
     }
 
     /// [`CommandRunner::output`] with an explicit timeout.
-    pub async fn output_within(&self, tool: &Path, args: &[Arg], timeout: Duration) -> Result<Output, CommandError> {
+    pub async fn output_within(
+        &self,
+        tool: &Path,
+        args: &[Arg],
+        timeout: Duration,
+    ) -> Result<Output, CommandError> {
         tracing::debug!(tool = %tool.display(), args = ?args, "running host tool");
         // The one sanctioned process spawn (see clippy.toml).
         #[allow(clippy::disallowed_methods)]
@@ -166,7 +180,12 @@ fn tail(text: &str) -> String {
     let start = lines.len().saturating_sub(4);
     let mut s = lines[start..].join(" | ");
     if s.len() > 600 {
-        let cut = s.char_indices().map(|(i, _)| i).take_while(|&i| i <= 600).last().unwrap_or(0);
+        let cut = s
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|&i| i <= 600)
+            .last()
+            .unwrap_or(0);
         s.truncate(cut);
         s.push('…');
     }
@@ -181,11 +200,16 @@ mod tests {
     async fn failing_tool_error_carries_stderr_and_code() {
         let r = CommandRunner::new(Duration::from_secs(5));
         let err = r
-            .run(Path::new("sh"), &["-c".into(), "echo first >&2; echo boom >&2; exit 3".into()])
+            .run(
+                Path::new("sh"),
+                &["-c".into(), "echo first >&2; echo boom >&2; exit 3".into()],
+            )
             .await
             .expect_err("must fail");
         match err {
-            CommandError::Failed { code, stderr_tail, .. } => {
+            CommandError::Failed {
+                code, stderr_tail, ..
+            } => {
                 assert_eq!(code, 3);
                 assert_eq!(stderr_tail, "first | boom");
             }

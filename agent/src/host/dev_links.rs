@@ -60,7 +60,9 @@ pub fn links_to(host: &Host, dir: &str, kernel_name: &str) -> std::io::Result<Ve
 fn resolve(host: &Host, link: &Path) -> std::io::Result<Option<LinkedDevice>> {
     let target = match std::fs::read_link(link) {
         Ok(t) => t,
-        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => return Ok(None),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidInput) => {
+            return Ok(None);
+        }
         Err(e) => return Err(e),
     };
     let node = if let Ok(rest) = target.strip_prefix("/dev") {

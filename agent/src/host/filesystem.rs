@@ -1,1 +1,401 @@
-//! (in progress)
+//! Filesystems on block devices: probe for signatures (`blkid`), create
+//! (`mkfs.ext4`, `mkfs.xfs`, with options only from an allow-list), grow
+//! (`resize2fs`, `xfs_growfs`) and measure (`statvfs`). Formatting is only
+//! ever done by the caller after [`probe`] found no signature at all; the
+//! mkfs invocations never force (`-F`, `-f`), so the tools' own checks
+//! are a second line of defence.
+
+use std::fmt;
+use std::path::Path;
+
+use super::Host;
+use super::command::{Arg, CommandError};
+use crate::error::AgentError;
+
+/// A filesystem this driver creates and grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FsType {
+    /// ext4 (the default).
+    Ext4,
+    /// XFS (needs a device of at least 300 MB).
+    Xfs,
+}
+
+/// What [`probe`] found on a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signature {
+    /// No signature at all: the device may be formatted.
+    Blank,
+    /// A filesystem of this type (`TYPE` with `USAGE=filesystem`).
+    Filesystem(String),
+    /// Anything else: a partition table, RAID or LVM member, swap, or
+    /// several conflicting signatures. Described for people.
+    Other(String),
+}
+
+/// Extra `mkfs` arguments, each checked against the allow-list of its
+/// filesystem (no forcing, no features that change what the device is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MkfsOptions {
+    args: Vec<String>,
+}
+
+/// Space usage of a mounted filesystem, as `df -B1` and `df -i` show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Size in bytes (`f_blocks * f_frsize`).
+    pub total_bytes: u64,
+    /// Bytes available to unprivileged users (`f_bavail * f_frsize`).
+    pub available_bytes: u64,
+    /// Bytes in use (`(f_blocks - f_bfree) * f_frsize`).
+    pub used_bytes: u64,
+    /// Inodes in total.
+    pub total_inodes: u64,
+    /// Inodes free.
+    pub free_inodes: u64,
+    /// Inodes in use.
+    pub used_inodes: u64,
+}
+
+/// How an allowed `mkfs` flag takes its value.
+enum Value {
+    /// The flag stands alone.
+    Flag,
+    /// One of these exact values.
+    OneOf(&'static [&'static str]),
+    /// An integer in this inclusive range.
+    Range(u64, u64),
+    /// A label of at most this many `[A-Za-z0-9._-]` characters.
+    Label(usize),
+}
+
+const EXT4_OPTIONS: &[(&str, Value)] = &[
+    ("-b", Value::OneOf(&["1024", "2048", "4096"])),
+    ("-i", Value::Range(1024, 67_108_864)),
+    ("-I", Value::OneOf(&["128", "256", "512", "1024"])),
+    ("-m", Value::Range(0, 50)),
+    ("-N", Value::Range(1, 4_294_967_295)),
+    ("-L", Value::Label(16)),
+    (
+        "-E",
+        Value::OneOf(&[
+            "lazy_itable_init=0",
+            "lazy_itable_init=1",
+            "lazy_journal_init=0",
+            "lazy_journal_init=1",
+            "discard",
+            "nodiscard",
+        ]),
+    ),
+];
+
+const XFS_OPTIONS: &[(&str, Value)] = &[
+    ("-b", Value::OneOf(&["size=1024", "size=2048", "size=4096"])),
+    (
+        "-i",
+        Value::OneOf(&["size=256", "size=512", "size=1024", "size=2048"]),
+    ),
+    ("-L", Value::Label(12)),
+    (
+        "-m",
+        Value::OneOf(&[
+            "crc=0",
+            "crc=1",
+            "reflink=0",
+            "reflink=1",
+            "bigtime=0",
+            "bigtime=1",
+        ]),
+    ),
+    ("-K", Value::Flag),
+];
+
+// === impl FsType ===
+
+impl FsType {
+    /// Every supported type, for messages.
+    pub const ALL: [Self; 2] = [Self::Ext4, Self::Xfs];
+
+    /// The type named `name` (`ext4`, `xfs`) as blkid and mountinfo spell it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "ext4" => Some(Self::Ext4),
+            "xfs" => Some(Self::Xfs),
+            _ => None,
+        }
+    }
+
+    /// The name blkid, mount and mountinfo use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ext4 => "ext4",
+            Self::Xfs => "xfs",
+        }
+    }
+}
+
+impl fmt::Display for FsType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+// === impl Signature ===
+
+impl Signature {
+    /// A description for error messages ("an xfs filesystem").
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Blank => "no signature".to_owned(),
+            Self::Filesystem(t) => format!("an {t} filesystem"),
+            Self::Other(what) => what.clone(),
+        }
+    }
+}
+
+// === impl MkfsOptions ===
+
+impl MkfsOptions {
+    /// Parses whitespace-separated `mkfs` arguments for `fs`; the error
+    /// names the first argument that is not allowed.
+    pub fn parse(fs: FsType, text: &str) -> Result<Self, String> {
+        let allowed = match fs {
+            FsType::Ext4 => EXT4_OPTIONS,
+            FsType::Xfs => XFS_OPTIONS,
+        };
+        let mut args = Vec::new();
+        let mut tokens = text.split_whitespace();
+        while let Some(flag) = tokens.next() {
+            let Some((_, value)) = allowed.iter().find(|(name, _)| *name == flag) else {
+                let names: Vec<&str> = allowed.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "mkfs.{fs} option {flag:?} is not allowed (allowed: {})",
+                    names.join(" ")
+                ));
+            };
+            args.push(flag.to_owned());
+            if matches!(value, Value::Flag) {
+                continue;
+            }
+            let Some(v) = tokens.next() else {
+                return Err(format!("mkfs.{fs} option {flag} needs a value"));
+            };
+            if !value.accepts(v) {
+                return Err(format!(
+                    "mkfs.{fs} option {flag} does not allow the value {v:?}"
+                ));
+            }
+            args.push(v.to_owned());
+        }
+        Ok(Self { args })
+    }
+
+    /// The checked arguments.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+}
+
+// === impl Value ===
+
+impl Value {
+    fn accepts(&self, v: &str) -> bool {
+        match self {
+            Self::Flag => false,
+            Self::OneOf(values) => values.contains(&v),
+            Self::Range(lo, hi) => v.parse::<u64>().is_ok_and(|n| (*lo..=*hi).contains(&n)),
+            Self::Label(max) => {
+                !v.is_empty()
+                    && v.len() <= *max
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            }
+        }
+    }
+}
+
+/// Probes `device` for any signature with `blkid -p` (low-level probing,
+/// no cache): filesystems, partition tables, RAID and LVM members.
+pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> {
+    let tool = host.tool("blkid");
+    let out = host
+        .runner
+        .output(
+            &tool,
+            &["-p".into(), "-o".into(), "export".into(), device.into()],
+        )
+        .await?;
+    match out.code {
+        0 => Ok(parse_blkid_export(&out.stdout)),
+        // blkid(8): exit 2 means nothing was found on the device.
+        2 => Ok(Signature::Blank),
+        // blkid(8): exit 8 means ambivalent low-level probing (several
+        // signatures); never treat that as blank.
+        8 => Ok(Signature::Other(
+            "several conflicting signatures".to_owned(),
+        )),
+        code => Err(failed(&tool, code, &out.stderr, &out.stdout)),
+    }
+}
+
+fn parse_blkid_export(stdout: &str) -> Signature {
+    let value = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    match (value("TYPE"), value("USAGE"), value("PTTYPE")) {
+        (Some(t), Some("filesystem"), _) => Signature::Filesystem(t.to_owned()),
+        (Some(t), _, _) => Signature::Other(format!("a {t} signature")),
+        (None, _, Some(pt)) => Signature::Other(format!("a {pt} partition table")),
+        (None, _, None) => Signature::Other("an unrecognised signature".to_owned()),
+    }
+}
+
+/// Creates a filesystem of type `fs` on `device`. The caller must have
+/// seen [`Signature::Blank`]; mkfs is never forced.
+pub async fn format(
+    host: &Host,
+    device: &Path,
+    fs: FsType,
+    options: &MkfsOptions,
+) -> Result<(), AgentError> {
+    let tool = host.tool(match fs {
+        FsType::Ext4 => "mkfs.ext4",
+        FsType::Xfs => "mkfs.xfs",
+    });
+    let mut args: Vec<Arg> = vec!["-q".into()];
+    args.extend(options.args().iter().map(Arg::from));
+    args.push(device.into());
+    tracing::info!(device = %device.display(), %fs, "creating filesystem");
+    host.runner.run(&tool, &args).await?;
+    Ok(())
+}
+
+/// Grows the filesystem on `device` to fill it. `mounted_at` is a mount
+/// point of that filesystem when it is mounted (online grow), `None` when
+/// it is not (ext4 only: XFS grows only while mounted).
+pub async fn grow(
+    host: &Host,
+    fs: FsType,
+    device: &Path,
+    mounted_at: Option<&Path>,
+) -> Result<(), AgentError> {
+    match (fs, mounted_at) {
+        (FsType::Ext4, Some(_)) => {
+            // resize2fs finds the mount itself (it compares st_rdev, so any
+            // node of the device works) and resizes online through an ioctl
+            // that needs CAP_SYS_RESOURCE.
+            let tool = host.tool("resize2fs");
+            let out = host.runner.output(&tool, &[device.into()]).await?;
+            check_grow(&tool, fs, device, &out.stdout, &out.stderr, out.code)
+        }
+        (FsType::Ext4, None) => {
+            // resize2fs refuses an unmounted filesystem that was not checked
+            // since it was last mounted; a preen-mode check satisfies it.
+            let fsck = host.tool("e2fsck");
+            let out = host
+                .runner
+                .output(&fsck, &["-f".into(), "-p".into(), device.into()])
+                .await?;
+            // e2fsck(8): 0 clean, 1 errors corrected; anything else is trouble.
+            if out.code > 1 {
+                return Err(failed(&fsck, out.code, &out.stderr, &out.stdout));
+            }
+            let tool = host.tool("resize2fs");
+            let out = host.runner.output(&tool, &[device.into()]).await?;
+            check_grow(&tool, fs, device, &out.stdout, &out.stderr, out.code)
+        }
+        (FsType::Xfs, Some(mount_point)) => {
+            let tool = host.tool("xfs_growfs");
+            let out = host.runner.output(&tool, &[mount_point.into()]).await?;
+            check_grow(&tool, fs, device, &out.stdout, &out.stderr, out.code)
+        }
+        (FsType::Xfs, None) => Err(AgentError::InvalidArgument {
+            field: "volume_path",
+            reason: format!("xfs on {} can only grow while mounted", device.display()),
+        }),
+    }
+}
+
+/// Turns a grow tool's exit into a result, recognising the kernel's refusal
+/// of an online grow so that it is reported as such and never as success.
+fn check_grow(
+    tool: &Path,
+    fs: FsType,
+    device: &Path,
+    stdout: &str,
+    stderr: &str,
+    code: i32,
+) -> Result<(), AgentError> {
+    if code == 0 {
+        return Ok(());
+    }
+    let text = format!("{stderr}\n{stdout}");
+    // resize2fs prints "Permission denied to resize filesystem" when the
+    // EXT4_IOC_RESIZE_FS ioctl fails with EPERM (no CAP_SYS_RESOURCE);
+    // xfs_growfs reports EPERM as "Operation not permitted".
+    if text.contains("Permission denied to resize") || text.contains("Operation not permitted") {
+        // EXT4_IOC_RESIZE_FS checks CAP_SYS_RESOURCE; XFS_IOC_FSGROWFSDATA
+        // checks CAP_SYS_ADMIN.
+        let capability = match fs {
+            FsType::Ext4 => "CAP_SYS_RESOURCE",
+            FsType::Xfs => "CAP_SYS_ADMIN",
+        };
+        return Err(AgentError::OnlineGrowRefused {
+            device: device.to_owned(),
+            fs: fs.name(),
+            detail: format!(
+                "the kernel refused the online resize (EPERM): growing a mounted {fs} needs {capability}, \
+                 which this agent lacks; the filesystem was not grown ({})",
+                stderr
+                    .lines()
+                    .chain(stdout.lines())
+                    .map(str::trim)
+                    .find(|l| l.contains("Permission denied") || l.contains("not permitted"))
+                    .unwrap_or_default()
+            ),
+        });
+    }
+    Err(failed(tool, code, stderr, stdout))
+}
+
+/// Space and inode usage of the filesystem mounted at `path` (`statvfs`).
+pub fn usage(path: &Path) -> Result<Usage, AgentError> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| AgentError::io(path, e.into()))?;
+    let frsize = st.fragment_size();
+    let blocks = st.blocks();
+    let total_inodes = st.files();
+    let free_inodes = st.files_free();
+    Ok(Usage {
+        total_bytes: blocks.saturating_mul(frsize),
+        available_bytes: st.blocks_available().saturating_mul(frsize),
+        used_bytes: blocks
+            .saturating_sub(st.blocks_free())
+            .saturating_mul(frsize),
+        total_inodes,
+        free_inodes,
+        used_inodes: total_inodes.saturating_sub(free_inodes),
+    })
+}
+
+/// A tool's non-zero exit as an error carrying its stderr.
+fn failed(tool: &Path, code: i32, stderr: &str, stdout: &str) -> AgentError {
+    let text = if stderr.trim().is_empty() {
+        stdout
+    } else {
+        stderr
+    };
+    let lines: Vec<&str> = text.trim().lines().collect();
+    let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+    AgentError::Tool(CommandError::Failed {
+        tool: tool.to_owned(),
+        code,
+        stderr_tail: tail.chars().take(600).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,1158 @@
-//! (in progress)
+//! `iscsiadm`, open-iscsi's CLI, run through the host's command runner:
+//! node records, CHAP, login and logout with a per-portal timeout, session
+//! rescans, sendtargets discovery, and parsers for its listings (`-m
+//! session` at `-P 0`, `-P 1` and `-P 3`, `-m node`, discovery output).
+//!
+//! Exit codes are open-iscsi's (`include/iscsi_err.h`); each is turned into
+//! a typed [`IscsiError`], or into success where it means "already done".
+//! CHAP passwords travel only as [`Arg::Secret`], are scrubbed from any tool
+//! output quoted in an error, and never appear in `Debug`. (They are still
+//! visible in the child's argv to root on this node while `iscsiadm` runs:
+//! the CLI has no other way to take them.)
+
+use std::fmt;
+use std::time::Duration;
+
+use super::Host;
+use super::command::{Arg, CommandError, Output};
+use super::sysfs::Hctl;
+
+/// The iSCSI well-known port.
+pub const DEFAULT_PORT: u16 = 3260;
+
+/// Extra time given to `iscsiadm --login` beyond the login timeout set in
+/// the node record, so that iscsid reports its own timeout (exit 8) before
+/// we kill the CLI.
+const LOGIN_SLACK: Duration = Duration::from_secs(5);
+
+/// The longest iSCSI name (RFC 3720, 3.2.6.1).
+const MAX_NAME_LEN: usize = 223;
+
+/// open-iscsi's CHAP limit (`AUTH_STR_MAX_LEN`, including the NUL).
+const MAX_CHAP_LEN: usize = 255;
+
+/// An iSCSI portal: address (IPv4, IPv6 or host name) and TCP port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Portal {
+    address: String,
+    port: u16,
+}
+
+/// Why a string is not a portal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid portal {input:?}: {reason}")]
+pub struct InvalidPortal {
+    /// What was given.
+    pub input: String,
+    /// Why it was refused.
+    pub reason: &'static str,
+}
+
+/// A secret (a CHAP password): shown as `<redacted>` by `Debug`, no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+/// CHAP credentials for a node record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chap {
+    /// The initiator's CHAP name (`node.session.auth.username`).
+    pub username: String,
+    /// The initiator's secret (`node.session.auth.password`).
+    pub password: Secret,
+    /// Mutual CHAP: the target's name and secret (`username_in`, `password_in`).
+    pub mutual: Option<MutualChap>,
+}
+
+/// The target's credentials for mutual CHAP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MutualChap {
+    /// `node.session.auth.username_in`.
+    pub username: String,
+    /// `node.session.auth.password_in`.
+    pub password: Secret,
+}
+
+/// One line of `iscsiadm -m node` or of sendtargets discovery:
+/// `<portal>,<tpgt> <target>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// The portal.
+    pub portal: Portal,
+    /// Target portal group tag (`-1` when unknown).
+    pub tpgt: i32,
+    /// The target name (IQN or EUI).
+    pub target: String,
+}
+
+/// One line of `iscsiadm -m session` (`-P 0`):
+/// `tcp: [<sid>] <portal>,<tpgt> <target> (non-flash)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// Transport (`tcp`, `iser`, an offload driver name).
+    pub transport: String,
+    /// Session id (the `N` of `/sys/class/iscsi_session/sessionN`).
+    pub sid: u32,
+    /// The portal.
+    pub portal: Portal,
+    /// Target portal group tag.
+    pub tpgt: i32,
+    /// The target name.
+    pub target: String,
+}
+
+/// One session of `iscsiadm -m session -P 1` or `-P 3`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionDetail {
+    /// The target name.
+    pub target: String,
+    /// The portal the session is connected to.
+    pub current_portal: Portal,
+    /// The portal from the node record.
+    pub persistent_portal: Option<Portal>,
+    /// Target portal group tag of the current portal.
+    pub tpgt: i32,
+    /// Session id.
+    pub sid: u32,
+    /// `Iface Name`.
+    pub iface: Option<String>,
+    /// `Iface Initiatorname`.
+    pub initiator: Option<String>,
+    /// `iSCSI Connection State` (`LOGGED IN`, `Unknown`, ...).
+    pub connection_state: Option<String>,
+    /// `iSCSI Session State` (`LOGGED_IN`, `FAILED`, ...).
+    pub session_state: Option<String>,
+    /// `Host Number` (`-P 3` only).
+    pub scsi_host: Option<u32>,
+    /// `Attached scsi disk` lines (`-P 3` only).
+    pub disks: Vec<AttachedDisk>,
+}
+
+/// A disk listed under a session by `-P 3`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachedDisk {
+    /// Its SCSI address.
+    pub hctl: Hctl,
+    /// Kernel name (`sdb`).
+    pub kernel_name: String,
+    /// Device state (`running`).
+    pub state: Option<String>,
+}
+
+/// What a login did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoginOutcome {
+    /// A new session was created.
+    LoggedIn,
+    /// A session to this target and portal already existed (exit 15).
+    AlreadyLoggedIn,
+}
+
+/// What a logout did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogoutOutcome {
+    /// The session was closed.
+    LoggedOut,
+    /// No session to this target and portal existed (exit 21).
+    NotLoggedIn,
+}
+
+/// Why an `iscsiadm` operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IscsiError {
+    /// A target name, portal or CHAP field we were given is malformed; the
+    /// tool was not run.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The field.
+        field: &'static str,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// The target refused our CHAP credentials or our initiator name (exit
+    /// 24, ISCSI_ERR_LOGIN_AUTH_FAILED; an ACL that excludes the initiator
+    /// is reported the same way by the target).
+    #[error("iSCSI login to {target} at {portal} failed authentication or authorization")]
+    AuthFailed {
+        /// The target.
+        target: String,
+        /// The portal.
+        portal: String,
+    },
+    /// The portal did not answer in time (exit 8, ISCSI_ERR_TRANS_TIMEOUT;
+    /// exit 11, ISCSI_ERR_PDU_TIMEOUT; or the CLI outlived its deadline).
+    #[error("iSCSI {operation} at {portal} timed out")]
+    Timeout {
+        /// The operation.
+        operation: &'static str,
+        /// The portal.
+        portal: String,
+    },
+    /// The portal could not be reached (exit 4, ISCSI_ERR_TRANS: connection
+    /// refused, no route).
+    #[error("iSCSI portal {portal} is unreachable: {detail}")]
+    PortalUnreachable {
+        /// The portal.
+        portal: String,
+        /// The tool's words.
+        detail: String,
+    },
+    /// The target rejected the login for another reason (exit 5,
+    /// ISCSI_ERR_LOGIN; exit 19, ISCSI_ERR_FATAL_LOGIN: e.g. target not
+    /// found at that portal).
+    #[error("iSCSI login to {target} at {portal} was refused (exit {code}): {detail}")]
+    LoginRefused {
+        /// The target.
+        target: String,
+        /// The portal.
+        portal: String,
+        /// The exit code.
+        code: i32,
+        /// The tool's words.
+        detail: String,
+    },
+    /// There is no node record for this target and portal (exit 21 on an
+    /// operation that needs one: create it first).
+    #[error("no iSCSI node record for {target} at {portal}")]
+    NoNodeRecord {
+        /// The target.
+        target: String,
+        /// The portal.
+        portal: String,
+    },
+    /// No such session (exit 2, ISCSI_ERR_SESS_NOT_FOUND, or 21).
+    #[error("no iSCSI session {sid}")]
+    SessionNotFound {
+        /// The session id.
+        sid: u32,
+    },
+    /// The session's devices are in use (exit 28, ISCSI_ERR_BUSY).
+    #[error("iSCSI session to {target} at {portal} is busy: {detail}")]
+    SessionBusy {
+        /// The target.
+        target: String,
+        /// The portal.
+        portal: String,
+        /// The tool's words.
+        detail: String,
+    },
+    /// iscsid is not running or not reachable, or the kernel lacks the
+    /// transport (exit 20, ISCSI_ERR_ISCSID_NOTCONN; 18,
+    /// ISCSI_ERR_ISCSID_COMM_ERR; 12, ISCSI_ERR_TRANS_NOT_FOUND).
+    #[error("iscsid is not available (exit {code}): {detail}")]
+    DaemonUnavailable {
+        /// The exit code.
+        code: i32,
+        /// The tool's words.
+        detail: String,
+    },
+    /// Any other non-zero exit.
+    #[error("iscsiadm {operation} failed with exit code {code}: {detail}")]
+    Failed {
+        /// The operation.
+        operation: &'static str,
+        /// The exit code.
+        code: i32,
+        /// The tool's words (secrets scrubbed).
+        detail: String,
+    },
+    /// The tool could not be run.
+    #[error(transparent)]
+    Tool(#[from] CommandError),
+}
+
+/// Which `iscsiadm` operation ran, for errors and exit-code meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    CreateNode,
+    DeleteNode,
+    UpdateNode,
+    Login,
+    Logout,
+    Rescan,
+    Discovery,
+    ListSessions,
+    ListNodes,
+}
+
+/// The node a command is about, for errors.
+struct Subject<'a> {
+    target: &'a str,
+    portal: String,
+    sid: Option<u32>,
+}
+
+// Exit codes of open-iscsi (include/iscsi_err.h) that we interpret.
+/// ISCSI_ERR_SESS_NOT_FOUND: session could not be found.
+const ERR_SESS_NOT_FOUND: i32 = 2;
+/// ISCSI_ERR_TRANS: transport error (connect refused, no route).
+const ERR_TRANS: i32 = 4;
+/// ISCSI_ERR_LOGIN: generic login failure.
+const ERR_LOGIN: i32 = 5;
+/// ISCSI_ERR_TRANS_TIMEOUT: the connection timer expired while connecting.
+const ERR_TRANS_TIMEOUT: i32 = 8;
+/// ISCSI_ERR_PDU_TIMEOUT: an iSCSI PDU timed out.
+const ERR_PDU_TIMEOUT: i32 = 11;
+/// ISCSI_ERR_TRANS_NOT_FOUND: transport module not loaded in kernel or iscsid.
+const ERR_TRANS_NOT_FOUND: i32 = 12;
+/// ISCSI_ERR_SESS_EXISTS: a session is already logged in.
+const ERR_SESS_EXISTS: i32 = 15;
+/// ISCSI_ERR_ISCSID_COMM_ERR: a read/write to iscsid failed.
+const ERR_ISCSID_COMM: i32 = 18;
+/// ISCSI_ERR_FATAL_LOGIN: fatal login error (target says no, not retryable).
+const ERR_FATAL_LOGIN: i32 = 19;
+/// ISCSI_ERR_ISCSID_NOTCONN: could not connect to iscsid.
+const ERR_ISCSID_NOTCONN: i32 = 20;
+/// ISCSI_ERR_NO_OBJS_FOUND: no records/targets/sessions/portals to act on.
+const ERR_NO_OBJS_FOUND: i32 = 21;
+/// ISCSI_ERR_LOGIN_AUTH_FAILED: login failed due to an authorization failure.
+const ERR_LOGIN_AUTH_FAILED: i32 = 24;
+/// ISCSI_ERR_BUSY: device or resource in use.
+const ERR_BUSY: i32 = 28;
+
+/// Creates the node record for `target` at `portal` (`-m node -T -p -o new`).
+/// Re-creating an existing record resets it to iscsid.conf defaults, so set
+/// CHAP and timeouts after this.
+pub async fn create_node(host: &Host, target: &str, portal: &Portal) -> Result<(), IscsiError> {
+    check_target(target)?;
+    let mut args = node_args(target, portal);
+    args.extend(["-o".into(), "new".into()]);
+    run(
+        host,
+        Op::CreateNode,
+        &args,
+        None,
+        &subject(target, portal),
+        &[],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the node record (`-o delete`). A missing record (exit 21) is
+/// success: that is the state asked for.
+pub async fn delete_node(host: &Host, target: &str, portal: &Portal) -> Result<(), IscsiError> {
+    check_target(target)?;
+    let mut args = node_args(target, portal);
+    args.extend(["-o".into(), "delete".into()]);
+    let out = output(host, Op::DeleteNode, &args, None, &subject(target, portal)).await?;
+    match out.code {
+        0 | ERR_NO_OBJS_FOUND => Ok(()),
+        code => Err(classify(
+            Op::DeleteNode,
+            code,
+            &out,
+            &subject(target, portal),
+            &[],
+        )),
+    }
+}
+
+/// Sets CHAP (or mutual CHAP) on the node record: authmethod, username and
+/// password, and `username_in`/`password_in` for mutual CHAP. Passwords go
+/// as secrets and are scrubbed from errors.
+pub async fn set_chap(
+    host: &Host,
+    target: &str,
+    portal: &Portal,
+    chap: &Chap,
+) -> Result<(), IscsiError> {
+    check_target(target)?;
+    check_chap_text("CHAP username", &chap.username)?;
+    check_chap_text("CHAP password", chap.password.expose())?;
+    if let Some(m) = &chap.mutual {
+        check_chap_text("mutual CHAP username", &m.username)?;
+        check_chap_text("mutual CHAP password", m.password.expose())?;
+    }
+    let mut secrets = vec![chap.password.expose()];
+    let mut settings: Vec<(&str, Arg)> = vec![
+        ("node.session.auth.authmethod", "CHAP".into()),
+        ("node.session.auth.username", chap.username.as_str().into()),
+        (
+            "node.session.auth.password",
+            Arg::secret(chap.password.expose()),
+        ),
+    ];
+    if let Some(m) = &chap.mutual {
+        secrets.push(m.password.expose());
+        settings.push(("node.session.auth.username_in", m.username.as_str().into()));
+        settings.push((
+            "node.session.auth.password_in",
+            Arg::secret(m.password.expose()),
+        ));
+    }
+    for (name, value) in settings {
+        update(host, target, portal, name, value, &secrets).await?;
+    }
+    Ok(())
+}
+
+/// Turns CHAP off on the node record (`authmethod = None`).
+pub async fn clear_chap(host: &Host, target: &str, portal: &Portal) -> Result<(), IscsiError> {
+    check_target(target)?;
+    update(
+        host,
+        target,
+        portal,
+        "node.session.auth.authmethod",
+        "None".into(),
+        &[],
+    )
+    .await
+}
+
+/// Logs in to `target` at `portal`, giving up after about `timeout`: the node
+/// record is set to one login attempt of `timeout` (iscsid's total is
+/// `login_timeout * initial_login_retry_max`), so a dead portal costs one
+/// timeout instead of iscsid's default two minutes, and iscsid stops trying
+/// too. An existing session (exit 15) is [`LoginOutcome::AlreadyLoggedIn`].
+pub async fn login(
+    host: &Host,
+    target: &str,
+    portal: &Portal,
+    timeout: Duration,
+) -> Result<LoginOutcome, IscsiError> {
+    check_target(target)?;
+    let secs = timeout.as_secs().max(1);
+    update(
+        host,
+        target,
+        portal,
+        "node.conn[0].timeo.login_timeout",
+        secs.to_string().into(),
+        &[],
+    )
+    .await?;
+    update(
+        host,
+        target,
+        portal,
+        "node.session.initial_login_retry_max",
+        "1".into(),
+        &[],
+    )
+    .await?;
+    let mut args = node_args(target, portal);
+    args.push("--login".into());
+    let who = subject(target, portal);
+    let out = output(
+        host,
+        Op::Login,
+        &args,
+        Some(Duration::from_secs(secs) + LOGIN_SLACK),
+        &who,
+    )
+    .await?;
+    match out.code {
+        0 => Ok(LoginOutcome::LoggedIn),
+        // ISCSI_ERR_SESS_EXISTS: already logged in to this portal; the
+        // caller wanted a session and has one.
+        ERR_SESS_EXISTS => Ok(LoginOutcome::AlreadyLoggedIn),
+        code => Err(classify(Op::Login, code, &out, &who, &[])),
+    }
+}
+
+/// Logs out of `target` at `portal`. No session (exit 21) is
+/// [`LogoutOutcome::NotLoggedIn`]: the state asked for.
+pub async fn logout(
+    host: &Host,
+    target: &str,
+    portal: &Portal,
+) -> Result<LogoutOutcome, IscsiError> {
+    check_target(target)?;
+    let mut args = node_args(target, portal);
+    args.push("--logout".into());
+    let who = subject(target, portal);
+    let out = output(host, Op::Logout, &args, None, &who).await?;
+    match out.code {
+        0 => Ok(LogoutOutcome::LoggedOut),
+        // ISCSI_ERR_NO_OBJS_FOUND: no matching session; nothing to do.
+        ERR_NO_OBJS_FOUND => Ok(LogoutOutcome::NotLoggedIn),
+        code => Err(classify(Op::Logout, code, &out, &who, &[])),
+    }
+}
+
+/// Asks session `sid` to scan its target for new LUNs and size changes
+/// (`-m session -r SID --rescan`).
+pub async fn rescan_session(host: &Host, sid: u32) -> Result<(), IscsiError> {
+    let args: Vec<Arg> = vec![
+        "-m".into(),
+        "session".into(),
+        "-r".into(),
+        sid.to_string().into(),
+        "--rescan".into(),
+    ];
+    let who = Subject {
+        target: "",
+        portal: String::new(),
+        sid: Some(sid),
+    };
+    run(host, Op::Rescan, &args, None, &who, &[]).await?;
+    Ok(())
+}
+
+/// SendTargets discovery at `portal` (`-m discovery -t sendtargets -p`),
+/// within `timeout`. Returns the targets and portals the array reports (and,
+/// as iscsiadm does, records them as node records). A portal that reports
+/// nothing (exit 21) is an empty list.
+pub async fn discover_sendtargets(
+    host: &Host,
+    portal: &Portal,
+    timeout: Duration,
+) -> Result<Vec<NodeRecord>, IscsiError> {
+    let args: Vec<Arg> = vec![
+        "-m".into(),
+        "discovery".into(),
+        "-t".into(),
+        "sendtargets".into(),
+        "-p".into(),
+        portal.to_string().into(),
+    ];
+    let who = subject("", portal);
+    let out = output(host, Op::Discovery, &args, Some(timeout), &who).await?;
+    match out.code {
+        0 => Ok(parse_node_list(&out.stdout)),
+        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
+        code => Err(classify(Op::Discovery, code, &out, &who, &[])),
+    }
+}
+
+/// The sessions iscsid knows (`-m session`). None (exit 21) is an empty list.
+pub async fn sessions(host: &Host) -> Result<Vec<SessionEntry>, IscsiError> {
+    let args: Vec<Arg> = vec!["-m".into(), "session".into()];
+    let who = subject("", &Portal::unspecified());
+    let out = output(host, Op::ListSessions, &args, None, &who).await?;
+    match out.code {
+        0 => Ok(parse_session_list(&out.stdout)),
+        // ISCSI_ERR_NO_OBJS_FOUND: "No active sessions."
+        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
+        code => Err(classify(Op::ListSessions, code, &out, &who, &[])),
+    }
+}
+
+/// The node records (`-m node`). None (exit 21) is an empty list.
+pub async fn nodes(host: &Host) -> Result<Vec<NodeRecord>, IscsiError> {
+    let args: Vec<Arg> = vec!["-m".into(), "node".into()];
+    let who = subject("", &Portal::unspecified());
+    let out = output(host, Op::ListNodes, &args, None, &who).await?;
+    match out.code {
+        0 => Ok(parse_node_list(&out.stdout)),
+        // ISCSI_ERR_NO_OBJS_FOUND: "No records found".
+        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
+        code => Err(classify(Op::ListNodes, code, &out, &who, &[])),
+    }
+}
+
+/// Parses `-m node` or sendtargets discovery output, one
+/// `<portal>,<tpgt> <target>` per line; other lines are skipped with a
+/// warning.
+pub fn parse_node_list(text: &str) -> Vec<NodeRecord> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut words = line.split_whitespace();
+        let parsed = match (words.next(), words.next(), words.next()) {
+            (Some(portal_tpgt), Some(target), None) => parse_portal_tpgt(portal_tpgt)
+                .and_then(|(portal, tpgt)| valid_name(target).then_some((portal, tpgt, target))),
+            _ => None,
+        };
+        match parsed {
+            Some((portal, tpgt, target)) => out.push(NodeRecord {
+                portal,
+                tpgt,
+                target: target.to_owned(),
+            }),
+            None => {
+                tracing::warn!(line = %line.escape_debug(), "skipping unrecognised iscsiadm node line")
+            }
+        }
+    }
+    out
+}
+
+/// Parses `-m session` (`-P 0`) output, new (`tcp: [1] ... (non-flash)`) and
+/// old (`tcp [1] ...`) forms; other lines are skipped with a warning.
+pub fn parse_session_list(text: &str) -> Vec<SessionEntry> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        match parse_session_line(line) {
+            Some(s) => out.push(s),
+            None => {
+                tracing::warn!(line = %line.escape_debug(), "skipping unrecognised iscsiadm session line")
+            }
+        }
+    }
+    out
+}
+
+/// Parses `-m session -P 1` or `-P 3` output into one entry per session
+/// (per `Current Portal:` under a `Target:`). A session without a parsable
+/// portal or SID is skipped with a warning.
+pub fn parse_session_detail(text: &str) -> Vec<SessionDetail> {
+    let mut out = Vec::new();
+    let mut target: Option<String> = None;
+    let mut current: Option<DetailBuilder> = None;
+    let mut pending_hctl: Option<Hctl> = None;
+    for raw in text.lines() {
+        let line = raw.trim();
+        if let Some(rest) = line.strip_prefix("Target:") {
+            flush_detail(&mut current, &mut out);
+            // "Target: <name> (non-flash)"; names have no blanks.
+            let mut words = rest.split_whitespace();
+            let name = words.next().unwrap_or_default();
+            let tail_ok = matches!(words.next(), None | Some("(non-flash)" | "(flash)"))
+                && words.next().is_none();
+            target = (tail_ok && valid_name(name)).then(|| name.to_owned());
+            if target.is_none() {
+                tracing::warn!(line = %line.escape_debug(), "skipping iscsiadm target with an invalid name");
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("Current Portal:") {
+            flush_detail(&mut current, &mut out);
+            pending_hctl = None;
+            current = target.clone().map(|t| DetailBuilder::new(t, rest.trim()));
+            continue;
+        }
+        let Some(b) = current.as_mut() else { continue };
+        let value = |prefix: &str| {
+            line.strip_prefix(prefix)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(v) = value("Persistent Portal:") {
+            b.persistent = parse_portal_tpgt(&v).map(|(p, _)| p);
+        } else if let Some(v) = value("Iface Name:") {
+            b.iface = Some(v);
+        } else if let Some(v) = value("Iface Initiatorname:") {
+            b.initiator = Some(v);
+        } else if let Some(v) = value("SID:") {
+            b.sid = v.parse().ok();
+        } else if let Some(v) = value("iSCSI Connection State:") {
+            b.connection_state = Some(v);
+        } else if let Some(v) = value("iSCSI Session State:") {
+            b.session_state = Some(v);
+        } else if let Some(v) = value("Host Number:") {
+            // "Host Number: 1  State: running"
+            b.scsi_host = v.split_whitespace().next().and_then(|n| n.parse().ok());
+        } else if line.starts_with("scsi") && line.contains("Channel") {
+            pending_hctl = parse_scsi_address_line(line);
+        } else if let Some(v) = value("Attached scsi disk") {
+            // "Attached scsi disk sdb          State: running"
+            let mut words = v.split_whitespace();
+            let name = words.next().unwrap_or_default();
+            let state = v
+                .split_once("State:")
+                .map(|(_, s)| s.trim().to_owned())
+                .filter(|s| !s.is_empty());
+            match pending_hctl.take() {
+                Some(hctl) if is_kernel_name(name) => b.disks.push(AttachedDisk {
+                    hctl,
+                    kernel_name: name.to_owned(),
+                    state,
+                }),
+                _ => {
+                    tracing::warn!(line = %line.escape_debug(), "skipping iscsiadm attached disk without an address")
+                }
+            }
+        }
+    }
+    flush_detail(&mut current, &mut out);
+    out
+}
+
+/// A session being assembled by [`parse_session_detail`].
+struct DetailBuilder {
+    target: String,
+    current: String,
+    persistent: Option<Portal>,
+    sid: Option<u32>,
+    iface: Option<String>,
+    initiator: Option<String>,
+    connection_state: Option<String>,
+    session_state: Option<String>,
+    scsi_host: Option<u32>,
+    disks: Vec<AttachedDisk>,
+}
+
+// === impl Portal ===
+
+impl Portal {
+    /// A portal from an address and port (as sysfs stores them).
+    pub fn new(address: &str, port: u16) -> Result<Self, InvalidPortal> {
+        let bad = |reason| InvalidPortal {
+            input: format!("{address}:{port}"),
+            reason,
+        };
+        let address = address.trim().trim_start_matches('[').trim_end_matches(']');
+        if address.is_empty() {
+            return Err(bad("empty address"));
+        }
+        if address.starts_with('-') {
+            return Err(bad("address starts with '-'"));
+        }
+        if !address
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '%' | '_'))
+        {
+            return Err(bad(
+                "address has characters outside an IP address or host name",
+            ));
+        }
+        if port == 0 {
+            return Err(bad("port 0"));
+        }
+        Ok(Self {
+            address: address.to_owned(),
+            port,
+        })
+    }
+
+    /// Parses `ip:port`, `[ipv6]:port`, a bare `ip` or `[ipv6]` (port
+    /// 3260), or an unbracketed IPv6 address (port 3260), as iscsiadm and
+    /// `SCSITarget` portals spell them.
+    pub fn parse(input: &str) -> Result<Self, InvalidPortal> {
+        let bad = |reason| InvalidPortal {
+            input: input.to_owned(),
+            reason,
+        };
+        let s = input.trim();
+        let (address, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (addr, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
+            match after {
+                "" => (addr, None),
+                p => (
+                    addr,
+                    Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?),
+                ),
+            }
+        } else if s.matches(':').count() == 1 {
+            let (addr, port) = s.split_once(':').ok_or_else(|| bad("no port"))?;
+            (addr, Some(port))
+        } else {
+            // No colon (an IPv4 address or host name), or several (IPv6
+            // without brackets, which cannot carry a port).
+            (s, None)
+        };
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => p
+                .parse::<u16>()
+                .map_err(|_| bad("port is not a number from 1 to 65535"))?,
+        };
+        Self::new(address, port).map_err(|e| bad(e.reason))
+    }
+
+    /// The address (without brackets).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// An empty placeholder for errors about commands that name no portal.
+    fn unspecified() -> Self {
+        Self {
+            address: String::new(),
+            port: DEFAULT_PORT,
+        }
+    }
+}
+
+impl fmt::Display for Portal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.address.contains(':') {
+            write!(f, "[{}]:{}", self.address, self.port)
+        } else {
+            write!(f, "{}:{}", self.address, self.port)
+        }
+    }
+}
+
+impl std::str::FromStr for Portal {
+    type Err = InvalidPortal;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+// === impl Secret ===
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+
+    /// The secret itself, to hand to the tool.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+// === impl IscsiError ===
+
+impl IscsiError {
+    /// A stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument { .. } => "invalid_argument",
+            Self::AuthFailed { .. } => "auth_failed",
+            Self::Timeout { .. } => "timeout",
+            Self::PortalUnreachable { .. } => "portal_unreachable",
+            Self::LoginRefused { .. } => "login_refused",
+            Self::NoNodeRecord { .. } => "no_node_record",
+            Self::SessionNotFound { .. } => "session_not_found",
+            Self::SessionBusy { .. } => "session_busy",
+            Self::DaemonUnavailable { .. } => "daemon_unavailable",
+            Self::Failed { .. } => "failed",
+            Self::Tool(_) => "tool",
+        }
+    }
+}
+
+// === impl Op ===
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Self::CreateNode => "node create",
+            Self::DeleteNode => "node delete",
+            Self::UpdateNode => "node update",
+            Self::Login => "login",
+            Self::Logout => "logout",
+            Self::Rescan => "session rescan",
+            Self::Discovery => "sendtargets discovery",
+            Self::ListSessions => "session list",
+            Self::ListNodes => "node list",
+        }
+    }
+}
+
+// === impl DetailBuilder ===
+
+impl DetailBuilder {
+    fn new(target: String, current: &str) -> Self {
+        Self {
+            target,
+            current: current.to_owned(),
+            persistent: None,
+            sid: None,
+            iface: None,
+            initiator: None,
+            connection_state: None,
+            session_state: None,
+            scsi_host: None,
+            disks: Vec::new(),
+        }
+    }
+
+    fn build(self) -> Option<SessionDetail> {
+        let Some((current_portal, tpgt)) = parse_portal_tpgt(&self.current) else {
+            tracing::warn!(portal = %self.current.escape_debug(), target = %self.target, "skipping iscsiadm session with an unparsable portal");
+            return None;
+        };
+        let Some(sid) = self.sid else {
+            tracing::warn!(target = %self.target, "skipping iscsiadm session without a SID");
+            return None;
+        };
+        Some(SessionDetail {
+            target: self.target,
+            current_portal,
+            persistent_portal: self.persistent,
+            tpgt,
+            sid,
+            iface: self.iface,
+            initiator: self.initiator,
+            connection_state: self.connection_state,
+            session_state: self.session_state,
+            scsi_host: self.scsi_host,
+            disks: self.disks,
+        })
+    }
+}
+
+fn flush_detail(current: &mut Option<DetailBuilder>, out: &mut Vec<SessionDetail>) {
+    if let Some(d) = current.take().and_then(DetailBuilder::build) {
+        out.push(d);
+    }
+}
+
+/// `-m node -T <target> -p <portal>`.
+fn node_args(target: &str, portal: &Portal) -> Vec<Arg> {
+    vec![
+        "-m".into(),
+        "node".into(),
+        "-T".into(),
+        target.into(),
+        "-p".into(),
+        portal.to_string().into(),
+    ]
+}
+
+/// `-o update -n <name> -v <value>` on the node record; `secrets` are
+/// scrubbed from any error.
+async fn update(
+    host: &Host,
+    target: &str,
+    portal: &Portal,
+    name: &str,
+    value: Arg,
+    secrets: &[&str],
+) -> Result<(), IscsiError> {
+    let mut args = node_args(target, portal);
+    args.extend([
+        "-o".into(),
+        "update".into(),
+        "-n".into(),
+        name.into(),
+        "-v".into(),
+        value,
+    ]);
+    run(
+        host,
+        Op::UpdateNode,
+        &args,
+        None,
+        &subject(target, portal),
+        secrets,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs `iscsiadm args`, any exit code.
+async fn output(
+    host: &Host,
+    op: Op,
+    args: &[Arg],
+    timeout: Option<Duration>,
+    who: &Subject<'_>,
+) -> Result<Output, IscsiError> {
+    let tool = host.tool("iscsiadm");
+    let result = match timeout {
+        Some(t) => host.runner.output_within(&tool, args, t).await,
+        None => host.runner.output(&tool, args).await,
+    };
+    match result {
+        Ok(out) => Ok(out),
+        Err(CommandError::Timeout { .. }) if matches!(op, Op::Login | Op::Discovery) => {
+            Err(IscsiError::Timeout {
+                operation: op.name(),
+                portal: who.portal.clone(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `iscsiadm args`; exit 0 or a classified error.
+async fn run(
+    host: &Host,
+    op: Op,
+    args: &[Arg],
+    timeout: Option<Duration>,
+    who: &Subject<'_>,
+    secrets: &[&str],
+) -> Result<Output, IscsiError> {
+    let out = output(host, op, args, timeout, who).await?;
+    if out.code == 0 {
+        Ok(out)
+    } else {
+        Err(classify(op, out.code, &out, who, secrets))
+    }
+}
+
+/// Turns a non-zero exit into an [`IscsiError`] (codes: include/iscsi_err.h).
+fn classify(op: Op, code: i32, out: &Output, who: &Subject<'_>, secrets: &[&str]) -> IscsiError {
+    let detail = scrub(&tail(out), secrets);
+    let target = who.target.to_owned();
+    let portal = who.portal.clone();
+    match code {
+        ERR_LOGIN_AUTH_FAILED => IscsiError::AuthFailed { target, portal },
+        ERR_TRANS_TIMEOUT | ERR_PDU_TIMEOUT => IscsiError::Timeout {
+            operation: op.name(),
+            portal,
+        },
+        ERR_TRANS => IscsiError::PortalUnreachable { portal, detail },
+        ERR_LOGIN | ERR_FATAL_LOGIN => IscsiError::LoginRefused {
+            target,
+            portal,
+            code,
+            detail,
+        },
+        ERR_SESS_NOT_FOUND => match who.sid {
+            Some(sid) => IscsiError::SessionNotFound { sid },
+            None => IscsiError::Failed {
+                operation: op.name(),
+                code,
+                detail,
+            },
+        },
+        // ISCSI_ERR_NO_OBJS_FOUND where an object was required.
+        ERR_NO_OBJS_FOUND => match (who.sid, op) {
+            (Some(sid), _) => IscsiError::SessionNotFound { sid },
+            (None, Op::UpdateNode | Op::Login) => IscsiError::NoNodeRecord { target, portal },
+            (None, _) => IscsiError::Failed {
+                operation: op.name(),
+                code,
+                detail,
+            },
+        },
+        ERR_BUSY => IscsiError::SessionBusy {
+            target,
+            portal,
+            detail,
+        },
+        ERR_ISCSID_NOTCONN | ERR_ISCSID_COMM | ERR_TRANS_NOT_FOUND => {
+            IscsiError::DaemonUnavailable { code, detail }
+        }
+        _ => IscsiError::Failed {
+            operation: op.name(),
+            code,
+            detail,
+        },
+    }
+}
+
+fn subject<'a>(target: &'a str, portal: &Portal) -> Subject<'a> {
+    Subject {
+        target,
+        portal: portal.to_string(),
+        sid: None,
+    }
+}
+
+/// The last lines of the tool's stderr (stdout when stderr is empty), bounded.
+fn tail(out: &Output) -> String {
+    let text = if out.stderr.trim().is_empty() {
+        &out.stdout
+    } else {
+        &out.stderr
+    };
+    let lines: Vec<&str> = text.trim().lines().collect();
+    let mut s = lines[lines.len().saturating_sub(3)..].join(" | ");
+    if s.len() > 400 {
+        let cut = s
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|&i| i <= 400)
+            .last()
+            .unwrap_or(0);
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+/// `text` with every non-empty secret replaced by `<redacted>`.
+fn scrub(text: &str, secrets: &[&str]) -> String {
+    secrets
+        .iter()
+        .filter(|s| !s.is_empty())
+        .fold(text.to_owned(), |t, s| t.replace(s, "<redacted>"))
+}
+
+/// Refuses a target name the tool should never see: empty, too long, with
+/// blanks or control characters, or looking like an option.
+fn check_target(target: &str) -> Result<(), IscsiError> {
+    let reason = if target.is_empty() {
+        "empty"
+    } else if target.len() > MAX_NAME_LEN {
+        "longer than 223 bytes"
+    } else if target.starts_with('-') {
+        "starts with '-'"
+    } else if !valid_name(target) {
+        "contains blanks or control characters"
+    } else {
+        return Ok(());
+    };
+    Err(IscsiError::InvalidArgument {
+        field: "target name",
+        reason,
+    })
+}
+
+/// A CHAP name or secret must be non-empty printable text without line
+/// breaks (iscsid stores it as a `key = value` line).
+fn check_chap_text(field: &'static str, value: &str) -> Result<(), IscsiError> {
+    let reason = if value.is_empty() {
+        "empty"
+    } else if value.len() > MAX_CHAP_LEN {
+        "longer than 255 bytes"
+    } else if value.chars().any(char::is_control) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    Err(IscsiError::InvalidArgument { field, reason })
+}
+
+/// An iSCSI name as listings print it: printable, no blanks.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN && name.chars().all(|c| c.is_ascii_graphic())
+}
+
+/// A kernel device name (`sdb`): short, alphanumeric.
+fn is_kernel_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 32 && name.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// `<portal>,<tpgt>`; the tag is signed (`-1` when unknown).
+fn parse_portal_tpgt(s: &str) -> Option<(Portal, i32)> {
+    let (portal, tpgt) = s.rsplit_once(',')?;
+    Some((Portal::parse(portal).ok()?, tpgt.trim().parse().ok()?))
+}
+
+/// `tcp: [3] 127.0.0.1:3260,1028 iqn... (non-flash)` or `tcp [3] ...`.
+fn parse_session_line(line: &str) -> Option<SessionEntry> {
+    let mut words = line.split_whitespace();
+    let transport = words.next()?.trim_end_matches(':');
+    let sid = words
+        .next()?
+        .strip_prefix('[')?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    let (portal, tpgt) = parse_portal_tpgt(words.next()?)?;
+    let target = words.next()?;
+    match words.next() {
+        None | Some("(non-flash)" | "(flash)") => {}
+        Some(_) => return None,
+    }
+    if words.next().is_some() || !valid_name(target) || !valid_name(transport) {
+        return None;
+    }
+    Some(SessionEntry {
+        transport: transport.to_owned(),
+        sid,
+        portal,
+        tpgt,
+        target: target.to_owned(),
+    })
+}
+
+/// `scsi1 Channel 00 Id 0 Lun: 0` -> `1:0:0:0`.
+fn parse_scsi_address_line(line: &str) -> Option<Hctl> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        [scsi, "Channel", channel, "Id", id, "Lun:", lun] => Some(Hctl {
+            host: scsi.strip_prefix("scsi")?.parse().ok()?,
+            channel: channel.parse().ok()?,
+            target: id.parse().ok()?,
+            lun: lun.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -7,6 +7,7 @@
 pub mod block;
 pub mod command;
 pub mod dev_links;
+pub mod erase;
 pub mod fc;
 pub mod filesystem;
 pub mod iscsiadm;

@@ -1,26 +1,238 @@
-//! SCSI devices under the sysfs root: a block device's WWID, size and
-//! read-only state.
+//! SCSI devices under the sysfs root: the disks (one per path) with their
+//! identity, size, state and the transport they came through; the
+//! dm-multipath maps over them; LUNs grouped by WWID; iSCSI sessions; and the
+//! kernel's triggers (`delete`, `rescan`, a SCSI host's `scan`).
+//!
+//! Readers work on the kernel's layout (`block/sdX -> ../devices/.../H:C:T:L/
+//! block/sdX`, iSCSI disks below `hostH/sessionS/`, FC disks below
+//! `hostH/rport-H:C-N/`) as captured in `agent/tests/fixtures/sysfs` and as
+//! the test harness's kernel stand-in writes it. Everything read is
+//! untrusted: a malformed entry is skipped with a warning, never a panic.
 
-use std::io::ErrorKind;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
 
-use super::Host;
+use super::fc::{self, Wwpn};
+use super::iscsiadm::Portal;
+use super::{Host, dev_links};
+use crate::vpd;
 use crate::wwid::Wwid;
 
+/// A SCSI address: host (adapter or iSCSI session host), channel, target, LUN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hctl {
+    /// SCSI host number.
+    pub host: u32,
+    /// Channel (bus).
+    pub channel: u32,
+    /// Target id.
+    pub target: u32,
+    /// LUN (64-bit in the kernel).
+    pub lun: u64,
+}
+
+/// A SCSI device's `state` attribute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceState {
+    /// `running`: usable.
+    Running,
+    /// `offline`: the error handler gave up on it.
+    Offline,
+    /// `transport-offline`: the transport (session, rport) is gone.
+    TransportOffline,
+    /// `blocked`: I/O held while the transport recovers.
+    Blocked,
+    /// `created`, `created-block`: being set up.
+    Created,
+    /// `quiesce`: I/O held for a power or config change.
+    Quiesce,
+    /// `cancel`, `deleted`: being removed.
+    Deleted,
+    /// Anything else the kernel may add, as written.
+    Unknown(String),
+}
+
+/// The transport a disk path came through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// An iSCSI session.
+    Iscsi {
+        /// Session id (`N` of `sessionN`), when the disk sits below one.
+        session: Option<u32>,
+        /// The target name (`targetname`, else from the by-path link).
+        target: Option<String>,
+        /// The connection's `persistent_address:persistent_port` (else from by-path).
+        portal: Option<Portal>,
+    },
+    /// Fibre Channel.
+    Fc {
+        /// The target port's WWPN (from the rport, `fc_transport`, or the by-path link).
+        target_wwpn: Option<Wwpn>,
+    },
+    /// Neither (SAS, SATA, a virtual HBA).
+    Other,
+}
+
+/// One SCSI disk path (`sdX`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScsiDisk {
+    /// Kernel name (`sdb`): informational only, names move.
+    pub kernel_name: String,
+    /// Its SCSI address.
+    pub hctl: Hctl,
+    /// INQUIRY vendor, blanks trimmed.
+    pub vendor: String,
+    /// INQUIRY product, blanks trimmed.
+    pub model: String,
+    /// INQUIRY revision, blanks trimmed.
+    pub rev: String,
+    /// Unit serial number (VPD 0x80), when the device has one.
+    pub serial: Option<String>,
+    /// The LUN's identity.
+    pub wwid: Wwid,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Whether the block device is read-only.
+    pub read_only: bool,
+    /// The SCSI device state.
+    pub state: DeviceState,
+    /// How the path reached the node.
+    pub transport: Transport,
+    /// Names under `/dev/disk/by-id` pointing at this path, sorted.
+    pub by_id: Vec<String>,
+    /// Names under `/dev/disk/by-path` pointing at this path, sorted.
+    pub by_path: Vec<String>,
+    /// Kernel names holding this path open (`holders/`: a dm map, md, ...).
+    pub holders: Vec<String>,
+}
+
+/// A dm-multipath map (`block/dm-N` whose `dm/uuid` is `mpath-<udev serial>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultipathMap {
+    /// Kernel name (`dm-3`).
+    pub kernel_name: String,
+    /// The LUN's identity, from the uuid.
+    pub wwid: Wwid,
+    /// `dm/name`: the alias (`mpathb`) or the udev serial itself.
+    pub name: String,
+    /// The paths below it (`slaves/`), sorted.
+    pub slaves: Vec<String>,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// `dm/suspended`.
+    pub suspended: bool,
+}
+
+/// A LUN as this node sees it: every path with its WWID, and the multipath
+/// map over them if there is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lun {
+    /// The identity shared by all paths.
+    pub wwid: Wwid,
+    /// The paths, sorted by HCTL. Empty for a map whose paths are all gone.
+    pub paths: Vec<ScsiDisk>,
+    /// The multipath map whose uuid names this WWID.
+    pub map: Option<MultipathMap>,
+}
+
+/// An iSCSI session (`class/iscsi_session/sessionN`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IscsiSession {
+    /// Session id.
+    pub sid: u32,
+    /// The target name.
+    pub target: String,
+    /// `state` (`LOGGED_IN`, `FAILED`, `FREE`).
+    pub state: String,
+    /// The portal of its first connection (`persistent_address:persistent_port`).
+    pub portal: Option<Portal>,
+    /// Target portal group tag.
+    pub tpgt: Option<u32>,
+    /// The SCSI host the session's disks appear on (`hostH`).
+    pub scsi_host: Option<u32>,
+    /// The initiator name used.
+    pub initiator: Option<String>,
+}
+
+/// Which `channel target lun` a SCSI host scan covers; `None` is the
+/// kernel's wildcard `-`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanAddress {
+    /// Channel, or every channel.
+    pub channel: Option<u32>,
+    /// Target id, or every target.
+    pub target: Option<u32>,
+    /// LUN, or every LUN.
+    pub lun: Option<u64>,
+}
+
+/// What [`remove_stale_path_at`] found at an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathAtAddress {
+    /// No SCSI device there.
+    Vacant,
+    /// A path with the expected WWID: not stale, left alone.
+    Current {
+        /// Its kernel name, if it has a block device.
+        kernel_name: Option<String>,
+    },
+    /// A path with another (or no readable) WWID: deleted.
+    Removed {
+        /// Its kernel name, if it had a block device.
+        kernel_name: Option<String>,
+        /// The identity it reported, if any.
+        found: Option<Wwid>,
+    },
+    /// A path with another WWID that something holds (a multipath map):
+    /// not deleted; remove the holder first.
+    Held {
+        /// Its kernel name.
+        kernel_name: String,
+        /// The identity it reported, if any.
+        found: Option<Wwid>,
+        /// Who holds it.
+        holders: Vec<String>,
+    },
+}
+
+/// A by-path link name, decoded (`ip-<portal>-iscsi-<iqn>-lun-<n>` or
+/// `[pci-<bdf>-]fc-0x<wwpn>-lun-<n>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ByPath {
+    /// An iSCSI path.
+    Iscsi {
+        /// The portal.
+        portal: Portal,
+        /// The target name.
+        target: String,
+        /// LUN number.
+        lun: u64,
+    },
+    /// An FC path.
+    Fc {
+        /// The target port.
+        wwpn: Wwpn,
+        /// LUN number.
+        lun: u64,
+    },
+}
+
 /// What the device `kernel_name` (`sdb`, `dm-3`) says its WWID is:
-/// `block/<name>/dm/uuid` (`mpath-<serial>`) for a multipath map, else
-/// `block/<name>/device/wwid`. `Ok(None)` when the device has no readable
-/// identity (not a SCSI disk, or gone).
+/// `block/<name>/dm/uuid` (`mpath-<serial>`) for a device-mapper device,
+/// else `block/<name>/device/wwid`, else the LUN designator of
+/// `device/vpd_pg83`. `Ok(None)` when the device has no readable identity
+/// (not a SCSI disk, a non-multipath dm device, or gone).
 pub fn block_wwid(host: &Host, kernel_name: &str) -> std::io::Result<Option<Wwid>> {
     let block = host.sys("block").join(kernel_name);
-    let candidates = [block.join("dm/uuid"), block.join("device/wwid")];
-    for file in candidates {
-        match std::fs::read_to_string(&file) {
-            Ok(text) => return Ok(Wwid::parse(text.trim()).ok()),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+    match std::fs::read_to_string(block.join("dm/uuid")) {
+        Ok(text) => return Ok(Wwid::parse(text.trim()).ok()),
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
-    Ok(None)
+    device_wwid(&block.join("device"))
 }
 
 /// Size of `kernel_name` in bytes from `block/<name>/size` (512-byte
@@ -38,3 +250,749 @@ pub fn block_read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> 
     let text = std::fs::read_to_string(host.sys("block").join(kernel_name).join("ro"))?;
     Ok(text.trim() == "1")
 }
+
+/// Every SCSI disk path on the node (`block/*` whose `device` is a SCSI
+/// device of type disk), sorted by kernel name. A disk without a valid WWID,
+/// or whose attributes cannot be read, is skipped with a warning. Errors
+/// only when `block/` itself cannot be listed.
+pub fn scsi_disks(host: &Host) -> std::io::Result<Vec<ScsiDisk>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(host.sys("block"))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match scsi_disk(host, &name) {
+            Ok(Some(d)) => out.push(d),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(disk = %name, error = %e, "skipping unreadable block device"),
+        }
+    }
+    out.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+    Ok(out)
+}
+
+/// One SCSI disk path by kernel name. `Ok(None)` when it is gone, not a
+/// SCSI disk, or has no valid WWID (warned).
+pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiDisk>> {
+    if !is_plain_name(kernel_name) {
+        return Ok(None);
+    }
+    let block = host.sys("block").join(kernel_name);
+    let dev_dir = match std::fs::canonicalize(block.join("device")) {
+        Ok(d) => d,
+        // No `device`: loop, dm, md, ram, or the disk just went away.
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(hctl) = dev_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(Hctl::parse)
+    else {
+        // virtio-blk, nvme, mmc: not SCSI.
+        return Ok(None);
+    };
+    // SCSI peripheral type 0 (disk) or 0xe (RBC); `sr`, tapes, enclosures are not ours.
+    if let Some(t) = read_attr(&dev_dir.join("type"))
+        && !matches!(t.as_str(), "0" | "14")
+    {
+        return Ok(None);
+    }
+    let wwid = match device_wwid(&dev_dir) {
+        Ok(Some(w)) => w,
+        Ok(None) => {
+            tracing::warn!(disk = %kernel_name, %hctl, "skipping SCSI disk without a valid WWID (device/wwid, vpd_pg83)");
+            return Ok(None);
+        }
+        Err(e) => {
+            tracing::warn!(disk = %kernel_name, %hctl, error = %e, "skipping SCSI disk whose WWID cannot be read");
+            return Ok(None);
+        }
+    };
+    let size_bytes = match block_size(host, kernel_name) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(disk = %kernel_name, error = %e, "skipping SCSI disk without a readable size");
+            return Ok(None);
+        }
+    };
+    let read_only = block_read_only(host, kernel_name).unwrap_or_else(|e| {
+        tracing::warn!(disk = %kernel_name, error = %e, "unreadable ro attribute; assuming writable");
+        false
+    });
+    let serial = match std::fs::read(dev_dir.join("vpd_pg80")) {
+        Ok(page) => vpd::parse_unit_serial(&page).unwrap_or_else(|e| {
+            tracing::warn!(disk = %kernel_name, error = %e, "ignoring malformed vpd_pg80");
+            None
+        }),
+        Err(_) => None,
+    };
+    let by_id = links(host, "by-id", kernel_name);
+    let by_path = links(host, "by-path", kernel_name);
+    let transport = transport_of(host, &dev_dir, &by_path);
+    Ok(Some(ScsiDisk {
+        kernel_name: kernel_name.to_owned(),
+        hctl,
+        vendor: read_attr(&dev_dir.join("vendor")).unwrap_or_default(),
+        model: read_attr(&dev_dir.join("model")).unwrap_or_default(),
+        rev: read_attr(&dev_dir.join("rev")).unwrap_or_default(),
+        serial,
+        wwid,
+        size_bytes,
+        read_only,
+        state: read_attr(&dev_dir.join("state")).map_or(DeviceState::Unknown(String::new()), |s| {
+            DeviceState::parse(&s)
+        }),
+        transport,
+        by_id,
+        by_path,
+        holders: holders(host, kernel_name).unwrap_or_default(),
+    }))
+}
+
+/// The disk paths that report `wwid`, sorted by kernel name.
+pub fn disks_with_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Vec<ScsiDisk>> {
+    Ok(scsi_disks(host)?
+        .into_iter()
+        .filter(|d| &d.wwid == wwid)
+        .collect())
+}
+
+/// Every dm-multipath map (`block/dm-*` with a `dm/uuid` of `mpath-<serial>`),
+/// sorted by kernel name. Other dm devices (LVM, crypt, partitions of maps)
+/// are ignored; a map whose uuid is not a valid WWID is skipped with a
+/// warning.
+pub fn multipath_maps(host: &Host) -> std::io::Result<Vec<MultipathMap>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(host.sys("block"))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("dm-") {
+            continue;
+        }
+        let dir = host.sys("block").join(&name);
+        let Some(uuid) = read_attr(&dir.join("dm/uuid")) else {
+            continue;
+        };
+        if !uuid.starts_with("mpath-") {
+            tracing::debug!(dm = %name, %uuid, "not a multipath map");
+            continue;
+        }
+        let wwid = match Wwid::parse(&uuid) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(dm = %name, error = %e, "skipping multipath map whose uuid is not a valid WWID");
+                continue;
+            }
+        };
+        let size_bytes = block_size(host, &name).unwrap_or_else(|e| {
+            tracing::warn!(dm = %name, error = %e, "unreadable size of multipath map");
+            0
+        });
+        out.push(MultipathMap {
+            name: read_attr(&dir.join("dm/name")).unwrap_or_default(),
+            wwid,
+            slaves: dir_names(&dir.join("slaves"))?,
+            size_bytes,
+            suspended: read_attr(&dir.join("dm/suspended")).as_deref() == Some("1"),
+            kernel_name: name,
+        });
+    }
+    out.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+    Ok(out)
+}
+
+/// Groups disk paths into LUNs by WWID (several paths, from one target or
+/// several, with one WWID are one multipathed LUN) and attaches the map of
+/// that WWID. A map whose paths are all gone is a LUN with no paths (a ghost
+/// map for Detach to remove). Sorted by WWID.
+pub fn group_luns(disks: Vec<ScsiDisk>, maps: Vec<MultipathMap>) -> Vec<Lun> {
+    let mut luns: BTreeMap<Wwid, Lun> = BTreeMap::new();
+    for d in disks {
+        luns.entry(d.wwid.clone())
+            .or_insert_with(|| Lun {
+                wwid: d.wwid.clone(),
+                paths: Vec::new(),
+                map: None,
+            })
+            .paths
+            .push(d);
+    }
+    for m in maps {
+        let lun = luns.entry(m.wwid.clone()).or_insert_with(|| Lun {
+            wwid: m.wwid.clone(),
+            paths: Vec::new(),
+            map: None,
+        });
+        for slave in &m.slaves {
+            if !lun.paths.iter().any(|p| &p.kernel_name == slave) {
+                tracing::warn!(map = %m.kernel_name, %slave, wwid = %m.wwid, "multipath map holds a path that does not report its WWID");
+            }
+        }
+        if let Some(first) = &lun.map {
+            tracing::warn!(wwid = %m.wwid, kept = %first.kernel_name, ignored = %m.kernel_name, "two multipath maps for one WWID");
+        } else {
+            lun.map = Some(m);
+        }
+    }
+    luns.into_values()
+        .map(|mut l| {
+            l.paths.sort_by_key(|p| p.hctl);
+            l
+        })
+        .collect()
+}
+
+/// Every iSCSI session (`class/iscsi_session/session*`), sorted by id. No
+/// class directory (iscsi_tcp not loaded) is an empty list; an entry without
+/// a target name is skipped with a warning.
+pub fn iscsi_sessions(host: &Host) -> std::io::Result<Vec<IscsiSession>> {
+    let class = host.sys("class/iscsi_session");
+    let entries = match std::fs::read_dir(&class) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(sid) = name
+            .strip_prefix("session")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            tracing::warn!(entry = %name, "skipping iscsi_session entry that is not session<N>");
+            continue;
+        };
+        let attrs = entry.path();
+        let Some(target) = read_attr(&attrs.join("targetname")) else {
+            tracing::warn!(session = sid, "skipping iSCSI session without a targetname");
+            continue;
+        };
+        // class/iscsi_session/sessionN -> .../hostH/sessionN/iscsi_session/sessionN
+        let session_dir = std::fs::canonicalize(&attrs)
+            .ok()
+            .and_then(|p| p.parent().and_then(Path::parent).map(Path::to_path_buf));
+        out.push(IscsiSession {
+            sid,
+            target,
+            state: read_attr(&attrs.join("state")).unwrap_or_default(),
+            portal: session_dir.as_deref().and_then(|d| session_portal(d, sid)),
+            tpgt: read_attr(&attrs.join("tpgt")).and_then(|t| t.parse().ok()),
+            scsi_host: session_dir.as_deref().and_then(scsi_host_of_session),
+            initiator: read_attr(&attrs.join("initiatorname")),
+        });
+    }
+    out.sort_by_key(|s| s.sid);
+    Ok(out)
+}
+
+/// The SCSI hosts on the node (`class/scsi_host/host*`), sorted.
+pub fn scsi_hosts(host: &Host) -> std::io::Result<Vec<u32>> {
+    let mut out: Vec<u32> = dir_names(&host.sys("class/scsi_host"))?
+        .iter()
+        .filter_map(|n| n.strip_prefix("host").and_then(|h| h.parse().ok()))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Removes the path `kernel_name` from the kernel (`echo 1 >
+/// block/<name>/device/delete`). `Ok(false)` when it was already gone.
+/// Flush it and remove any map over it first.
+pub fn delete_path(host: &Host, kernel_name: &str) -> std::io::Result<bool> {
+    check_plain_name(kernel_name)?;
+    match write_trigger(
+        &host.sys("block").join(kernel_name).join("device/delete"),
+        "1",
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Asks the kernel to re-read `kernel_name`'s capacity and INQUIRY data
+/// (`echo 1 > block/<name>/device/rescan`).
+pub fn rescan_device(host: &Host, kernel_name: &str) -> std::io::Result<()> {
+    check_plain_name(kernel_name)?;
+    write_trigger(
+        &host.sys("block").join(kernel_name).join("device/rescan"),
+        "1",
+    )
+}
+
+/// Scans SCSI host `host_no` for devices at `address` (`echo "C T L" >
+/// class/scsi_host/host<N>/scan`, `-` for a wildcard).
+pub fn scan_host(host: &Host, host_no: u32, address: ScanAddress) -> std::io::Result<()> {
+    write_trigger(
+        &host.sys(format!("class/scsi_host/host{host_no}/scan")),
+        &address.to_string(),
+    )
+}
+
+/// Before a targeted rescan of `hctl` for the LUN `expected`: if a SCSI
+/// device already sits at that address with another identity (a stale path
+/// left behind when the array reused the LUN number), delete it, so the scan
+/// creates a fresh path instead of the kernel keeping the old one. A path
+/// that reports `expected` is left alone; a stale one that is held (by a
+/// multipath map) is reported, not deleted. Check mounts before calling.
+pub fn remove_stale_path_at(
+    host: &Host,
+    hctl: Hctl,
+    expected: &Wwid,
+) -> std::io::Result<PathAtAddress> {
+    let Some(dev_dir) = scsi_device_dir(host, hctl)? else {
+        return Ok(PathAtAddress::Vacant);
+    };
+    let kernel_name = dir_names(&dev_dir.join("block"))?.into_iter().next();
+    let found = device_wwid(&dev_dir).unwrap_or_else(|e| {
+        tracing::warn!(%hctl, error = %e, "unreadable WWID at address; treating the path as stale");
+        None
+    });
+    if found.as_ref() == Some(expected) {
+        return Ok(PathAtAddress::Current { kernel_name });
+    }
+    if let Some(name) = &kernel_name {
+        let holders = holders(host, name)?;
+        if !holders.is_empty() {
+            return Ok(PathAtAddress::Held {
+                kernel_name: name.clone(),
+                found,
+                holders,
+            });
+        }
+    }
+    tracing::info!(%hctl, disk = ?kernel_name, found = ?found.as_ref().map(Wwid::as_str), %expected, "deleting stale SCSI path before rescan");
+    match write_trigger(&dev_dir.join("delete"), "1") {
+        Ok(()) => Ok(PathAtAddress::Removed { kernel_name, found }),
+        // Removed under us: the address is vacant, which is what we wanted.
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(PathAtAddress::Vacant),
+        Err(e) => Err(e),
+    }
+}
+
+/// The kernel names holding `kernel_name` open (`block/<name>/holders/*`),
+/// sorted; empty when none or when the device is gone.
+pub fn holders(host: &Host, kernel_name: &str) -> std::io::Result<Vec<String>> {
+    check_plain_name(kernel_name)?;
+    dir_names(&host.sys("block").join(kernel_name).join("holders"))
+}
+
+// === impl Hctl ===
+
+impl Hctl {
+    /// Parses `H:C:T:L` (decimal).
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.trim().split(':');
+        let host = it.next()?.parse().ok()?;
+        let channel = it.next()?.parse().ok()?;
+        let target = it.next()?.parse().ok()?;
+        let lun = it.next()?.parse().ok()?;
+        if it.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            host,
+            channel,
+            target,
+            lun,
+        })
+    }
+}
+
+impl fmt::Display for Hctl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}",
+            self.host, self.channel, self.target, self.lun
+        )
+    }
+}
+
+// === impl DeviceState ===
+
+impl DeviceState {
+    /// Parses the kernel's spelling.
+    pub fn parse(s: &str) -> Self {
+        match s.trim() {
+            "running" => Self::Running,
+            "offline" => Self::Offline,
+            "transport-offline" => Self::TransportOffline,
+            "blocked" => Self::Blocked,
+            "created" | "created-block" => Self::Created,
+            "quiesce" => Self::Quiesce,
+            "cancel" | "deleted" | "cancel-offline" => Self::Deleted,
+            other => Self::Unknown(other.to_owned()),
+        }
+    }
+
+    /// Whether I/O can flow.
+    pub fn is_running(&self) -> bool {
+        *self == Self::Running
+    }
+}
+
+// === impl Lun ===
+
+impl Lun {
+    /// The LUN's size: the map's when there is one, else the largest path's
+    /// (paths disagree briefly while a resize propagates).
+    pub fn size_bytes(&self) -> u64 {
+        self.map
+            .as_ref()
+            .map(|m| m.size_bytes)
+            .filter(|&s| s > 0)
+            .unwrap_or_else(|| self.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0))
+    }
+
+    /// The kernel name to use for I/O: the map when there is one, else the
+    /// first running path.
+    pub fn device_kernel_name(&self) -> Option<&str> {
+        if let Some(m) = &self.map {
+            return Some(&m.kernel_name);
+        }
+        self.paths
+            .iter()
+            .find(|p| p.state.is_running())
+            .or(self.paths.first())
+            .map(|p| p.kernel_name.as_str())
+    }
+}
+
+// === impl ScanAddress ===
+
+impl ScanAddress {
+    /// Every channel, target and LUN (`- - -`).
+    pub const ALL: Self = Self {
+        channel: None,
+        target: None,
+        lun: None,
+    };
+
+    /// Exactly one `channel target lun`.
+    pub fn exact(channel: u32, target: u32, lun: u64) -> Self {
+        Self {
+            channel: Some(channel),
+            target: Some(target),
+            lun: Some(lun),
+        }
+    }
+}
+
+impl fmt::Display for ScanAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn part<T: fmt::Display>(v: Option<T>) -> String {
+            v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+        }
+        write!(
+            f,
+            "{} {} {}",
+            part(self.channel),
+            part(self.target),
+            part(self.lun)
+        )
+    }
+}
+
+// === impl ByPath ===
+
+impl ByPath {
+    /// Decodes a `/dev/disk/by-path` name; `None` for partitions (`-partN`),
+    /// other transports and malformed names.
+    pub fn parse(name: &str) -> Option<Self> {
+        if let Some((_, n)) = name.rsplit_once("-part")
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+        {
+            return None;
+        }
+        let (head, lun) = name.rsplit_once("-lun-")?;
+        let lun = parse_lun(lun)?;
+        if let Some(i) = head.find("fc-0x")
+            && fc_prefix_ok(&head[..i])
+        {
+            let wwpn = Wwpn::parse(&head[i + "fc-".len()..]).ok()?;
+            return Some(Self::Fc { wwpn, lun });
+        }
+        let rest = if let Some(r) = head.strip_prefix("ip-") {
+            r
+        } else {
+            // Offload / HBA-bound sessions: `pci-<bdf>-ip-...`.
+            let i = head.find("-ip-")?;
+            if !head.starts_with("pci-") {
+                return None;
+            }
+            &head[i + "-ip-".len()..]
+        };
+        let (portal, target) = rest.split_once("-iscsi-")?;
+        if target.is_empty() || !target.chars().all(|c| c.is_ascii_graphic()) {
+            return None;
+        }
+        Some(Self::Iscsi {
+            portal: Portal::parse(portal).ok()?,
+            target: target.to_owned(),
+            lun,
+        })
+    }
+}
+
+/// Reads a text attribute: trimmed of blanks and NULs, lossily decoded;
+/// `None` when missing or empty (other read errors are warned about).
+pub(crate) fn read_attr(path: &Path) -> Option<String> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let t = text.trim_matches(|c: char| c == '\0' || c.is_whitespace());
+            (!t.is_empty()).then(|| t.to_owned())
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "unreadable sysfs attribute");
+            None
+        }
+    }
+}
+
+/// Writes `value` to a kernel trigger file, as `echo value > path` does but
+/// without creating it: a missing trigger is `NotFound`, not a new file.
+pub(crate) fn write_trigger(path: &Path, value: &str) -> std::io::Result<()> {
+    tracing::debug!(path = %path.display(), value, "writing sysfs trigger");
+    let mut f = OpenOptions::new().write(true).truncate(true).open(path)?;
+    f.write_all(value.as_bytes())
+}
+
+/// The WWID of the SCSI device directory `dev_dir`: its `wwid` attribute if
+/// that is a valid WWID, else the LUN designator of `vpd_pg83`. The kernel's
+/// text is not always usable: it prints a SCSI name string designator
+/// without a prefix (`iqn...`, InfiniBox's `host=...`), which is refused.
+fn device_wwid(dev_dir: &Path) -> std::io::Result<Option<Wwid>> {
+    match std::fs::read_to_string(dev_dir.join("wwid")) {
+        Ok(text) => match Wwid::parse(text.trim()) {
+            Ok(w) => return Ok(Some(w)),
+            Err(e) => {
+                tracing::debug!(dir = %dev_dir.display(), error = %e, "kernel wwid not usable; trying vpd_pg83")
+            }
+        },
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {}
+        Err(e) => return Err(e),
+    }
+    match std::fs::read(dev_dir.join("vpd_pg83")) {
+        Ok(page) => Ok(vpd::lun_wwid(&page).unwrap_or_else(|e| {
+            tracing::warn!(dir = %dev_dir.display(), error = %e, "malformed vpd_pg83");
+            None
+        })),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How the SCSI device at `dev_dir` (canonical) reached the node: an
+/// iSCSI session or FC rport among its ancestors, else its by-path names.
+fn transport_of(host: &Host, dev_dir: &Path, by_path: &[String]) -> Transport {
+    let from_link = by_path.iter().find_map(|n| ByPath::parse(n));
+    for dir in dev_dir.ancestors().skip(1) {
+        let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+            break;
+        };
+        if let Some(sid) = name
+            .strip_prefix("session")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            let attrs = dir.join("iscsi_session").join(name);
+            let (link_target, link_portal) = match &from_link {
+                Some(ByPath::Iscsi { portal, target, .. }) => {
+                    (Some(target.clone()), Some(portal.clone()))
+                }
+                _ => (None, None),
+            };
+            return Transport::Iscsi {
+                session: Some(sid),
+                target: read_attr(&attrs.join("targetname")).or(link_target),
+                portal: session_portal(dir, sid).or(link_portal),
+            };
+        }
+        if name.starts_with("rport-") {
+            let from_sysfs = rport_wwpn(host, dir, name).or_else(|| {
+                // `target H:C:T` directory of this device, below the rport.
+                let target_dir = dev_dir.parent()?;
+                let t = target_dir.file_name()?.to_str()?;
+                read_wwpn_attr(&target_dir.join("fc_transport").join(t).join("port_name"))
+            });
+            let link_wwpn = match &from_link {
+                Some(ByPath::Fc { wwpn, .. }) => Some(*wwpn),
+                _ => None,
+            };
+            return Transport::Fc {
+                target_wwpn: from_sysfs.or(link_wwpn),
+            };
+        }
+        if name == "devices" {
+            break;
+        }
+    }
+    match from_link {
+        Some(ByPath::Iscsi { portal, target, .. }) => Transport::Iscsi {
+            session: None,
+            target: Some(target),
+            portal: Some(portal),
+        },
+        Some(ByPath::Fc { wwpn, .. }) => Transport::Fc {
+            target_wwpn: Some(wwpn),
+        },
+        None => Transport::Other,
+    }
+}
+
+/// The remote port WWPN of rport directory `dir` (named `name`): its own
+/// `fc_remote_ports/<name>/port_name`, else the class entry.
+fn rport_wwpn(host: &Host, dir: &Path, name: &str) -> Option<Wwpn> {
+    if fc::parse_rport_name(name).is_none() {
+        tracing::warn!(rport = %name, "malformed rport directory name");
+    }
+    read_wwpn_attr(&dir.join("fc_remote_ports").join(name).join("port_name")).or_else(|| {
+        read_wwpn_attr(
+            &host
+                .sys("class/fc_remote_ports")
+                .join(name)
+                .join("port_name"),
+        )
+    })
+}
+
+fn read_wwpn_attr(path: &Path) -> Option<Wwpn> {
+    let text = read_attr(path)?;
+    Wwpn::parse(&text)
+        .inspect_err(
+            |e| tracing::warn!(path = %path.display(), error = %e, "malformed FC port name"),
+        )
+        .ok()
+}
+
+/// The portal of session `sid`'s first connection
+/// (`<session dir>/connection<sid>:<cid>/iscsi_connection/...`).
+fn session_portal(session_dir: &Path, sid: u32) -> Option<Portal> {
+    let prefix = format!("connection{sid}:");
+    let mut conns: Vec<String> = dir_names(session_dir)
+        .ok()?
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    conns.sort();
+    for conn in conns {
+        let attrs = session_dir.join(&conn).join("iscsi_connection").join(&conn);
+        let address = read_attr(&attrs.join("persistent_address"))
+            .or_else(|| read_attr(&attrs.join("address")));
+        let port = read_attr(&attrs.join("persistent_port"))
+            .or_else(|| read_attr(&attrs.join("port")))
+            .and_then(|p| p.parse::<u16>().ok());
+        if let (Some(address), Some(port)) = (address, port) {
+            match Portal::new(&address, port) {
+                Ok(p) => return Some(p),
+                Err(e) => {
+                    tracing::warn!(connection = %conn, error = %e, "malformed iSCSI connection address")
+                }
+            }
+        }
+    }
+    None
+}
+
+/// `H` of the `hostH` directory above an iSCSI session directory.
+fn scsi_host_of_session(session_dir: &Path) -> Option<u32> {
+    session_dir
+        .parent()?
+        .file_name()?
+        .to_str()?
+        .strip_prefix("host")?
+        .parse()
+        .ok()
+}
+
+/// The SCSI device directory at `hctl`: through `class/scsi_device/<hctl>`
+/// (whose `device` link points at it in a real sysfs), else by looking for a
+/// block device at that address.
+fn scsi_device_dir(host: &Host, hctl: Hctl) -> std::io::Result<Option<PathBuf>> {
+    let class = host.sys("class/scsi_device").join(hctl.to_string());
+    for candidate in [class.join("device"), class] {
+        if candidate.join("delete").exists() {
+            return std::fs::canonicalize(candidate).map(Some);
+        }
+    }
+    let entries = match std::fs::read_dir(host.sys("block")) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        if let Ok(dir) = std::fs::canonicalize(entry.path().join("device"))
+            && dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(Hctl::parse)
+                == Some(hctl)
+        {
+            return Ok(Some(dir));
+        }
+    }
+    Ok(None)
+}
+
+/// Entry names of `dir`, sorted; a missing directory is empty.
+fn dir_names(dir: &Path) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// `dev_links::links_to`, with errors warned about and treated as no links.
+fn links(host: &Host, dir: &str, kernel_name: &str) -> Vec<String> {
+    dev_links::links_to(host, dir, kernel_name).unwrap_or_else(|e| {
+        tracing::warn!(dir, disk = %kernel_name, error = %e, "cannot list /dev/disk links");
+        Vec::new()
+    })
+}
+
+/// A kernel name is one path component: no separators, no `..`.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn check_plain_name(name: &str) -> std::io::Result<()> {
+    if is_plain_name(name) {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            format!("not a kernel device name: {name:?}"),
+        ))
+    }
+}
+
+/// A by-path LUN: decimal, or udev's `0x` + 16 hex digits for large LUNs.
+fn parse_lun(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// What may precede `fc-0x` in a by-path name: nothing, or a bus path
+/// (`pci-<bdf>-`, `platform-...-pci-<bdf>-`).
+fn fc_prefix_ok(prefix: &str) -> bool {
+    prefix.is_empty()
+        || (prefix.ends_with('-')
+            && (prefix.starts_with("pci-") || prefix.starts_with("platform-")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use csi_scsi_proto::agent::agent_client::AgentClient;
 use csi_scsi_proto::agent::{
-    AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest, DiscoverResponse,
-    RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress, WipeRequest,
+    AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest,
+    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress,
+    WipeRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -114,21 +115,38 @@ impl tower::Service<AgentCall> for Caller {
                 r
             }
             Ok(match call.op.clone() {
-                AgentOp::Discover(m) => AgentReply::Discover(client.discover(req(m, &call)).await?.into_inner()),
-                AgentOp::Attach(m) => AgentReply::Attach(client.attach(req(m, &call)).await?.into_inner()),
-                AgentOp::Detach(m) => AgentReply::Detach(client.detach(req(m, &call)).await?.into_inner()),
-                AgentOp::Rescan(m) => AgentReply::Rescan(client.rescan(req(m, &call)).await?.into_inner()),
-                AgentOp::Status(m) => AgentReply::Status(client.status(req(m, &call)).await?.into_inner()),
+                AgentOp::Discover(m) => {
+                    AgentReply::Discover(client.discover(req(m, &call)).await?.into_inner())
+                }
+                AgentOp::Attach(m) => {
+                    AgentReply::Attach(client.attach(req(m, &call)).await?.into_inner())
+                }
+                AgentOp::Detach(m) => {
+                    AgentReply::Detach(client.detach(req(m, &call)).await?.into_inner())
+                }
+                AgentOp::Rescan(m) => {
+                    AgentReply::Rescan(client.rescan(req(m, &call)).await?.into_inner())
+                }
+                AgentOp::Status(m) => {
+                    AgentReply::Status(client.status(req(m, &call)).await?.into_inner())
+                }
                 AgentOp::Wipe(m) => {
                     let mut stream = client.wipe(req(m, &call)).await?.into_inner();
                     let mut last = None;
                     while let Some(p) = stream.message().await? {
-                        tracing::debug!(done = p.bytes_done, total = p.bytes_total, pass = p.pass, "wipe progress");
+                        tracing::debug!(
+                            done = p.bytes_done,
+                            total = p.bytes_total,
+                            pass = p.pass,
+                            "wipe progress"
+                        );
                         last = Some(p);
                     }
                     match last {
                         Some(p) if p.done => AgentReply::Wipe(p),
-                        _ => return Err(Status::unavailable("wipe stream ended before completion")),
+                        _ => {
+                            return Err(Status::unavailable("wipe stream ended before completion"));
+                        }
                     }
                 }
             })

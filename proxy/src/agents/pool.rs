@@ -61,7 +61,11 @@ pub struct AgentPool {
 impl AgentPool {
     /// A pool over `directory`, dialling with `tls`. Starts a task that
     /// drops channels of agents that left. Needs a Tokio runtime.
-    pub fn new(directory: Arc<dyn AgentDirectory>, tls: Arc<MaterialStore>, config: CallConfig) -> Arc<Self> {
+    pub fn new(
+        directory: Arc<dyn AgentDirectory>,
+        tls: Arc<MaterialStore>,
+        config: CallConfig,
+    ) -> Arc<Self> {
         let pool = Arc::new(Self {
             limit: Arc::new(Semaphore::new(config.concurrency.max(1))),
             directory,
@@ -105,24 +109,36 @@ impl AgentPool {
 
     fn channel(&self, node: &str) -> Result<Channel, PoolError> {
         let agents = self.directory.snapshot();
-        let entry = agents.get(node).ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
+        let entry = agents
+            .get(node)
+            .ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((addr, ch)) = channels.get(node)
             && addr == &entry.address
         {
             return Ok(ch.clone());
         }
-        let ch = csi_scsi_daemon::agent_channel(&entry.address, node, self.tls.clone(), self.config.connect_timeout)
-            .map_err(|e| PoolError::Channel {
-                node: node.to_owned(),
-                reason: e.to_string(),
-            })?;
+        let ch = csi_scsi_daemon::agent_channel(
+            &entry.address,
+            node,
+            self.tls.clone(),
+            self.config.connect_timeout,
+        )
+        .map_err(|e| PoolError::Channel {
+            node: node.to_owned(),
+            reason: e.to_string(),
+        })?;
         channels.insert(node.to_owned(), (entry.address.clone(), ch.clone()));
         Ok(ch)
     }
 
     /// Calls `op` on `node`'s agent through the full stack.
-    pub async fn call(&self, node: &str, op: AgentOp, request_id: &str) -> Result<Result<AgentReply, tonic::Status>, PoolError> {
+    pub async fn call(
+        &self,
+        node: &str,
+        op: AgentOp,
+        request_id: &str,
+    ) -> Result<Result<AgentReply, tonic::Status>, PoolError> {
         let channel = self.channel(node)?;
         let overall = match op {
             AgentOp::Wipe(_) => self.config.wipe_deadline,

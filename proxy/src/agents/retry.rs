@@ -50,10 +50,13 @@ impl Backoff {
 
     /// The delay before retry number `attempt` (1-based).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let exp = self.min.saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)));
+        let exp = self
+            .min
+            .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)));
         let base = exp.min(self.max).max(self.min);
         let factor = 1.0 - self.jitter * fastrand::f64();
-        base.mul_f64(factor).max(self.min.mul_f64(1.0 - self.jitter))
+        base.mul_f64(factor)
+            .max(self.min.mul_f64(1.0 - self.jitter))
     }
 }
 
@@ -71,9 +74,15 @@ impl RetryPolicy {
 impl tower::retry::Policy<AgentCall, AgentReply, Status> for RetryPolicy {
     type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-    fn retry(&mut self, call: &mut AgentCall, result: &mut Result<AgentReply, Status>) -> Option<Self::Future> {
+    fn retry(
+        &mut self,
+        call: &mut AgentCall,
+        result: &mut Result<AgentReply, Status>,
+    ) -> Option<Self::Future> {
         match result {
-            Err(status) if status.code() == Code::Unavailable && self.attempt + 1 < self.attempts => {
+            Err(status)
+                if status.code() == Code::Unavailable && self.attempt + 1 < self.attempts =>
+            {
                 self.attempt += 1;
                 let delay = self.backoff.delay(self.attempt);
                 tracing::debug!(

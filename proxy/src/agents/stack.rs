@@ -20,12 +20,19 @@ pub type AgentService = BoxCloneService<AgentCall, AgentReply, Status>;
 /// 3. retry on UNAVAILABLE with jittered backoff;
 /// 4. the process-wide concurrency bound, held per attempt (not while a
 ///    retry sleeps), which bounds every fan-out.
-pub fn compose(caller: Caller, overall: Duration, retry: RetryPolicy, limit: Arc<Semaphore>) -> AgentService {
+pub fn compose(
+    caller: Caller,
+    overall: Duration,
+    retry: RetryPolicy,
+    limit: Arc<Semaphore>,
+) -> AgentService {
     let svc = ServiceBuilder::new()
         .map_err(into_status)
         .timeout(overall)
         .retry(retry)
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(limit))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(
+            limit,
+        ))
         .service(caller);
     BoxCloneService::new(svc)
 }

@@ -53,11 +53,14 @@ fn topology(nodes: Vec<String>) -> Vec<Topology> {
 }
 
 fn volume_of(v: &VolumeView) -> Volume {
-    let fs = v
-        .device
-        .binding
-        .as_ref()
-        .and_then(|b| b.capabilities.iter().find_map(|c| c.strip_prefix("mount:")?.split(':').next().map(str::to_owned)));
+    let fs = v.device.binding.as_ref().and_then(|b| {
+        b.capabilities.iter().find_map(|c| {
+            c.strip_prefix("mount:")?
+                .split(':')
+                .next()
+                .map(str::to_owned)
+        })
+    });
     let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
     if let Some(fs) = fs {
         context.insert("fsType".to_owned(), fs);
@@ -74,7 +77,10 @@ fn volume_of(v: &VolumeView) -> Volume {
 fn condition(v: &VolumeView) -> VolumeCondition {
     VolumeCondition {
         abnormal: v.abnormal.is_some(),
-        message: v.abnormal.clone().unwrap_or_else(|| "LUN is visible and bound".into()),
+        message: v
+            .abnormal
+            .clone()
+            .unwrap_or_else(|| "LUN is visible and bound".into()),
     }
 }
 
@@ -84,14 +90,18 @@ fn span(method: &'static str, volume: &str, request_id: &str) -> tracing::Span {
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
-    async fn create_volume(&self, request: Request<CreateVolumeRequest>) -> Result<Response<CreateVolumeResponse>, Status> {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
         let rid = request::request_id(&request);
         let req = request.into_inner();
         let span = span("CreateVolume", &req.name, &rid);
         async move {
             let name = required("name", &req.name)?.to_owned();
             let access = request::accesses(&req.volume_capabilities)?;
-            let parameters = ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
+            let parameters =
+                ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
             if req.volume_content_source.is_some() {
                 return Err(crate::error::ProxyError::InvalidArgument {
                     field: "volume_content_source",
@@ -124,13 +134,18 @@ impl Controller for ControllerService {
                 device: dev,
                 abnormal: None,
             };
-            Ok(Response::new(CreateVolumeResponse { volume: Some(volume_of(&view)) }))
+            Ok(Response::new(CreateVolumeResponse {
+                volume: Some(volume_of(&view)),
+            }))
         }
         .instrument(span)
         .await
     }
 
-    async fn delete_volume(&self, request: Request<DeleteVolumeRequest>) -> Result<Response<DeleteVolumeResponse>, Status> {
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let rid = request::request_id(&request);
         let req = request.into_inner();
         let span = span("DeleteVolume", &req.volume_id, &rid);
@@ -153,13 +168,20 @@ impl Controller for ControllerService {
         async move {
             required("volume_id", &req.volume_id)?;
             required("node_id", &req.node_id)?;
-            let cap = req.volume_capability.as_ref().ok_or_else(|| crate::error::ProxyError::InvalidArgument {
-                field: "volume_capability",
-                reason: "is required".into(),
+            let cap = req.volume_capability.as_ref().ok_or_else(|| {
+                crate::error::ProxyError::InvalidArgument {
+                    field: "volume_capability",
+                    reason: "is required".into(),
+                }
             })?;
             let access = request::access(cap)?;
-            let publish_context = self.life.publish(&req.volume_id, &req.node_id, &access, &rid).await?;
-            Ok(Response::new(ControllerPublishVolumeResponse { publish_context }))
+            let publish_context = self
+                .life
+                .publish(&req.volume_id, &req.node_id, &access, &rid)
+                .await?;
+            Ok(Response::new(ControllerPublishVolumeResponse {
+                publish_context,
+            }))
         }
         .instrument(span)
         .await
@@ -174,7 +196,9 @@ impl Controller for ControllerService {
         let span = span("ControllerUnpublishVolume", &req.volume_id, &rid);
         async move {
             required("volume_id", &req.volume_id)?;
-            self.life.unpublish(&req.volume_id, &req.node_id, &rid).await?;
+            self.life
+                .unpublish(&req.volume_id, &req.node_id, &rid)
+                .await?;
             Ok(Response::new(ControllerUnpublishVolumeResponse {}))
         }
         .instrument(span)
@@ -188,10 +212,17 @@ impl Controller for ControllerService {
         let req = request.into_inner();
         required("volume_id", &req.volume_id)?;
         if req.volume_capabilities.is_empty() {
-            return Err(Status::invalid_argument("volume_capabilities: at least one is required"));
+            return Err(Status::invalid_argument(
+                "volume_capabilities: at least one is required",
+            ));
         }
         let view = self.life.volume(&req.volume_id).await?;
-        let have = view.device.binding.as_ref().map(|b| b.capabilities.clone()).unwrap_or_default();
+        let have = view
+            .device
+            .binding
+            .as_ref()
+            .map(|b| b.capabilities.clone())
+            .unwrap_or_default();
         let fs = have
             .iter()
             .find_map(|c| c.strip_prefix("mount:")?.split(':').next())
@@ -227,12 +258,21 @@ impl Controller for ControllerService {
         Ok(Response::new(response))
     }
 
-    async fn list_volumes(&self, request: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
         let req = request.into_inner();
-        let max = usize::try_from(req.max_entries).map_err(|_| Status::invalid_argument("max_entries: must not be negative"))?;
+        let max = usize::try_from(req.max_entries)
+            .map_err(|_| Status::invalid_argument("max_entries: must not be negative"))?;
         let (views, next) = match self.life.volumes(&req.starting_token, max).await {
             Ok(page) => page,
-            Err(None) => return Err(Status::aborted(format!("starting_token {:?} is not valid", req.starting_token))),
+            Err(None) => {
+                return Err(Status::aborted(format!(
+                    "starting_token {:?} is not valid",
+                    req.starting_token
+                )));
+            }
             Err(Some(e)) => return Err(e.into()),
         };
         let entries = views
@@ -251,12 +291,16 @@ impl Controller for ControllerService {
         }))
     }
 
-    async fn get_capacity(&self, request: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
         let req = request.into_inner();
         for cap in &req.volume_capabilities {
             request::access(cap)?;
         }
-        let params = ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
+        let params =
+            ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
         let nodes = match &req.accessible_topology {
             Some(t) => request::topology_nodes(Some(&TopologyRequirement {
                 requisite: vec![t.clone()],
@@ -283,22 +327,36 @@ impl Controller for ControllerService {
                 r#type: Some(CapType::Rpc(RpcCap { r#type: r as i32 })),
             })
             .collect();
-        Ok(Response::new(ControllerGetCapabilitiesResponse { capabilities }))
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
     }
 
-    async fn create_snapshot(&self, _r: Request<CreateSnapshotRequest>) -> Result<Response<CreateSnapshotResponse>, Status> {
+    async fn create_snapshot(
+        &self,
+        _r: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
         Err(Status::unimplemented("snapshots are not supported"))
     }
 
-    async fn delete_snapshot(&self, _r: Request<DeleteSnapshotRequest>) -> Result<Response<DeleteSnapshotResponse>, Status> {
+    async fn delete_snapshot(
+        &self,
+        _r: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
         Err(Status::unimplemented("snapshots are not supported"))
     }
 
-    async fn list_snapshots(&self, _r: Request<ListSnapshotsRequest>) -> Result<Response<ListSnapshotsResponse>, Status> {
+    async fn list_snapshots(
+        &self,
+        _r: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
         Err(Status::unimplemented("snapshots are not supported"))
     }
 
-    async fn get_snapshot(&self, _r: Request<GetSnapshotRequest>) -> Result<Response<GetSnapshotResponse>, Status> {
+    async fn get_snapshot(
+        &self,
+        _r: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
         Err(Status::unimplemented("snapshots are not supported"))
     }
 
@@ -315,8 +373,16 @@ impl Controller for ControllerService {
             if req.capacity_range.is_none() {
                 return Err(Status::invalid_argument("capacity_range: is required"));
             }
-            let block = req.volume_capability.as_ref().map(request::access).transpose()?.map(|a| a.block);
-            let (bytes, node) = self.life.expand(&req.volume_id, required_bytes, block, &rid).await?;
+            let block = req
+                .volume_capability
+                .as_ref()
+                .map(request::access)
+                .transpose()?
+                .map(|a| a.block);
+            let (bytes, node) = self
+                .life
+                .expand(&req.volume_id, required_bytes, block, &rid)
+                .await?;
             Ok(Response::new(ControllerExpandVolumeResponse {
                 capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
                 node_expansion_required: node,
@@ -346,6 +412,8 @@ impl Controller for ControllerService {
         &self,
         _r: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Err(Status::unimplemented("volume modification is not supported"))
+        Err(Status::unimplemented(
+            "volume modification is not supported",
+        ))
     }
 }

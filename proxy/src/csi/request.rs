@@ -1,8 +1,8 @@
 //! Raw CSI messages into typed values: capabilities, topology, capacity,
 //! request IDs. A failure names the field.
 
-use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::volume_capability::AccessType;
+use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
 
 use crate::error::ProxyError;
@@ -37,7 +37,10 @@ pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
         Some(Ok(CsiMode::SingleNodeSingleWriter)) => Mode::SingleNodeSingleWriter,
         Some(Ok(CsiMode::SingleNodeMultiWriter)) => Mode::SingleNodeMultiWriter,
         Some(Ok(CsiMode::Unknown)) | Some(Err(_)) => {
-            return Err(invalid("volume_capability.access_mode", "unknown access mode"));
+            return Err(invalid(
+                "volume_capability.access_mode",
+                "unknown access mode",
+            ));
         }
         None => return Err(invalid("volume_capability.access_mode", "is required")),
     };
@@ -47,13 +50,25 @@ pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
             let fs = if m.fs_type.is_empty() {
                 None
             } else {
-                Some(parameters::fs_type(&m.fs_type).map_err(|e| invalid("volume_capability.mount.fs_type", e.to_string()))?)
+                Some(
+                    parameters::fs_type(&m.fs_type)
+                        .map_err(|e| invalid("volume_capability.mount.fs_type", e.to_string()))?,
+                )
             };
             (false, fs)
         }
-        None => return Err(invalid("volume_capability.access_type", "is required (block or mount)")),
+        None => {
+            return Err(invalid(
+                "volume_capability.access_type",
+                "is required (block or mount)",
+            ));
+        }
     };
-    let access = Access { block, fs_type, mode };
+    let access = Access {
+        block,
+        fs_type,
+        mode,
+    };
     if let Some(why) = access.unsupported() {
         return Err(invalid("volume_capability", why));
     }
@@ -71,7 +86,9 @@ pub fn accesses(caps: &[VolumeCapability]) -> Result<Vec<Access>, ProxyError> {
 /// Nodes from accessibility requirements, preferred first, then the rest
 /// of requisite; empty when there are none.
 pub fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, ProxyError> {
-    let Some(req) = req else { return Ok(Vec::new()) };
+    let Some(req) = req else {
+        return Ok(Vec::new());
+    };
     let mut nodes: Vec<String> = Vec::new();
     for t in req.preferred.iter().chain(req.requisite.iter()) {
         for key in t.segments.keys() {
@@ -92,12 +109,18 @@ pub fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, 
 }
 
 /// `(required, limit)` bytes; 0 means unset.
-pub fn capacity(range: Option<&csi_scsi_proto::csi::CapacityRange>) -> Result<(u64, u64), ProxyError> {
+pub fn capacity(
+    range: Option<&csi_scsi_proto::csi::CapacityRange>,
+) -> Result<(u64, u64), ProxyError> {
     let Some(r) = range else { return Ok((0, 0)) };
-    let required = u64::try_from(r.required_bytes).map_err(|_| invalid("capacity_range.required_bytes", "is negative"))?;
-    let limit = u64::try_from(r.limit_bytes).map_err(|_| invalid("capacity_range.limit_bytes", "is negative"))?;
+    let required = u64::try_from(r.required_bytes)
+        .map_err(|_| invalid("capacity_range.required_bytes", "is negative"))?;
+    let limit = u64::try_from(r.limit_bytes)
+        .map_err(|_| invalid("capacity_range.limit_bytes", "is negative"))?;
     if limit != 0 && limit < required {
-        return Err(ProxyError::CapacityOutOfRange(format!("limit_bytes {limit} is below required_bytes {required}")));
+        return Err(ProxyError::CapacityOutOfRange(format!(
+            "limit_bytes {limit} is below required_bytes {required}"
+        )));
     }
     Ok((required, limit))
 }

@@ -14,7 +14,9 @@ impl From<ProxyError> for Status {
             ProxyError::InvalidArgument { .. } | ProxyError::Parameter(_) => Code::InvalidArgument,
             ProxyError::VolumeNotFound(_) | ProxyError::NodeNotFound(_) => Code::NotFound,
             ProxyError::NameConflict { .. } => Code::AlreadyExists,
-            ProxyError::NoDeviceFits(_) | ProxyError::ResizePending { .. } => Code::ResourceExhausted,
+            ProxyError::NoDeviceFits(_) | ProxyError::ResizePending { .. } => {
+                Code::ResourceExhausted
+            }
             ProxyError::CapacityOutOfRange(_) => Code::OutOfRange,
             ProxyError::PublishedElsewhere { .. } => Code::FailedPrecondition,
             ProxyError::DeviceState { .. } => Code::Unavailable,
@@ -24,7 +26,9 @@ impl From<ProxyError> for Status {
             // The agent's answer is translated deliberately: its codes
             // describe the node, the caller asked about a volume.
             ProxyError::Agent { status, .. } => match status.code() {
-                Code::InvalidArgument | Code::Internal | Code::Unknown | Code::DataLoss => Code::Internal,
+                Code::InvalidArgument | Code::Internal | Code::Unknown | Code::DataLoss => {
+                    Code::Internal
+                }
                 Code::NotFound => Code::NotFound,
                 Code::FailedPrecondition | Code::AlreadyExists => Code::FailedPrecondition,
                 Code::Unauthenticated | Code::PermissionDenied => Code::FailedPrecondition,

@@ -76,7 +76,11 @@ impl FileDirectory {
             }
         })
         .map_err(|e| DirectoryError::Watch(self.path.clone(), e))?;
-        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = self
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         watcher
             .watch(dir, RecursiveMode::NonRecursive)
             .map_err(|e| DirectoryError::Watch(dir.to_owned(), e))?;
@@ -138,7 +142,10 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)
         let (Some(node), Some(address)) = (words.next(), words.next()) else {
             return Err((i + 1, "expected `<node> <host:port> [labels]`".into()));
         };
-        if !address.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+        if !address
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        {
             return Err((i + 1, format!("{address:?} is not host:port")));
         }
         let mut labels = BTreeMap::new();
@@ -154,7 +161,13 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)
             return Err((i + 1, "unexpected text after the labels".into()));
         }
         if out
-            .insert(node.to_owned(), AgentEntry { address: address.to_owned(), labels })
+            .insert(
+                node.to_owned(),
+                AgentEntry {
+                    address: address.to_owned(),
+                    labels,
+                },
+            )
             .is_some()
         {
             return Err((i + 1, format!("node {node} listed twice")));
@@ -169,7 +182,8 @@ mod tests {
 
     #[test]
     fn parses_nodes_addresses_and_labels() {
-        let map = parse("# lab\nnode-a 198.18.0.2:9810 zone=a,rack=1\nnode-b 198.18.0.3:9810\n").expect("valid");
+        let map = parse("# lab\nnode-a 198.18.0.2:9810 zone=a,rack=1\nnode-b 198.18.0.3:9810\n")
+            .expect("valid");
         assert_eq!(map.len(), 2);
         assert_eq!(map["node-a"].address, "198.18.0.2:9810");
         assert_eq!(map["node-a"].labels["zone"], "a");

@@ -2,6 +2,7 @@
 //! file (embedded mode; this module) and, later, the agent DaemonSet's Pods.
 
 mod file;
+mod kube;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 pub use file::FileDirectory;
+pub use kube::{AGENT_PORT_NAME, PodDirectory, PodDirectoryConfig};
 
 /// One agent: where it listens and its node's labels.
 #[derive(Clone, Debug, PartialEq, Eq)]

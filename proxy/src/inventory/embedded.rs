@@ -82,11 +82,16 @@ impl EmbeddedInventory {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| store(format!("{}: {e}", dir.display())))?;
         }
-        let mut conn = Connection::open(path).map_err(|e| store(format!("{}: {e}", path.display())))?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(sql)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(sql)?;
+        let mut conn =
+            Connection::open(path).map_err(|e| store(format!("{}: {e}", path.display())))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql)?;
         migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -140,7 +145,8 @@ fn migrate(conn: &mut Connection) -> Result<(), InventoryError> {
     for (i, step) in MIGRATIONS.iter().enumerate().skip(version) {
         let tx = conn.transaction().map_err(sql)?;
         tx.execute_batch(step).map_err(sql)?;
-        tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(sql)?;
         tx.commit().map_err(sql)?;
         tracing::info!(version = i + 1, "inventory schema migrated");
     }
@@ -160,7 +166,9 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, InventoryError> {
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
-    serde_json::from_str(s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+    serde_json::from_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn now() -> i64 {
@@ -185,7 +193,11 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
         serial: r.get(6)?,
         labels: from_json(&r.get::<_, String>(7)?)?,
         phase: Phase::parse(&phase).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(8, rusqlite::types::Type::Text, format!("unknown phase {phase}").into())
+            rusqlite::Error::FromSqlConversionFailure(
+                8,
+                rusqlite::types::Type::Text,
+                format!("unknown phase {phase}").into(),
+            )
         })?,
         binding: binding.map(|b| from_json(&b)).transpose()?,
         nodes: from_json(&r.get::<_, String>(10)?)?,
@@ -197,9 +209,13 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
 }
 
 fn load(conn: &Connection, wwid: &str) -> Result<Option<Device>, InventoryError> {
-    conn.query_row(&format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid = ?1"), [wwid], device_from_row)
-        .optional()
-        .map_err(sql)
+    conn.query_row(
+        &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid = ?1"),
+        [wwid],
+        device_from_row,
+    )
+    .optional()
+    .map_err(sql)
 }
 
 /// Inserts a new device or overwrites one whose generation is still
@@ -255,12 +271,16 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
     if changed == 0 {
         return Err(InventoryError::Conflict(dev.wwid.clone()));
     }
-    conn.execute("DELETE FROM device_nodes WHERE wwid = ?1", [&dev.wwid]).map_err(sql)?;
+    conn.execute("DELETE FROM device_nodes WHERE wwid = ?1", [&dev.wwid])
+        .map_err(sql)?;
     let mut stmt = conn
-        .prepare_cached("INSERT OR IGNORE INTO device_nodes (node, wwid, target) VALUES (?1, ?2, ?3)")
+        .prepare_cached(
+            "INSERT OR IGNORE INTO device_nodes (node, wwid, target) VALUES (?1, ?2, ?3)",
+        )
         .map_err(sql)?;
     for v in &dev.nodes {
-        stmt.execute(params![v.node, dev.wwid, v.target]).map_err(sql)?;
+        stmt.execute(params![v.node, dev.wwid, v.target])
+            .map_err(sql)?;
     }
     Ok(dev.generation + 1)
 }
@@ -329,7 +349,9 @@ fn pick(
             return Ok(Some(hit.clone()));
         }
         match page.last() {
-            Some(last) if page.len() as i64 == PAGE => after = (last.size_bytes as i64, last.wwid.clone()),
+            Some(last) if page.len() as i64 == PAGE => {
+                after = (last.size_bytes as i64, last.wwid.clone())
+            }
             _ => return Ok(None),
         }
     }
@@ -354,7 +376,8 @@ impl Inventory for EmbeddedInventory {
     async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
         let name = name.to_owned();
         self.with(move |c| {
-            c.execute("DELETE FROM targets WHERE name = ?1", [name]).map_err(sql)?;
+            c.execute("DELETE FROM targets WHERE name = ?1", [name])
+                .map_err(sql)?;
             Ok(())
         })
         .await
@@ -362,7 +385,9 @@ impl Inventory for EmbeddedInventory {
 
     async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
         self.with(|c| {
-            let mut stmt = c.prepare("SELECT spec FROM targets ORDER BY name").map_err(sql)?;
+            let mut stmt = c
+                .prepare("SELECT spec FROM targets ORDER BY name")
+                .map_err(sql)?;
             let specs = stmt
                 .query_map([], |r| from_json::<Target>(&r.get::<_, String>(0)?))
                 .map_err(sql)?
@@ -373,7 +398,10 @@ impl Inventory for EmbeddedInventory {
         .await
     }
 
-    async fn apply_discovery(&self, round: DiscoveryRound) -> Result<DiscoveryOutcome, InventoryError> {
+    async fn apply_discovery(
+        &self,
+        round: DiscoveryRound,
+    ) -> Result<DiscoveryOutcome, InventoryError> {
         self.with(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
             let t = &round.target;
@@ -464,19 +492,29 @@ impl Inventory for EmbeddedInventory {
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
         let name = name.to_owned();
         self.with(move |c| {
-            c.query_row(&format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE volume_name = ?1"), [name], device_from_row)
-                .optional()
-                .map_err(sql)
+            c.query_row(
+                &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE volume_name = ?1"),
+                [name],
+                device_from_row,
+            )
+            .optional()
+            .map_err(sql)
         })
         .await
     }
 
-    async fn devices(&self, after: Option<&str>, limit: usize) -> Result<Vec<Device>, InventoryError> {
+    async fn devices(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError> {
         let after = after.unwrap_or("").to_owned();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |c| {
             let mut stmt = c
-                .prepare_cached(&format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid > ?1 ORDER BY wwid LIMIT ?2"))
+                .prepare_cached(&format!(
+                    "SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid > ?1 ORDER BY wwid LIMIT ?2"
+                ))
                 .map_err(sql)?;
             let rows = stmt
                 .query_map(params![after, limit], device_from_row)
@@ -490,7 +528,9 @@ impl Inventory for EmbeddedInventory {
 
     async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
         self.with(|c| {
-            let mut stmt = c.prepare("SELECT phase, count(*) FROM devices GROUP BY phase").map_err(sql)?;
+            let mut stmt = c
+                .prepare("SELECT phase, count(*) FROM devices GROUP BY phase")
+                .map_err(sql)?;
             let rows = stmt
                 .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
                 .map_err(sql)?
@@ -504,14 +544,22 @@ impl Inventory for EmbeddedInventory {
 
     async fn largest_size(&self) -> Result<u64, InventoryError> {
         self.with(|c| {
-            c.query_row("SELECT coalesce(max(size_bytes), 0) FROM devices", [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(sql)
+            c.query_row(
+                "SELECT coalesce(max(size_bytes), 0) FROM devices",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(sql)
         })
         .await
     }
 
-    async fn capacity(&self, nodes: &[String], selector: &Selector) -> Result<(u64, u64), InventoryError> {
+    async fn capacity(
+        &self,
+        nodes: &[String],
+        selector: &Selector,
+    ) -> Result<(u64, u64), InventoryError> {
         let nodes = nodes.to_vec();
         let selector = selector.clone();
         self.with(move |c| {
@@ -533,7 +581,9 @@ impl Inventory for EmbeddedInventory {
                         }
                     }
                     match page.last() {
-                        Some(last) if page.len() as i64 == PAGE => after = (last.size_bytes as i64, last.wwid.clone()),
+                        Some(last) if page.len() as i64 == PAGE => {
+                            after = (last.size_bytes as i64, last.wwid.clone())
+                        }
                         _ => break,
                     }
                 }
@@ -543,9 +593,16 @@ impl Inventory for EmbeddedInventory {
         .await
     }
 
-    async fn bind(&self, request: BindRequest, min_bytes: u64, max_bytes: u64) -> Result<Device, InventoryError> {
+    async fn bind(
+        &self,
+        request: BindRequest,
+        min_bytes: u64,
+        max_bytes: u64,
+    ) -> Result<Device, InventoryError> {
         self.with(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql)?;
             if let Some(existing) = tx
                 .query_row(
                     &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE volume_name = ?1"),
@@ -561,7 +618,12 @@ impl Inventory for EmbeddedInventory {
             let scopes: Vec<Option<&str>> = if request.topology.is_empty() {
                 vec![None]
             } else {
-                request.topology.iter().flatten().map(|n| Some(n.as_str())).collect()
+                request
+                    .topology
+                    .iter()
+                    .flatten()
+                    .map(|n| Some(n.as_str()))
+                    .collect()
             };
             let mut chosen = None;
             for scope in scopes {
@@ -574,7 +636,11 @@ impl Inventory for EmbeddedInventory {
                 return Err(InventoryError::NoFit(format!(
                     "{} bytes or more{}",
                     min_bytes,
-                    if request.topology.is_empty() { String::new() } else { " on the requested nodes".into() }
+                    if request.topology.is_empty() {
+                        String::new()
+                    } else {
+                        " on the requested nodes".into()
+                    }
                 )));
             };
             dev.phase = Phase::Bound;
@@ -589,7 +655,9 @@ impl Inventory for EmbeddedInventory {
 
     async fn update(&self, device: Device) -> Result<Device, InventoryError> {
         self.with(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql)?;
             let mut dev = device;
             dev.generation = write(&tx, &dev, false)?;
             tx.commit().map_err(sql)?;

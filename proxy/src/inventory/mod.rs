@@ -4,11 +4,13 @@
 //! state change is a compare-and-swap on the device's current state.
 
 mod embedded;
+mod kube;
 mod model;
 
 use async_trait::async_trait;
 
 pub use embedded::EmbeddedInventory;
+pub use kube::{KubeInventory, KubeInventoryConfig};
 pub use model::{
     BindRequest, Binding, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
     LunReport, NodeView, Phase, ResizeRequest, SecretRef, Target,
@@ -54,14 +56,21 @@ pub trait Inventory: Send + Sync {
     async fn targets(&self) -> Result<Vec<Target>, InventoryError>;
 
     /// Merges one target's discovery round by WWID.
-    async fn apply_discovery(&self, round: DiscoveryRound) -> Result<DiscoveryOutcome, InventoryError>;
+    async fn apply_discovery(
+        &self,
+        round: DiscoveryRound,
+    ) -> Result<DiscoveryOutcome, InventoryError>;
 
     /// One device by WWID.
     async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError>;
     /// The device bound to volume `name` (the CreateVolume name), if any.
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError>;
     /// Devices in WWID order after `after`, at most `limit`.
-    async fn devices(&self, after: Option<&str>, limit: usize) -> Result<Vec<Device>, InventoryError>;
+    async fn devices(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError>;
     /// Count of devices per phase.
     async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError>;
     /// The largest size of any device, any phase (for OUT_OF_RANGE).

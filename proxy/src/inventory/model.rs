@@ -254,6 +254,8 @@ impl Device {
 
     /// The volume ID of the current binding.
     pub fn volume_id(&self) -> Option<String> {
-        self.binding.as_ref().map(|b| format!("{}:{}", self.wwid, b.uid))
+        self.binding
+            .as_ref()
+            .map(|b| format!("{}:{}", self.wwid, b.uid))
     }
 }

@@ -36,7 +36,10 @@ impl Mode {
     pub fn single_node(self) -> bool {
         matches!(
             self,
-            Self::SingleNodeWriter | Self::SingleNodeReaderOnly | Self::SingleNodeSingleWriter | Self::SingleNodeMultiWriter
+            Self::SingleNodeWriter
+                | Self::SingleNodeReaderOnly
+                | Self::SingleNodeSingleWriter
+                | Self::SingleNodeMultiWriter
         )
     }
 
@@ -60,7 +63,11 @@ impl Access {
         if self.block {
             format!("block:{}", self.mode.as_str())
         } else {
-            format!("mount:{}:{}", self.fs_type.as_deref().unwrap_or(default_fs), self.mode.as_str())
+            format!(
+                "mount:{}:{}",
+                self.fs_type.as_deref().unwrap_or(default_fs),
+                self.mode.as_str()
+            )
         }
     }
 

@@ -30,8 +30,16 @@ impl Lifecycle {
     /// Binds a LUN (or returns the one already bound to this name).
     pub async fn create(&self, req: CreateRequest) -> Result<Device, ProxyError> {
         let _guard = self.lock(&format!("name/{}", req.name)).await?;
-        let default_fs = req.parameters.fs_type.clone().unwrap_or_else(|| "ext4".into());
-        let capabilities: Vec<String> = req.access.iter().map(|a| a.canonical(&default_fs)).collect();
+        let default_fs = req
+            .parameters
+            .fs_type
+            .clone()
+            .unwrap_or_else(|| "ext4".into());
+        let capabilities: Vec<String> = req
+            .access
+            .iter()
+            .map(|a| a.canonical(&default_fs))
+            .collect();
         // "If a volume corresponding to the specified volume name already
         // exists, is accessible from accessibility_requirements, and is
         // compatible with the specified capacity_range, volume_capabilities,
@@ -53,7 +61,11 @@ impl Lifecycle {
             topology: req.nodes.iter().map(|n| vec![n.clone()]).collect(),
             selector: req.parameters.selector.clone(),
         };
-        let max = if req.limit_bytes == 0 { u64::MAX } else { req.limit_bytes };
+        let max = if req.limit_bytes == 0 {
+            u64::MAX
+        } else {
+            req.limit_bytes
+        };
         match self.inventory.bind(bind, req.required_bytes, max).await {
             Ok(dev) => {
                 // bind() returns an existing binding when it raced with itself.
@@ -78,7 +90,11 @@ impl Lifecycle {
 }
 
 /// Whether `dev`, already bound to `req.name`, satisfies `req`.
-fn compatible(dev: &Device, req: &CreateRequest, capabilities: &[String]) -> Result<(), ProxyError> {
+fn compatible(
+    dev: &Device,
+    req: &CreateRequest,
+    capabilities: &[String],
+) -> Result<(), ProxyError> {
     let conflict = |difference: String| {
         Err(ProxyError::NameConflict {
             name: req.name.clone(),
@@ -88,7 +104,9 @@ fn compatible(dev: &Device, req: &CreateRequest, capabilities: &[String]) -> Res
     let Some(b) = &dev.binding else {
         return conflict("the bound device lost its binding".into());
     };
-    if dev.size_bytes < req.required_bytes || (req.limit_bytes != 0 && dev.size_bytes > req.limit_bytes) {
+    if dev.size_bytes < req.required_bytes
+        || (req.limit_bytes != 0 && dev.size_bytes > req.limit_bytes)
+    {
         return conflict(format!("existing volume has {} bytes", dev.size_bytes));
     }
     let mut want = capabilities.to_vec();

@@ -77,7 +77,10 @@ impl Lifecycle {
                 }
                 // Not present, or unreachable, on this node: try another.
                 Err(ProxyError::Agent { node, status })
-                    if matches!(status.code(), Code::NotFound | Code::Unavailable | Code::DeadlineExceeded) =>
+                    if matches!(
+                        status.code(),
+                        Code::NotFound | Code::Unavailable | Code::DeadlineExceeded
+                    ) =>
                 {
                     failures.push(format!("{node}: {}", status.message()));
                 }
@@ -101,7 +104,11 @@ impl Lifecycle {
     }
 
     async fn make_available(&self, mut dev: Device) -> Result<(), ProxyError> {
-        dev.phase = if dev.nodes.is_empty() { Phase::Lost } else { Phase::Available };
+        dev.phase = if dev.nodes.is_empty() {
+            Phase::Lost
+        } else {
+            Phase::Available
+        };
         dev.binding = None;
         dev.published.clear();
         dev.reason.clear();

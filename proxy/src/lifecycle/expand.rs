@@ -13,18 +13,30 @@ use crate::volume_id::VolumeRef;
 
 impl Lifecycle {
     /// Returns the new capacity and whether node expansion is needed.
-    pub async fn expand(&self, id: &str, required: u64, block: Option<bool>, request_id: &str) -> Result<(u64, bool), ProxyError> {
+    pub async fn expand(
+        &self,
+        id: &str,
+        required: u64,
+        block: Option<bool>,
+        request_id: &str,
+    ) -> Result<(u64, bool), ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
         let _guard = self.lock(&vol.wwid).await?;
         let mut dev = self.bound(&vol).await?;
-        let binding = dev.binding.clone().ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let is_block = block.unwrap_or_else(|| binding.capabilities.iter().all(|c| c.starts_with("block:")));
+        let binding = dev
+            .binding
+            .clone()
+            .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let is_block =
+            block.unwrap_or_else(|| binding.capabilities.iter().all(|c| c.starts_with("block:")));
         let node_expansion = !is_block;
         if dev.size_bytes < required {
             // Ask the nodes that see it to re-read its capacity.
             let mut grown = dev.size_bytes;
             for node in dev.node_names() {
-                let op = AgentOp::Rescan(RescanRequest { wwid: dev.wwid.clone() });
+                let op = AgentOp::Rescan(RescanRequest {
+                    wwid: dev.wwid.clone(),
+                });
                 match self.call(&node, op, request_id).await {
                     Ok(AgentReply::Rescan(r)) => grown = grown.max(r.size_bytes),
                     Ok(_) => {}
@@ -38,7 +50,13 @@ impl Lifecycle {
         }
         let name = format!("resize-{}", binding.volume_name);
         if dev.size_bytes >= required {
-            if let Some(mut r) = self.inventory.resizes().await?.into_iter().find(|r| r.name == name && !r.done) {
+            if let Some(mut r) = self
+                .inventory
+                .resizes()
+                .await?
+                .into_iter()
+                .find(|r| r.name == name && !r.done)
+            {
                 r.done = true;
                 r.current_bytes = dev.size_bytes;
                 self.inventory.put_resize(r).await?;

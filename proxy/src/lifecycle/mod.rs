@@ -40,7 +40,11 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// A controller over `inventory`, calling agents through `agents`.
-    pub fn new(inventory: Arc<dyn Inventory>, agents: Arc<AgentPool>, secrets: Arc<dyn SecretSource>) -> Self {
+    pub fn new(
+        inventory: Arc<dyn Inventory>,
+        agents: Arc<AgentPool>,
+        secrets: Arc<dyn SecretSource>,
+    ) -> Self {
         Self {
             inventory,
             agents,
@@ -68,7 +72,11 @@ impl Lifecycle {
 
     /// The agent API's description of the targets `device` is reachable
     /// through on `node` (with CHAP credentials resolved).
-    async fn targets_for(&self, device: &Device, node: &str) -> Result<Vec<agent::Target>, ProxyError> {
+    async fn targets_for(
+        &self,
+        device: &Device,
+        node: &str,
+    ) -> Result<Vec<agent::Target>, ProxyError> {
         let specs = self.inventory.targets().await?;
         let mut names: Vec<&str> = device
             .nodes
@@ -91,7 +99,11 @@ impl Lifecycle {
     /// A target as the agent API describes it, CHAP included.
     pub fn agent_target(&self, t: &Target) -> Result<agent::Target, ProxyError> {
         let transport = if let Some(iscsi) = &t.iscsi {
-            let chap = iscsi.chap_secret_ref.as_ref().map(|r| self.secrets.chap(r)).transpose()?;
+            let chap = iscsi
+                .chap_secret_ref
+                .as_ref()
+                .map(|r| self.secrets.chap(r))
+                .transpose()?;
             Some(agent::target::Transport::Iscsi(agent::IscsiTarget {
                 portals: iscsi.portals.clone(),
                 iqn: iscsi.iqn.clone(),
@@ -99,7 +111,9 @@ impl Lifecycle {
             }))
         } else {
             t.fibre_channel.as_ref().map(|fc| {
-                agent::target::Transport::FibreChannel(agent::FibreChannelTarget { wwpns: fc.wwpns.clone() })
+                agent::target::Transport::FibreChannel(agent::FibreChannelTarget {
+                    wwpns: fc.wwpns.clone(),
+                })
             })
         };
         Ok(agent::Target {
@@ -110,7 +124,12 @@ impl Lifecycle {
 
     /// Calls one agent; transport trouble and agent errors both become
     /// `ProxyError`s that name the node.
-    async fn call(&self, node: &str, op: AgentOp, request_id: &str) -> Result<AgentReply, ProxyError> {
+    async fn call(
+        &self,
+        node: &str,
+        op: AgentOp,
+        request_id: &str,
+    ) -> Result<AgentReply, ProxyError> {
         match self.agents.call(node, op, request_id).await? {
             Ok(reply) => Ok(reply),
             Err(status) => Err(ProxyError::Agent {

@@ -33,7 +33,10 @@ impl Lifecycle {
             if !b.capabilities.contains(&wanted) {
                 return Err(ProxyError::InvalidArgument {
                     field: "volume_capability",
-                    reason: format!("{wanted} is not among the volume's capabilities {:?}", b.capabilities),
+                    reason: format!(
+                        "{wanted} is not among the volume's capabilities {:?}",
+                        b.capabilities
+                    ),
                 });
             }
         }
@@ -54,6 +57,7 @@ impl Lifecycle {
         let op = AgentOp::Attach(AttachRequest {
             wwid: dev.wwid.clone(),
             targets,
+            lun: dev.lun,
         });
         match self.call(node, op, request_id).await {
             Ok(AgentReply::Attach(a)) => Ok(HashMap::from([
@@ -78,12 +82,19 @@ impl Lifecycle {
     }
 
     /// Detaches volume `id` from `node` (every node when `node` is empty).
-    pub async fn unpublish(&self, id: &str, node: &str, request_id: &str) -> Result<(), ProxyError> {
+    pub async fn unpublish(
+        &self,
+        id: &str,
+        node: &str,
+        request_id: &str,
+    ) -> Result<(), ProxyError> {
         // "If the volume corresponding to the volume_id or the node
         // corresponding to node_id cannot be found by the Plugin and the
         // volume can be safely regarded as ControllerUnpublished from the
         // node, the plugin SHOULD return 0 OK."
-        let Some(vol) = VolumeRef::parse(id) else { return Ok(()) };
+        let Some(vol) = VolumeRef::parse(id) else {
+            return Ok(());
+        };
         let _guard = self.lock(&vol.wwid).await?;
         let Some(mut dev) = self.inventory.device(&vol.wwid).await? else {
             return Ok(());

@@ -22,15 +22,28 @@ impl Lifecycle {
     pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
         match self.inventory.device(&vol.wwid).await? {
-            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str()) => Ok(view(d)),
+            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str()) => {
+                Ok(view(d))
+            }
             _ => Err(ProxyError::VolumeNotFound(id.to_owned())),
         }
     }
 
     /// Up to `max` volumes after the token (a WWID we returned earlier).
     /// `Err(None)` when the token is not one of ours.
-    pub async fn volumes(&self, token: &str, max: usize) -> Result<(Vec<VolumeView>, Option<String>), Option<ProxyError>> {
-        if !token.is_empty() && self.inventory.device(token).await.map_err(|e| Some(e.into()))?.is_none() {
+    pub async fn volumes(
+        &self,
+        token: &str,
+        max: usize,
+    ) -> Result<(Vec<VolumeView>, Option<String>), Option<ProxyError>> {
+        if !token.is_empty()
+            && self
+                .inventory
+                .device(token)
+                .await
+                .map_err(|e| Some(e.into()))?
+                .is_none()
+        {
             return Err(None);
         }
         let want = if max == 0 { 1000 } else { max };
@@ -60,14 +73,21 @@ impl Lifecycle {
     }
 
     /// Available bytes and the largest Available LUN visible from `nodes`.
-    pub async fn capacity(&self, nodes: &[String], selector: &Selector) -> Result<(u64, u64), ProxyError> {
+    pub async fn capacity(
+        &self,
+        nodes: &[String],
+        selector: &Selector,
+    ) -> Result<(u64, u64), ProxyError> {
         Ok(self.inventory.capacity(nodes, selector).await?)
     }
 }
 
 fn view(device: Device) -> VolumeView {
     let abnormal = match device.phase {
-        Phase::Lost => Some(format!("LUN is not visible from any node: {}", device.reason)),
+        Phase::Lost => Some(format!(
+            "LUN is not visible from any node: {}",
+            device.reason
+        )),
         Phase::Failed => Some(format!("LUN failed: {}", device.reason)),
         Phase::Releasing => Some("LUN is being released".to_owned()),
         Phase::Available | Phase::Bound => None,

@@ -33,11 +33,17 @@ pub struct PassSummary {
 /// Whether `node` (with `entry`) should reach `target`.
 pub fn node_matches(target: &Target, node: &str, entry: &AgentEntry) -> bool {
     (target.nodes.is_empty() || target.nodes.iter().any(|n| n == node))
-        && target.node_selector.iter().all(|(k, v)| entry.labels.get(k) == Some(v))
+        && target
+            .node_selector
+            .iter()
+            .all(|(k, v)| entry.labels.get(k) == Some(v))
 }
 
 /// One discovery pass over every target.
-pub async fn reconcile_once(life: &Lifecycle, concurrency: usize) -> Result<PassSummary, ProxyError> {
+pub async fn reconcile_once(
+    life: &Lifecycle,
+    concurrency: usize,
+) -> Result<PassSummary, ProxyError> {
     let request_id = format!("discovery-{}", uuid::Uuid::new_v4());
     let agents = life.agents().directory().snapshot();
     let mut summary = PassSummary::default();
@@ -66,7 +72,17 @@ pub async fn reconcile_once(life: &Lifecycle, concurrency: usize) -> Result<Pass
                         .luns
                         .into_iter()
                         .map(|l| LunReport {
-                            paths: l.paths.iter().map(|p| if p.by_path.is_empty() { p.by_id.clone() } else { p.by_path.clone() }).collect(),
+                            paths: l
+                                .paths
+                                .iter()
+                                .map(|p| {
+                                    if p.by_path.is_empty() {
+                                        p.by_id.clone()
+                                    } else {
+                                        p.by_path.clone()
+                                    }
+                                })
+                                .collect(),
                             wwid: l.wwid,
                             lun: l.lun,
                             size_bytes: l.size_bytes,
@@ -106,7 +122,9 @@ async fn resume_releases(life: &Lifecycle, request_id: &str) -> usize {
     let mut done = 0;
     let mut after: Option<String> = None;
     loop {
-        let Ok(page) = life.inventory().devices(after.as_deref(), 500).await else { return done };
+        let Ok(page) = life.inventory().devices(after.as_deref(), 500).await else {
+            return done;
+        };
         let last = page.last().map(|d| d.wwid.clone());
         for dev in page.into_iter().filter(|d| d.phase == Phase::Releasing) {
             let wwid = dev.wwid.clone();
@@ -127,10 +145,22 @@ async fn resume_releases(life: &Lifecycle, request_id: &str) -> usize {
 
 /// Runs passes every `interval` and whenever `trigger` is notified, until
 /// the task is dropped.
-pub async fn run(life: Arc<Lifecycle>, interval: Duration, trigger: Arc<Notify>, concurrency: usize) {
+pub async fn run(
+    life: Arc<Lifecycle>,
+    interval: Duration,
+    trigger: Arc<Notify>,
+    concurrency: usize,
+) {
     loop {
         match reconcile_once(&life, concurrency).await {
-            Ok(s) => tracing::info!(targets = s.targets, added = s.added, lost = s.lost, unanswered = s.unanswered, released = s.released, "discovery pass"),
+            Ok(s) => tracing::info!(
+                targets = s.targets,
+                added = s.added,
+                lost = s.lost,
+                unanswered = s.unanswered,
+                released = s.released,
+                "discovery pass"
+            ),
             Err(e) => tracing::warn!(error = %e, "discovery pass failed"),
         }
         tokio::select! {

@@ -63,7 +63,11 @@ async fn both_binaries_answer_identity_with_name_and_version() {
             Service::VolumeAccessibilityConstraints
         ]
     );
-    assert_eq!(services(&agent.csi).await, Vec::<Service>::new());
+    // The agent reports topology in NodeGetInfo, which needs this capability.
+    assert_eq!(
+        services(&agent.csi).await,
+        vec![Service::VolumeAccessibilityConstraints]
+    );
 }
 
 #[tokio::test]
@@ -166,8 +170,24 @@ async fn bad_configuration_exits_64_naming_the_flag() {
                 "tcp://127.0.0.1:1",
             ],
         ),
-        ("csi-scsi-proxy", vec!["--agents-file", "/dev/null", "--csi-endpoint", "relative.sock"]),
-        ("csi-scsi-proxy", vec!["--agents-file", "/dev/null", "--trust-domain", "Not A Domain"]),
+        (
+            "csi-scsi-proxy",
+            vec![
+                "--agents-file",
+                "/dev/null",
+                "--csi-endpoint",
+                "relative.sock",
+            ],
+        ),
+        (
+            "csi-scsi-proxy",
+            vec![
+                "--agents-file",
+                "/dev/null",
+                "--trust-domain",
+                "Not A Domain",
+            ],
+        ),
         ("csi-scsi-proxy", vec!["--no-such-flag"]),
     ] {
         let mut args: Vec<String> = args.into_iter().map(String::from).collect();

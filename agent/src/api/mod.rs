@@ -1,0 +1,7 @@
+//! The agent API served to the proxy over mutual TLS.
+
+mod auth;
+mod server;
+mod status;
+
+pub use server::AgentApi;

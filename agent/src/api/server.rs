@@ -1,0 +1,357 @@
+//! The agent API service: parse, check the caller, call the device layer,
+//! map. Each call is one span carrying the method, WWID and request ID
+//! (sent by the proxy in `x-request-id`).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csi_scsi_certs::TrustDomain;
+use csi_scsi_proto::agent::agent_server::Agent;
+use csi_scsi_proto::agent::*;
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use super::auth::require_proxy;
+use super::status::to_status;
+use crate::device::{Devices, TargetSpec, WipeMode as Mode};
+use crate::host::sysfs::{self, Lun as HostLun, Transport as PathTransport};
+use crate::wwid::Wwid;
+
+/// Default deadline when the proxy sends none.
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The agent API.
+pub struct AgentApi {
+    devices: Arc<Devices>,
+    node: String,
+    domain: TrustDomain,
+}
+
+impl AgentApi {
+    /// The API of `node`, over `devices`, for callers of `domain`.
+    pub fn new(devices: Arc<Devices>, node: &str, domain: TrustDomain) -> Self {
+        Self {
+            devices,
+            node: node.to_owned(),
+            domain,
+        }
+    }
+}
+
+fn request_id<T>(req: &Request<T>) -> String {
+    req.metadata()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .chars()
+        .take(128)
+        .collect()
+}
+
+/// The caller's deadline from `grpc-timeout` (`<n><unit>`), or the default.
+fn deadline<T>(req: &Request<T>) -> Duration {
+    let Some(v) = req
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+    else {
+        return DEFAULT_DEADLINE;
+    };
+    let (n, unit) = v.split_at(v.len().saturating_sub(1));
+    let Ok(n) = n.parse::<u64>() else {
+        return DEFAULT_DEADLINE;
+    };
+    match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => DEFAULT_DEADLINE,
+    }
+}
+
+fn wwid(s: &str) -> Result<Wwid, Status> {
+    Wwid::parse(s).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn target(t: &Target) -> Result<TargetSpec, Status> {
+    let spec = match &t.transport {
+        Some(target::Transport::Iscsi(i)) => TargetSpec::iscsi(
+            &t.name,
+            &i.iqn,
+            &i.portals,
+            i.chap.as_ref().map(|c| {
+                (
+                    c.username.as_str(),
+                    c.password.as_str(),
+                    c.mutual_username.as_str(),
+                    c.mutual_password.as_str(),
+                )
+            }),
+        ),
+        Some(target::Transport::FibreChannel(f)) => TargetSpec::fc(&t.name, &f.wwpns),
+        None => {
+            return Err(Status::invalid_argument(
+                "target: iscsi or fibre_channel is required",
+            ));
+        }
+    };
+    spec.map_err(to_status)
+}
+
+fn lun_message(l: &HostLun) -> Lun {
+    let first = l.paths.first();
+    Lun {
+        wwid: l.wwid.to_string(),
+        size_bytes: l
+            .map
+            .as_ref()
+            .map(|m| m.size_bytes)
+            .or(first.map(|p| p.size_bytes))
+            .unwrap_or(0),
+        vendor: first.map(|p| p.vendor.clone()).unwrap_or_default(),
+        model: first.map(|p| p.model.clone()).unwrap_or_default(),
+        serial: first.and_then(|p| p.serial.clone()).unwrap_or_default(),
+        lun: first
+            .map(|p| u32::try_from(p.hctl.lun).unwrap_or(u32::MAX))
+            .unwrap_or(0),
+        paths: l
+            .paths
+            .iter()
+            .map(|p| DevicePath {
+                kernel_name: p.kernel_name.clone(),
+                hctl: format!(
+                    "{}:{}:{}:{}",
+                    p.hctl.host, p.hctl.channel, p.hctl.target, p.hctl.lun
+                ),
+                by_path: p.by_path.first().cloned().unwrap_or_default(),
+                by_id: p.by_id.first().cloned().unwrap_or_default(),
+                target: match &p.transport {
+                    PathTransport::Iscsi { target, .. } => target.clone().unwrap_or_default(),
+                    PathTransport::Fc { target_wwpn } => {
+                        target_wwpn.map(|w| w.to_0x()).unwrap_or_default()
+                    }
+                    PathTransport::Other => String::new(),
+                },
+            })
+            .collect(),
+        multipath_device: l
+            .map
+            .as_ref()
+            .map(|m| m.kernel_name.clone())
+            .unwrap_or_default(),
+        holders: l.paths.iter().flat_map(|p| p.holders.clone()).collect(),
+    }
+}
+
+fn span(method: &'static str, wwid: &str, rid: &str) -> tracing::Span {
+    tracing::info_span!("agent_api", method, wwid = %wwid, request_id = %rid)
+}
+
+type WipeStream = Pin<Box<dyn Stream<Item = Result<WipeProgress, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for AgentApi {
+    async fn discover(
+        &self,
+        request: Request<DiscoverRequest>,
+    ) -> Result<Response<DiscoverResponse>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let rid = request_id(&request);
+        let req = request.into_inner();
+        let t = target(
+            req.target
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("target: is required"))?,
+        )?;
+        async move {
+            let (luns, portals) = self.devices.discover(&t).await.map_err(to_status)?;
+            tracing::info!(target = %t.name, luns = luns.len(), "discovered");
+            Ok(Response::new(DiscoverResponse {
+                luns: luns.iter().map(lun_message).collect(),
+                portals: portals
+                    .into_iter()
+                    .map(|p| PortalState {
+                        portal: p.portal,
+                        reachable: p.reachable,
+                        error: p.error,
+                    })
+                    .collect(),
+            }))
+        }
+        .instrument(span("Discover", "", &rid))
+        .await
+    }
+
+    async fn attach(
+        &self,
+        request: Request<AttachRequest>,
+    ) -> Result<Response<AttachResponse>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let rid = request_id(&request);
+        // Leave a margin to answer before the caller gives up.
+        let wait = deadline(&request).saturating_sub(Duration::from_millis(500));
+        let req = request.into_inner();
+        let span = span("Attach", &req.wwid, &rid);
+        async move {
+            let w = wwid(&req.wwid)?;
+            let targets = req
+                .targets
+                .iter()
+                .map(target)
+                .collect::<Result<Vec<_>, _>>()?;
+            let (path, lun) = self
+                .devices
+                .attach(&w, &targets, Some(u64::from(req.lun)), wait)
+                .await
+                .map_err(to_status)?;
+            Ok(Response::new(AttachResponse {
+                device_path: path.display().to_string(),
+                lun: Some(lun_message(&lun)),
+            }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn detach(
+        &self,
+        request: Request<DetachRequest>,
+    ) -> Result<Response<DetachResponse>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let rid = request_id(&request);
+        let req = request.into_inner();
+        let span = span("Detach", &req.wwid, &rid);
+        async move {
+            let w = wwid(&req.wwid)?;
+            let targets = req
+                .targets
+                .iter()
+                .map(target)
+                .collect::<Result<Vec<_>, _>>()?;
+            let removed = self.devices.detach(&w, &targets).await.map_err(to_status)?;
+            Ok(Response::new(DetachResponse { removed }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    type WipeStream = WipeStream;
+
+    async fn wipe(
+        &self,
+        request: Request<WipeRequest>,
+    ) -> Result<Response<Self::WipeStream>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let rid = request_id(&request);
+        let req = request.into_inner();
+        let w = wwid(&req.wwid)?;
+        let mode = match WipeMode::try_from(req.mode) {
+            Ok(WipeMode::None) => Mode::Signatures,
+            Ok(WipeMode::Discard) => Mode::Discard,
+            Ok(WipeMode::Zero) => Mode::Zero,
+            Ok(WipeMode::Random1) => Mode::Random(1),
+            Ok(WipeMode::Random3) => Mode::Random(3),
+            Ok(WipeMode::Unspecified) | Err(_) => {
+                return Err(Status::invalid_argument("mode: unknown wipe mode"));
+            }
+        };
+        // Check presence up front so a missing device is NOT_FOUND at once.
+        if self.devices.lun(&w).map_err(to_status)?.is_none() {
+            return Err(Status::not_found(format!(
+                "no device with WWID {w} on node {}",
+                self.node
+            )));
+        }
+        let (out_tx, out_rx) = mpsc::channel::<Result<WipeProgress, Status>>(16);
+        let (step_tx, mut step_rx) = mpsc::channel(16);
+        let devices = self.devices.clone();
+        let span = span("Wipe", w.as_str(), &rid);
+        let forward = out_tx.clone();
+        tokio::spawn(async move {
+            while let Some(s) = step_rx.recv().await {
+                let s: crate::device::WipeStep = s;
+                let msg = WipeProgress {
+                    bytes_done: s.bytes_done,
+                    bytes_total: s.bytes_total,
+                    pass: s.pass,
+                    passes: s.passes,
+                    method: s.method.to_owned(),
+                    done: s.done,
+                };
+                if forward.send(Ok(msg)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(
+            async move {
+                if let Err(e) = devices.wipe(&w, mode, step_tx).await {
+                    tracing::warn!(error = %e, "wipe failed");
+                    let _ = out_tx.send(Err(to_status(e))).await;
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+    }
+
+    async fn rescan(
+        &self,
+        request: Request<RescanRequest>,
+    ) -> Result<Response<RescanResponse>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let rid = request_id(&request);
+        let req = request.into_inner();
+        let span = span("Rescan", &req.wwid, &rid);
+        async move {
+            let w = wwid(&req.wwid)?;
+            let size_bytes = self.devices.rescan(&w).await.map_err(to_status)?;
+            Ok(Response::new(RescanResponse { size_bytes }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        require_proxy(&request, &self.domain)?;
+        let host = self.devices.host();
+        let attached = self.devices.attached_per_target();
+        let sessions = sysfs::iscsi_sessions(host)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| Session {
+                attached_luns: 0,
+                target: s.target.clone(),
+                iqn: s.target,
+                portal: s.portal.map(|p| p.to_string()).unwrap_or_default(),
+                state: s.state,
+            })
+            .collect();
+        let devices = self
+            .devices
+            .luns()
+            .map_err(to_status)?
+            .iter()
+            .map(lun_message)
+            .collect();
+        let _ = attached;
+        Ok(Response::new(StatusResponse {
+            node: self.node.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            sessions,
+            devices,
+            staged: Vec::new(),
+            published: Vec::new(),
+        }))
+    }
+}

@@ -1,0 +1,458 @@
+//! CSI Node requests parsed into typed requests at the edge, so the domain
+//! code in [`crate::volume`] never sees a prost message. Every failure is
+//! INVALID_ARGUMENT naming the field (except a missing staging path on
+//! publish, which the spec makes FAILED_PRECONDITION). Staging and target
+//! paths must resolve, after `..` and symlinks, strictly under the kubelet
+//! directory.
+
+use std::io::ErrorKind;
+use std::path::{Component, Path, PathBuf};
+
+use csi_scsi_proto::csi::volume_capability::{AccessType as ProtoAccessType, access_mode::Mode};
+use csi_scsi_proto::csi::{
+    CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+};
+
+use crate::error::AgentError;
+use crate::host::Host;
+use crate::host::filesystem::{FsType, MkfsOptions};
+use crate::host::mount::{self, MountOptions};
+use crate::volume_id::VolumeId;
+
+/// The `volume_context` key whose value holds extra `mkfs` arguments
+/// (checked against the allow-list of the filesystem type).
+pub const MKFS_OPTIONS_KEY: &str = "mkfsOptions";
+
+/// A path that resolved (symlinks and `..` included) strictly under the
+/// kubelet directory. Holds the resolved path, which is what mountinfo shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletPath(PathBuf);
+
+/// How the volume is accessed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessType {
+    /// As a raw block device.
+    Block,
+    /// As a mounted filesystem.
+    Mount {
+        /// The filesystem type (ext4 when unspecified).
+        fs: FsType,
+        /// Checked mount flags.
+        options: MountOptions,
+    },
+}
+
+/// A CSI access mode (UNKNOWN is refused while parsing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessMode {
+    /// SINGLE_NODE_WRITER.
+    SingleNodeWriter,
+    /// SINGLE_NODE_READER_ONLY.
+    SingleNodeReaderOnly,
+    /// MULTI_NODE_READER_ONLY.
+    MultiNodeReaderOnly,
+    /// MULTI_NODE_SINGLE_WRITER.
+    MultiNodeSingleWriter,
+    /// MULTI_NODE_MULTI_WRITER.
+    MultiNodeMultiWriter,
+    /// SINGLE_NODE_SINGLE_WRITER.
+    SingleNodeSingleWriter,
+    /// SINGLE_NODE_MULTI_WRITER.
+    SingleNodeMultiWriter,
+}
+
+/// A parsed `VolumeCapability`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capability {
+    /// Block or mount.
+    pub access: AccessType,
+    /// The access mode.
+    pub mode: AccessMode,
+}
+
+/// NodeStageVolume, parsed.
+#[derive(Debug, Clone)]
+pub struct StageRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where to stage it.
+    pub staging: KubeletPath,
+    /// How it will be used.
+    pub capability: Capability,
+    /// Extra mkfs arguments for a blank device (mount access only).
+    pub mkfs: MkfsOptions,
+}
+
+/// NodeUnstageVolume, parsed.
+#[derive(Debug, Clone)]
+pub struct UnstageRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where it was staged.
+    pub staging: KubeletPath,
+}
+
+/// NodePublishVolume, parsed.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where it was staged.
+    pub staging: KubeletPath,
+    /// Where to publish it.
+    pub target: KubeletPath,
+    /// How it will be used.
+    pub capability: Capability,
+    /// Whether the CO asked for a read-only publication.
+    pub read_only: bool,
+}
+
+/// NodeUnpublishVolume, parsed.
+#[derive(Debug, Clone)]
+pub struct UnpublishRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where it was published.
+    pub target: KubeletPath,
+}
+
+/// NodeGetVolumeStats, parsed.
+#[derive(Debug, Clone)]
+pub struct StatsRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where it is staged or published.
+    pub path: KubeletPath,
+}
+
+/// NodeExpandVolume, parsed.
+#[derive(Debug, Clone)]
+pub struct ExpandRequest {
+    /// The volume.
+    pub volume: VolumeId,
+    /// Where it is staged or published.
+    pub path: KubeletPath,
+    /// The least size the volume must have, if given.
+    pub required_bytes: Option<u64>,
+    /// The most size the volume may have, if given.
+    pub limit_bytes: Option<u64>,
+    /// Block or mount, when the CO said.
+    pub access: Option<AccessType>,
+}
+
+// === impl KubeletPath ===
+
+impl KubeletPath {
+    /// Resolves `raw` (request field `field`): it must be absolute and land
+    /// strictly under the kubelet directory once the longest existing prefix
+    /// is resolved by the kernel (symlinks, `..`) and the rest lexically (a
+    /// component that does not exist yet cannot be a symlink).
+    pub fn parse(host: &Host, field: &'static str, raw: &str) -> Result<Self, AgentError> {
+        let bad = |reason: String| AgentError::InvalidArgument { field, reason };
+        if raw.is_empty() {
+            return Err(bad("is required".to_owned()));
+        }
+        if raw.contains('\0') {
+            return Err(bad("contains a NUL byte".to_owned()));
+        }
+        let path = Path::new(raw);
+        if !path.is_absolute() {
+            return Err(bad(format!("{raw:?} is not an absolute path")));
+        }
+        let kubelet = mount::kubelet_root(host);
+        let resolved =
+            resolve(path).map_err(|e| bad(format!("{raw:?} cannot be resolved: {e}")))?;
+        if resolved == kubelet || !resolved.starts_with(&kubelet) {
+            return Err(bad(format!(
+                "{raw:?} resolves to {}, which is not under the kubelet directory {}",
+                resolved.display(),
+                kubelet.display()
+            )));
+        }
+        Ok(Self(resolved))
+    }
+
+    /// The resolved path.
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// The kernel's resolution of the longest existing prefix of `path`, plus
+/// the remaining components applied lexically.
+fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    let components: Vec<Component<'_>> = path.components().collect();
+    for split in (1..=components.len()).rev() {
+        let (head, tail) = components.split_at(split);
+        let prefix: PathBuf = head.iter().collect();
+        match std::fs::canonicalize(&prefix) {
+            Ok(mut resolved) => {
+                for c in tail {
+                    match c {
+                        Component::Normal(name) => resolved.push(name),
+                        Component::ParentDir => {
+                            resolved.pop();
+                        }
+                        Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+                    }
+                }
+                return Ok(resolved);
+            }
+            // A missing component (or a file where a directory is expected):
+            // resolve a shorter prefix and apply the rest lexically.
+            Err(e)
+                if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(PathBuf::from("/"))
+}
+
+// === impl AccessMode ===
+
+impl AccessMode {
+    /// The spec's name of the mode.
+    pub fn name(self) -> &'static str {
+        self.proto().as_str_name()
+    }
+
+    /// Whether the mode only allows reads.
+    pub fn read_only(self) -> bool {
+        matches!(self, Self::SingleNodeReaderOnly | Self::MultiNodeReaderOnly)
+    }
+
+    /// Whether several nodes may use the volume at once.
+    pub fn multi_node(self) -> bool {
+        matches!(
+            self,
+            Self::MultiNodeReaderOnly | Self::MultiNodeSingleWriter | Self::MultiNodeMultiWriter
+        )
+    }
+
+    /// Whether a second publication on this node (another target path) must
+    /// be refused: the spec's second-publish table with
+    /// SINGLE_NODE_MULTI_WRITER support says FAILED_PRECONDITION for
+    /// SINGLE_NODE_SINGLE_WRITER and the other non-MULTI_NODE modes.
+    pub fn one_publication_per_node(self) -> bool {
+        matches!(
+            self,
+            Self::SingleNodeWriter | Self::SingleNodeReaderOnly | Self::SingleNodeSingleWriter
+        )
+    }
+
+    fn proto(self) -> Mode {
+        match self {
+            Self::SingleNodeWriter => Mode::SingleNodeWriter,
+            Self::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
+            Self::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
+            Self::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
+            Self::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
+            Self::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
+            Self::SingleNodeMultiWriter => Mode::SingleNodeMultiWriter,
+        }
+    }
+
+    fn from_proto(value: i32) -> Option<Self> {
+        match Mode::try_from(value).ok()? {
+            Mode::Unknown => None,
+            Mode::SingleNodeWriter => Some(Self::SingleNodeWriter),
+            Mode::SingleNodeReaderOnly => Some(Self::SingleNodeReaderOnly),
+            Mode::MultiNodeReaderOnly => Some(Self::MultiNodeReaderOnly),
+            Mode::MultiNodeSingleWriter => Some(Self::MultiNodeSingleWriter),
+            Mode::MultiNodeMultiWriter => Some(Self::MultiNodeMultiWriter),
+            Mode::SingleNodeSingleWriter => Some(Self::SingleNodeSingleWriter),
+            Mode::SingleNodeMultiWriter => Some(Self::SingleNodeMultiWriter),
+        }
+    }
+}
+
+// === impl AccessType ===
+
+impl AccessType {
+    /// "a raw block device" or "an ext4 filesystem", for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Block => "a raw block device".to_owned(),
+            Self::Mount { fs, .. } => format!("an {fs} filesystem"),
+        }
+    }
+}
+
+/// Parses NodeStageVolume.
+pub fn stage(host: &Host, r: &NodeStageVolumeRequest) -> Result<StageRequest, AgentError> {
+    let volume = volume_id(&r.volume_id)?;
+    let capability = capability(r.volume_capability.as_ref())?;
+    let staging = KubeletPath::parse(host, "staging_target_path", &r.staging_target_path)?;
+    let mkfs = match (&capability.access, r.volume_context.get(MKFS_OPTIONS_KEY)) {
+        (AccessType::Mount { fs, .. }, Some(text)) => {
+            MkfsOptions::parse(*fs, text).map_err(|reason| AgentError::InvalidArgument {
+                field: "volume_context.mkfsOptions",
+                reason,
+            })?
+        }
+        _ => MkfsOptions::default(),
+    };
+    Ok(StageRequest {
+        volume,
+        staging,
+        capability,
+        mkfs,
+    })
+}
+
+/// Parses NodeUnstageVolume.
+pub fn unstage(host: &Host, r: &NodeUnstageVolumeRequest) -> Result<UnstageRequest, AgentError> {
+    Ok(UnstageRequest {
+        volume: volume_id(&r.volume_id)?,
+        staging: KubeletPath::parse(host, "staging_target_path", &r.staging_target_path)?,
+    })
+}
+
+/// Parses NodePublishVolume.
+pub fn publish(host: &Host, r: &NodePublishVolumeRequest) -> Result<PublishRequest, AgentError> {
+    let volume = volume_id(&r.volume_id)?;
+    let capability = capability(r.volume_capability.as_ref())?;
+    let target = KubeletPath::parse(host, "target_path", &r.target_path)?;
+    // The spec's "Staging target path not set" row: FAILED_PRECONDITION.
+    if r.staging_target_path.is_empty() {
+        return Err(AgentError::StagingPathMissing);
+    }
+    let staging = KubeletPath::parse(host, "staging_target_path", &r.staging_target_path)?;
+    if staging == target {
+        return Err(AgentError::InvalidArgument {
+            field: "target_path",
+            reason: "is the staging path".to_owned(),
+        });
+    }
+    Ok(PublishRequest {
+        volume,
+        staging,
+        target,
+        capability,
+        read_only: r.readonly,
+    })
+}
+
+/// Parses NodeUnpublishVolume.
+pub fn unpublish(
+    host: &Host,
+    r: &NodeUnpublishVolumeRequest,
+) -> Result<UnpublishRequest, AgentError> {
+    Ok(UnpublishRequest {
+        volume: volume_id(&r.volume_id)?,
+        target: KubeletPath::parse(host, "target_path", &r.target_path)?,
+    })
+}
+
+/// Parses NodeGetVolumeStats.
+pub fn stats(host: &Host, r: &NodeGetVolumeStatsRequest) -> Result<StatsRequest, AgentError> {
+    Ok(StatsRequest {
+        volume: volume_id(&r.volume_id)?,
+        path: KubeletPath::parse(host, "volume_path", &r.volume_path)?,
+    })
+}
+
+/// Parses NodeExpandVolume.
+pub fn expand(host: &Host, r: &NodeExpandVolumeRequest) -> Result<ExpandRequest, AgentError> {
+    let volume = volume_id(&r.volume_id)?;
+    let path = KubeletPath::parse(host, "volume_path", &r.volume_path)?;
+    let (required_bytes, limit_bytes) = capacity_range(r.capacity_range.as_ref())?;
+    let access = match r.volume_capability.as_ref() {
+        Some(c) => Some(capability(Some(c))?.access),
+        None => None,
+    };
+    Ok(ExpandRequest {
+        volume,
+        path,
+        required_bytes,
+        limit_bytes,
+        access,
+    })
+}
+
+fn volume_id(raw: &str) -> Result<VolumeId, AgentError> {
+    if raw.is_empty() {
+        return Err(AgentError::InvalidArgument {
+            field: "volume_id",
+            reason: "is required".to_owned(),
+        });
+    }
+    Ok(VolumeId::parse(raw)?)
+}
+
+fn capability(c: Option<&VolumeCapability>) -> Result<Capability, AgentError> {
+    let bad = |field, reason: String| AgentError::InvalidArgument { field, reason };
+    let c = c.ok_or_else(|| bad("volume_capability", "is required".to_owned()))?;
+    let mode_value = c.access_mode.as_ref().map(|m| m.mode).unwrap_or_default();
+    let mode = AccessMode::from_proto(mode_value).ok_or_else(|| {
+        bad(
+            "volume_capability.access_mode",
+            format!("{mode_value} is not a known access mode (UNKNOWN or unset is not allowed)"),
+        )
+    })?;
+    let access = match &c.access_type {
+        None => {
+            return Err(bad(
+                "volume_capability.access_type",
+                "must be block or mount".to_owned(),
+            ));
+        }
+        Some(ProtoAccessType::Block(_)) => AccessType::Block,
+        Some(ProtoAccessType::Mount(m)) => {
+            let fs = if m.fs_type.is_empty() {
+                FsType::Ext4
+            } else {
+                FsType::from_name(&m.fs_type).ok_or_else(|| {
+                    let known: Vec<&str> = FsType::ALL.iter().map(|f| f.name()).collect();
+                    bad(
+                        "volume_capability.mount.fs_type",
+                        format!(
+                            "{:?} is not supported (supported: {})",
+                            m.fs_type,
+                            known.join(", ")
+                        ),
+                    )
+                })?
+            };
+            if !m.volume_mount_group.is_empty() {
+                return Err(bad(
+                    "volume_capability.mount.volume_mount_group",
+                    "is not supported (no VOLUME_MOUNT_GROUP capability)".to_owned(),
+                ));
+            }
+            let options = MountOptions::parse(fs, &m.mount_flags)
+                .map_err(|reason| bad("volume_capability.mount.mount_flags", reason))?;
+            AccessType::Mount { fs, options }
+        }
+    };
+    Ok(Capability { access, mode })
+}
+
+fn capacity_range(r: Option<&CapacityRange>) -> Result<(Option<u64>, Option<u64>), AgentError> {
+    let Some(r) = r else { return Ok((None, None)) };
+    let bytes = |field, v: i64| -> Result<Option<u64>, AgentError> {
+        match u64::try_from(v) {
+            Ok(0) => Ok(None),
+            Ok(n) => Ok(Some(n)),
+            Err(_) => Err(AgentError::InvalidArgument {
+                field,
+                reason: format!("{v} is negative"),
+            }),
+        }
+    };
+    let required = bytes("capacity_range.required_bytes", r.required_bytes)?;
+    let limit = bytes("capacity_range.limit_bytes", r.limit_bytes)?;
+    if let (Some(req), Some(lim)) = (required, limit)
+        && req > lim
+    {
+        return Err(AgentError::InvalidArgument {
+            field: "capacity_range",
+            reason: format!("required_bytes {req} exceeds limit_bytes {lim}"),
+        });
+    }
+    Ok((required, limit))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! Attach: ensure the sessions, remove a stale path at the LUN's address,
+//! rescan, wait (bounded) for a device with the WWID, verify it, and
+//! return the node-local path to use.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::{Devices, TargetSpec, came_through};
+use crate::error::AgentError;
+use crate::host::dev_links;
+use crate::host::sysfs::{self, Lun, PathAtAddress};
+use crate::wwid::Wwid;
+
+impl Devices {
+    /// Attaches `wwid` through `targets`; `lun` is the inventory's hint of
+    /// its LUN number. Waits until `deadline` for the device.
+    pub async fn attach(
+        &self,
+        wwid: &Wwid,
+        targets: &[TargetSpec],
+        lun: Option<u64>,
+        deadline: Duration,
+    ) -> Result<(PathBuf, Lun), AgentError> {
+        let start = Instant::now();
+        if targets.is_empty() {
+            return Err(AgentError::InvalidArgument {
+                field: "targets",
+                reason: "at least one target is required".into(),
+            });
+        }
+        let mut reached = 0;
+        let mut last_err = None;
+        for t in targets {
+            match self.ensure_session(t).await {
+                Ok(_) => reached += 1,
+                Err(e) => {
+                    tracing::warn!(target = %t.name, error = %e, "target not reachable for attach");
+                    last_err = Some(e);
+                }
+            }
+        }
+        if reached == 0 {
+            return Err(last_err.unwrap_or(AgentError::Unreachable("no target given")));
+        }
+        if let Some(lun) = lun {
+            self.remove_stale_paths(wwid, targets, lun)?;
+        }
+        for t in targets {
+            if let Err(e) = self.rescan_target(t).await {
+                tracing::warn!(target = %t.name, error = %e, "rescan failed");
+            }
+        }
+        // Wait for the kernel (and udev) to bring the device up.
+        let found = loop {
+            if let Some(l) = self.lun(wwid)? {
+                if let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
+                    .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
+                {
+                    break (link, l);
+                }
+            }
+            if start.elapsed() >= deadline {
+                return Err(AgentError::AttachTimeout {
+                    wwid: wwid.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (link, lun_info) = found;
+        // Never hand out a device that is not provably the one asked for.
+        let reported = sysfs::block_wwid(&self.host, &link.kernel_name)
+            .map_err(|e| AgentError::io(&link.node, e))?;
+        if reported.as_ref() != Some(wwid) {
+            return Err(AgentError::WwidMismatch {
+                device: link.node,
+                expected: wwid.clone(),
+                found: reported
+                    .map(|w| w.to_string())
+                    .unwrap_or_else(|| "no WWID".into()),
+            });
+        }
+        self.attachments
+            .add(wwid.as_str(), targets.iter().map(|t| t.name.clone()));
+        tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
+        Ok((link.link, lun_info))
+    }
+
+    /// Deletes paths at `lun` on these targets' sessions that report another
+    /// WWID: a LUN number the array reused after a ghost detach.
+    fn remove_stale_paths(
+        &self,
+        wwid: &Wwid,
+        targets: &[TargetSpec],
+        lun: u64,
+    ) -> Result<(), AgentError> {
+        let disks =
+            sysfs::scsi_disks(&self.host).map_err(|e| AgentError::io(self.host.sys("block"), e))?;
+        for d in disks
+            .iter()
+            .filter(|d| d.hctl.lun == lun && targets.iter().any(|t| came_through(d, t)))
+        {
+            match sysfs::remove_stale_path_at(&self.host, d.hctl, wwid) {
+                Ok(PathAtAddress::Removed { kernel_name, found }) => {
+                    tracing::warn!(hctl = ?d.hctl, ?kernel_name, ?found, expected = %wwid, "removed a stale path at the LUN's address");
+                }
+                Ok(PathAtAddress::Held {
+                    kernel_name,
+                    holders,
+                    ..
+                }) => {
+                    tracing::warn!(%kernel_name, ?holders, "stale path at the LUN's address is held; left alone");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(hctl = ?d.hctl, error = %e, "cannot check the path at the LUN's address")
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,126 @@
+//! Detach: refuse while the device or any path is in use; otherwise flush,
+//! remove the multipath map and every SCSI path, and log out of targets
+//! that no attached LUN uses any more.
+
+use std::time::{Duration, Instant};
+
+use super::{Devices, TargetSpec, came_through};
+use crate::error::AgentError;
+use crate::host::block::{self, Holder};
+use crate::host::mountinfo::MountTable;
+use crate::host::{multipath, sysfs};
+use crate::wwid::Wwid;
+
+impl Devices {
+    /// Removes `wwid` from this node. `Ok(false)` when it was already gone.
+    pub async fn detach(&self, wwid: &Wwid, targets: &[TargetSpec]) -> Result<bool, AgentError> {
+        let removed = match self.lun(wwid)? {
+            None => false,
+            Some(lun) => {
+                let mut nodes: Vec<String> =
+                    lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
+                if let Some(m) = &lun.map {
+                    nodes.insert(0, m.kernel_name.clone());
+                }
+                self.check_unused(wwid, &nodes)?;
+                for name in &nodes {
+                    flush(&self.host.dev(name));
+                }
+                if let Some(m) = &lun.map {
+                    multipath::flush(&self.host, &m.name).await.map_err(|e| {
+                        AgentError::DeviceInUse {
+                            wwid: wwid.clone(),
+                            holder: format!("multipath map {}: {e}", m.name),
+                        }
+                    })?;
+                }
+                for p in &lun.paths {
+                    sysfs::delete_path(&self.host, &p.kernel_name).map_err(|e| {
+                        AgentError::io(self.host.sys("block").join(&p.kernel_name), e)
+                    })?;
+                }
+                self.wait_gone(wwid, Duration::from_secs(10)).await?;
+                true
+            }
+        };
+        let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+        let unused = self.attachments.remove(wwid.as_str(), &names);
+        for t in targets.iter().filter(|t| unused.contains(&t.name)) {
+            self.logout_if_idle(t).await;
+        }
+        tracing::info!(%wwid, removed, "detached");
+        Ok(removed)
+    }
+
+    /// Refuses when any of `nodes` (kernel names) is mounted (in our mount
+    /// table) or held open exclusively (by anyone, in any namespace).
+    pub(crate) fn check_unused(&self, wwid: &Wwid, nodes: &[String]) -> Result<(), AgentError> {
+        let table =
+            MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))?;
+        for name in nodes {
+            let node = self.host.dev(name);
+            let Ok(number) = block::device_number(&node) else {
+                continue;
+            };
+            if let Some(m) = table.mounts_of(number).next() {
+                return Err(AgentError::DeviceInUse {
+                    wwid: wwid.clone(),
+                    holder: format!("{name} is mounted at {}", m.mount_point.display()),
+                });
+            }
+            if block::holder(&node).map_err(|e| AgentError::io(&node, e))? == Holder::Busy {
+                return Err(AgentError::DeviceInUse {
+                    wwid: wwid.clone(),
+                    holder: format!(
+                        "{name} is held open (mounted in another namespace, or claimed)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_gone(&self, wwid: &Wwid, within: Duration) -> Result<(), AgentError> {
+        let start = Instant::now();
+        while self.lun(wwid)?.is_some() {
+            if start.elapsed() > within {
+                return Err(AgentError::DeviceInUse {
+                    wwid: wwid.clone(),
+                    holder: "its paths did not go away after delete".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Logs out of `target` unless a disk seen through it is in use.
+    async fn logout_if_idle(&self, target: &TargetSpec) {
+        let disks = sysfs::scsi_disks(&self.host).unwrap_or_default();
+        let table = MountTable::read(&self.host).unwrap_or_default();
+        let busy = disks.iter().filter(|d| came_through(d, target)).find(|d| {
+            let node = self.host.dev(&d.kernel_name);
+            block::device_number(&node).is_ok_and(|n| table.mounts_of(n).next().is_some())
+                || block::holder(&node).is_ok_and(|h| h == Holder::Busy)
+        });
+        if let Some(d) = busy {
+            tracing::warn!(target = %target.name, disk = %d.kernel_name, "not logging out: a disk of this target is in use");
+            return;
+        }
+        match self.logout(target).await {
+            Ok(()) => {
+                tracing::info!(target = %target.name, "logged out: no attached LUN uses this target")
+            }
+            Err(e) => tracing::warn!(target = %target.name, error = %e, "logout failed"),
+        }
+    }
+}
+
+/// Flushes the device's buffers (fsync on the block device node).
+fn flush(node: &std::path::Path) {
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).open(node)
+        && let Err(e) = f.sync_all()
+    {
+        tracing::warn!(node = %node.display(), error = %e, "flush failed");
+    }
+}

@@ -1,0 +1,194 @@
+//! Wipe: verify the WWID, refuse if the device is in use anywhere on this
+//! node, then erase it (discard, zero or random passes) while holding it
+//! exclusively, reporting progress. A device that is not here is NOT_FOUND;
+//! an interrupted wipe is simply asked again.
+
+use std::path::PathBuf;
+
+use tokio::sync::mpsc;
+
+use super::Devices;
+use crate::error::AgentError;
+use crate::host::command::Arg;
+use crate::host::erase::{ClaimError, Eraser, expected_device};
+use crate::host::sysfs;
+use crate::wwid::Wwid;
+
+/// How thoroughly to erase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WipeMode {
+    /// Remove filesystem and partition signatures only.
+    Signatures,
+    /// Discard every block (zero where the device cannot).
+    Discard,
+    /// Write zeroes everywhere.
+    Zero,
+    /// `n` passes of random data.
+    Random(u32),
+}
+
+/// One progress report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WipeStep {
+    /// Bytes done in this pass.
+    pub bytes_done: u64,
+    /// Bytes in a pass.
+    pub bytes_total: u64,
+    /// Pass number (1-based) and number of passes.
+    pub pass: u32,
+    /// Number of passes.
+    pub passes: u32,
+    /// `signatures`, `discard`, `zero`, `random`.
+    pub method: &'static str,
+    /// Last message.
+    pub done: bool,
+}
+
+/// Progress granularity.
+const CHUNK: u64 = 64 << 20;
+
+impl Devices {
+    /// Erases `wwid`; progress goes to `tx` (a closed receiver is ignored).
+    pub async fn wipe(
+        &self,
+        wwid: &Wwid,
+        mode: WipeMode,
+        tx: mpsc::Sender<WipeStep>,
+    ) -> Result<(), AgentError> {
+        let lun = self
+            .lun(wwid)?
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
+        let name = match (&lun.map, lun.paths.first()) {
+            (Some(m), _) => m.kernel_name.clone(),
+            (None, Some(p)) => p.kernel_name.clone(),
+            (None, None) => return Err(AgentError::DeviceNotFound(wwid.clone())),
+        };
+        let node = self.host.dev(&name);
+        // Never erase a device that is not provably the one asked for.
+        let reported =
+            sysfs::block_wwid(&self.host, &name).map_err(|e| AgentError::io(&node, e))?;
+        if reported.as_ref() != Some(wwid) {
+            return Err(AgentError::WwidMismatch {
+                device: node,
+                expected: wwid.clone(),
+                found: reported
+                    .map(|w| w.to_string())
+                    .unwrap_or_else(|| "no WWID".into()),
+            });
+        }
+        let mut all: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
+        all.push(name.clone());
+        self.check_unused(wwid, &all)?;
+
+        if mode == WipeMode::Signatures {
+            let _ = tx.send(step(0, 0, 1, 1, "signatures", false)).await;
+            self.host
+                .runner
+                .run(
+                    &self.host.tool("wipefs"),
+                    &[Arg::from("--all"), Arg::from(node.as_os_str())],
+                )
+                .await?;
+            let _ = tx.send(step(0, 0, 1, 1, "signatures", true)).await;
+            return Ok(());
+        }
+        let expected = expected_device(&node).map_err(|e| AgentError::io(&node, e))?;
+        let wwid_c = wwid.clone();
+        let result =
+            tokio::task::spawn_blocking(move || erase(&node, expected, mode, &wwid_c, &tx))
+                .await
+                .map_err(|e| AgentError::WipeFailed {
+                    wwid: wwid.clone(),
+                    reason: format!("wipe task failed: {e}"),
+                })?;
+        match result {
+            Ok(()) => {
+                tracing::info!(%wwid, ?mode, "wiped");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn step(
+    done: u64,
+    total: u64,
+    pass: u32,
+    passes: u32,
+    method: &'static str,
+    last: bool,
+) -> WipeStep {
+    WipeStep {
+        bytes_done: done,
+        bytes_total: total,
+        pass,
+        passes,
+        method,
+        done: last,
+    }
+}
+
+fn erase(
+    node: &PathBuf,
+    expected: crate::host::block::DeviceNumber,
+    mode: WipeMode,
+    wwid: &Wwid,
+    tx: &mpsc::Sender<WipeStep>,
+) -> Result<(), AgentError> {
+    let failed = |reason: String| AgentError::WipeFailed {
+        wwid: wwid.clone(),
+        reason,
+    };
+    let mut eraser = Eraser::claim(node, expected).map_err(|e| match e {
+        ClaimError::InUse(p) => AgentError::DeviceInUse {
+            wwid: wwid.clone(),
+            holder: format!("{} is held open", p.display()),
+        },
+        other => failed(other.to_string()),
+    })?;
+    let size = eraser.size();
+    let (mut method, passes) = match mode {
+        WipeMode::Discard => ("discard", 1),
+        WipeMode::Zero | WipeMode::Signatures => ("zero", 1),
+        WipeMode::Random(n) => ("random", n.max(1)),
+    };
+    for pass in 1..=passes {
+        let mut off = 0;
+        while off < size {
+            let len = CHUNK.min(size - off);
+            let r = match method {
+                "discard" => match eraser.discard(off, len) {
+                    Ok(true) => Ok(()),
+                    // The device cannot discard: zero instead, from here on.
+                    Ok(false) => {
+                        tracing::info!(%wwid, "device cannot discard; zeroing instead");
+                        method = "zero";
+                        eraser.zero(off, len)
+                    }
+                    Err(e) => Err(e),
+                },
+                "zero" => eraser.zero(off, len),
+                _ => eraser.randomize(off, len),
+            };
+            r.map_err(|e| failed(format!("{method} at byte {off}: {e}")))?;
+            off += len;
+            let _ = tx.blocking_send(step(off, size, pass, passes, method, false));
+        }
+        eraser.sync().map_err(|e| failed(format!("sync: {e}")))?;
+    }
+    if method != "random" {
+        // Cheap proof the erase took: both ends read back as zeroes.
+        let edge = (1u64 << 20).min(size);
+        let ok = eraser
+            .reads_zero(0, edge)
+            .and_then(|a| Ok(a && eraser.reads_zero(size - edge, edge)?));
+        match ok {
+            Ok(true) => {}
+            Ok(false) => return Err(failed("data still present after erase".into())),
+            Err(e) => return Err(failed(format!("read-back: {e}"))),
+        }
+    }
+    let _ = tx.blocking_send(step(size, size, passes, passes, method, true));
+    Ok(())
+}

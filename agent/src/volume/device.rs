@@ -1,0 +1,173 @@
+//! A volume's device on this node: found by WWID through `/dev/disk/by-id`
+//! (never by `/dev/sdX` name), then checked to really be that LUN; and
+//! what the mount table says about it (where it is mounted or bound).
+
+use std::path::{Path, PathBuf};
+
+use super::{MAX_STACKED, mount_table};
+use crate::error::AgentError;
+use crate::host::block::{self, DeviceNumber};
+use crate::host::mountinfo::{Mount, MountTable};
+use crate::host::{Host, dev_links, mount, sysfs};
+use crate::volume_id::VolumeId;
+use crate::wwid::Wwid;
+
+/// A LUN's device node, verified to report the LUN's WWID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// The device node inside the /dev root.
+    pub node: PathBuf,
+    /// The kernel name (`sdb`, `dm-3`).
+    pub kernel_name: String,
+    /// Its device number, which mounts of it show in mountinfo.
+    pub number: DeviceNumber,
+}
+
+/// Filesystem types that are never a bind of a device node and whose mount
+/// points may hang a `stat` (network filesystems).
+const NETWORK_FS: &[&str] = &[
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "ceph",
+    "glusterfs",
+    "9p",
+    "afs",
+];
+
+/// Finds the device of `wwid`: `Ok(None)` when no link names it (the LUN is
+/// not on this node), an error when the device behind the link reports
+/// another WWID (the link is stale; the device is never touched).
+pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
+    let Some(linked) = dev_links::find_by_wwid(host, wwid)
+        .map_err(|e| AgentError::io(host.dev("disk/by-id"), e))?
+    else {
+        return Ok(None);
+    };
+    let reported = sysfs::block_wwid(host, &linked.kernel_name)
+        .map_err(|e| AgentError::io(host.sys("block").join(&linked.kernel_name), e))?;
+    if reported.as_ref() != Some(wwid) {
+        return Err(AgentError::WwidMismatch {
+            device: linked.node,
+            expected: wwid.clone(),
+            found: reported.map_or_else(|| "no WWID".to_owned(), |w| w.to_string()),
+        });
+    }
+    let number = block::device_number(&linked.node).map_err(|e| AgentError::io(&linked.node, e))?;
+    Ok(Some(Device {
+        node: linked.node,
+        kernel_name: linked.kernel_name,
+        number,
+    }))
+}
+
+/// Like [`find`], but a missing device is [`AgentError::DeviceNotFound`].
+pub fn require(host: &Host, wwid: &Wwid) -> Result<Device, AgentError> {
+    find(host, wwid)?.ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))
+}
+
+/// What a path holds, for messages ("device 7:1 (ext4 from /dev/sdb)").
+pub fn describe(mount: &Mount) -> String {
+    format!(
+        "device {} ({} from {})",
+        mount.device, mount.fs_type, mount.source
+    )
+}
+
+/// The device a mount point shows: the node's number when it is a bind of
+/// a device node (raw block publication), else the filesystem's device.
+pub fn mounted_device(mount: &Mount) -> Result<DeviceNumber, AgentError> {
+    if is_node_bind_candidate(mount)
+        && let Some(n) = block::node_number(&mount.mount_point)
+            .map_err(|e| AgentError::io(&mount.mount_point, e))?
+    {
+        return Ok(n);
+    }
+    Ok(mount.device)
+}
+
+/// Mount points under the kubelet directory, other than `except`, where
+/// device `number` is mounted (a filesystem bind) or bound (a device node).
+pub fn publications(
+    host: &Host,
+    table: &MountTable,
+    number: DeviceNumber,
+    except: &[&Path],
+) -> Vec<PathBuf> {
+    let kubelet = mount::kubelet_root(host);
+    let mut found: Vec<PathBuf> = table
+        .mounts_under(&kubelet)
+        .filter(|m| !except.contains(&m.mount_point.as_path()))
+        .filter(|m| {
+            m.device == number
+                || (is_node_bind_candidate(m)
+                    && block::node_number(&m.mount_point).ok().flatten() == Some(number))
+        })
+        .map(|m| m.mount_point.clone())
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Whether `mount` could be a bind of a device node: a bind of a single
+/// file has a root other than `/`, and network filesystems are skipped so
+/// that a hung server cannot hang this scan.
+fn is_node_bind_candidate(mount: &Mount) -> bool {
+    mount.root != Path::new("/")
+        && !NETWORK_FS.contains(&mount.fs_type.as_str())
+        && !mount.fs_type.starts_with("fuse")
+}
+
+/// Unmounts every mount stacked on `path` that shows device `number`, top
+/// first, stopping at anything else. Returns how many were removed.
+pub async fn unmount_ours(
+    host: &Host,
+    path: &Path,
+    number: DeviceNumber,
+) -> Result<usize, AgentError> {
+    let mut removed = 0;
+    for _ in 0..MAX_STACKED {
+        let table = mount_table(host)?;
+        let Some(top) = table.mount_at(path) else {
+            break;
+        };
+        if mounted_device(top)? != number {
+            break;
+        }
+        mount::unmount(path).await?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// Refuses to touch `path` unless what is mounted there (device `number`,
+/// described by `holder`) is `volume`'s device. When the LUN is gone from
+/// the node the mount is all that is left of it, and kubelet must still be
+/// able to clean up, so any disk is accepted then (major 0 is never a disk:
+/// tmpfs, proc, overlay, ...).
+pub fn ensure_ours(
+    host: &Host,
+    volume: &VolumeId,
+    path: &Path,
+    number: DeviceNumber,
+    holder: &str,
+) -> Result<(), AgentError> {
+    let ours = match find(host, &volume.wwid)? {
+        Some(d) => d.number == number,
+        None => {
+            tracing::warn!(volume_id = %volume, path = %path.display(), "device is gone; unmounting what is left of it unverified");
+            number.major != 0
+        }
+    };
+    if ours {
+        Ok(())
+    } else {
+        Err(AgentError::ForeignMount {
+            volume: volume.to_string(),
+            path: path.to_owned(),
+            holder: holder.to_owned(),
+        })
+    }
+}

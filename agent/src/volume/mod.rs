@@ -1,0 +1,39 @@
+//! The node side of a volume's life: stage, publish, and their inverses,
+//! stats and expansion. Domain logic only: every read or change of the
+//! machine goes through [`crate::host`], and requests arrive already parsed
+//! ([`crate::csi::request`]). Every call is idempotent: a call that finds
+//! its work already done answers success, and one that finds something
+//! else in its way refuses without touching it.
+
+pub mod device;
+pub mod expand;
+pub mod publish;
+pub mod stage;
+pub mod stats;
+
+use crate::csi::request::{AccessType, Capability};
+use crate::error::AgentError;
+use crate::host::Host;
+use crate::host::mountinfo::MountTable;
+
+/// Refuses capabilities this driver cannot honour ("Exceeds capabilities"):
+/// a filesystem mounted on several nodes at once would be corrupted, so
+/// multi-node modes are for raw block only.
+pub fn check_supported(capability: &Capability) -> Result<(), AgentError> {
+    if capability.mode.multi_node() && matches!(capability.access, AccessType::Mount { .. }) {
+        return Err(AgentError::UnsupportedCapability(format!(
+            "access mode {} needs raw block access: ext4 and xfs cannot be mounted on several nodes at once",
+            capability.mode.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The host's mount table now.
+pub fn mount_table(host: &Host) -> Result<MountTable, AgentError> {
+    MountTable::read(host).map_err(|e| AgentError::io(&host.mountinfo, e))
+}
+
+/// The most mounts stacked on one path that an unmount loop removes; more
+/// than this is not something this plugin made.
+const MAX_STACKED: usize = 8;

@@ -1,0 +1,259 @@
+//! The agent directory from the agent DaemonSet's Pods: a kube-runtime
+//! reflector on the Pods (one namespace, a label selector) maps each Ready
+//! Pod's `spec.nodeName` to `status.podIP` and the agent port, and a
+//! metadata-only reflector on the Nodes supplies node labels for targets'
+//! node selectors. Objects are trimmed before they are cached (no
+//! managedFields, annotations, or unused spec), which is what keeps 5,000
+//! agent Pods cheap. A Pod that is deleted, terminating or not Ready drops
+//! out; the snapshot is republished only when it changes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use super::{AgentDirectory, AgentEntry, Agents};
+
+/// Name of the agent container port; its number wins over the configured one.
+pub const AGENT_PORT_NAME: &str = "agent-api";
+
+/// Where the agent Pods are.
+#[derive(Clone, Debug)]
+pub struct PodDirectoryConfig {
+    /// Namespace of the agent DaemonSet.
+    pub namespace: String,
+    /// Label selector of its Pods, e.g. `app.kubernetes.io/name=csi-scsi-node`.
+    pub selector: String,
+    /// Agent API port when the Pod declares no port named `agent-api`.
+    pub port: u16,
+    /// Shortest time between two republished snapshots (events are batched).
+    pub settle: Duration,
+}
+
+/// Agents found through their Pods.
+pub struct PodDirectory {
+    tx: watch::Sender<Agents>,
+    pods: Store<Pod>,
+    nodes: Store<PartialObjectMeta<Node>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+// === impl PodDirectory ===
+
+impl PodDirectory {
+    /// Starts the reflectors; the directory is empty until they have listed.
+    pub fn spawn(client: Client, config: PodDirectoryConfig) -> Arc<Self> {
+        let pods_api: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+        let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client);
+        let (pods, pods_writer) = reflector::store();
+        let (nodes, nodes_writer) = reflector::store();
+        let changed = Arc::new(Notify::new());
+        let (tx, _) = watch::channel(Arc::new(BTreeMap::new()));
+
+        let pod_changes = changed.clone();
+        let pod_cfg = watcher::Config::default().labels(&config.selector);
+        let pod_task = tokio::spawn(async move {
+            let stream = watcher(pods_api, pod_cfg)
+                .default_backoff()
+                .modify(trim_pod)
+                .reflect(pods_writer);
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(_) => pod_changes.notify_one(),
+                    Err(e) => tracing::warn!(error = %e, "agent Pod watch failed; retrying"),
+                }
+            }
+        });
+        let node_changes = changed.clone();
+        let node_task = tokio::spawn(async move {
+            let stream = watcher(nodes_api, watcher::Config::default())
+                .default_backoff()
+                .modify(|n: &mut PartialObjectMeta<Node>| {
+                    n.metadata.managed_fields = None;
+                    n.metadata.annotations = None;
+                })
+                .reflect(nodes_writer);
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(_) => node_changes.notify_one(),
+                    Err(e) => tracing::warn!(error = %e, "Node watch failed; retrying"),
+                }
+            }
+        });
+
+        let publisher = {
+            let (tx, pods, nodes, port, settle) = (
+                tx.clone(),
+                pods.clone(),
+                nodes.clone(),
+                config.port,
+                config.settle,
+            );
+            tokio::spawn(async move {
+                loop {
+                    changed.notified().await;
+                    let agents = build(&pods, &nodes, port);
+                    tx.send_if_modified(|current| {
+                        if **current == agents {
+                            return false;
+                        }
+                        tracing::info!(agents = agents.len(), "agent directory changed");
+                        *current = Arc::new(agents);
+                        true
+                    });
+                    // Batch bursts (a relist, a rolling update) into one snapshot.
+                    tokio::time::sleep(settle).await;
+                }
+            })
+        };
+        Arc::new(Self {
+            tx,
+            pods,
+            nodes,
+            tasks: vec![pod_task, node_task, publisher],
+        })
+    }
+
+    /// Waits until both reflectors have listed once.
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.pods.wait_until_ready().await?;
+        self.nodes.wait_until_ready().await
+    }
+}
+
+impl Drop for PodDirectory {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl AgentDirectory for PodDirectory {
+    fn snapshot(&self) -> Agents {
+        self.tx.borrow().clone()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Agents> {
+        self.tx.subscribe()
+    }
+}
+
+/// The directory the caches describe now. When two Ready Pods claim one
+/// node (a surge during a rolling update), the newer one wins.
+fn build(
+    pods: &Store<Pod>,
+    nodes: &Store<PartialObjectMeta<Node>>,
+    default_port: u16,
+) -> BTreeMap<String, AgentEntry> {
+    let node_labels: BTreeMap<String, BTreeMap<String, String>> = nodes
+        .state()
+        .iter()
+        .map(|n| (n.name_any(), n.labels().clone()))
+        .collect();
+    let mut chosen: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
+    for pod in pods.state() {
+        let Some(node) = serving_node(&pod) else {
+            continue;
+        };
+        let newer = chosen
+            .get(&node)
+            .is_none_or(|old| old.metadata.creation_timestamp < pod.metadata.creation_timestamp);
+        if newer {
+            chosen.insert(node, pod);
+        }
+    }
+    chosen
+        .into_iter()
+        .filter_map(|(node, pod)| {
+            let ip = pod.status.as_ref()?.pod_ip.clone()?;
+            let port = agent_port(&pod).unwrap_or(default_port);
+            let address = if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            };
+            let labels = node_labels.get(&node).cloned().unwrap_or_default();
+            Some((node, AgentEntry { address, labels }))
+        })
+        .collect()
+}
+
+/// The node a Pod serves, if it is scheduled, Ready, has an IP and is not
+/// terminating.
+fn serving_node(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())?;
+    let status = pod.status.as_ref()?;
+    status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
+    let ready = status
+        .conditions
+        .as_ref()?
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    ready.then_some(node)
+}
+
+/// The container port named `agent-api`.
+fn agent_port(pod: &Pod) -> Option<u16> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(AGENT_PORT_NAME))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+}
+
+/// Keeps only what `build` reads.
+fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    pod.metadata.annotations = None;
+    pod.metadata.owner_references = None;
+    if let Some(spec) = pod.spec.take() {
+        let containers = spec
+            .containers
+            .into_iter()
+            .map(|c| k8s_openapi::api::core::v1::Container {
+                name: c.name,
+                ports: c.ports.map(|ps| {
+                    ps.into_iter()
+                        .filter(|p| p.name.as_deref() == Some(AGENT_PORT_NAME))
+                        .collect()
+                }),
+                ..Default::default()
+            })
+            .collect();
+        pod.spec = Some(PodSpec {
+            node_name: spec.node_name,
+            containers,
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            pod_ip: status.pod_ip,
+            conditions: status
+                .conditions
+                .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
+            ..PodStatus::default()
+        });
+    }
+}

@@ -1,0 +1,1132 @@
+//! The Kubernetes inventory: SCSITarget, SCSIDevice and PendingResizeRequest
+//! objects in the API server (etcd is the store). Reads come from
+//! kube-runtime reflector caches, never a LIST per call. Writes carry the
+//! resourceVersion the caller read, so every device write is a
+//! compare-and-swap: the API server answers 409 when another write came
+//! first. A device's facts (size, vendor, labels) are its spec; its state
+//! (phase, binding, nodes) is its status, written through the status
+//! subresource, so a bind is one status replace.
+//!
+//! `Device::generation` carries the resourceVersion. The API server's
+//! resourceVersions are decimal etcd revisions; one that is not is
+//! refused as a store error rather than guessed at.
+//!
+//! The cache lags the API server by one watch event. So that a caller
+//! reads its own writes (bind, then publish), every object this backend
+//! writes or re-reads after a 409 is kept in a small overlay until the
+//! watch delivers that version or a newer one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::model::*;
+use super::{Inventory, InventoryError};
+use crate::events::{ClaimRef, VolumeEvents};
+use crate::leader::LeaderHandle;
+use crate::resources::{
+    PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus, SCSIDevice,
+    SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
+    TargetNodeStatus, object_name,
+};
+use crate::selector::Selector;
+
+/// Tries of one write against fresh state before it reports a conflict.
+const ATTEMPTS: usize = 8;
+/// How long an overlay entry may wait for the watch before it is dropped
+/// (the object was deleted, or the watch is down and will relist).
+const OVERLAY_TTL: Duration = Duration::from_secs(60);
+/// `lastSeen` is rewritten at most this often when nothing else changed:
+/// 50,000 devices must not mean 50,000 status writes per discovery pass.
+const LAST_SEEN_RESOLUTION: i64 = 600;
+/// Annotation keeping a resize request's own name when the object name had
+/// to be mapped.
+const REQUEST_NAME_ANNOTATION: &str = "csi-scsi.io/request-name";
+
+/// How the backend is set up.
+#[derive(Clone)]
+pub struct KubeInventoryConfig {
+    /// Namespace for a PendingResizeRequest whose PVC cannot be found.
+    pub namespace: String,
+    /// How long a read waits for the caches' first list.
+    pub sync_timeout: Duration,
+    /// When set, writes are refused unless it leads (a fence behind the
+    /// gRPC gate).
+    pub leader: Option<LeaderHandle>,
+    /// When set, Events for the transitions it writes (wipe failed, resize
+    /// pending, resize completed).
+    pub events: Option<VolumeEvents>,
+}
+
+/// The Kubernetes-backed inventory. Cheap to clone.
+#[derive(Clone)]
+pub struct KubeInventory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: KubeInventoryConfig,
+    devices: Api<SCSIDevice>,
+    targets: Api<SCSITarget>,
+    device_cache: Cache<SCSIDevice>,
+    target_cache: Store<SCSITarget>,
+    resize_cache: Store<PendingResizeRequest>,
+    /// Serialises this process's binds, so they do not conflict with each
+    /// other; other writers are kept out by the resourceVersion.
+    bind_lock: tokio::sync::Mutex<()>,
+    targets_changed: Arc<Notify>,
+    leader: Option<LeaderHandle>,
+    events: Option<VolumeEvents>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// A reflector store plus the objects written since the watch last caught up.
+struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    recent: Mutex<HashMap<String, (Arc<K>, Instant)>>,
+}
+
+// === impl KubeInventory ===
+
+impl KubeInventory {
+    /// Starts the three reflectors and returns at once; reads wait for the
+    /// first list (up to `sync_timeout`).
+    pub fn start(client: Client, config: KubeInventoryConfig) -> Self {
+        let devices: Api<SCSIDevice> = Api::all(client.clone());
+        let targets: Api<SCSITarget> = Api::all(client.clone());
+        let resizes: Api<PendingResizeRequest> = Api::all(client.clone());
+        let (device_store, device_writer) = reflector::store();
+        let (target_store, target_writer) = reflector::store();
+        let (resize_store, resize_writer) = reflector::store();
+        let targets_changed = Arc::new(Notify::new());
+        let (leader, events) = (config.leader.clone(), config.events.clone());
+        let tasks = vec![
+            reflect(devices.clone(), device_writer, None),
+            reflect(
+                targets.clone(),
+                target_writer,
+                Some(targets_changed.clone()),
+            ),
+            reflect(resizes, resize_writer, None),
+        ];
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                devices,
+                targets,
+                device_cache: Cache {
+                    store: device_store,
+                    recent: Mutex::new(HashMap::new()),
+                },
+                target_cache: target_store,
+                resize_cache: resize_store,
+                bind_lock: tokio::sync::Mutex::new(()),
+                targets_changed,
+                leader,
+                events,
+                tasks,
+            }),
+        }
+    }
+
+    /// Notified whenever an SCSITarget is added, changed or removed, and
+    /// after each (re)list: the trigger for a discovery pass.
+    pub fn targets_changed(&self) -> Arc<Notify> {
+        self.inner.targets_changed.clone()
+    }
+
+    /// Waits until every cache has listed once.
+    pub async fn wait_until_ready(&self) -> Result<(), InventoryError> {
+        let i = &self.inner;
+        let all = async {
+            i.device_cache.store.wait_until_ready().await?;
+            i.target_cache.wait_until_ready().await?;
+            i.resize_cache.wait_until_ready().await
+        };
+        match tokio::time::timeout(i.config.sync_timeout, all).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(store("the watch caches stopped")),
+            Err(_) => Err(store(format!(
+                "the csi-scsi.io watch caches did not sync within {:?}: are the CRDs installed (kubectl apply -k deploy/crds) and may the proxy list them?",
+                i.config.sync_timeout
+            ))),
+        }
+    }
+
+    fn fence(&self) -> Result<(), InventoryError> {
+        match &self.inner.leader {
+            Some(l) if !l.is_leader() => Err(store(
+                "this csi-scsi-proxy replica is not the leader; only the leader writes",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every device, cache and overlay merged.
+    fn all_devices(&self) -> Vec<Arc<SCSIDevice>> {
+        self.inner.device_cache.all()
+    }
+
+    /// The current object of `wwid`, if any (checked against a name collision).
+    fn device_object(&self, wwid: &str) -> Result<Option<Arc<SCSIDevice>>, InventoryError> {
+        match self.inner.device_cache.get(&object_name(wwid)) {
+            Some(obj) if obj.spec.wwid != wwid => Err(store(format!(
+                "SCSIDevice {} holds WWID {}, not {wwid}",
+                obj.name_any(),
+                obj.spec.wwid
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    /// Reads the object from the API server into the overlay (after a 409).
+    async fn refresh(&self, name: &str) -> Result<Option<Arc<SCSIDevice>>, InventoryError> {
+        let fresh = self.inner.devices.get_opt(name).await.map_err(api_error)?;
+        Ok(fresh.map(|o| self.inner.device_cache.remember(strip(o))))
+    }
+
+    /// Writes `dev` if its generation is still the stored resourceVersion:
+    /// the spec (when changed) by replace, then the status (when changed)
+    /// through the status subresource, each with the version just read.
+    async fn write_device(&self, dev: &Device) -> Result<Device, InventoryError> {
+        let name = object_name(&dev.wwid);
+        let known = self
+            .device_object(&dev.wwid)?
+            .ok_or_else(|| InventoryError::NotFound(dev.wwid.clone()))?;
+        if known.resource_version().as_deref() != Some(dev.generation.to_string().as_str()) {
+            // The caller read an older version; the cache already has a newer one.
+            return Err(InventoryError::Conflict(dev.wwid.clone()));
+        }
+        let mut want = (*known).clone();
+        want.spec = SCSIDeviceSpec::from_device(dev);
+        want.status = Some(SCSIDeviceStatus::from_device(
+            dev,
+            known.status.as_ref(),
+            Timestamp::now(),
+        ));
+        let mut latest = known.clone();
+        if want.spec != known.spec {
+            let sent = want.clone();
+            latest = match self
+                .inner
+                .devices
+                .replace(&name, &PostParams::default(), &sent)
+                .await
+            {
+                Ok(o) => self.inner.device_cache.remember(strip(o)),
+                Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
+            };
+        }
+        if want.status != latest.status {
+            let mut sent = (*latest).clone();
+            sent.status = want.status.clone();
+            latest = match self
+                .inner
+                .devices
+                .replace_status(&name, &PostParams::default(), &sent)
+                .await
+            {
+                Ok(o) => self.inner.device_cache.remember(strip(o)),
+                Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
+            };
+        }
+        let written = latest.to_device().map_err(|e| store(e.to_string()))?;
+        let was = known.status.as_ref().map(|s| s.phase);
+        if written.phase == Phase::Failed && was != Some(crate::resources::DevicePhase::Failed) {
+            self.spawn_wipe_failed(&written);
+        }
+        Ok(written)
+    }
+
+    /// Maps a failed write; a 409 re-reads the object so the caller's next
+    /// read sees what won.
+    async fn write_failed(&self, name: &str, wwid: &str, e: kube::Error) -> InventoryError {
+        match &e {
+            kube::Error::Api(s) if s.code == 409 => {
+                if let Err(re) = self.refresh(name).await {
+                    tracing::warn!(%wwid, error = %re, "re-read after a conflict failed");
+                }
+                InventoryError::Conflict(wwid.to_owned())
+            }
+            kube::Error::Api(s) if s.code == 404 => InventoryError::NotFound(wwid.to_owned()),
+            _ => api_error(e),
+        }
+    }
+
+    /// Creates the object of a device first seen, then writes its status.
+    async fn create_device(&self, dev: &Device) -> Result<Device, InventoryError> {
+        let name = object_name(&dev.wwid);
+        let obj = SCSIDevice {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: SCSIDeviceSpec::from_device(dev),
+            status: None,
+        };
+        let created = match self
+            .inner
+            .devices
+            .create(&PostParams::default(), &obj)
+            .await
+        {
+            Ok(o) => self.inner.device_cache.remember(strip(o)),
+            Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
+        };
+        let mut with_status = (*created).clone();
+        with_status.status = Some(SCSIDeviceStatus::from_device(dev, None, Timestamp::now()));
+        match self
+            .inner
+            .devices
+            .replace_status(&name, &PostParams::default(), &with_status)
+            .await
+        {
+            Ok(o) => self
+                .inner
+                .device_cache
+                .remember(strip(o))
+                .to_device()
+                .map_err(|e| store(e.to_string())),
+            Err(e) => Err(self.write_failed(&name, &dev.wwid, e).await),
+        }
+    }
+
+    fn spawn_wipe_failed(&self, dev: &Device) {
+        let (Some(events), Some(binding)) = (self.inner.events.clone(), dev.binding.clone()) else {
+            return;
+        };
+        let (wwid, reason) = (dev.wwid.clone(), dev.reason.clone());
+        tokio::spawn(async move {
+            events
+                .wipe_failed(&binding.volume_name, &wwid, &reason)
+                .await
+        });
+    }
+
+    /// Merges one WWID of a discovery round; Ok(None) when nothing to do.
+    async fn merge_one(
+        &self,
+        round: &DiscoveryRound,
+        wwid: &str,
+        reports: &[(&String, &LunReport)],
+        now: i64,
+        out: &mut DiscoveryOutcome,
+        conflicts: &mut Vec<String>,
+    ) -> Result<(), InventoryError> {
+        let t = &round.target;
+        for _ in 0..ATTEMPTS {
+            let fresh = reports.iter().map(|(node, lun)| NodeView {
+                node: (*node).clone(),
+                target: t.clone(),
+                paths: lun.paths.clone(),
+            });
+            let existing = self.device_object(wwid)?;
+            let result = match existing {
+                None => {
+                    let Some((_, first)) = reports.first() else {
+                        return Ok(());
+                    };
+                    let dev =
+                        new_device(wwid, t, first, &round.device_labels, fresh.collect(), now);
+                    self.create_device(&dev)
+                        .await
+                        .map(|_| out.added.push(wwid.to_owned()))
+                }
+                Some(obj) if !obj.has_status() => {
+                    // Created but its status never written (a crash between
+                    // the two requests): finish it as a new device.
+                    let Some((_, first)) = reports.first() else {
+                        return Ok(());
+                    };
+                    let mut dev =
+                        new_device(wwid, t, first, &round.device_labels, fresh.collect(), now);
+                    dev.generation = obj
+                        .to_device()
+                        .map_err(|e| store(e.to_string()))?
+                        .generation;
+                    self.write_device(&dev)
+                        .await
+                        .map(|_| out.added.push(wwid.to_owned()))
+                }
+                Some(obj) => {
+                    let mut dev = obj.to_device().map_err(|e| store(e.to_string()))?;
+                    let before = dev.clone();
+                    // Keep what other targets and silent nodes said.
+                    dev.nodes
+                        .retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
+                    dev.nodes.extend(fresh);
+                    dev.nodes
+                        .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
+                    if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
+                        dev.size_bytes = lun.size_bytes;
+                        if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
+                            dev.last_seen = now;
+                        }
+                    }
+                    for (k, v) in &round.device_labels {
+                        match dev.labels.get(k) {
+                            None => {
+                                dev.labels.insert(k.clone(), v.clone());
+                            }
+                            Some(have) if have != v => {
+                                conflicts.push(format!(
+                                    "{wwid}: {k}={have} (kept), this target says {k}={v}"
+                                ));
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    let mut event = None;
+                    if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound)
+                    {
+                        dev.phase = Phase::Lost;
+                        dev.reason = format!("no node reports it (target {t})");
+                        event = Some(&mut out.lost);
+                    } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
+                        dev.phase = if dev.binding.is_some() {
+                            Phase::Bound
+                        } else {
+                            Phase::Available
+                        };
+                        dev.reason.clear();
+                        event = Some(&mut out.found);
+                    }
+                    if dev == before {
+                        return Ok(());
+                    }
+                    match self.write_device(&dev).await {
+                        Ok(_) => {
+                            if let Some(list) = event {
+                                list.push(wwid.to_owned());
+                            }
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match result {
+                Err(InventoryError::Conflict(_)) => continue,
+                other => return other,
+            }
+        }
+        Err(InventoryError::Conflict(wwid.to_owned()))
+    }
+
+    /// Writes what the round saw into the target's status (best effort).
+    async fn write_target_status(&self, round: &DiscoveryRound, mut conflicts: Vec<String>) {
+        let mut nodes: Vec<TargetNodeStatus> = round
+            .answered
+            .iter()
+            .map(|(node, luns)| TargetNodeStatus {
+                node: node.clone(),
+                answered: true,
+                luns: u32::try_from(luns.len()).unwrap_or(u32::MAX),
+            })
+            .chain(round.unanswered.iter().map(|node| TargetNodeStatus {
+                node: node.clone(),
+                answered: false,
+                luns: 0,
+            }))
+            .collect();
+        nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        conflicts.sort();
+        conflicts.dedup();
+        let answered = u32::try_from(round.answered.len()).unwrap_or(u32::MAX);
+        let phase = match (round.answered.is_empty(), round.unanswered.is_empty()) {
+            (false, true) => "Ready",
+            (false, false) => "Degraded",
+            (true, _) => "Unreachable",
+        };
+        let now = Timestamp::now();
+        let previous = self
+            .inner
+            .target_cache
+            .get(&reflector::ObjectRef::new(&round.target))
+            .and_then(|t| t.status.clone());
+        let discovered = answered > 0;
+        let status = SCSITargetStatus {
+            phase: Some(phase.into()),
+            reachable_nodes: answered,
+            nodes,
+            label_conflicts: conflicts,
+            last_discovery: Some(Time(now)),
+            conditions: vec![condition(
+                previous
+                    .as_ref()
+                    .map(|s| s.conditions.as_slice())
+                    .unwrap_or_default(),
+                "Discovered",
+                discovered,
+                if discovered {
+                    "AgentsAnswered"
+                } else {
+                    "NoAgentAnswered"
+                },
+                format!(
+                    "{answered} of {} nodes answered",
+                    round.answered.len() + round.unanswered.len()
+                ),
+                now,
+            )],
+        };
+        let patch = serde_json::json!({ "status": status });
+        if let Err(e) = self
+            .inner
+            .targets
+            .patch_status(
+                &round.target,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(target = %round.target, error = %e, "could not write the SCSITarget status");
+        }
+    }
+
+    /// The PVC bound to the PersistentVolume `volume`, from its claimRef.
+    async fn claim_of(&self, volume: &str) -> Option<ClaimRef> {
+        let pv = Api::<PersistentVolume>::all(self.inner.client.clone())
+            .get_opt(volume)
+            .await;
+        match pv {
+            Ok(Some(pv)) => {
+                let r = pv.spec?.claim_ref?;
+                Some(ClaimRef {
+                    namespace: r.namespace?,
+                    name: r.name?,
+                })
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(%volume, error = %e, "cannot read the PersistentVolume to find its claim");
+                None
+            }
+        }
+    }
+
+    fn resize_object(&self, name: &str) -> Option<Arc<PendingResizeRequest>> {
+        let object = object_name(name);
+        self.inner
+            .resize_cache
+            .find(|r| r.metadata.name.as_deref() == Some(object.as_str()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Inventory for KubeInventory {
+    async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        let spec = SCSITargetSpec::from_target(&target);
+        for _ in 0..ATTEMPTS {
+            let current = self
+                .inner
+                .target_cache
+                .get(&reflector::ObjectRef::new(&target.name));
+            let result = match current {
+                Some(obj) if obj.spec == spec => return Ok(()),
+                Some(obj) => {
+                    let mut next = (*obj).clone();
+                    next.spec = spec.clone();
+                    self.inner
+                        .targets
+                        .replace(&target.name, &PostParams::default(), &next)
+                        .await
+                }
+                None => {
+                    let obj = SCSITarget::new(&target.name, spec.clone());
+                    self.inner
+                        .targets
+                        .create(&PostParams::default(), &obj)
+                        .await
+                }
+            };
+            match result {
+                Ok(_) => return Ok(()),
+                // A stale cache: wait for the watch and try again.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                Err(e) => return Err(api_error(e)),
+            }
+        }
+        Err(InventoryError::Conflict(target.name))
+    }
+
+    async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
+        self.fence()?;
+        match self
+            .inner
+            .targets
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(e)),
+        }
+    }
+
+    async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
+        self.wait_until_ready().await?;
+        let mut all: Vec<Target> = self
+            .inner
+            .target_cache
+            .state()
+            .iter()
+            .map(|t| t.to_target())
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    async fn apply_discovery(
+        &self,
+        round: DiscoveryRound,
+    ) -> Result<DiscoveryOutcome, InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        let t = round.target.clone();
+        let mut reported: BTreeMap<String, Vec<(&String, &LunReport)>> = BTreeMap::new();
+        for (node, luns) in &round.answered {
+            for lun in luns {
+                reported
+                    .entry(lun.wwid.clone())
+                    .or_default()
+                    .push((node, lun));
+            }
+        }
+        let mut wwids: BTreeSet<String> = reported.keys().cloned().collect();
+        for obj in self.all_devices() {
+            let via_target = obj.spec.target == t
+                || obj
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.nodes.iter().any(|n| n.target == t));
+            if via_target {
+                wwids.insert(obj.spec.wwid.clone());
+            }
+        }
+        let now = Timestamp::now().as_second();
+        let mut out = DiscoveryOutcome::default();
+        let mut conflicts = Vec::new();
+        let mut first_error = None;
+        for wwid in wwids {
+            let reports = reported.get(&wwid).cloned().unwrap_or_default();
+            // One device failing does not stop the others; the pass reports it.
+            if let Err(e) = self
+                .merge_one(&round, &wwid, &reports, now, &mut out, &mut conflicts)
+                .await
+            {
+                tracing::warn!(%wwid, target = %t, error = %e, "device not merged");
+                first_error.get_or_insert(e);
+            }
+        }
+        self.write_target_status(&round, conflicts).await;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+        self.wait_until_ready().await?;
+        self.device_object(wwid)?
+            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+            .transpose()
+    }
+
+    async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
+        self.wait_until_ready().await?;
+        bound_to(&self.all_devices(), name)
+    }
+
+    async fn devices(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError> {
+        self.wait_until_ready().await?;
+        let after = after.unwrap_or("");
+        let mut page: Vec<Arc<SCSIDevice>> = self
+            .all_devices()
+            .into_iter()
+            .filter(|o| o.spec.wwid.as_str() > after)
+            .collect();
+        if page.len() > limit && limit > 0 {
+            page.select_nth_unstable_by(limit - 1, |a, b| a.spec.wwid.cmp(&b.spec.wwid));
+        }
+        page.truncate(limit);
+        page.sort_by(|a, b| a.spec.wwid.cmp(&b.spec.wwid));
+        page.iter()
+            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+            .collect()
+    }
+
+    async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
+        self.wait_until_ready().await?;
+        let mut counts: BTreeMap<Phase, u64> = BTreeMap::new();
+        for obj in self.all_devices() {
+            if let Ok(d) = obj.to_device() {
+                *counts.entry(d.phase).or_default() += 1;
+            }
+        }
+        Ok(counts.into_iter().collect())
+    }
+
+    async fn largest_size(&self) -> Result<u64, InventoryError> {
+        self.wait_until_ready().await?;
+        Ok(self
+            .all_devices()
+            .iter()
+            .map(|o| o.spec.size_bytes)
+            .max()
+            .unwrap_or(0))
+    }
+
+    async fn capacity(
+        &self,
+        nodes: &[String],
+        selector: &Selector,
+    ) -> Result<(u64, u64), InventoryError> {
+        self.wait_until_ready().await?;
+        let (mut total, mut largest) = (0u64, 0u64);
+        for d in available(&self.all_devices(), selector, 0, u64::MAX) {
+            if nodes.is_empty() || d.nodes.iter().any(|v| nodes.contains(&v.node)) {
+                total = total.saturating_add(d.size_bytes);
+                largest = largest.max(d.size_bytes);
+            }
+        }
+        Ok((total, largest))
+    }
+
+    async fn bind(
+        &self,
+        request: BindRequest,
+        min_bytes: u64,
+        max_bytes: u64,
+    ) -> Result<Device, InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        let _serial = self.inner.bind_lock.lock().await;
+        let mut last = String::new();
+        for _ in 0..ATTEMPTS {
+            let all = self.all_devices();
+            if let Some(existing) = bound_to(&all, &request.binding.volume_name)? {
+                // Raced with ourselves: the caller re-checks the parameters.
+                return Ok(existing);
+            }
+            let free = available(&all, &request.selector, min_bytes, max_bytes);
+            let Some(mut dev) = pick(&free, &request.topology) else {
+                return Err(InventoryError::NoFit(format!(
+                    "{} bytes or more{}",
+                    min_bytes,
+                    if request.topology.is_empty() {
+                        String::new()
+                    } else {
+                        " on the requested nodes".into()
+                    }
+                )));
+            };
+            dev.phase = Phase::Bound;
+            dev.binding = Some(request.binding.clone());
+            dev.reason.clear();
+            match self.write_device(&dev).await {
+                Ok(written) => return Ok(written),
+                // Another writer took it: the overlay now holds what won.
+                Err(InventoryError::Conflict(w)) => {
+                    tracing::info!(wwid = %w, volume = %request.binding.volume_name, "bind lost a race; picking again");
+                    last = w;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(InventoryError::Conflict(last))
+    }
+
+    async fn update(&self, device: Device) -> Result<Device, InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        self.write_device(&device).await
+    }
+
+    async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        let volume_name = self
+            .device_object(&r.wwid)?
+            .and_then(|o| {
+                o.status
+                    .as_ref()?
+                    .binding
+                    .as_ref()
+                    .map(|b| b.volume_name.clone())
+            })
+            .unwrap_or_default();
+        let spec = PendingResizeRequestSpec {
+            claim_name: String::new(),
+            volume_name: volume_name.clone(),
+            volume_id: r.volume_id.clone(),
+            wwid: r.wwid.clone(),
+            requested_bytes: r.requested_bytes,
+        };
+        let status = PendingResizeRequestStatus {
+            current_bytes: r.current_bytes,
+            done: r.done,
+            last_update: Some(Time(Timestamp::now())),
+        };
+        let (object, namespace, claim, was) = match self.resize_object(&r.name) {
+            Some(existing) => {
+                let ns = existing.namespace().unwrap_or_default();
+                let claim = (!existing.spec.claim_name.is_empty()).then(|| ClaimRef {
+                    namespace: ns.clone(),
+                    name: existing.spec.claim_name.clone(),
+                });
+                let api: Api<PendingResizeRequest> =
+                    Api::namespaced(self.inner.client.clone(), &ns);
+                let name = existing.name_any();
+                if existing.spec.requested_bytes != r.requested_bytes
+                    || existing.spec.volume_id != r.volume_id
+                {
+                    let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(api_error)?;
+                }
+                (
+                    name,
+                    ns,
+                    claim,
+                    Some((
+                        existing.spec.requested_bytes,
+                        existing.status.clone().unwrap_or_default().done,
+                    )),
+                )
+            }
+            None => {
+                let claim = if volume_name.is_empty() {
+                    None
+                } else {
+                    self.claim_of(&volume_name).await
+                };
+                let ns = claim
+                    .as_ref()
+                    .map(|c| c.namespace.clone())
+                    .unwrap_or_else(|| self.inner.config.namespace.clone());
+                let object = object_name(&r.name);
+                let mut obj = PendingResizeRequest::new(
+                    &object,
+                    PendingResizeRequestSpec {
+                        claim_name: claim.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+                        ..spec
+                    },
+                );
+                obj.metadata.namespace = Some(ns.clone());
+                obj.metadata.labels = Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "csi-scsi".to_owned(),
+                )]));
+                obj.metadata.annotations = Some(BTreeMap::from([(
+                    REQUEST_NAME_ANNOTATION.to_owned(),
+                    r.name.clone(),
+                )]));
+                let api: Api<PendingResizeRequest> =
+                    Api::namespaced(self.inner.client.clone(), &ns);
+                match api.create(&PostParams::default(), &obj).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => return Err(api_error(e)),
+                }
+                (object, ns, claim, None)
+            }
+        };
+        let api: Api<PendingResizeRequest> = Api::namespaced(self.inner.client.clone(), &namespace);
+        let patch = serde_json::json!({ "status": status });
+        api.patch_status(&object, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api_error)?;
+        if let (Some(events), Some(claim)) = (self.inner.events.clone(), claim) {
+            let newly_pending =
+                !r.done && was.is_none_or(|(bytes, done)| bytes != r.requested_bytes || done);
+            let newly_done = r.done && was.is_some_and(|(_, done)| !done);
+            let (wwid, have, want, name) = (
+                r.wwid.clone(),
+                r.current_bytes,
+                r.requested_bytes,
+                object.clone(),
+            );
+            if newly_pending {
+                tokio::spawn(async move {
+                    events
+                        .resize_pending(&claim, &wwid, have, want, &name)
+                        .await
+                });
+            } else if newly_done {
+                tokio::spawn(async move { events.resize_completed(&claim, &wwid, have).await });
+            }
+        }
+        Ok(())
+    }
+
+    async fn resizes(&self) -> Result<Vec<ResizeRequest>, InventoryError> {
+        self.wait_until_ready().await?;
+        let mut all: Vec<ResizeRequest> = self
+            .inner
+            .resize_cache
+            .state()
+            .iter()
+            .map(|o| {
+                let mut r = o.to_request();
+                if let Some(name) = o.annotations().get(REQUEST_NAME_ANNOTATION) {
+                    r.name = name.clone();
+                }
+                r
+            })
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+// === impl Cache ===
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// The newest version of `name` known to this process.
+    fn get(&self, name: &str) -> Option<Arc<K>> {
+        let cached = self.store.get(&reflector::ObjectRef::new(name));
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        match (cached, recent.get(name)) {
+            (cached, Some((mine, at))) => {
+                if at.elapsed() > OVERLAY_TTL
+                    || cached
+                        .as_ref()
+                        .is_some_and(|c| version(&**c) >= version(&**mine))
+                {
+                    recent.remove(name);
+                    cached
+                } else {
+                    Some(mine.clone())
+                }
+            }
+            (cached, None) => cached,
+        }
+    }
+
+    /// Every object, the overlay's versions where newer.
+    fn all(&self) -> Vec<Arc<K>> {
+        let mut by_name: HashMap<String, Arc<K>> = self
+            .store
+            .state()
+            .into_iter()
+            .map(|o| (o.name_any(), o))
+            .collect();
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.retain(|name, (mine, at)| {
+            let stale = at.elapsed() > OVERLAY_TTL
+                || by_name
+                    .get(name)
+                    .is_some_and(|c| version(&**c) >= version(&**mine));
+            if !stale {
+                by_name.insert(name.clone(), mine.clone());
+            }
+            !stale
+        });
+        by_name.into_values().collect()
+    }
+
+    /// Keeps a version this process wrote or re-read.
+    fn remember(&self, obj: K) -> Arc<K> {
+        let obj = Arc::new(obj);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.insert(obj.name_any(), (obj.clone(), Instant::now()));
+        obj
+    }
+}
+
+// === helpers ===
+
+/// Runs a reflector until aborted; notifies `changed` on every event.
+fn reflect<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    changed: Option<Arc<Notify>>,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer);
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+                ) => {
+                    if let Some(n) = &changed {
+                        n.notify_one();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying")
+                }
+            }
+        }
+    })
+}
+
+fn strip<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+/// The resourceVersion as a number (0 when absent or opaque: never newer).
+fn version<K: Resource>(obj: &K) -> u64 {
+    obj.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn store(msg: impl Into<String>) -> InventoryError {
+    InventoryError::Store(msg.into())
+}
+
+fn api_error(e: kube::Error) -> InventoryError {
+    InventoryError::Store(format!("Kubernetes API: {e}"))
+}
+
+fn new_device(
+    wwid: &str,
+    target: &str,
+    first: &LunReport,
+    labels: &BTreeMap<String, String>,
+    nodes: Vec<NodeView>,
+    now: i64,
+) -> Device {
+    Device {
+        wwid: wwid.to_owned(),
+        target: target.to_owned(),
+        lun: first.lun,
+        size_bytes: first.size_bytes,
+        vendor: first.vendor.clone(),
+        model: first.model.clone(),
+        serial: first.serial.clone(),
+        labels: labels.clone(),
+        phase: Phase::Available,
+        binding: None,
+        nodes,
+        published: Vec::new(),
+        last_seen: now,
+        reason: String::new(),
+        generation: 0,
+    }
+}
+
+fn bound_to(all: &[Arc<SCSIDevice>], name: &str) -> Result<Option<Device>, InventoryError> {
+    all.iter()
+        .find(|o| {
+            o.status
+                .as_ref()
+                .and_then(|s| s.binding.as_ref())
+                .is_some_and(|b| b.volume_name == name)
+        })
+        .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+        .transpose()
+}
+
+/// Available devices of a fitting size whose labels match.
+fn available(all: &[Arc<SCSIDevice>], selector: &Selector, min: u64, max: u64) -> Vec<Device> {
+    all.iter()
+        .filter(|o| {
+            o.status
+                .as_ref()
+                .is_some_and(|s| s.phase == crate::resources::DevicePhase::Available)
+                && (min..=max).contains(&o.spec.size_bytes)
+                && selector.matches(&o.spec.labels)
+        })
+        .filter_map(|o| o.to_device().ok())
+        .collect()
+}
+
+/// The smallest (then lowest WWID) device visible from the first node in
+/// `topology` that sees any; from anywhere when `topology` is empty.
+fn pick(free: &[Device], topology: &[Vec<String>]) -> Option<Device> {
+    let smallest = |it: &mut dyn Iterator<Item = &Device>| {
+        it.min_by(|a, b| (a.size_bytes, &a.wwid).cmp(&(b.size_bytes, &b.wwid)))
+            .cloned()
+    };
+    if topology.is_empty() {
+        return smallest(&mut free.iter());
+    }
+    topology.iter().flatten().find_map(|node| {
+        smallest(
+            &mut free
+                .iter()
+                .filter(|d| d.nodes.iter().any(|v| v.node == *node)),
+        )
+    })
+}
+
+/// A condition that keeps its transition time while its status holds.
+fn condition(
+    previous: &[Condition],
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let transition = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: transition,
+        observed_generation: None,
+    }
+}

@@ -1,0 +1,395 @@
+//! Leader election through a `coordination.k8s.io/v1` Lease, so that one
+//! proxy replica runs discovery and writes the inventory. The algorithm is
+//! client-go's: a candidate takes the Lease when its holder has not renewed
+//! it for a whole lease duration *as observed on the candidate's own clock*
+//! (no clock comparison across machines); the holder renews every retry
+//! period and steps down when it could not renew within the renew deadline,
+//! which is shorter than the lease duration, so it stops before anyone else
+//! may start. Every write is a resourceVersion-guarded replace.
+//!
+//! `LeaderHandle` is what the rest of the proxy sees: `is_leader()`, a
+//! `watch` to follow changes, `LeaderGate` to answer Controller calls with
+//! UNAVAILABLE on a non-leader, and `run_while_leader` for background work.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Names and timings of the election.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Namespace of the Lease (the driver's).
+    pub namespace: String,
+    /// Lease name.
+    pub name: String,
+    /// This replica's identity (its pod name).
+    pub identity: String,
+    /// How long a holder's claim stands without renewal.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it steps down.
+    pub renew_deadline: Duration,
+    /// How often candidates try and the leader renews.
+    pub retry_period: Duration,
+}
+
+/// Why a lease configuration is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseConfigError {
+    /// A name is empty.
+    #[error("lease {0} must not be empty")]
+    Empty(&'static str),
+    /// The timings would let two leaders overlap or never renew.
+    #[error(
+        "lease timings must satisfy retry period < renew deadline < lease duration (got {retry:?} < {renew:?} < {lease:?})"
+    )]
+    Timings {
+        /// Retry period.
+        retry: Duration,
+        /// Renew deadline.
+        renew: Duration,
+        /// Lease duration.
+        lease: Duration,
+    },
+}
+
+/// Whether this replica leads, now and as it changes.
+#[derive(Clone, Debug)]
+pub struct LeaderHandle {
+    rx: watch::Receiver<bool>,
+    /// Keeps the channel open for a handle with no election behind it.
+    _fixed: Option<std::sync::Arc<watch::Sender<bool>>>,
+}
+
+/// The running election: its handle and its task.
+#[derive(Debug)]
+pub struct LeaderElection {
+    handle: LeaderHandle,
+    task: JoinHandle<()>,
+    api: Api<Lease>,
+    config: LeaseConfig,
+}
+
+/// A tonic interceptor that refuses calls with UNAVAILABLE unless this
+/// replica leads: the sidecar retries, and reaches the leader once its own
+/// election settles on the same pod.
+#[derive(Clone, Debug)]
+pub struct LeaderGate(pub LeaderHandle);
+
+/// The candidate's state between attempts.
+struct Elector {
+    api: Api<Lease>,
+    config: LeaseConfig,
+    tx: watch::Sender<bool>,
+    /// The last Lease record seen and when this replica first saw it.
+    observed: Option<(Record, Instant)>,
+}
+
+/// The parts of a Lease that show its holder is alive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    holder: Option<String>,
+    renew: Option<Timestamp>,
+    transitions: i32,
+}
+
+// === impl LeaseConfig ===
+
+impl LeaseConfig {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
+    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Checks names and timings.
+    pub fn validate(&self) -> Result<(), LeaseConfigError> {
+        for (what, v) in [
+            ("namespace", &self.namespace),
+            ("name", &self.name),
+            ("identity", &self.identity),
+        ] {
+            if v.is_empty() {
+                return Err(LeaseConfigError::Empty(what));
+            }
+        }
+        if !(self.retry_period < self.renew_deadline && self.renew_deadline < self.lease_duration) {
+            return Err(LeaseConfigError::Timings {
+                retry: self.retry_period,
+                renew: self.renew_deadline,
+                lease: self.lease_duration,
+            });
+        }
+        Ok(())
+    }
+}
+
+// === impl LeaderHandle ===
+
+impl LeaderHandle {
+    /// A handle that always leads (embedded mode: one proxy, no election).
+    pub fn always() -> Self {
+        let (tx, rx) = watch::channel(true);
+        Self {
+            rx,
+            _fixed: Some(std::sync::Arc::new(tx)),
+        }
+    }
+
+    /// Whether this replica leads now. A stopped election never leads.
+    pub fn is_leader(&self) -> bool {
+        self.rx.has_changed().is_ok() && *self.rx.borrow()
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.rx.clone()
+    }
+
+    /// Waits until this replica leads; false if the election stopped first.
+    pub async fn wait_until_leader(&self) -> bool {
+        let mut rx = self.rx.clone();
+        rx.wait_for(|leads| *leads).await.is_ok()
+    }
+}
+
+/// Runs `work()` while this replica leads: starts it on gaining leadership,
+/// aborts it on losing it, and starts it again on the next gain. Returns
+/// when the election stops.
+pub async fn run_while_leader<F, Fut>(handle: LeaderHandle, mut work: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut rx = handle.subscribe();
+    loop {
+        // A stopped election may leave `true` behind: it does not lead.
+        if rx.wait_for(|leads| *leads).await.is_err() || rx.has_changed().is_err() {
+            return;
+        }
+        tracing::info!("leading: starting leader-only work");
+        let task = tokio::spawn(work());
+        let lost = rx.wait_for(|leads| !*leads).await.is_ok();
+        task.abort();
+        if !lost {
+            return;
+        }
+        tracing::warn!("leadership lost: leader-only work stopped");
+    }
+}
+
+// === impl LeaderElection ===
+
+impl LeaderElection {
+    /// Starts campaigning for the Lease in the background.
+    pub fn spawn(client: Client, config: LeaseConfig) -> Result<Self, LeaseConfigError> {
+        config.validate()?;
+        let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+        let (tx, rx) = watch::channel(false);
+        let elector = Elector {
+            api: api.clone(),
+            config: config.clone(),
+            tx,
+            observed: None,
+        };
+        Ok(Self {
+            handle: LeaderHandle { rx, _fixed: None },
+            task: tokio::spawn(elector.run()),
+            api,
+            config,
+        })
+    }
+
+    /// The handle the rest of the proxy uses.
+    pub fn handle(&self) -> LeaderHandle {
+        self.handle.clone()
+    }
+
+    /// Stops campaigning and, if this replica holds the Lease, releases it
+    /// so a successor need not wait out the lease duration.
+    pub async fn step_down(self) {
+        self.task.abort();
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(lease = %self.config.name, "leadership released"),
+            Err(e) => {
+                tracing::warn!(lease = %self.config.name, error = %e, "could not release the Lease")
+            }
+        }
+    }
+}
+
+impl Drop for LeaderElection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// === impl LeaderGate ===
+
+impl tonic::service::Interceptor for LeaderGate {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if self.0.is_leader() {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unavailable(
+                "this csi-scsi-proxy replica is not the leader; retry (the leader holds the Lease)",
+            ))
+        }
+    }
+}
+
+// === impl Elector ===
+
+impl Elector {
+    async fn run(mut self) {
+        let mut last_renew: Option<Instant> = None;
+        loop {
+            let leading = *self.tx.borrow();
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    last_renew = Some(Instant::now());
+                    if !leading {
+                        tracing::info!(lease = %self.config.name, identity = %self.config.identity, "acquired the Lease: leading");
+                        self.tx.send_replace(true);
+                    }
+                }
+                Ok(false) => {
+                    if leading {
+                        tracing::warn!(lease = %self.config.name, "another replica holds the Lease: no longer leading");
+                        self.tx.send_replace(false);
+                    }
+                }
+                Err(e) => {
+                    let expired =
+                        last_renew.is_none_or(|t| t.elapsed() >= self.config.renew_deadline);
+                    tracing::warn!(lease = %self.config.name, error = %e, "Lease not acquired or renewed");
+                    if leading && expired {
+                        tracing::warn!(lease = %self.config.name, deadline = ?self.config.renew_deadline, "could not renew within the deadline: no longer leading");
+                        self.tx.send_replace(false);
+                    }
+                }
+            }
+            let mut wait = self.config.retry_period;
+            if !*self.tx.borrow() {
+                // Candidates spread out so they do not all try at once.
+                wait += self.config.retry_period.mul_f64(fastrand::f64() * 0.2);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One attempt: true when this replica holds the Lease afterwards.
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let me = self.config.identity.clone();
+        let now = Timestamp::now();
+        let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let Some(lease) = self.api.get_opt(&self.config.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.config.name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me),
+                    acquire_time: Some(MicroTime(now)),
+                    renew_time: Some(MicroTime(now)),
+                    lease_duration_seconds: Some(duration_secs),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    self.observe(&created);
+                    Ok(true)
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let record = self.observe(&lease);
+        let spec = lease.spec.clone().unwrap_or_default();
+        let held_by_other = record.holder.as_ref().is_some_and(|h| *h != me);
+        if held_by_other {
+            let lease_duration = spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs)
+                .unwrap_or(self.config.lease_duration);
+            let seen_since = self
+                .observed
+                .as_ref()
+                .map(|(_, at)| *at)
+                .unwrap_or_else(Instant::now);
+            if seen_since.elapsed() < lease_duration {
+                return Ok(false);
+            }
+            tracing::info!(lease = %self.config.name, holder = ?record.holder, "the holder let the Lease expire: taking it");
+        }
+        let mut next = lease.clone();
+        let s = next.spec.get_or_insert_with(LeaseSpec::default);
+        if record.holder.as_deref() != Some(me.as_str()) {
+            s.holder_identity = Some(me);
+            s.acquire_time = Some(MicroTime(now));
+            s.lease_transitions = Some(record.transitions + i32::from(record.holder.is_some()));
+        }
+        s.renew_time = Some(MicroTime(now));
+        s.lease_duration_seconds = Some(duration_secs);
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &next)
+            .await
+        {
+            Ok(written) => {
+                self.observe(&written);
+                Ok(true)
+            }
+            // Someone else wrote first: their record stands.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Notes `lease`'s record, restarting the clock when it changed.
+    fn observe(&mut self, lease: &Lease) -> Record {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let record = Record {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            renew: spec.renew_time.map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+        };
+        if self.observed.as_ref().map(|(r, _)| r) != Some(&record) {
+            self.observed = Some((record.clone(), Instant::now()));
+        }
+        record
+    }
+}

@@ -1,0 +1,367 @@
+//! `SCSIDevice` (cluster-scoped): one LUN, named from its WWID. The spec
+//! holds what discovery reported; the status holds the inventory's state
+//! (phase, binding, where it is visible) and is written only through the
+//! status subresource. The proxy is the only writer; agents never are.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::inventory::{Binding, Device, NodeView, Phase};
+
+/// One LUN as discovery reported it.
+#[derive(
+    CustomResource, JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[kube(
+    group = "csi-scsi.io",
+    version = "v1alpha1",
+    kind = "SCSIDevice",
+    plural = "scsidevices",
+    singular = "scsidevice",
+    shortname = "scsidev",
+    category = "csi-scsi",
+    status = "SCSIDeviceStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "One SCSI LUN, named from its WWID, as the csi-scsi proxy keeps it in its inventory.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.sizeBytes"),
+    printcolumn(
+        name = "Volume",
+        type_ = "string",
+        json_path = ".status.binding.volumeName"
+    ),
+    printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodeNames"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "WWID",
+        type_ = "string",
+        json_path = ".spec.wwid",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        json_path = ".spec.target",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        priority = 1
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SCSIDeviceSpec {
+    /// Canonical WWID (VPD page 0x83): the LUN's only stable identity.
+    pub wwid: String,
+    /// The first target that reported it.
+    pub target: String,
+    /// LUN number on that target.
+    pub lun: u32,
+    /// Size in bytes, as last reported.
+    pub size_bytes: u64,
+    /// INQUIRY vendor.
+    #[serde(default)]
+    pub vendor: String,
+    /// INQUIRY product.
+    #[serde(default)]
+    pub model: String,
+    /// Unit serial number.
+    #[serde(default)]
+    pub serial: String,
+    /// Labels from the targets' deviceLabels, matched by StorageClass
+    /// `deviceSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A device's life-cycle phase, as stored.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DevicePhase {
+    /// Free: can be bound to a new volume.
+    #[default]
+    Available,
+    /// Bound to a volume.
+    Bound,
+    /// Being wiped after its volume was deleted.
+    Releasing,
+    /// A wipe failed; never offered again by itself.
+    Failed,
+    /// No node reports it any more.
+    Lost,
+}
+
+/// The inventory's state of the device.
+#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SCSIDeviceStatus {
+    /// Life-cycle phase.
+    pub phase: DevicePhase,
+    /// The CSI volume ID (`<wwid>:<binding uid>`) while bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// The binding, while bound (kept while Releasing, Failed or Lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<DeviceBinding>,
+    /// Where it is visible: node, target, and the paths on that node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<DeviceNode>,
+    /// Node names that see it, sorted (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<String>,
+    /// Nodes it is attached (ControllerPublished) to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published: Vec<String>,
+    /// When a node last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Time>,
+    /// Why it is Failed or Lost.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Standard conditions (`Usable`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// What a volume asked for when it was bound.
+#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceBinding {
+    /// Fresh for every binding: the second half of the volume ID.
+    pub uid: String,
+    /// The CreateVolume name (the PersistentVolume's name).
+    pub volume_name: String,
+    /// Bytes asked for.
+    #[serde(default)]
+    pub required_bytes: u64,
+    /// Upper bound asked for (0: none).
+    #[serde(default)]
+    pub limit_bytes: u64,
+    /// Access modes and types requested, canonical text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// StorageClass parameters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// Wipe mode applied on delete.
+    #[serde(default)]
+    pub cleanup: String,
+}
+
+/// Where one node sees the device, through one target.
+#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Node name.
+    pub node: String,
+    /// Target the paths come through.
+    pub target: String,
+    /// `/dev/disk/by-path` (or by-id) names on that node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+}
+
+/// Why a stored object cannot become an inventory device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceObjectError {
+    /// The object has no resourceVersion (it was not read from the API).
+    #[error("SCSIDevice {0} has no resourceVersion")]
+    NoResourceVersion(String),
+    /// The resourceVersion is not the decimal number the API server uses.
+    #[error("SCSIDevice {name} has a non-numeric resourceVersion {version:?}")]
+    OpaqueResourceVersion {
+        /// The object.
+        name: String,
+        /// What the server sent.
+        version: String,
+    },
+}
+
+// === impl SCSIDevice ===
+
+impl SCSIDevice {
+    /// The inventory's view. `generation` carries the resourceVersion, so
+    /// the compare-and-swap token survives the trip through the caller.
+    /// An object without status (created, status not yet written) is Lost
+    /// with no binding: never offered, and the next discovery fixes it.
+    pub fn to_device(&self) -> Result<Device, DeviceObjectError> {
+        let name = self.metadata.name.clone().unwrap_or_default();
+        let version = self
+            .metadata
+            .resource_version
+            .clone()
+            .ok_or_else(|| DeviceObjectError::NoResourceVersion(name.clone()))?;
+        let generation = version
+            .parse::<i64>()
+            .map_err(|_| DeviceObjectError::OpaqueResourceVersion { name, version })?;
+        let status = self.status.clone().unwrap_or(SCSIDeviceStatus {
+            phase: DevicePhase::Lost,
+            reason: "status not written yet".into(),
+            ..SCSIDeviceStatus::default()
+        });
+        Ok(Device {
+            wwid: self.spec.wwid.clone(),
+            target: self.spec.target.clone(),
+            lun: self.spec.lun,
+            size_bytes: self.spec.size_bytes,
+            vendor: self.spec.vendor.clone(),
+            model: self.spec.model.clone(),
+            serial: self.spec.serial.clone(),
+            labels: self.spec.labels.clone(),
+            phase: status.phase.into(),
+            binding: status.binding.map(Binding::from),
+            nodes: status
+                .nodes
+                .into_iter()
+                .map(|n| NodeView {
+                    node: n.node,
+                    target: n.target,
+                    paths: n.paths,
+                })
+                .collect(),
+            published: status.published,
+            last_seen: status.last_seen.map(|t| t.0.as_second()).unwrap_or(0),
+            reason: status.reason,
+            generation,
+        })
+    }
+
+    /// Whether the status was ever written.
+    pub fn has_status(&self) -> bool {
+        self.status.is_some()
+    }
+}
+
+// === impl SCSIDeviceSpec ===
+
+impl SCSIDeviceSpec {
+    /// The spec part of an inventory device.
+    pub fn from_device(d: &Device) -> Self {
+        Self {
+            wwid: d.wwid.clone(),
+            target: d.target.clone(),
+            lun: d.lun,
+            size_bytes: d.size_bytes,
+            vendor: d.vendor.clone(),
+            model: d.model.clone(),
+            serial: d.serial.clone(),
+            labels: d.labels.clone(),
+        }
+    }
+}
+
+// === impl SCSIDeviceStatus ===
+
+impl SCSIDeviceStatus {
+    /// The status part of an inventory device. `previous` keeps the
+    /// `Usable` condition's transition time when its state did not change.
+    pub fn from_device(d: &Device, previous: Option<&Self>, now: Timestamp) -> Self {
+        let usable = matches!(d.phase, Phase::Available | Phase::Bound);
+        let (cond_status, reason, message) = if usable {
+            ("True", d.phase.as_str(), String::new())
+        } else {
+            ("False", d.phase.as_str(), d.reason.clone())
+        };
+        let transition = previous
+            .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Usable"))
+            .filter(|c| c.status == cond_status && c.reason == reason)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Self {
+            phase: d.phase.into(),
+            volume_id: d.volume_id(),
+            binding: d.binding.clone().map(DeviceBinding::from),
+            nodes: d
+                .nodes
+                .iter()
+                .map(|n| DeviceNode {
+                    node: n.node.clone(),
+                    target: n.target.clone(),
+                    paths: n.paths.clone(),
+                })
+                .collect(),
+            node_names: d.node_names(),
+            published: d.published.clone(),
+            last_seen: (d.last_seen > 0)
+                .then(|| Timestamp::from_second(d.last_seen).ok().map(Time))
+                .flatten(),
+            reason: d.reason.clone(),
+            conditions: vec![Condition {
+                type_: "Usable".into(),
+                status: cond_status.into(),
+                reason: reason.into(),
+                message,
+                last_transition_time: transition,
+                observed_generation: None,
+            }],
+        }
+    }
+}
+
+// === impl DevicePhase ===
+
+impl From<Phase> for DevicePhase {
+    fn from(p: Phase) -> Self {
+        match p {
+            Phase::Available => Self::Available,
+            Phase::Bound => Self::Bound,
+            Phase::Releasing => Self::Releasing,
+            Phase::Failed => Self::Failed,
+            Phase::Lost => Self::Lost,
+        }
+    }
+}
+
+impl From<DevicePhase> for Phase {
+    fn from(p: DevicePhase) -> Self {
+        match p {
+            DevicePhase::Available => Self::Available,
+            DevicePhase::Bound => Self::Bound,
+            DevicePhase::Releasing => Self::Releasing,
+            DevicePhase::Failed => Self::Failed,
+            DevicePhase::Lost => Self::Lost,
+        }
+    }
+}
+
+// === impl DeviceBinding ===
+
+impl From<Binding> for DeviceBinding {
+    fn from(b: Binding) -> Self {
+        Self {
+            uid: b.uid,
+            volume_name: b.volume_name,
+            required_bytes: b.required_bytes,
+            limit_bytes: b.limit_bytes,
+            capabilities: b.capabilities,
+            parameters: b.parameters,
+            cleanup: b.cleanup,
+        }
+    }
+}
+
+impl From<DeviceBinding> for Binding {
+    fn from(b: DeviceBinding) -> Self {
+        Self {
+            uid: b.uid,
+            volume_name: b.volume_name,
+            required_bytes: b.required_bytes,
+            limit_bytes: b.limit_bytes,
+            capabilities: b.capabilities,
+            parameters: b.parameters,
+            cleanup: b.cleanup,
+        }
+    }
+}

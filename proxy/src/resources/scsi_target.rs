@@ -1,0 +1,193 @@
+//! `SCSITarget` (cluster-scoped): how nodes reach a set of LUNs. Written by
+//! the storage administrator; its status by the proxy after each discovery.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::inventory::{FcTarget, IscsiTarget, SecretRef, Target};
+
+/// How nodes reach a set of LUNs: exactly one of `iscsi` or `fibreChannel`.
+#[derive(
+    CustomResource, KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize,
+)]
+#[kube(
+    group = "csi-scsi.io",
+    version = "v1alpha1",
+    kind = "SCSITarget",
+    plural = "scsitargets",
+    singular = "scsitarget",
+    shortname = "scsitgt",
+    category = "csi-scsi",
+    status = "SCSITargetStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "How nodes reach a set of SCSI LUNs (iSCSI portals and IQN, or Fibre Channel target ports).",
+    printcolumn(name = "IQN", type_ = "string", json_path = ".spec.iscsi.iqn"),
+    printcolumn(
+        name = "WWPNs",
+        type_ = "string",
+        json_path = ".spec.fibreChannel.wwpns",
+        priority = 1
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Nodes",
+        type_ = "integer",
+        json_path = ".status.reachableNodes"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("has(self.iscsi) != has(self.fibreChannel)")
+    .message("exactly one of iscsi or fibreChannel must be set"))]
+#[serde(rename_all = "camelCase")]
+pub struct SCSITargetSpec {
+    /// iSCSI portals and target IQN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<IscsiSpec>,
+    /// Fibre Channel target port WWPNs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fibre_channel: Option<FibreChannelSpec>,
+    /// Labels a node must carry to reach this target (empty: every node).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Node names that reach this target (empty: every node matching nodeSelector).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Labels stamped onto every SCSIDevice of this target, for the
+    /// StorageClass `deviceSelector` parameter.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_labels: BTreeMap<String, String>,
+}
+
+/// The iSCSI part of a target.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IscsiSpec {
+    /// Portals as `ip:port` (port 3260 when omitted).
+    #[schemars(length(min = 1))]
+    pub portals: Vec<String>,
+    /// Target IQN.
+    #[x_kube(validation = Rule::new("self.startsWith('iqn.') || self.startsWith('eui.') || self.startsWith('naa.')")
+        .message("must be an iqn., eui. or naa. name"))]
+    pub iqn: String,
+    /// The Secret holding CHAP credentials (keys `username`, `password`,
+    /// and optionally `mutual_username`, `mutual_password`). Never the
+    /// credentials themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_secret_ref: Option<SecretReference>,
+}
+
+/// A reference to a Secret by name.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretReference {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Secret namespace (default: the driver's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The Fibre Channel part of a target.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FibreChannelSpec {
+    /// Target port WWPNs: 16 hex digits, colon-separated, or 0x-prefixed.
+    #[schemars(length(min = 1))]
+    pub wwpns: Vec<String>,
+}
+
+/// What the proxy saw of the target in its last discovery pass.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SCSITargetStatus {
+    /// `Ready` (every node answered), `Degraded` (some did not), `Unreachable` (none did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Nodes that answered the last pass.
+    #[serde(default)]
+    pub reachable_nodes: u32,
+    /// Per node: whether its agent answered and how many LUNs it saw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<TargetNodeStatus>,
+    /// Devices whose labels from this target disagree with another target's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub label_conflicts: Vec<String>,
+    /// When the last pass finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_discovery: Option<Time>,
+    /// Standard conditions (`Discovered`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One node's view of a target.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetNodeStatus {
+    /// Node name.
+    pub node: String,
+    /// Whether the node's agent answered.
+    pub answered: bool,
+    /// LUNs it reported.
+    #[serde(default)]
+    pub luns: u32,
+}
+
+// === impl SCSITarget ===
+
+impl SCSITarget {
+    /// The inventory's view of this target (name from the object).
+    pub fn to_target(&self) -> Target {
+        let name = self.metadata.name.clone().unwrap_or_default();
+        Target {
+            name,
+            iscsi: self.spec.iscsi.as_ref().map(|i| IscsiTarget {
+                portals: i.portals.clone(),
+                iqn: i.iqn.clone(),
+                chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| SecretRef {
+                    name: r.name.clone(),
+                    namespace: r.namespace.clone().unwrap_or_default(),
+                }),
+            }),
+            fibre_channel: self.spec.fibre_channel.as_ref().map(|f| FcTarget {
+                wwpns: f.wwpns.clone(),
+            }),
+            node_selector: self.spec.node_selector.clone(),
+            nodes: self.spec.nodes.clone(),
+            device_labels: self.spec.device_labels.clone(),
+        }
+    }
+}
+
+// === impl SCSITargetSpec ===
+
+impl SCSITargetSpec {
+    /// The spec of an inventory target.
+    pub fn from_target(t: &Target) -> Self {
+        Self {
+            iscsi: t.iscsi.as_ref().map(|i| IscsiSpec {
+                portals: i.portals.clone(),
+                iqn: i.iqn.clone(),
+                chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| SecretReference {
+                    name: r.name.clone(),
+                    namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
+                }),
+            }),
+            fibre_channel: t.fibre_channel.as_ref().map(|f| FibreChannelSpec {
+                wwpns: f.wwpns.clone(),
+            }),
+            node_selector: t.node_selector.clone(),
+            nodes: t.nodes.clone(),
+            device_labels: t.device_labels.clone(),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `lab`: the local multi-node lab (the README's main job).
+//!
+//! `lab up [--keep] [--dir DIR] [--nodes N]`: build a cluster of this
+//! driver on this machine (as root) and play a whole volume life cycle
+//! through it; with `--keep`, leave it running and write `lab.json`.
+//! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = LabConfig::standard();
+    let mut keep = false;
+    let mut cmd = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "up" | "down" => cmd = Some(a.clone()),
+            "--keep" => keep = true,
+            "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
+            "--nodes" => {
+                config.nodes = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(3)
+                    .clamp(3, 8)
+            }
+            "-h" | "--help" => {
+                println!("usage: lab up [--keep] [--dir DIR] [--nodes N] | lab down [--dir DIR]");
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("lab: unknown argument {other:?} (try --help)");
+                return ExitCode::from(64);
+            }
+        }
+    }
+    csi_scsi_certs::install_crypto_provider();
+    match cmd.as_deref() {
+        Some("down") => {
+            down(&config.dir);
+            println!("lab in {} removed", config.dir.display());
+            ExitCode::SUCCESS
+        }
+        Some("up") => {
+            let Ok(rt) = tokio::runtime::Runtime::new() else {
+                return ExitCode::FAILURE;
+            };
+            match rt.block_on(up(config, keep)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("\nlab: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: lab up [--keep] [--dir DIR] [--nodes N] | lab down [--dir DIR]");
+            ExitCode::from(64)
+        }
+    }
+}
+
+async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    println!(
+        "csi-scsi lab: {} nodes in {}",
+        config.nodes,
+        config.dir.display()
+    );
+    let dir = config.dir.clone();
+    let mut lab = Lab::up(config, &mut |s: &str| println!("  - {s}")).await?;
+    println!(
+        "  - up in {:.1}s; the volume life cycle, as the sidecars and kubelet drive it:",
+        start.elapsed().as_secs_f64()
+    );
+    let report = scenario::run(&mut lab).await;
+    match report {
+        Ok(r) => {
+            println!(
+                "\nSUCCESS: {} steps in {:.1}s (logs: {}/*.log)",
+                r.steps.len(),
+                r.total().as_secs_f64(),
+                dir.display()
+            );
+        }
+        Err(e) => {
+            println!(
+                "\nFAILED (logs kept in {}: proxy.log, node-*.agent.log, nodes/*/kernel.log)",
+                dir.display()
+            );
+            let m = lab.keep();
+            let _ = m;
+            return Err(e);
+        }
+    }
+    if keep {
+        let m = lab.keep();
+        let path = PathBuf::from("lab.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
+        println!(
+            "lab kept running; {} describes it; `lab down` removes it",
+            path.display()
+        );
+    }
+    Ok(())
+}

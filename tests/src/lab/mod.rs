@@ -1,0 +1,670 @@
+//! The local lab: a small cluster of this driver on one machine, as root.
+//! Each node is a network namespace with its own address, its own mount
+//! namespace, kubelet directory and device tree, a real `csi-scsi-agent`
+//! with its own certificate, and the kernel stand-in (see
+//! [`crate::kernel`]). One `csi-scsi-proxy` runs on the embedded store.
+//! Storage: a real `tgtd` serves two iSCSI targets (one with CHAP, one
+//! with an initiator ACL that excludes a node) over sparse files, one LUN
+//! through both targets (multipath), and an emulated Fibre Channel target.
+//! The end-to-end tests drive the same harness.
+
+pub mod net;
+pub mod scenario;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use self::net::{Network, sh, sh_quiet};
+use crate::binaries::binary;
+use crate::csi_client::csi_channel;
+use crate::daemon::Daemon;
+use crate::fabric::{Fabric, FcTargetDef, IscsiTargetDef, LunDef};
+use crate::node_tree::NodeTree;
+use crate::pki::Pki;
+use crate::tgt::{LunIdentity, Tgtd};
+
+/// Port of every agent's API.
+pub const AGENT_PORT: u16 = 9810;
+/// CHAP credentials of array-a (a lab secret, written to the secrets dir).
+pub const CHAP_USER: &str = "lab-initiator";
+const CHAP_SECRET: &str = "lab-chap-secret-a1b2";
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct LabConfig {
+    /// Prefix of namespace, bridge and interface names (≤ 5 characters).
+    pub prefix: String,
+    /// Where everything lives.
+    pub dir: PathBuf,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Third octet of 198.18.<subnet>.0/24.
+    pub subnet: u8,
+    /// tgtd's control port (distinct per concurrent lab).
+    pub tgt_control: u16,
+}
+
+/// One node of a running lab.
+pub struct LabNode {
+    /// Node name.
+    pub name: String,
+    /// Its address.
+    pub ip: String,
+    /// Root of its sysfs and /dev trees.
+    pub root: PathBuf,
+    /// Its kubelet directory.
+    pub kubelet: PathBuf,
+    /// Its CSI socket.
+    pub csi: PathBuf,
+    /// Its agent API address.
+    pub api: SocketAddr,
+    /// The agent process.
+    pub agent: Option<Daemon>,
+    /// The kernel stand-in's watcher.
+    pub watcher: Option<Daemon>,
+    agent_args: Vec<String>,
+}
+
+/// A running lab.
+pub struct Lab {
+    /// What it was built from.
+    pub config: LabConfig,
+    /// Its network.
+    pub net: Network,
+    /// The iSCSI target daemon.
+    pub tgtd: Option<Tgtd>,
+    /// The nodes.
+    pub nodes: Vec<LabNode>,
+    /// The proxy.
+    pub proxy: Option<Daemon>,
+    /// The proxy's CSI socket.
+    pub proxy_csi: PathBuf,
+    /// Certificates.
+    pub pki: Pki,
+    /// LUN backing files by name (`a1`, `mp`, ...).
+    pub luns: BTreeMap<String, PathBuf>,
+}
+
+/// What `lab up --keep` leaves behind for any CSI client (`lab.json`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Lab name prefix.
+    pub prefix: String,
+    /// Lab directory.
+    pub dir: PathBuf,
+    /// The proxy's CSI socket.
+    pub proxy_csi_socket: PathBuf,
+    /// The proxy's inventory database (inspect with sqlite3).
+    pub proxy_store: PathBuf,
+    /// Certificate directory (CA and every issued certificate).
+    pub certificates: PathBuf,
+    /// Per node: CSI socket, agent address, kubelet dir.
+    pub nodes: Vec<ManifestNode>,
+}
+
+/// One node in `lab.json`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ManifestNode {
+    /// Node name.
+    pub name: String,
+    /// Its CSI socket.
+    pub csi_socket: PathBuf,
+    /// Its agent API address (mTLS).
+    pub agent_address: String,
+    /// Its kubelet directory.
+    pub kubelet_dir: PathBuf,
+    /// Its network namespace.
+    pub netns: String,
+}
+
+/// What `lab down` needs to clean up after a crash.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Record {
+    prefix: String,
+    subnet: u8,
+    nodes: usize,
+    pids: Vec<u32>,
+}
+
+impl LabConfig {
+    /// The README's lab: 3 nodes under /tmp/csi-scsi-lab.
+    pub fn standard() -> Self {
+        Self {
+            prefix: "csil".into(),
+            dir: PathBuf::from("/tmp/csi-scsi-lab"),
+            nodes: 3,
+            subnet: 77,
+            tgt_control: 19077,
+        }
+    }
+
+    /// A lab for one test, with names and addresses of its own.
+    pub fn for_test(dir: &Path) -> Self {
+        let n = fastrand::u16(..);
+        Self {
+            prefix: format!("t{:04x}", n),
+            dir: dir.to_owned(),
+            nodes: 3,
+            subnet: 100 + (n % 150) as u8,
+            tgt_control: 20000 + (n % 20000),
+        }
+    }
+}
+
+/// The name of node `i`.
+pub fn node_name(i: usize) -> String {
+    format!("node-{}", (b'a' + i as u8) as char)
+}
+
+impl Lab {
+    /// Builds and starts everything; `progress` hears about each step.
+    pub async fn up(config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
+        preflight()?;
+        down(&config.dir);
+        std::fs::create_dir_all(&config.dir)?;
+        let dir = std::fs::canonicalize(&config.dir)?;
+        let config = LabConfig {
+            dir: dir.clone(),
+            ..config
+        };
+        let net = Network::new(&config.prefix, config.subnet);
+        let mut record = Record {
+            prefix: config.prefix.clone(),
+            subnet: config.subnet,
+            nodes: config.nodes,
+            pids: Vec::new(),
+        };
+        save_record(&dir, &record)?;
+
+        progress(
+            "certificates: a CA, one agent certificate per node, the proxy's (csi-scsi-certs)",
+        );
+        let pki = Pki::init(&dir.join("pki"));
+        for i in 0..config.nodes {
+            pki.issue_agent(&node_name(i), &format!("{}-tls", node_name(i)));
+        }
+        let proxy_tls = pki.issue_proxy("proxy-tls");
+
+        progress("network: bridge and one network namespace per node in 198.18.0.0/15");
+        net.create_bridge()?;
+        for i in 0..config.nodes {
+            net.add_node(i)?;
+        }
+
+        progress("storage: sparse LUN files and a real tgtd with two iSCSI targets");
+        let luns_dir = dir.join("luns");
+        std::fs::create_dir_all(&luns_dir)?;
+        let mut luns = BTreeMap::new();
+        for (name, size) in [
+            ("a1", 512u64 << 20),
+            ("a2", 1 << 30),
+            ("mp", 512 << 20),
+            ("b1", 1 << 30),
+            ("fc1", 512 << 20),
+        ] {
+            let path = luns_dir.join(format!("{name}.img"));
+            let f = std::fs::File::create(&path)?;
+            f.set_len(size)?;
+            luns.insert(name.to_owned(), path);
+        }
+        let portal: SocketAddr = format!("{}:3260", net.host_ip()).parse()?;
+        let mut tgtd = Tgtd::start(config.tgt_control, portal, &dir.join("tgtd.log"))
+            .await
+            .context("starting tgtd")?;
+        record.pids.push(tgtd.pid());
+        save_record(&dir, &record)?;
+        let iqn_a = "iqn.2026-11.io.csi-scsi.lab:array-a";
+        let iqn_b = "iqn.2026-11.io.csi-scsi.lab:array-b";
+        tgtd.add_target(1, iqn_a).await?;
+        tgtd.add_lun(1, 1, &luns["a1"], &LunIdentity::lab(1, 1))
+            .await?;
+        tgtd.add_lun(1, 2, &luns["a2"], &LunIdentity::lab(1, 2))
+            .await?;
+        // One LUN exported by both arrays' targets: two paths, one WWID.
+        tgtd.add_lun(1, 3, &luns["mp"], &LunIdentity::lab(9, 1))
+            .await?;
+        tgtd.bind_all(1).await?;
+        tgtd.add_chap(1, CHAP_USER, CHAP_SECRET).await?;
+        tgtd.add_target(2, iqn_b).await?;
+        tgtd.add_lun(2, 1, &luns["b1"], &LunIdentity::lab(2, 1))
+            .await?;
+        tgtd.add_lun(2, 2, &luns["mp"], &LunIdentity::lab(9, 1))
+            .await?;
+        // array-b's ACL admits every node but the last one.
+        for i in 0..config.nodes.saturating_sub(1) {
+            tgtd.bind_initiator_address(2, &net.node_ip(i)).await?;
+        }
+        let fc_nodes: Vec<String> = (1..config.nodes).map(node_name).collect();
+        let fabric = Fabric {
+            iscsi: vec![
+                IscsiTargetDef {
+                    iqn: iqn_a.into(),
+                    luns: vec![
+                        lun_def(1, &luns["a1"]),
+                        lun_def(2, &luns["a2"]),
+                        lun_def(3, &luns["mp"]),
+                    ],
+                },
+                IscsiTargetDef {
+                    iqn: iqn_b.into(),
+                    luns: vec![lun_def(1, &luns["b1"]), lun_def(2, &luns["mp"])],
+                },
+            ],
+            fc: vec![FcTargetDef {
+                wwpn: "500a0981891b8dc5".into(),
+                nodes: fc_nodes.clone(),
+                luns: vec![LunDef {
+                    lun: 0,
+                    file: luns["fc1"].clone(),
+                    wwid: "naa.600a098038303053453f463045727031".into(),
+                    vendor: "NETAPP".into(),
+                    model: "LUN C-Mode".into(),
+                    serial: "80SE?F0Erp1".into(),
+                }],
+            }],
+        };
+        let fabric_path = dir.join("fabric.json");
+        fabric.save(&fabric_path)?;
+
+        progress("nodes: device trees, shared kubelet directories, kernel stand-ins, agents");
+        let mut nodes = Vec::new();
+        for i in 0..config.nodes {
+            let node = start_node(
+                &config,
+                &net,
+                i,
+                &fabric_path,
+                fc_nodes.contains(&node_name(i)),
+                &mut record,
+            )
+            .await?;
+            nodes.push(node);
+        }
+
+        progress("proxy: embedded store, agents file, targets file, CHAP secret");
+        let secrets = dir.join("secrets/chap-array-a");
+        std::fs::create_dir_all(&secrets)?;
+        std::fs::write(secrets.join("username"), CHAP_USER)?;
+        std::fs::write(secrets.join("password"), CHAP_SECRET)?;
+        std::fs::set_permissions(
+            secrets.join("password"),
+            std::fs::Permissions::from_mode(0o600),
+        )?;
+        let agents: String = nodes
+            .iter()
+            .map(|n| format!("{} {}\n", n.name, n.api))
+            .collect();
+        std::fs::write(dir.join("agents.txt"), agents)?;
+        let targets = serde_json::json!([
+            {"name": "array-a", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_a, "chapSecretRef": {"name": "chap-array-a"}},
+             "deviceLabels": {"array": "a", "tier": "fast"}},
+            {"name": "array-b", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_b},
+             "deviceLabels": {"array": "b", "tier": "capacity"}},
+            {"name": "fc-1", "fibreChannel": {"wwpns": ["50:0a:09:81:89:1b:8d:c5"]}, "nodes": fc_nodes,
+             "deviceLabels": {"array": "fc", "tier": "fast"}}
+        ]);
+        std::fs::write(
+            dir.join("targets.json"),
+            serde_json::to_vec_pretty(&targets)?,
+        )?;
+        let proxy_csi = dir.join("proxy/csi.sock");
+        let mut lab = Self {
+            config,
+            net,
+            tgtd: Some(tgtd),
+            nodes,
+            proxy: None,
+            proxy_csi,
+            pki,
+            luns,
+        };
+        lab.start_proxy(&proxy_tls, &mut record).await?;
+        Ok(lab)
+    }
+
+    async fn start_proxy(&mut self, tls: &Path, record: &mut Record) -> anyhow::Result<()> {
+        let dir = &self.config.dir;
+        let args: Vec<String> = [
+            "--csi-endpoint",
+            &self.proxy_csi.display().to_string(),
+            "--tls-dir",
+            &tls.display().to_string(),
+            "--store",
+            &dir.join("proxy/inventory.db").display().to_string(),
+            "--agents-file",
+            &dir.join("agents.txt").display().to_string(),
+            "--targets-file",
+            &dir.join("targets.json").display().to_string(),
+            "--secrets-dir",
+            &dir.join("secrets").display().to_string(),
+            "--discovery-interval",
+            "5",
+            "--agent-timeout",
+            "30",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let proxy = Daemon::spawn("csi-scsi-proxy", &args, &dir.join("proxy.log"));
+        record.pids.push(proxy.pid());
+        save_record(dir, record)?;
+        wait_socket(&self.proxy_csi, &proxy).await?;
+        self.proxy = Some(proxy);
+        Ok(())
+    }
+
+    /// Kills node `i`'s agent (as a crash would).
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(agent) = self.nodes[i].agent.take() {
+            sh_quiet("kill", &["-KILL", &agent.pid().to_string()]);
+            // The nsenter/unshare chain: kill the agent itself too.
+            sh_quiet(
+                "pkill",
+                &[
+                    "-KILL",
+                    "-f",
+                    &format!("--node-name {}", self.nodes[i].name),
+                ],
+            );
+            drop(agent);
+        }
+    }
+
+    /// Restarts node `i`'s agent with its original arguments.
+    pub async fn restart_agent(&mut self, i: usize) -> anyhow::Result<()> {
+        self.kill_agent(i);
+        let node = &mut self.nodes[i];
+        let log = self.config.dir.join(format!("{}.agent.log", node.name));
+        let agent = Daemon::spawn_program(Path::new("nsenter"), &node.agent_args, &log);
+        wait_socket(&node.csi, &agent).await?;
+        node.agent = Some(agent);
+        Ok(())
+    }
+
+    /// The lab's `lab.json`.
+    pub fn manifest(&self) -> Manifest {
+        Manifest {
+            prefix: self.config.prefix.clone(),
+            dir: self.config.dir.clone(),
+            proxy_csi_socket: self.proxy_csi.clone(),
+            proxy_store: self.config.dir.join("proxy/inventory.db"),
+            certificates: self.config.dir.join("pki"),
+            nodes: self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| ManifestNode {
+                    name: n.name.clone(),
+                    csi_socket: n.csi.clone(),
+                    agent_address: n.api.to_string(),
+                    kubelet_dir: n.kubelet.clone(),
+                    netns: self.net.netns(i),
+                })
+                .collect(),
+        }
+    }
+
+    /// Leaves every process running after this handle is dropped.
+    pub fn keep(mut self) -> Manifest {
+        let m = self.manifest();
+        if let Some(p) = self.proxy.take() {
+            p.detach();
+        }
+        for n in &mut self.nodes {
+            if let Some(a) = n.agent.take() {
+                a.detach();
+            }
+            if let Some(w) = n.watcher.take() {
+                w.detach();
+            }
+        }
+        if let Some(t) = self.tgtd.take() {
+            // Its Drop would stop it: the lab stays up.
+            std::mem::forget(t);
+        }
+        self.config.dir = PathBuf::new();
+        m
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.proxy.take();
+        for n in &mut self.nodes {
+            n.agent.take();
+            n.watcher.take();
+        }
+        self.tgtd.take();
+        if !self.config.dir.as_os_str().is_empty() {
+            down(&self.config.dir);
+        }
+    }
+}
+
+fn lun_def(lun: u32, file: &Path) -> LunDef {
+    LunDef {
+        lun,
+        file: file.to_owned(),
+        wwid: String::new(),
+        vendor: String::new(),
+        model: String::new(),
+        serial: String::new(),
+    }
+}
+
+async fn start_node(
+    config: &LabConfig,
+    net: &Network,
+    i: usize,
+    fabric: &Path,
+    fc: bool,
+    record: &mut Record,
+) -> anyhow::Result<LabNode> {
+    let name = node_name(i);
+    let base = config.dir.join("nodes").join(&name);
+    let root = base.join("tree");
+    let tree = NodeTree::create(&root)?;
+    if fc {
+        tree.add_fc_host(1, &format!("10000000c9a0000{i}"))?;
+    }
+    // kubelet's directory, shared as the DaemonSet's Bidirectional mount
+    // makes it: the agent's mounts in its own namespace show up here.
+    let kubelet = base.join("kubelet");
+    std::fs::create_dir_all(kubelet.join("plugins/csi-scsi.io"))?;
+    let k = kubelet.display().to_string();
+    sh("mount", &["--bind", &k, &k])?;
+    sh("mount", &["--make-shared", &k])?;
+    let initiator = format!("iqn.2026-11.io.csi-scsi.lab:{name}");
+    let kernel = binary("csi-scsi-lab-kernel");
+    let ctx_args = [
+        "--node".to_owned(),
+        name.clone(),
+        "--root".into(),
+        root.display().to_string(),
+        "--fabric".into(),
+        fabric.display().to_string(),
+        "--initiator".into(),
+        initiator.clone(),
+    ];
+    let bin = base.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let wrapper = bin.join("iscsiadm");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n# The lab's kernel stand-in plays iscsiadm for {name}.\nexec {} {} iscsiadm \"$@\"\n",
+            kernel.display(),
+            ctx_args.join(" ")
+        ),
+    )?;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    let mut watch_args = ctx_args.to_vec();
+    watch_args.push("watch".into());
+    let watcher = Daemon::spawn_program(&kernel, &watch_args, &base.join("kernel.log"));
+    record.pids.push(watcher.pid());
+
+    let csi = kubelet.join("plugins/csi-scsi.io/csi.sock");
+    let api: SocketAddr = format!("{}:{AGENT_PORT}", net.node_ip(i)).parse()?;
+    let tls = config.dir.join("pki").join(format!("{name}-tls"));
+    let agent_bin = binary("csi-scsi-agent");
+    let mut agent_args: Vec<String> = vec![
+        format!("--net=/run/netns/{}", net.netns(i)),
+        "unshare".into(),
+        "--mount".into(),
+        "--propagation".into(),
+        "unchanged".into(),
+        "--".into(),
+        agent_bin.display().to_string(),
+    ];
+    agent_args.extend(
+        [
+            "--node-name",
+            &name,
+            "--csi-endpoint",
+            &format!("unix://{}", csi.display()),
+            "--agent-listen",
+            &api.to_string(),
+            "--tls-dir",
+            &tls.display().to_string(),
+            "--sysfs-root",
+            &root.join("sys").display().to_string(),
+            "--dev-root",
+            &root.join("dev").display().to_string(),
+            "--kubelet-dir",
+            &k,
+            "--state-dir",
+            &base.join("agent-state").display().to_string(),
+            "--tool",
+            &format!("iscsiadm={}", wrapper.display()),
+            "--login-timeout",
+            "5",
+            "--tls-poll-interval",
+            "5",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let agent = Daemon::spawn_program(
+        Path::new("nsenter"),
+        &agent_args,
+        &config.dir.join(format!("{name}.agent.log")),
+    );
+    record.pids.push(agent.pid());
+    save_record(&config.dir, record)?;
+    wait_socket(&csi, &agent).await?;
+    Ok(LabNode {
+        name,
+        ip: net.node_ip(i),
+        root,
+        kubelet,
+        csi,
+        api,
+        agent: Some(agent),
+        watcher: Some(watcher),
+        agent_args,
+    })
+}
+
+async fn wait_socket(path: &Path, daemon: &Daemon) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        if csi_channel(path).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{} did not come up:\n{}", path.display(), daemon.log())
+}
+
+fn preflight() -> anyhow::Result<()> {
+    if !nix::unistd::Uid::effective().is_root() {
+        bail!("the lab needs root (network namespaces, loop devices, mounts, tgtd)");
+    }
+    for tool in [
+        "tgtd",
+        "tgtadm",
+        "ip",
+        "losetup",
+        "nsenter",
+        "unshare",
+        "mkfs.xfs",
+        "mkfs.ext4",
+        "blkid",
+        "wipefs",
+    ] {
+        if sh("sh", &["-c", &format!("command -v {tool}")]).is_err() {
+            bail!(
+                "{tool} is missing: install the packages listed in .ci/run (tgt, iproute2, util-linux, xfsprogs, e2fsprogs)"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn save_record(dir: &Path, record: &Record) -> anyhow::Result<()> {
+    std::fs::write(
+        dir.join("lab-state.json"),
+        serde_json::to_vec_pretty(record)?,
+    )?;
+    Ok(())
+}
+
+/// Removes every process, mount, loop device, namespace and file a lab in
+/// `dir` made. Safe to run twice, and after a crash.
+pub fn down(dir: &Path) {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return;
+    };
+    let record: Record = std::fs::read_to_string(dir.join("lab-state.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for pid in &record.pids {
+        sh_quiet("kill", &["-TERM", &pid.to_string()]);
+    }
+    // Agents run under nsenter/unshare: match them by their tree too.
+    sh_quiet("pkill", &["-TERM", "-f", &dir.display().to_string()]);
+    std::thread::sleep(Duration::from_millis(300));
+    for pid in &record.pids {
+        sh_quiet("kill", &["-KILL", &pid.to_string()]);
+    }
+    sh_quiet("pkill", &["-KILL", "-f", &dir.display().to_string()]);
+    // Mounts under the lab, deepest first.
+    let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(unescape))
+        .filter(|m| Path::new(m).starts_with(&dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        sh_quiet("umount", &["-l", &m]);
+    }
+    // Loop devices over the lab's files.
+    if let Ok(list) = sh("losetup", &["-l", "-n", "-O", "NAME,BACK-FILE"]) {
+        for line in list.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(dev), Some(file)) = (it.next(), it.next())
+                && Path::new(file).starts_with(&dir)
+            {
+                sh_quiet("losetup", &["-d", dev]);
+            }
+        }
+    }
+    if !record.prefix.is_empty() {
+        Network::new(&record.prefix, record.subnet).destroy(record.nodes);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
