@@ -39,6 +39,11 @@ pub struct Args {
     #[arg(long, env = "AGENT_LISTEN", default_value = "0.0.0.0:9810")]
     pub agent_listen: SocketAddr,
 
+    /// Address of the operators' HTTP endpoints (/healthz, /readyz,
+    /// /metrics, /status); port 0 picks a free port (logged at start).
+    #[arg(long, env = "STATUS_LISTEN", default_value = "0.0.0.0:9811")]
+    pub status_listen: SocketAddr,
+
     /// Directory with tls.crt, tls.key and ca.crt (a mounted Secret).
     #[arg(long, env = "TLS_DIR", default_value = "/etc/csi-scsi/tls")]
     pub tls_dir: PathBuf,
@@ -116,6 +121,7 @@ pub struct Config {
     pub node_name: String,
     pub csi_socket: PathBuf,
     pub agent_listen: SocketAddr,
+    pub status_listen: SocketAddr,
     pub tls: MaterialPaths,
     pub trust_domain: TrustDomain,
     pub required_tools: Vec<PathBuf>,
@@ -159,6 +165,7 @@ impl Args {
             node_name: self.node_name,
             csi_socket,
             agent_listen: self.agent_listen,
+            status_listen: self.status_listen,
             tls: MaterialPaths::in_dir(&self.tls_dir),
             trust_domain,
             required_tools: self.required_tools,

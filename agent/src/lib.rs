@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod host;
 pub mod serve;
+pub mod status;
 pub mod volume;
 pub mod volume_id;
 pub mod vpd;

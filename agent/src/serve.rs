@@ -5,7 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
-    CsiSocket, IdentityService, Readiness, Shutdown, TlsMaterialCheck, ToolsCheck, tls_incoming,
+    Component, CsiSocket, IdentityService, Metrics, Readiness, Shutdown, SocketCheck,
+    StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -39,10 +40,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the agent API on {}", config.agent_listen))?;
     let api_addr = listener.local_addr()?;
+    let status_listener = StatusListener::bind(config.status_listen)
+        .await
+        .with_context(|| format!("binding the status endpoints on {}", config.status_listen))?;
     tracing::info!(
         node = %config.node_name,
         csi = %socket.path().display(),
         agent_api = %api_addr,
+        status = %status_listener.local_addr(),
         serial = store.current().serial(),
         "csi-scsi-agent serving"
     );
@@ -55,7 +60,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let identity = IdentityService::new(
         env!("CARGO_PKG_VERSION"),
         vec![PluginService::VolumeAccessibilityConstraints],
-        readiness,
+        readiness.clone(),
+    );
+    let metrics = Metrics::new(
+        Component::Agent,
+        env!("CARGO_PKG_VERSION"),
+        Some(store.clone()),
     );
     let node = NodeService::new(
         std::sync::Arc::new(config.host.clone()),
@@ -63,6 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.max_volumes,
     );
     let csi = Server::builder()
+        .layer(metrics.grpc_layer())
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(
@@ -80,8 +91,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         attachments,
         config.login_timeout,
     ));
-    let agent_api = AgentApi::new(devices, &config.node_name, config.trust_domain.clone());
+    let status = crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
+    let agent_api = AgentApi::new(devices, &config.node_name, config.trust_domain.clone())
+        .with_metrics(metrics.clone());
+    let readiness = readiness.with(SocketCheck(socket.path().to_owned()));
+    let stop = shutdown.clone();
+    tokio::spawn(status_listener.serve(
+        StatusService::new(readiness, metrics.clone(), Arc::new(status)),
+        async move { stop.signaled().await },
+    ));
     let api = Server::builder()
+        .layer(metrics.grpc_layer())
         .add_service(health)
         .add_service(AgentServer::new(agent_api))
         .serve_with_incoming_shutdown(

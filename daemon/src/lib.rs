@@ -10,17 +10,26 @@ mod csi_identity;
 mod csi_socket;
 mod endpoint;
 mod logging;
+mod metrics;
 mod op_guard;
 mod process;
 mod readiness;
 mod shutdown;
+mod status_http;
 
 pub use agent_transport::{TransportError, agent_channel, tls_incoming};
 pub use csi_identity::{IdentityService, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};
 pub use logging::{LogFormat, init_logging};
+pub use metrics::{
+    AgentCallTimer, Component, ErrorRecord, GrpcMetricsLayer, GrpcMetricsService, MeteredBody,
+    Metrics, RECENT_ERRORS, code_name, rfc3339,
+};
 pub use op_guard::{OpGuard, OpGuards};
 pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use shutdown::Shutdown;
+pub use status_http::{
+    METRICS_CONTENT_TYPE, SocketCheck, StatusListener, StatusService, StatusSource,
+};

@@ -50,6 +50,16 @@ pub struct Args {
     #[arg(long, env = "SECRETS_DIR")]
     pub secrets_dir: Option<PathBuf>,
 
+    /// Address of the operators' HTTP endpoints (/healthz, /readyz,
+    /// /metrics, /status); port 0 picks a free port (logged at start).
+    #[arg(long, env = "STATUS_LISTEN", default_value = "0.0.0.0:9812")]
+    pub status_listen: std::net::SocketAddr,
+
+    /// Seconds between probes of every agent (reachability and round trip
+    /// shown on /status).
+    #[arg(long, default_value = "15", value_name = "SECONDS")]
+    pub agent_probe_interval: u64,
+
     /// Seconds between discovery passes (targets changes trigger one at once).
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub discovery_interval: u64,
@@ -91,6 +101,8 @@ pub struct Config {
     pub targets_file: Option<PathBuf>,
     pub secrets_dir: Option<PathBuf>,
     pub discovery_interval: Duration,
+    pub status_listen: std::net::SocketAddr,
+    pub agent_probe_interval: Duration,
     pub calls: CallConfig,
     pub csi_socket: PathBuf,
     pub tls: MaterialPaths,
@@ -125,6 +137,8 @@ impl Args {
             targets_file: self.targets_file,
             secrets_dir: self.secrets_dir,
             discovery_interval: Duration::from_secs(self.discovery_interval.max(1)),
+            status_listen: self.status_listen,
+            agent_probe_interval: Duration::from_secs(self.agent_probe_interval.max(1)),
             calls,
             csi_socket,
             tls: MaterialPaths::in_dir(&self.tls_dir),

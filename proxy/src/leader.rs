@@ -150,6 +150,11 @@ impl LeaderHandle {
         }
     }
 
+    /// A handle that follows `rx` (another election, tests).
+    pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
+        Self { rx, _fixed: None }
+    }
+
     /// Whether this replica leads now. A stopped election never leads.
     pub fn is_leader(&self) -> bool {
         self.rx.has_changed().is_ok() && *self.rx.borrow()
@@ -273,7 +278,20 @@ impl Elector {
         let mut last_renew: Option<Instant> = None;
         loop {
             let leading = *self.tx.borrow();
-            match self.try_acquire_or_renew().await {
+            // The client retries 429/503/504 with backoff, so one attempt
+            // could outlast the lease: bound it by what is left of the
+            // renew deadline, as client-go does.
+            let budget = match last_renew {
+                Some(t) if leading => self.config.renew_deadline.saturating_sub(t.elapsed()),
+                _ => self.config.renew_deadline,
+            };
+            let attempt = tokio::time::timeout(
+                budget.max(Duration::from_millis(1)),
+                self.try_acquire_or_renew(),
+            )
+            .await;
+            let attempt = attempt.unwrap_or_else(|_| Err(format!("no answer within {budget:?}")));
+            match attempt {
                 Ok(true) => {
                     last_renew = Some(Instant::now());
                     if !leading {
@@ -307,7 +325,11 @@ impl Elector {
     }
 
     /// One attempt: true when this replica holds the Lease afterwards.
-    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, String> {
+        self.attempt().await.map_err(|e| e.to_string())
+    }
+
+    async fn attempt(&mut self) -> Result<bool, kube::Error> {
         let me = self.config.identity.clone();
         let now = Timestamp::now();
         let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);

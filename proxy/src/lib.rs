@@ -20,4 +20,5 @@ pub mod resources;
 pub mod secrets;
 pub mod selector;
 pub mod serve;
+pub mod status;
 pub mod volume_id;

@@ -3,8 +3,14 @@
 #![allow(clippy::unwrap_used)]
 #![warn(clippy::assertions_on_result_states)]
 
+#[path = "e2e/agent_api.rs"]
+mod agent_api;
+#[path = "e2e/controller.rs"]
+mod controller;
 #[path = "e2e/identity.rs"]
 mod identity;
+#[path = "e2e/lab.rs"]
+mod lab;
 #[path = "e2e/mtls.rs"]
 mod mtls;
 #[path = "e2e/node.rs"]

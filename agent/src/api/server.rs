@@ -29,6 +29,7 @@ pub struct AgentApi {
     devices: Arc<Devices>,
     node: String,
     domain: TrustDomain,
+    metrics: Option<csi_scsi_daemon::Metrics>,
 }
 
 impl AgentApi {
@@ -38,7 +39,14 @@ impl AgentApi {
             devices,
             node: node.to_owned(),
             domain,
+            metrics: None,
         }
+    }
+
+    /// Also counts wipes (bytes, duration) in `metrics`.
+    pub fn with_metrics(mut self, metrics: csi_scsi_daemon::Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -274,9 +282,18 @@ impl Agent for AgentApi {
         let devices = self.devices.clone();
         let span = span("Wipe", w.as_str(), &rid);
         let forward = out_tx.clone();
+        let started = std::time::Instant::now();
+        let metrics = self.metrics.clone();
+        let failed_metrics = self.metrics.clone();
         tokio::spawn(async move {
             while let Some(s) = step_rx.recv().await {
                 let s: crate::device::WipeStep = s;
+                if s.done
+                    && let Some(m) = &metrics
+                {
+                    let bytes = s.bytes_total.saturating_mul(u64::from(s.passes.max(1)));
+                    m.wipe_finished(s.method, bytes, started.elapsed(), true);
+                }
                 let msg = WipeProgress {
                     bytes_done: s.bytes_done,
                     bytes_total: s.bytes_total,
@@ -294,6 +311,15 @@ impl Agent for AgentApi {
             async move {
                 if let Err(e) = devices.wipe(&w, mode, step_tx).await {
                     tracing::warn!(error = %e, "wipe failed");
+                    if let Some(m) = &failed_metrics {
+                        let name = match mode {
+                            Mode::Signatures => "signatures",
+                            Mode::Discard => "discard",
+                            Mode::Zero => "zero",
+                            Mode::Random(_) => "random",
+                        };
+                        m.wipe_finished(name, 0, started.elapsed(), false);
+                    }
                     let _ = out_tx.send(Err(to_status(e))).await;
                 }
             }

@@ -267,18 +267,6 @@ impl AccessMode {
     }
 }
 
-// === impl AccessType ===
-
-impl AccessType {
-    /// "a raw block device" or "an ext4 filesystem", for messages.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Block => "a raw block device".to_owned(),
-            Self::Mount { fs, .. } => format!("an {fs} filesystem"),
-        }
-    }
-}
-
 /// Parses NodeStageVolume.
 pub fn stage(host: &Host, r: &NodeStageVolumeRequest) -> Result<StageRequest, AgentError> {
     let volume = volume_id(&r.volume_id)?;

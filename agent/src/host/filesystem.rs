@@ -147,7 +147,7 @@ impl Signature {
     pub fn describe(&self) -> String {
         match self {
             Self::Blank => "no signature".to_owned(),
-            Self::Filesystem(t) => format!("an {t} filesystem"),
+            Self::Filesystem(t) => format!("a filesystem of type {t}"),
             Self::Other(what) => what.clone(),
         }
     }

@@ -39,8 +39,10 @@ pub async fn publish(host: &Host, req: &PublishRequest) -> Result<(), AgentError
             check_other_publications(host, req, &device, &table)?;
             let target = req.target.as_path();
             mount::create_file(target)?;
-            // A read-only bind keeps the node from being opened for writing
-            // through this path only; the device itself stays writable.
+            // A read-only bind marks the publication read-only, but the
+            // kernel checks read-only mounts only for regular files, not for
+            // device nodes: what stops a pod writing to a read-only raw block
+            // volume is the device cgroup kubelet asks the runtime for.
             mount::bind(
                 &device.node,
                 target,

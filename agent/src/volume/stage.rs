@@ -9,7 +9,7 @@ use crate::csi::request::{AccessType, StageRequest, UnstageRequest};
 use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::block::{self, DeviceNumber, Holder};
-use crate::host::filesystem::{self, FsType, MkfsOptions, Signature};
+use crate::host::filesystem::{self, FsType, Signature};
 use crate::host::mount::{self, BlockRecord, MountOptions};
 use crate::host::mountinfo::MountTable;
 
@@ -20,7 +20,7 @@ pub async fn stage(host: &Host, req: &StageRequest) -> Result<(), AgentError> {
     let table = mount_table(host)?;
     match &req.capability.access {
         AccessType::Mount { fs, options } => {
-            stage_filesystem(host, req, &device, &table, *fs, options, &req.mkfs).await
+            stage_filesystem(host, req, &device, &table, *fs, options).await
         }
         AccessType::Block => stage_block(host, req, &device, &table),
     }
@@ -33,7 +33,6 @@ async fn stage_filesystem(
     table: &MountTable,
     fs: FsType,
     options: &MountOptions,
-    mkfs: &MkfsOptions,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
     if let Some(m) = table.mount_at(staging) {
@@ -64,8 +63,7 @@ async fn stage_filesystem(
         ));
     }
     ensure_unused(req, device, table)?;
-    let read_only = block::read_only(host, &device.kernel_name)
-        .map_err(|e| AgentError::io(host.sys("block").join(&device.kernel_name), e))?;
+    let read_only = device_read_only(host, device)?;
     if read_only && !req.capability.mode.read_only() {
         return Err(AgentError::DeviceReadOnly {
             device: device.node.clone(),
@@ -79,7 +77,7 @@ async fn stage_filesystem(
             });
         }
         Signature::Blank => {
-            filesystem::format(host, &device.node, fs, mkfs).await?;
+            filesystem::format(host, &device.node, fs, &req.mkfs).await?;
             // Trust, but verify: mount only what is now really there.
             let made = filesystem::probe(host, &device.node).await?;
             if made != Signature::Filesystem(fs.name().to_owned()) {
@@ -126,8 +124,7 @@ fn stage_block(
         });
     }
     ensure_unused(req, device, table)?;
-    let read_only = block::read_only(host, &device.kernel_name)
-        .map_err(|e| AgentError::io(host.sys("block").join(&device.kernel_name), e))?;
+    let read_only = device_read_only(host, device)?;
     if read_only && !req.capability.mode.read_only() {
         return Err(AgentError::DeviceReadOnly {
             device: device.node.clone(),
@@ -169,6 +166,12 @@ fn ensure_unused(
     }
 }
 
+/// Whether the kernel marks the device read-only.
+fn device_read_only(host: &Host, device: &Device) -> Result<bool, AgentError> {
+    block::read_only(host, &device.kernel_name)
+        .map_err(|e| AgentError::io(host.sys("block").join(&device.kernel_name), e))
+}
+
 fn incompatible(req: &StageRequest, reason: String) -> AgentError {
     AgentError::Incompatible {
         volume: req.volume.to_string(),
@@ -181,7 +184,7 @@ fn foreign(device: &Device, fs: FsType, found: &Signature) -> AgentError {
     AgentError::ForeignFilesystem {
         device: device.node.clone(),
         found: found.describe(),
-        wanted: format!("an {fs} filesystem"),
+        wanted: format!("a filesystem of type {fs}"),
     }
 }
 

@@ -56,6 +56,7 @@ pub struct AgentPool {
     config: CallConfig,
     limit: Arc<Semaphore>,
     channels: Mutex<HashMap<String, (String, Channel)>>,
+    metrics: std::sync::OnceLock<csi_scsi_daemon::Metrics>,
 }
 
 impl AgentPool {
@@ -72,6 +73,7 @@ impl AgentPool {
             tls,
             config,
             channels: Mutex::new(HashMap::new()),
+            metrics: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&pool);
         let mut rx = pool.directory.subscribe();
@@ -100,6 +102,12 @@ impl AgentPool {
     /// The call settings.
     pub fn config(&self) -> &CallConfig {
         &self.config
+    }
+
+    /// Times every call from now on, and keeps failed ones for `/status`
+    /// (a second call is ignored).
+    pub fn set_metrics(&self, metrics: csi_scsi_daemon::Metrics) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// Number of open channels.
@@ -151,11 +159,21 @@ impl AgentPool {
             RetryPolicy::new(self.config.backoff.clone(), self.config.attempts),
             self.limit.clone(),
         );
+        let method = op.name();
+        let timer = self.metrics.get().map(|m| m.agent_call(method));
         let call = AgentCall {
             op,
             request_id: request_id.to_owned(),
             deadline: per_attempt,
         };
-        Ok(svc.oneshot(call).await)
+        let result = svc.oneshot(call).await;
+        if let Some(timer) = timer {
+            timer.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
+        }
+        if let (Err(status), Some(m)) = (&result, self.metrics.get()) {
+            let source = format!("agent {node}");
+            m.note_error(&source, method, status.code(), status.message(), request_id);
+        }
+        Ok(result)
     }
 }

@@ -2,6 +2,9 @@
 //! grow a LUN, so when a PVC asks for more than its LUN has, the proxy
 //! records what is wanted here for the storage administrator. Once a rescan
 //! shows the LUN grew, expansion completes and the status says done.
+// The derive takes one `printcolumn(...)` per column; clippy reads the
+// repeated `type_ = ...` arguments as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;

@@ -2,6 +2,9 @@
 //! holds what discovery reported; the status holds the inventory's state
 //! (phase, binding, where it is visible) and is written only through the
 //! status subresource. The proxy is the only writer; agents never are.
+// The derive takes one `printcolumn(...)` per column; clippy reads the
+// repeated `type_ = ...` arguments as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 
 use std::collections::BTreeMap;
 

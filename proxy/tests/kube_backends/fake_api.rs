@@ -74,22 +74,33 @@ struct Target {
 
 impl FakeApi {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(Mutex::new(State::default()));
         let (events, _) = broadcast::channel(4096);
         let (st, ev) = (state.clone(), events.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let (st, ev) = (st.clone(), ev.clone());
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(st.clone(), ev.clone(), req));
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
-        Self { addr, state, events, task }
+        Self {
+            addr,
+            state,
+            events,
+            task,
+        }
     }
 
     /// A kube client for this server.
@@ -105,8 +116,7 @@ impl FakeApi {
     pub fn put(&self, plural: &str, object: Value) -> Value {
         let mut st = self.state.lock().expect("state");
         let (collection, ns, name) = key_of(plural, &object);
-        let obj = st.store(&collection, &ns, &name, object, &self.events, true);
-        obj
+        st.store(&collection, &ns, &name, object, &self.events, true)
     }
 
     /// Changes an object as another writer would, but keeps the change
@@ -127,13 +137,19 @@ impl FakeApi {
     /// The stored object.
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let st = self.state.lock().expect("state");
-        st.objects.get(&collection_of(plural))?.get(&(namespace.to_owned(), name.to_owned())).cloned()
+        st.objects
+            .get(&collection_of(plural))?
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
     }
 
     /// Every stored object of a collection.
     pub fn all(&self, plural: &str) -> Vec<Value> {
         let st = self.state.lock().expect("state");
-        st.objects.get(&collection_of(plural)).map(|m| m.values().cloned().collect()).unwrap_or_default()
+        st.objects
+            .get(&collection_of(plural))
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Requests so far.
@@ -143,17 +159,15 @@ impl FakeApi {
 
     /// Writes (anything but GET) so far.
     pub fn writes(&self) -> Vec<Logged> {
-        self.requests().into_iter().filter(|r| r.method != "GET").collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
     }
 
     /// Adds a rule that can fail requests.
     pub fn rule(&self, rule: Rule) {
         self.state.lock().expect("state").rules.push(rule);
-    }
-
-    /// Removes every rule.
-    pub fn clear_rules(&self) {
-        self.state.lock().expect("state").rules.clear();
     }
 }
 
@@ -168,13 +182,17 @@ fn collection_of(plural: &str) -> String {
     let group = match plural {
         "scsitargets" | "scsidevices" | "pendingresizerequests" => "csi-scsi.io",
         "leases" => "coordination.k8s.io",
+        "events" => "events.k8s.io",
         _ => "",
     };
     format!("{group}/{plural}")
 }
 
 fn key_of(plural: &str, object: &Value) -> (String, String, String) {
-    let ns = object["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
+    let ns = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
     let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
     (collection_of(plural), ns, name)
 }
@@ -199,7 +217,11 @@ impl State {
         announce: bool,
     ) -> Value {
         let rv = self.next_rv();
-        let existed = self.objects.get(collection).and_then(|m| m.get(&(ns.to_owned(), name.to_owned()))).cloned();
+        let existed = self
+            .objects
+            .get(collection)
+            .and_then(|m| m.get(&(ns.to_owned(), name.to_owned())))
+            .cloned();
         let meta = &mut object["metadata"];
         meta["resourceVersion"] = json!(rv.to_string());
         if meta.get("uid").is_none() {
@@ -212,7 +234,13 @@ impl State {
             meta["creationTimestamp"] = existed
                 .as_ref()
                 .map(|e| e["metadata"]["creationTimestamp"].clone())
-                .unwrap_or_else(|| json!(format!("2026-01-01T00:{:02}:{:02}Z", (rv / 60) % 60, rv % 60)));
+                .unwrap_or_else(|| {
+                    json!(format!(
+                        "2026-01-01T00:{:02}:{:02}Z",
+                        (rv / 60) % 60,
+                        rv % 60
+                    ))
+                });
         }
         self.objects
             .entry(collection.to_owned())
@@ -222,7 +250,11 @@ impl State {
             rv,
             collection: collection.to_owned(),
             namespace: ns.to_owned(),
-            kind: if existed.is_some() { "MODIFIED" } else { "ADDED" },
+            kind: if existed.is_some() {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            },
             object: object.clone(),
         };
         if announce {
@@ -232,8 +264,17 @@ impl State {
         object
     }
 
-    fn remove(&mut self, collection: &str, ns: &str, name: &str, events: &broadcast::Sender<Change>) -> Option<Value> {
-        let mut obj = self.objects.get_mut(collection)?.remove(&(ns.to_owned(), name.to_owned()))?;
+    fn remove(
+        &mut self,
+        collection: &str,
+        ns: &str,
+        name: &str,
+        events: &broadcast::Sender<Change>,
+    ) -> Option<Value> {
+        let mut obj = self
+            .objects
+            .get_mut(collection)?
+            .remove(&(ns.to_owned(), name.to_owned()))?;
         let rv = self.next_rv();
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let change = Change {
@@ -268,9 +309,13 @@ fn status(code: u16, reason: &str, message: String) -> Response<Body> {
 
 fn parse_target(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, version, rest) = match segs.first()? {
-        &"api" => (String::new(), segs.get(1)?.to_string(), &segs[2..]),
-        &"apis" => (segs.get(1)?.to_string(), segs.get(2)?.to_string(), &segs[3..]),
+    let (group, version, rest) = match *segs.first()? {
+        "api" => (String::new(), segs.get(1)?.to_string(), &segs[2..]),
+        "apis" => (
+            segs.get(1)?.to_string(),
+            segs.get(2)?.to_string(),
+            &segs[3..],
+        ),
         _ => return None,
     };
     let (namespace, rest) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
@@ -292,9 +337,9 @@ fn query_map(q: Option<&str>) -> HashMap<String, String> {
     q.unwrap_or("")
         .split('&')
         .filter(|s| !s.is_empty())
-        .filter_map(|kv| {
+        .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            Some((decode(k), decode(v)))
+            (decode(k), decode(v))
         })
         .collect()
 }
@@ -324,7 +369,9 @@ fn decode(s: &str) -> String {
 }
 
 fn selector_matches(selector: Option<&String>, object: &Value) -> bool {
-    let Some(sel) = selector.filter(|s| !s.is_empty()) else { return true };
+    let Some(sel) = selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
     sel.split(',').all(|term| match term.split_once('=') {
         Some((k, v)) => object["metadata"]["labels"][k].as_str() == Some(v),
         None => object["metadata"]["labels"].get(term).is_some(),
@@ -359,7 +406,12 @@ async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = query_map(req.uri().query());
-    let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let bytes = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let logged = Logged {
         method: method.to_string(),
@@ -375,18 +427,37 @@ async fn handle(
     let mut st = state.lock().expect("state");
     st.log.push(logged.clone());
     if let Some(code) = st.rules.iter().find_map(|r| r(&logged)) {
-        return Ok(status(code, "InternalError", format!("refused by the test ({code})")));
+        return Ok(status(
+            code,
+            "InternalError",
+            format!("refused by the test ({code})"),
+        ));
     }
-    let api_version = if t.group.is_empty() { t.version.clone() } else { format!("{}/{}", t.group, t.version) };
+    let api_version = if t.group.is_empty() {
+        t.version.clone()
+    } else {
+        format!("{}/{}", t.group, t.version)
+    };
     match (method.clone(), t.name.clone()) {
         (Method::GET, None) if query.get("watch").map(String::as_str) == Some("true") => {
-            let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-            let timeout = query.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290u64).min(30);
+            let from: u64 = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let timeout = query
+                .get("timeoutSeconds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(290u64)
+                .min(30);
             let mut rx = events.subscribe();
             let backlog: Vec<Change> = st
                 .history
                 .iter()
-                .filter(|c| c.rv > from && c.collection == collection && (t.namespace.is_none() || c.namespace == ns))
+                .filter(|c| {
+                    c.rv > from
+                        && c.collection == collection
+                        && (t.namespace.is_none() || c.namespace == ns)
+                })
                 .cloned()
                 .collect();
             drop(st);
@@ -394,13 +465,18 @@ async fn handle(
             let only_ns = t.namespace.clone();
             let (tx, out) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
             tokio::spawn(async move {
-                let line = |c: &Change| Frame::data(Bytes::from(format!("{}\n", json!({"type": c.kind, "object": c.object}))));
+                let line = |c: &Change| {
+                    Frame::data(Bytes::from(format!(
+                        "{}\n",
+                        json!({"type": c.kind, "object": c.object})
+                    )))
+                };
                 let mut last = from;
                 for c in &backlog {
-                    if selector_matches(selector.as_ref(), &c.object) {
-                        if tx.send(Ok(line(c))).await.is_err() {
-                            return;
-                        }
+                    if selector_matches(selector.as_ref(), &c.object)
+                        && tx.send(Ok(line(c))).await.is_err()
+                    {
+                        return;
                     }
                     last = last.max(c.rv);
                 }
@@ -437,53 +513,105 @@ async fn handle(
                 .get(&collection)
                 .map(|m| {
                     m.iter()
-                        .filter(|((n, _), o)| (t.namespace.is_none() || *n == ns) && selector_matches(query.get("labelSelector"), o))
+                        .filter(|((n, _), o)| {
+                            (t.namespace.is_none() || *n == ns)
+                                && selector_matches(query.get("labelSelector"), o)
+                        })
                         .map(|(_, o)| o.clone())
                         .collect()
                 })
                 .unwrap_or_default();
-            Ok(respond(200, json!({"apiVersion": api_version, "kind": "List", "metadata": {"resourceVersion": st.rv.to_string()}, "items": items})))
+            Ok(respond(
+                200,
+                json!({"apiVersion": api_version, "kind": "List", "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+            ))
         }
-        (Method::GET, Some(name)) => match st.objects.get(&collection).and_then(|m| m.get(&(ns.clone(), name.clone()))) {
+        (Method::GET, Some(name)) => match st
+            .objects
+            .get(&collection)
+            .and_then(|m| m.get(&(ns.clone(), name.clone())))
+        {
             Some(o) => Ok(respond(200, o.clone())),
-            None => Ok(status(404, "NotFound", format!("{} \"{name}\" not found", t.plural))),
+            None => Ok(status(
+                404,
+                "NotFound",
+                format!("{} \"{name}\" not found", t.plural),
+            )),
         },
         (Method::POST, None) => {
             let mut obj = body;
-            let Some(name) = obj["metadata"]["name"].as_str().map(str::to_owned).or_else(|| {
-                obj["metadata"]["generateName"].as_str().map(|g| format!("{g}{}", st.rv + 1))
-            }) else {
-                return Ok(status(422, "Invalid", "metadata.name: Required value".into()));
+            let Some(name) = obj["metadata"]["name"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| {
+                    obj["metadata"]["generateName"]
+                        .as_str()
+                        .map(|g| format!("{g}{}", st.rv + 1))
+                })
+            else {
+                return Ok(status(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value".into(),
+                ));
             };
-            if st.objects.get(&collection).is_some_and(|m| m.contains_key(&(ns.clone(), name.clone()))) {
-                return Ok(status(409, "AlreadyExists", format!("{} \"{name}\" already exists", t.plural)));
+            if st
+                .objects
+                .get(&collection)
+                .is_some_and(|m| m.contains_key(&(ns.clone(), name.clone())))
+            {
+                return Ok(status(
+                    409,
+                    "AlreadyExists",
+                    format!("{} \"{name}\" already exists", t.plural),
+                ));
             }
             obj["metadata"]["name"] = json!(name);
             if t.namespace.is_some() {
                 obj["metadata"]["namespace"] = json!(ns);
             }
-            if has_status_subresource(&collection) {
-                if let Some(map) = obj.as_object_mut() {
-                    map.remove("status");
-                }
+            if let (true, Some(map)) = (has_status_subresource(&collection), obj.as_object_mut()) {
+                map.remove("status");
             }
             let stored = st.store(&collection, &ns, &name, obj, &events, true);
             Ok(respond(201, stored))
         }
         (Method::PUT, Some(name)) | (Method::PATCH, Some(name)) => {
-            let Some(current) = st.objects.get(&collection).and_then(|m| m.get(&(ns.clone(), name.clone()))).cloned() else {
-                return Ok(status(404, "NotFound", format!("{} \"{name}\" not found", t.plural)));
+            let Some(current) = st
+                .objects
+                .get(&collection)
+                .and_then(|m| m.get(&(ns.clone(), name.clone())))
+                .cloned()
+            else {
+                return Ok(status(
+                    404,
+                    "NotFound",
+                    format!("{} \"{name}\" not found", t.plural),
+                ));
             };
-            let current_rv = current["metadata"]["resourceVersion"].as_str().unwrap_or("").to_owned();
-            let precondition = body["metadata"]["resourceVersion"].as_str().map(str::to_owned);
+            let current_rv = current["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            let precondition = body["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned);
             if method == Method::PUT && precondition.is_none() {
-                return Ok(status(422, "Invalid", "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update".into()));
+                return Ok(status(
+                    422,
+                    "Invalid",
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .into(),
+                ));
             }
             if precondition.as_ref().is_some_and(|p| *p != current_rv) {
                 return Ok(status(
                     409,
                     "Conflict",
-                    format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", t.plural),
+                    format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                        t.plural
+                    ),
                 ));
             }
             let mut next = current.clone();
@@ -503,15 +631,14 @@ async fn handle(
                         }
                     }
                     next["metadata"]["uid"] = current["metadata"]["uid"].clone();
-                    next["metadata"]["creationTimestamp"] = current["metadata"]["creationTimestamp"].clone();
+                    next["metadata"]["creationTimestamp"] =
+                        current["metadata"]["creationTimestamp"].clone();
                 }
                 (false, true) => merge_patch(&mut next["status"], &body["status"]),
                 (false, false) => {
                     let mut p = body.clone();
-                    if sub {
-                        if let Some(m) = p.as_object_mut() {
-                            m.remove("status");
-                        }
+                    if let (true, Some(m)) = (sub, p.as_object_mut()) {
+                        m.remove("status");
                     }
                     merge_patch(&mut next, &p);
                 }
@@ -521,7 +648,11 @@ async fn handle(
         }
         (Method::DELETE, Some(name)) => match st.remove(&collection, &ns, &name, &events) {
             Some(o) => Ok(respond(200, o)),
-            None => Ok(status(404, "NotFound", format!("{} \"{name}\" not found", t.plural))),
+            None => Ok(status(
+                404,
+                "NotFound",
+                format!("{} \"{name}\" not found", t.plural),
+            )),
         },
         _ => Ok(status(405, "MethodNotAllowed", format!("{method} {path}"))),
     }

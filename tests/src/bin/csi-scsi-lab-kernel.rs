@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         root: PathBuf::new(),
         fabric: PathBuf::new(),
         initiator: String::new(),
+        scan_delay: std::time::Duration::ZERO,
     };
     let mut i = 0;
     while i + 1 < args.len() && args[i].starts_with("--") {
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
             "--root" => ctx.root = PathBuf::from(v),
             "--fabric" => ctx.fabric = PathBuf::from(v),
             "--initiator" => ctx.initiator = v,
+            "--scan-delay-ms" => ctx.scan_delay = std::time::Duration::from_millis(v.parse().unwrap_or(0)),
             other => {
                 eprintln!("csi-scsi-lab-kernel: unknown option {other}");
                 return ExitCode::from(64);

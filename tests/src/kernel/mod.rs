@@ -32,6 +32,8 @@ pub struct NodeContext {
     pub fabric: PathBuf,
     /// The initiator IQN this node logs in with.
     pub initiator: String,
+    /// How long an FC scan takes to show a new LUN (a slow fabric).
+    pub scan_delay: std::time::Duration,
 }
 
 /// Attaches `file` to a free loop device.

@@ -4,7 +4,6 @@
 //! `echo 1 > fc_host/hostN/issue_lip` scan for LUNs.
 
 use std::path::Path;
-use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
@@ -170,11 +169,7 @@ fn fc_scan(
                 continue;
             }
             // Slow fabrics answer late: the lab can delay FC scans.
-            if let Ok(ms) =
-                std::env::var("CSI_SCSI_LAB_SCAN_DELAY_MS").map(|v| v.parse::<u64>().unwrap_or(0))
-            {
-                std::thread::sleep(Duration::from_millis(ms));
-            }
+            std::thread::sleep(ctx.scan_delay);
             let loop_device = attach_loop(&l.file)?;
             let disk = DiskPath {
                 transport: PathTransport::Fc {

@@ -48,6 +48,8 @@ pub struct LabConfig {
     pub subnet: u8,
     /// tgtd's control port (distinct per concurrent lab).
     pub tgt_control: u16,
+    /// Delay before an FC scan shows new LUNs (a slow fabric).
+    pub fc_scan_delay_ms: u64,
 }
 
 /// One node of a running lab.
@@ -141,18 +143,26 @@ impl LabConfig {
             nodes: 3,
             subnet: 77,
             tgt_control: 19077,
+            fc_scan_delay_ms: 0,
         }
     }
 
     /// A lab for one test, with names and addresses of its own.
     pub fn for_test(dir: &Path) -> Self {
-        let n = fastrand::u16(..);
+        use std::sync::atomic::{AtomicU16, Ordering};
+        // Distinct within this process; a random base keeps parallel test
+        // binaries apart too.
+        static NEXT: AtomicU16 = AtomicU16::new(0);
+        static BASE: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+        let base = *BASE.get_or_init(|| fastrand::u16(..));
+        let n = base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
         Self {
             prefix: format!("t{:04x}", n),
             dir: dir.to_owned(),
             nodes: 3,
             subnet: 100 + (n % 150) as u8,
-            tgt_control: 20000 + (n % 20000),
+            tgt_control: 20000 + (n % 12000),
+            fc_scan_delay_ms: 0,
         }
     }
 }
@@ -505,7 +515,7 @@ async fn start_node(
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
     let mut watch_args = ctx_args.to_vec();
-    watch_args.push("watch".into());
+    watch_args.extend(["--scan-delay-ms".into(), config.fc_scan_delay_ms.to_string(), "watch".into()]);
     let watcher = Daemon::spawn_program(&kernel, &watch_args, &base.join("kernel.log"));
     record.pids.push(watcher.pid());
 

@@ -352,8 +352,9 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
         .values()
         .map(|p| std::fs::metadata(p).map(|m| m.len() as i64).unwrap_or(0))
         .sum();
-    let mp = std::fs::metadata(&lab.luns["mp"])?.len() as i64;
-    let want = total - mp; // the multipath LUN is one device, seen twice
+    // One file per LUN: the multipath LUN is one file seen through two
+    // targets, and one device.
+    let want = total;
     let c = &mut cl.controller;
     r.step(
         "discovery: the proxy fans Discover out and merges reports by WWID",

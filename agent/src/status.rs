@@ -1,0 +1,389 @@
+//! The agent's `/status` document and the gauges read from the node's
+//! state: its iSCSI sessions, the LUNs it sees (WWID, paths, size,
+//! holders), the volumes staged and published under the kubelet directory
+//! (from the mount table), and the last failed calls with their request
+//! IDs. Read-only: nothing here changes the node. No credential is ever
+//! part of it (sessions are named by target and portal only).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
+use futures::future::BoxFuture;
+use serde::Serialize;
+
+use crate::device::Devices;
+use crate::host::Host;
+use crate::host::mount::kubelet_root;
+use crate::host::mountinfo::{Mount, MountTable};
+use crate::host::sysfs::{self, DeviceState, Lun, Transport};
+
+/// The agent's status source.
+pub struct AgentStatus {
+    node: String,
+    devices: Arc<Devices>,
+    metrics: Metrics,
+    started: SystemTime,
+}
+
+/// What the node looks like now.
+#[derive(Debug, Default, Serialize)]
+struct Snapshot {
+    sessions: Vec<SessionView>,
+    devices: Vec<DeviceView>,
+    staged: Vec<VolumeView>,
+    published: Vec<VolumeView>,
+    /// What could not be read (the rest of the document still stands).
+    problems: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct SessionView {
+    sid: u32,
+    target: String,
+    portal: String,
+    state: String,
+    initiator: String,
+    /// Disk paths below this session.
+    disks: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceView {
+    wwid: String,
+    size_bytes: u64,
+    vendor: String,
+    model: String,
+    serial: String,
+    /// The multipath map over the paths, when there is one.
+    multipath: Option<String>,
+    paths: Vec<PathView>,
+    /// Kernel names holding a path or the map open.
+    holders: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct PathView {
+    name: String,
+    hctl: String,
+    state: String,
+    transport: String,
+    target: String,
+    by_path: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct VolumeView {
+    /// The PV (or kubelet's volume directory) name.
+    volume: String,
+    /// The pod, for a publication under `pods/`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod: Option<String>,
+    path: PathBuf,
+    /// The LUN it shows, when the device is one this node sees.
+    wwid: Option<String>,
+    device: String,
+    fs_type: String,
+    read_only: bool,
+}
+
+// === impl AgentStatus ===
+
+impl AgentStatus {
+    /// The status of `node`, over `devices`, with errors from `metrics`.
+    pub fn new(node: &str, devices: Arc<Devices>, metrics: Metrics) -> Self {
+        Self {
+            node: node.to_owned(),
+            devices,
+            metrics,
+            started: SystemTime::now(),
+        }
+    }
+
+    /// Reads sysfs and the mount table off the async threads.
+    async fn snapshot(&self) -> Snapshot {
+        let devices = self.devices.clone();
+        tokio::task::spawn_blocking(move || snapshot(&devices))
+            .await
+            .unwrap_or_else(|e| Snapshot {
+                problems: vec![format!("status scan failed: {e}")],
+                ..Snapshot::default()
+            })
+    }
+}
+
+impl StatusSource for AgentStatus {
+    fn status(&self) -> BoxFuture<'_, serde_json::Value> {
+        Box::pin(async move {
+            let snap = self.snapshot().await;
+            update_metrics(&self.metrics, &snap);
+            serde_json::json!({
+                "component": "agent",
+                "node": self.node,
+                "version": env!("CARGO_PKG_VERSION"),
+                "started": rfc3339(self.started),
+                "uptime_seconds": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+                "sessions": snap.sessions,
+                "devices": snap.devices,
+                "volumes": {
+                    "staged": snap.staged,
+                    "published": snap.published,
+                },
+                "recent_errors": self.metrics.recent_errors(),
+                "problems": snap.problems,
+            })
+        })
+    }
+
+    fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let snap = self.snapshot().await;
+            update_metrics(&self.metrics, &snap);
+        })
+    }
+}
+
+fn update_metrics(metrics: &Metrics, snap: &Snapshot) {
+    let mut by_state: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &snap.sessions {
+        *by_state.entry(s.state.as_str()).or_default() += 1;
+    }
+    metrics.set_sessions(by_state);
+    metrics.set_luns(snap.devices.len() as u64);
+    metrics.set_volumes(snap.staged.len() as u64, snap.published.len() as u64);
+}
+
+fn snapshot(devices: &Devices) -> Snapshot {
+    let host = devices.host();
+    let mut snap = Snapshot::default();
+    let luns = match devices.luns() {
+        Ok(l) => l,
+        Err(e) => {
+            snap.problems.push(format!("devices: {e}"));
+            Vec::new()
+        }
+    };
+    match sysfs::iscsi_sessions(host) {
+        Ok(sessions) => {
+            snap.sessions = sessions
+                .into_iter()
+                .map(|s| SessionView {
+                    disks: luns
+                        .iter()
+                        .flat_map(|l| &l.paths)
+                        .filter(|p| {
+                            matches!(&p.transport, Transport::Iscsi { session: Some(n), .. } if *n == s.sid)
+                        })
+                        .count(),
+                    sid: s.sid,
+                    target: s.target,
+                    portal: s.portal.map(|p| p.to_string()).unwrap_or_default(),
+                    state: s.state,
+                    initiator: s.initiator.unwrap_or_default(),
+                })
+                .collect();
+        }
+        // No iSCSI class at all: a node without iSCSI.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => snap.problems.push(format!("iSCSI sessions: {e}")),
+    }
+    // Device numbers of every path and map, to tell which LUN a mount shows.
+    let mut numbers: BTreeMap<String, String> = BTreeMap::new();
+    for lun in &luns {
+        let names = lun
+            .paths
+            .iter()
+            .map(|p| p.kernel_name.as_str())
+            .chain(lun.map.as_ref().map(|m| m.kernel_name.as_str()));
+        for name in names {
+            if let Some(n) = device_number(host, name) {
+                numbers.insert(n, lun.wwid.to_string());
+            }
+        }
+    }
+    snap.devices = luns.iter().map(device_view).collect();
+    match MountTable::read(host) {
+        Ok(table) => {
+            let kubelet = kubelet_root(host);
+            for m in table.mounts_under(&kubelet) {
+                let Some(view) = volume_view(&kubelet, m, &numbers) else {
+                    continue;
+                };
+                let rel = m.mount_point.strip_prefix(&kubelet).unwrap_or(&m.mount_point);
+                if is_publication(rel) {
+                    snap.published.push(view);
+                } else {
+                    snap.staged.push(view);
+                }
+            }
+        }
+        Err(e) => snap
+            .problems
+            .push(format!("mount table {}: {e}", host.mountinfo.display())),
+    }
+    snap
+}
+
+/// `major:minor` of a block device, from sysfs.
+fn device_number(host: &Host, kernel_name: &str) -> Option<String> {
+    std::fs::read_to_string(host.sys("block").join(kernel_name).join("dev"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn device_view(lun: &Lun) -> DeviceView {
+    let first = lun.paths.first();
+    let mut holders: Vec<String> = lun
+        .paths
+        .iter()
+        .flat_map(|p| p.holders.iter().cloned())
+        .collect();
+    holders.sort();
+    holders.dedup();
+    DeviceView {
+        wwid: lun.wwid.to_string(),
+        size_bytes: lun
+            .map
+            .as_ref()
+            .map(|m| m.size_bytes)
+            .or(first.map(|p| p.size_bytes))
+            .unwrap_or(0),
+        vendor: first.map(|p| p.vendor.clone()).unwrap_or_default(),
+        model: first.map(|p| p.model.clone()).unwrap_or_default(),
+        serial: first.and_then(|p| p.serial.clone()).unwrap_or_default(),
+        multipath: lun.map.as_ref().map(|m| m.kernel_name.clone()),
+        paths: lun
+            .paths
+            .iter()
+            .map(|p| PathView {
+                name: p.kernel_name.clone(),
+                hctl: format!(
+                    "{}:{}:{}:{}",
+                    p.hctl.host, p.hctl.channel, p.hctl.target, p.hctl.lun
+                ),
+                state: state_name(&p.state),
+                transport: match &p.transport {
+                    Transport::Iscsi { .. } => "iscsi",
+                    Transport::Fc { .. } => "fc",
+                    Transport::Other => "other",
+                }
+                .to_owned(),
+                target: match &p.transport {
+                    Transport::Iscsi { target, .. } => target.clone().unwrap_or_default(),
+                    Transport::Fc { target_wwpn } => {
+                        target_wwpn.map(|w| w.to_0x()).unwrap_or_default()
+                    }
+                    Transport::Other => String::new(),
+                },
+                by_path: p.by_path.first().cloned(),
+            })
+            .collect(),
+        holders,
+    }
+}
+
+fn state_name(s: &DeviceState) -> String {
+    match s {
+        DeviceState::Running => "running".into(),
+        DeviceState::Offline => "offline".into(),
+        DeviceState::TransportOffline => "transport-offline".into(),
+        DeviceState::Blocked => "blocked".into(),
+        DeviceState::Created => "created".into(),
+        DeviceState::Quiesce => "quiesce".into(),
+        DeviceState::Deleted => "deleted".into(),
+        DeviceState::Unknown(other) => other.clone(),
+    }
+}
+
+/// A pod's publication (`pods/<uid>/...`, or a raw block
+/// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`), as
+/// opposed to a staging mount.
+fn is_publication(rel: &Path) -> bool {
+    rel.starts_with("pods") || rel.to_string_lossy().contains("/volumeDevices/publish/")
+}
+
+/// A mount under the kubelet directory that shows one of this node's LUNs,
+/// or that sits in this driver's own staging directory.
+fn volume_view(kubelet: &Path, m: &Mount, numbers: &BTreeMap<String, String>) -> Option<VolumeView> {
+    let number = crate::volume::device::mounted_device(m)
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| m.device.to_string());
+    let wwid = numbers.get(&number).cloned();
+    let rel = m.mount_point.strip_prefix(kubelet).ok()?;
+    let ours = rel.starts_with(format!(
+        "plugins/kubernetes.io/csi/{}",
+        csi_scsi_daemon::PLUGIN_NAME
+    ));
+    if wwid.is_none() && !ours {
+        return None;
+    }
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let pod = (parts.first().map(String::as_str) == Some("pods"))
+        .then(|| parts.get(1).cloned())
+        .flatten();
+    let volume = volume_name(&parts);
+    Some(VolumeView {
+        volume,
+        pod,
+        path: m.mount_point.clone(),
+        wwid,
+        device: number,
+        fs_type: m.fs_type.clone(),
+        read_only: m.read_only(),
+    })
+}
+
+/// The volume's name in kubelet's path layout.
+fn volume_name(parts: &[String]) -> String {
+    if let Some(i) = parts.iter().position(|p| p == "kubernetes.io~csi") {
+        return parts.get(i + 1).cloned().unwrap_or_default();
+    }
+    if let Some(i) = parts
+        .iter()
+        .position(|p| p == "publish" || p == "staging")
+        .filter(|i| *i > 0 && parts[i - 1] == "volumeDevices")
+    {
+        return parts.get(i + 1).cloned().unwrap_or_default();
+    }
+    match parts.last().map(String::as_str) {
+        Some("globalmount") | Some("mount") if parts.len() >= 2 => parts[parts.len() - 2].clone(),
+        _ => parts.last().cloned().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(p: &str) -> Vec<String> {
+        p.split('/').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn volume_names_follow_kubelets_layout() {
+        assert_eq!(
+            volume_name(&parts("plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount")),
+            "pv-1"
+        );
+        assert_eq!(
+            volume_name(&parts("pods/uid-1/volumes/kubernetes.io~csi/pv-2/mount")),
+            "pv-2"
+        );
+        assert_eq!(
+            volume_name(&parts("plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1")),
+            "pv-3"
+        );
+        assert!(is_publication(Path::new("pods/uid-1/volumes/x")));
+        assert!(is_publication(Path::new(
+            "plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1"
+        )));
+        assert!(!is_publication(Path::new(
+            "plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount"
+        )));
+    }
+}

@@ -1,0 +1,2 @@
+//! csi-scsi: inspection CLI (work in progress).
+fn main() {}

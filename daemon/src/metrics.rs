@@ -1,0 +1,778 @@
+//! Metrics of one process, through `prometheus-client` (OpenMetrics text),
+//! and the tower layer that times every gRPC call a server answers.
+//!
+//! The layer reads the method from the request path, the request ID from
+//! `x-request-id`, and the outcome from `grpc-status` (in the response
+//! headers for an immediate error, in the trailers otherwise), so it sees
+//! every call, including the ones a service refuses before its handler
+//! runs. Failed calls also go to a bounded list of recent errors that
+//! `/status` shows.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use csi_scsi_certs::MaterialStore;
+use hyper::body::{Body, Frame, SizeHint};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+use serde::Serialize;
+use tonic::Code;
+
+/// How many failed calls `/status` keeps.
+pub const RECENT_ERRORS: usize = 50;
+
+/// Longest error message kept (the rest is cut).
+const MAX_MESSAGE: usize = 1024;
+
+/// Which binary the metrics describe; each registers only its own series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// csi-scsi-agent.
+    Agent,
+    /// csi-scsi-proxy.
+    Proxy,
+}
+
+/// The process's metrics. Cheap to clone; every clone updates the same
+/// series.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+/// A failed call, as `/status` lists it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// When it finished (RFC 3339, UTC).
+    pub time: String,
+    /// Where: the gRPC service (`csi.v1.Node`, `csi.agent.v1.Agent`) or a
+    /// background task (`discovery`).
+    pub source: String,
+    /// The method or step.
+    pub method: String,
+    /// The gRPC code name (`NotFound`, `Unavailable`, ...).
+    pub code: String,
+    /// The message sent to the caller.
+    pub message: String,
+    /// The request ID of the call, empty when it had none.
+    pub request_id: String,
+}
+
+/// Times one outgoing agent call (proxy side) and counts it in flight
+/// until it is finished or dropped.
+pub struct AgentCallTimer {
+    metrics: Metrics,
+    method: &'static str,
+    start: Instant,
+    done: bool,
+}
+
+/// The tower layer recording every call of a gRPC server.
+#[derive(Clone)]
+pub struct GrpcMetricsLayer {
+    metrics: Metrics,
+}
+
+/// The service [`GrpcMetricsLayer`] wraps around a server's routes.
+#[derive(Clone)]
+pub struct GrpcMetricsService<S> {
+    inner: S,
+    metrics: Metrics,
+}
+
+/// A response body that records the call when its trailers pass (or when
+/// it ends or is dropped without them).
+pub struct MeteredBody<B> {
+    inner: B,
+    call: Option<CallRecord>,
+}
+
+struct Inner {
+    registry: Registry,
+    grpc: Family<GrpcLabels, Histogram, fn() -> Histogram>,
+    agent_calls: Family<AgentCallLabels, Histogram, fn() -> Histogram>,
+    agent_in_flight: Gauge,
+    devices: Family<PhaseLabels, Gauge>,
+    agents: Family<StateLabels, Gauge>,
+    resizes_pending: Gauge,
+    luns: Gauge,
+    sessions: Family<StateLabels, Gauge>,
+    volumes: Family<StateLabels, Gauge>,
+    wiped_bytes: Family<ModeLabels, Counter>,
+    wipe_seconds: Family<WipeLabels, Histogram, fn() -> Histogram>,
+    errors: Mutex<VecDeque<ErrorRecord>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GrpcLabels {
+    service: String,
+    method: String,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentCallLabels {
+    method: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WipeLabels {
+    mode: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: &'static str,
+    version: String,
+}
+
+/// Seconds left on the process's own certificate, read at each scrape.
+#[derive(Debug)]
+struct CertificateExpiry(Arc<MaterialStore>);
+
+/// One call in progress: recorded exactly once.
+struct CallRecord {
+    metrics: Metrics,
+    service: String,
+    method: String,
+    request_id: String,
+    start: Instant,
+    done: bool,
+}
+
+/// Latency buckets of RPCs: 1 ms to about 2 minutes.
+fn rpc_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        120.0,
+    ])
+}
+
+/// Wipe durations: 1 s to about 4 hours.
+fn wipe_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0,
+    ])
+}
+
+/// The name Prometheus users expect for a gRPC code (`OK`, `NotFound`).
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// RFC 3339 UTC text of `t`, to the millisecond.
+pub fn rfc3339(t: SystemTime) -> String {
+    let t = time::OffsetDateTime::from(t);
+    let t = t.replace_nanosecond(t.millisecond() as u32 * 1_000_000).unwrap_or(t);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// The metrics of `component` at `version`; with `tls`, the seconds
+    /// left on its certificate too.
+    pub fn new(component: Component, version: &str, tls: Option<Arc<MaterialStore>>) -> Self {
+        let mut inner = Inner {
+            registry: Registry::with_prefix("csi_scsi"),
+            grpc: Family::new_with_constructor(rpc_histogram),
+            agent_calls: Family::new_with_constructor(rpc_histogram),
+            agent_in_flight: Gauge::default(),
+            devices: Family::default(),
+            agents: Family::default(),
+            resizes_pending: Gauge::default(),
+            luns: Gauge::default(),
+            sessions: Family::default(),
+            volumes: Family::default(),
+            wiped_bytes: Family::default(),
+            wipe_seconds: Family::new_with_constructor(wipe_histogram),
+            errors: Mutex::new(VecDeque::new()),
+        };
+        let registry = &mut inner.registry;
+        registry.register(
+            "build",
+            "Version of this binary",
+            Info::new(BuildLabels {
+                component: match component {
+                    Component::Agent => "agent",
+                    Component::Proxy => "proxy",
+                },
+                version: version.to_owned(),
+            }),
+        );
+        registry.register_with_unit(
+            "grpc_server_handling",
+            "Time to answer a gRPC call (CSI or agent API), by service, method and gRPC code",
+            Unit::Seconds,
+            inner.grpc.clone(),
+        );
+        if let Some(tls) = tls {
+            registry.register_collector(Box::new(CertificateExpiry(tls)));
+        }
+        match component {
+            Component::Proxy => {
+                registry.register_with_unit(
+                    "agent_client_handling",
+                    "Time of one agent API call made by the proxy, retries included, by method and gRPC code",
+                    Unit::Seconds,
+                    inner.agent_calls.clone(),
+                );
+                registry.register(
+                    "agent_calls_in_flight",
+                    "Agent API calls the proxy is making now (fan-out included)",
+                    inner.agent_in_flight.clone(),
+                );
+                registry.register(
+                    "devices",
+                    "Devices in the inventory, by phase",
+                    inner.devices.clone(),
+                );
+                registry.register(
+                    "agents",
+                    "Agents in the directory, by the state of the last probe (reachable, unreachable, unknown)",
+                    inner.agents.clone(),
+                );
+                registry.register(
+                    "resize_requests_pending",
+                    "Resize requests waiting for a storage administrator to grow a LUN",
+                    inner.resizes_pending.clone(),
+                );
+            }
+            Component::Agent => {
+                registry.register(
+                    "node_luns",
+                    "LUNs this node sees (one per WWID, whatever the number of paths)",
+                    inner.luns.clone(),
+                );
+                registry.register(
+                    "iscsi_sessions",
+                    "iSCSI sessions on this node, by session state",
+                    inner.sessions.clone(),
+                );
+                registry.register(
+                    "volumes",
+                    "Volumes on this node, by state (staged, published)",
+                    inner.volumes.clone(),
+                );
+                registry.register_with_unit(
+                    "wiped",
+                    "Bytes written or discarded by wipes, by mode",
+                    Unit::Bytes,
+                    inner.wiped_bytes.clone(),
+                );
+                registry.register_with_unit(
+                    "wipe_duration",
+                    "Time of one wipe, by mode and result",
+                    Unit::Seconds,
+                    inner.wipe_seconds.clone(),
+                );
+            }
+        }
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The layer that times every call of a tonic server:
+    /// `Server::builder().layer(metrics.grpc_layer())`.
+    pub fn grpc_layer(&self) -> GrpcMetricsLayer {
+        GrpcMetricsLayer {
+            metrics: self.clone(),
+        }
+    }
+
+    /// The OpenMetrics text exposition, `# EOF` included.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+
+    /// Starts timing an outgoing agent call of `method`.
+    pub fn agent_call(&self, method: &'static str) -> AgentCallTimer {
+        self.inner.agent_in_flight.inc();
+        AgentCallTimer {
+            metrics: self.clone(),
+            method,
+            start: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// Devices by phase (every phase should be listed, zero included).
+    pub fn set_devices<'a>(&self, by_phase: impl IntoIterator<Item = (&'a str, u64)>) {
+        set_family(&self.inner.devices, by_phase, |phase| PhaseLabels { phase });
+    }
+
+    /// Agents by probe state.
+    pub fn set_agents<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
+        set_family(&self.inner.agents, by_state, |state| StateLabels { state });
+    }
+
+    /// Pending resize requests.
+    pub fn set_resizes_pending(&self, n: u64) {
+        self.inner.resizes_pending.set(gauge_value(n));
+    }
+
+    /// LUNs the node sees.
+    pub fn set_luns(&self, n: u64) {
+        self.inner.luns.set(gauge_value(n));
+    }
+
+    /// iSCSI sessions by state; states absent from `by_state` drop out.
+    pub fn set_sessions<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
+        set_family(&self.inner.sessions, by_state, |state| StateLabels { state });
+    }
+
+    /// Staged and published volumes.
+    pub fn set_volumes(&self, staged: u64, published: u64) {
+        set_family(
+            &self.inner.volumes,
+            [("staged", staged), ("published", published)],
+            |state| StateLabels { state },
+        );
+    }
+
+    /// A wipe finished: `bytes` written or discarded over all passes.
+    pub fn wipe_finished(&self, mode: &str, bytes: u64, took: Duration, ok: bool) {
+        let mode = mode.to_owned();
+        if bytes > 0 {
+            self.inner
+                .wiped_bytes
+                .get_or_create(&ModeLabels { mode: mode.clone() })
+                .inc_by(bytes);
+        }
+        self.inner
+            .wipe_seconds
+            .get_or_create(&WipeLabels {
+                mode,
+                result: if ok { "ok" } else { "error" },
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Remembers a failure for `/status` (the oldest drops out past
+    /// [`RECENT_ERRORS`]). The message must already be free of secrets.
+    pub fn note_error(&self, source: &str, method: &str, code: Code, message: &str, rid: &str) {
+        let record = ErrorRecord {
+            time: rfc3339(SystemTime::now()),
+            source: source.to_owned(),
+            method: method.to_owned(),
+            code: code_name(code).to_owned(),
+            message: truncate(message, MAX_MESSAGE),
+            request_id: truncate(rid, 128),
+        };
+        let mut errors = self
+            .inner
+            .errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if errors.len() == RECENT_ERRORS {
+            errors.pop_front();
+        }
+        errors.push_back(record);
+    }
+
+    /// The recent failures, newest first.
+    pub fn recent_errors(&self) -> Vec<ErrorRecord> {
+        let errors = self
+            .inner
+            .errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        errors.iter().rev().cloned().collect()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn set_family<'a, L>(
+    family: &Family<L, Gauge>,
+    values: impl IntoIterator<Item = (&'a str, u64)>,
+    labels: impl Fn(String) -> L,
+) where
+    L: Clone + std::hash::Hash + Eq,
+{
+    let values: Vec<(L, i64)> = values
+        .into_iter()
+        .map(|(k, n)| (labels(k.to_owned()), gauge_value(n)))
+        .collect();
+    // Drop the states that are gone, then set the rest.
+    family.clear();
+    for (l, n) in values {
+        family.get_or_create(&l).set(n);
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+// === impl AgentCallTimer ===
+
+impl AgentCallTimer {
+    /// Records the call's outcome.
+    pub fn finish(mut self, code: Code) {
+        self.record(code);
+    }
+
+    fn record(&mut self, code: Code) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let inner = &self.metrics.inner;
+        inner.agent_in_flight.dec();
+        inner
+            .agent_calls
+            .get_or_create(&AgentCallLabels {
+                method: self.method,
+                code: code_name(code),
+            })
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for AgentCallTimer {
+    fn drop(&mut self) {
+        // Dropped unfinished: the caller gave up (its own deadline).
+        self.record(Code::Cancelled);
+    }
+}
+
+// === impl CertificateExpiry ===
+
+impl Collector for CertificateExpiry {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let left = self.0.current().remaining().as_secs_f64();
+        let gauge = ConstGauge::<f64>::new(left);
+        let metric = encoder.encode_descriptor(
+            "certificate_expiry_seconds",
+            "Seconds until this process's own TLS certificate expires (0 once expired).",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
+    }
+}
+
+// === impl GrpcMetricsLayer ===
+
+impl<S> tower::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetricsService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for GrpcMetricsService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = http::Response<MeteredBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let (service, method) = split_path(req.uri().path());
+        let request_id = req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| truncate(v, 128))
+            .unwrap_or_default();
+        let mut call = CallRecord {
+            metrics: self.metrics.clone(),
+            service,
+            method,
+            request_id,
+            start: Instant::now(),
+            done: false,
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            match fut.await {
+                Ok(response) => {
+                    let (parts, body) = response.into_parts();
+                    // A trailers-only response carries its status in the
+                    // headers: the call is over.
+                    let call = match status_of(&parts.headers) {
+                        Some((code, message)) => {
+                            call.finish(code, &message);
+                            None
+                        }
+                        None => Some(call),
+                    };
+                    Ok(http::Response::from_parts(
+                        parts,
+                        MeteredBody { inner: body, call },
+                    ))
+                }
+                Err(e) => {
+                    call.finish(Code::Internal, "the server failed before answering");
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+/// `/csi.v1.Node/NodeStageVolume` -> (`csi.v1.Node`, `NodeStageVolume`).
+fn split_path(path: &str) -> (String, String) {
+    let trimmed = path.trim_start_matches('/');
+    match trimmed.split_once('/') {
+        Some((service, method)) if !service.is_empty() && !method.contains('/') => {
+            (truncate(service, 64), truncate(method, 64))
+        }
+        // Not a gRPC path: one series for all of them, not one per path.
+        _ => ("unknown".to_owned(), "unknown".to_owned()),
+    }
+}
+
+/// The `grpc-status` (and decoded `grpc-message`) in a header map.
+fn status_of(headers: &http::HeaderMap) -> Option<(Code, String)> {
+    let code = headers.get("grpc-status")?;
+    let code = Code::from_bytes(code.as_bytes());
+    let message = headers
+        .get("grpc-message")
+        .map(|m| percent_decode(m.as_bytes()))
+        .unwrap_or_default();
+    Some((code, message))
+}
+
+/// gRPC's percent-encoding of `grpc-message`.
+fn percent_decode(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+// === impl CallRecord ===
+
+impl CallRecord {
+    fn finish(&mut self, code: Code, message: &str) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let took = self.start.elapsed();
+        let metrics = &self.metrics;
+        metrics
+            .inner
+            .grpc
+            .get_or_create(&GrpcLabels {
+                service: self.service.clone(),
+                method: self.method.clone(),
+                code: code_name(code),
+            })
+            .observe(took.as_secs_f64());
+        tracing::debug!(
+            service = %self.service,
+            method = %self.method,
+            code = code_name(code),
+            took_ms = took.as_millis() as u64,
+            request_id = %self.request_id,
+            "call finished"
+        );
+        if code != Code::Ok {
+            metrics.note_error(&self.service, &self.method, code, message, &self.request_id);
+        }
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        // The response went away before its status: the client cancelled.
+        self.finish(Code::Cancelled, "the call was cancelled before it finished");
+    }
+}
+
+// === impl MeteredBody ===
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref()
+                    && let Some(mut call) = this.call.take()
+                {
+                    match status_of(trailers) {
+                        Some((code, message)) => call.finish(code, &message),
+                        None => call.finish(Code::Unknown, "trailers without grpc-status"),
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(mut call) = this.call.take() {
+                    call.finish(Code::Internal, "the response body failed");
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(mut call) = this.call.take() {
+                    call.finish(Code::Unknown, "the response ended without a status");
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_split_into_service_and_method() {
+        assert_eq!(
+            split_path("/csi.v1.Node/NodeStageVolume"),
+            ("csi.v1.Node".to_owned(), "NodeStageVolume".to_owned())
+        );
+        assert_eq!(
+            split_path("/a/b/c"),
+            ("unknown".to_owned(), "unknown".to_owned())
+        );
+        assert_eq!(split_path("/"), ("unknown".to_owned(), "unknown".to_owned()));
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_decoded() {
+        assert_eq!(percent_decode(b"no%20device%3A x"), "no device: x");
+        assert_eq!(percent_decode(b"100%"), "100%");
+        assert_eq!(percent_decode(b"%zz"), "%zz");
+    }
+
+    #[test]
+    fn recent_errors_are_bounded_and_newest_first() {
+        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        for i in 0..(RECENT_ERRORS + 5) {
+            m.note_error("s", "M", Code::NotFound, &format!("e{i}"), "rid");
+        }
+        let errors = m.recent_errors();
+        assert_eq!(errors.len(), RECENT_ERRORS);
+        assert_eq!(errors[0].message, format!("e{}", RECENT_ERRORS + 4));
+        assert_eq!(errors[0].code, "NotFound");
+    }
+
+    #[test]
+    fn exposition_names_the_series_and_ends_with_eof() {
+        let m = Metrics::new(Component::Proxy, "1.2.3", None);
+        m.set_devices([("Available", 2), ("Bound", 1)]);
+        m.agent_call("Attach").finish(Code::Ok);
+        let text = m.encode();
+        assert!(text.contains("csi_scsi_build_info{component=\"proxy\",version=\"1.2.3\"} 1"));
+        assert!(text.contains("csi_scsi_devices{phase=\"Available\"} 2"));
+        assert!(text.contains(
+            "csi_scsi_agent_client_handling_seconds_count{method=\"Attach\",code=\"OK\"} 1"
+        ));
+        assert!(text.contains("csi_scsi_agent_calls_in_flight 0"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

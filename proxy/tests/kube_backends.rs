@@ -1,0 +1,41 @@
+//! The Kubernetes backends against a local server that speaks the API's
+//! JSON (`kube_backends/fake_api.rs`): what each backend sends (method,
+//! path, resourceVersion precondition, body), and how it behaves on 409s,
+//! deleted Pods and expiring Leases. One test binary, submodules below, to
+//! link kube once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![warn(clippy::assertions_on_result_states)]
+
+#[path = "kube_backends/crds.rs"]
+mod crds;
+#[path = "kube_backends/directory.rs"]
+mod directory;
+#[path = "kube_backends/fake_api.rs"]
+mod fake_api;
+#[path = "kube_backends/inventory.rs"]
+mod inventory;
+#[path = "kube_backends/leader.rs"]
+mod leader;
+
+use std::time::Duration;
+
+/// How long a test waits for something to become true before it fails.
+pub fn patience() -> Duration {
+    let secs = std::env::var("KUBE_TEST_PATIENCE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    Duration::from_secs(secs)
+}
+
+/// Polls `check` until it holds or patience runs out.
+pub async fn eventually<F: FnMut() -> bool>(what: &str, mut check: F) {
+    let deadline = tokio::time::Instant::now() + patience();
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
