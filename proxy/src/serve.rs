@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role};
-use csi_scsi_daemon::{Check, CsiSocket, IdentityService, Readiness, Shutdown, TlsMaterialCheck};
+use csi_scsi_daemon::{
+    Check, Component, CsiSocket, IdentityService, Metrics, Readiness, Shutdown, SocketCheck,
+    StatusListener, StatusService, TlsMaterialCheck,
+};
 use csi_scsi_proto::csi::controller_server::ControllerServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
 use csi_scsi_proto::csi::plugin_capability::service::Type as ServiceCapability;
@@ -65,11 +68,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => Arc::new(NoSecrets),
     };
     let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
+    let metrics = Metrics::new(
+        Component::Proxy,
+        env!("CARGO_PKG_VERSION"),
+        Some(tls.clone()),
+    );
+    pool.set_metrics(metrics.clone());
     let life = Arc::new(Lifecycle::new(inventory.clone(), pool, secrets));
 
     let mut socket = CsiSocket::bind(&config.csi_socket).await?;
+    let status_listener = StatusListener::bind(config.status_listen)
+        .await
+        .with_context(|| format!("binding the status endpoints on {}", config.status_listen))?;
     tracing::info!(
         csi = %socket.path().display(),
+        status = %status_listener.local_addr(),
         store = %config.store.display(),
         serial = tls.current().serial(),
         "csi-scsi-proxy serving"
@@ -96,10 +109,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with(TlsMaterialCheck(tls.clone()))
         .with(StoreCheck(store));
     // The LUN grows on the array; the filesystem grows online on the node.
+    let status = crate::status::ProxyStatus::new(life.clone(), metrics.clone());
+    status.spawn_prober(
+        config.agent_probe_interval,
+        std::time::Duration::from_secs(5),
+        config.calls.concurrency,
+    );
+    let stop = shutdown.clone();
+    tokio::spawn(status_listener.serve(
+        StatusService::new(
+            readiness.clone().with(SocketCheck(socket.path().to_owned())),
+            metrics.clone(),
+            Arc::new(status),
+        ),
+        async move { stop.signaled().await },
+    ));
     let identity =
         IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
             .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
+        .layer(metrics.grpc_layer())
         .add_service(IdentityServer::new(identity))
         .add_service(ControllerServer::new(ControllerService::new(life)))
         .serve_with_incoming_shutdown(

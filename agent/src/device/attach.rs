@@ -52,12 +52,11 @@ impl Devices {
         }
         // Wait for the kernel (and udev) to bring the device up.
         let found = loop {
-            if let Some(l) = self.lun(wwid)? {
-                if let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
+            if let Some(l) = self.lun(wwid)?
+                && let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
                     .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
-                {
-                    break (link, l);
-                }
+            {
+                break (link, l);
             }
             if start.elapsed() >= deadline {
                 return Err(AgentError::AttachTimeout {

@@ -3,7 +3,6 @@
 //! exclusively, reporting progress. A device that is not here is NOT_FOUND;
 //! an interrupted wipe is simply asked again.
 
-use std::path::PathBuf;
 
 use tokio::sync::mpsc;
 
@@ -130,7 +129,7 @@ fn step(
 }
 
 fn erase(
-    node: &PathBuf,
+    node: &std::path::Path,
     expected: crate::host::block::DeviceNumber,
     mode: WipeMode,
     wwid: &Wwid,

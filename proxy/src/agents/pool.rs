@@ -170,7 +170,9 @@ impl AgentPool {
         if let Some(timer) = timer {
             timer.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
         }
-        if let (Err(status), Some(m)) = (&result, self.metrics.get()) {
+        // Probes (Status) fail while an agent is down; /status shows that
+        // per agent, so they do not crowd the recent errors.
+        if let (Err(status), Some(m), false) = (&result, self.metrics.get(), method == "Status") {
             let source = format!("agent {node}");
             m.note_error(&source, method, status.code(), status.message(), request_id);
         }

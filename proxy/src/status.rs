@@ -1,0 +1,339 @@
+//! The proxy's `/status` document and the gauges read from its state: the
+//! inventory by phase (and the devices themselves, up to a limit), every
+//! agent of the directory with its address, reachability and last round
+//! trip, the pending resize requests, leadership, and the last failed
+//! calls. Agents are probed in the background (the agent API's `Status`
+//! call, bounded concurrency, a short timeout), so `/status` answers from
+//! memory at any scale. Targets appear by name with their Secret reference,
+//! never with credentials.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
+use csi_scsi_proto::agent::StatusRequest;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde::Serialize;
+
+use crate::agents::{AgentOp, AgentReply};
+use crate::inventory::{Device, Phase};
+use crate::leader::LeaderHandle;
+use crate::lifecycle::Lifecycle;
+
+/// Most devices listed in `/status` (the summary by phase counts all).
+pub const STATUS_DEVICES: usize = 1000;
+
+/// The proxy's status source.
+pub struct ProxyStatus {
+    life: Arc<Lifecycle>,
+    metrics: Metrics,
+    probes: Arc<Mutex<BTreeMap<String, Probe>>>,
+    leader: Option<(LeaderHandle, String)>,
+    started: SystemTime,
+}
+
+/// The last probe of one agent.
+#[derive(Clone, Debug, Serialize)]
+struct Probe {
+    address: String,
+    reachable: bool,
+    round_trip_ms: f64,
+    checked: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AgentView {
+    node: String,
+    address: String,
+    /// `null` until the first probe answered or failed.
+    reachable: Option<bool>,
+    round_trip_ms: Option<f64>,
+    last_probe: Option<String>,
+    version: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceView {
+    wwid: String,
+    phase: Phase,
+    size_bytes: u64,
+    target: String,
+    lun: u32,
+    vendor: String,
+    model: String,
+    labels: BTreeMap<String, String>,
+    volume_id: Option<String>,
+    volume_name: Option<String>,
+    nodes: Vec<String>,
+    published: Vec<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    reason: String,
+}
+
+// === impl ProxyStatus ===
+
+impl ProxyStatus {
+    /// The status of the controller over `life`, with errors from `metrics`.
+    pub fn new(life: Arc<Lifecycle>, metrics: Metrics) -> Self {
+        Self {
+            life,
+            metrics,
+            probes: Arc::new(Mutex::new(BTreeMap::new())),
+            leader: None,
+            started: SystemTime::now(),
+        }
+    }
+
+    /// Reports leadership from `handle` (`mode` names the election, e.g.
+    /// `kubernetes-lease`); without it the proxy is the only replica.
+    pub fn with_leader(mut self, handle: LeaderHandle, mode: &str) -> Self {
+        self.leader = Some((handle, mode.to_owned()));
+        self
+    }
+
+    /// Probes every agent now and then every `every`, each within
+    /// `timeout`, at most `concurrency` at once. Stops with the runtime.
+    pub fn spawn_prober(
+        &self,
+        every: Duration,
+        timeout: Duration,
+        concurrency: usize,
+    ) -> tokio::task::JoinHandle<()> {
+        let life = self.life.clone();
+        let probes = self.probes.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                probe_all(&life, &probes, timeout, concurrency).await;
+            }
+        })
+    }
+
+    fn agents(&self) -> Vec<AgentView> {
+        let agents = self.life.agents().directory().snapshot();
+        let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        agents
+            .iter()
+            .map(|(node, entry)| {
+                // A probe of an older address says nothing about this one.
+                let p = probes.get(node).filter(|p| p.address == entry.address);
+                AgentView {
+                    node: node.clone(),
+                    address: entry.address.clone(),
+                    reachable: p.map(|p| p.reachable),
+                    round_trip_ms: p.map(|p| p.round_trip_ms),
+                    last_probe: p.map(|p| p.checked.clone()),
+                    version: p.and_then(|p| p.version.clone()),
+                    error: p.and_then(|p| p.error.clone()),
+                }
+            })
+            .collect()
+    }
+
+    async fn phases(&self, problems: &mut Vec<String>) -> BTreeMap<&'static str, u64> {
+        let mut by_phase: BTreeMap<&'static str, u64> = [
+            Phase::Available,
+            Phase::Bound,
+            Phase::Releasing,
+            Phase::Failed,
+            Phase::Lost,
+        ]
+        .into_iter()
+        .map(|p| (p.as_str(), 0))
+        .collect();
+        match self.life.inventory().phase_counts().await {
+            Ok(counts) => {
+                for (phase, n) in counts {
+                    by_phase.insert(phase.as_str(), n);
+                }
+            }
+            Err(e) => problems.push(format!("inventory: {e}")),
+        }
+        by_phase
+    }
+
+    fn update_agent_gauges(&self, agents: &[AgentView]) {
+        let mut by_state: BTreeMap<&str, u64> = [("reachable", 0), ("unreachable", 0), ("unknown", 0)]
+            .into_iter()
+            .collect();
+        for a in agents {
+            let state = match a.reachable {
+                Some(true) => "reachable",
+                Some(false) => "unreachable",
+                None => "unknown",
+            };
+            *by_state.entry(state).or_default() += 1;
+        }
+        self.metrics.set_agents(by_state);
+    }
+}
+
+impl StatusSource for ProxyStatus {
+    fn status(&self) -> BoxFuture<'_, serde_json::Value> {
+        Box::pin(async move {
+            let mut problems = Vec::new();
+            let by_phase = self.phases(&mut problems).await;
+            let total: u64 = by_phase.values().sum();
+            let devices = match self.life.inventory().devices(None, STATUS_DEVICES).await {
+                Ok(d) => d,
+                Err(e) => {
+                    problems.push(format!("inventory devices: {e}"));
+                    Vec::new()
+                }
+            };
+            let resizes = match self.life.inventory().resizes().await {
+                Ok(r) => r.into_iter().filter(|r| !r.done).collect(),
+                Err(e) => {
+                    problems.push(format!("resize requests: {e}"));
+                    Vec::new()
+                }
+            };
+            let targets = match self.life.inventory().targets().await {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push(format!("targets: {e}"));
+                    Vec::new()
+                }
+            };
+            let agents = self.agents();
+            self.metrics
+                .set_devices(by_phase.iter().map(|(k, v)| (*k, *v)));
+            self.metrics.set_resizes_pending(resizes.len() as u64);
+            self.update_agent_gauges(&agents);
+            let leader = match &self.leader {
+                Some((handle, mode)) => serde_json::json!({
+                    "mode": mode,
+                    "this_replica_leads": handle.is_leader(),
+                }),
+                None => serde_json::json!({
+                    "mode": "single-replica",
+                    "this_replica_leads": true,
+                }),
+            };
+            serde_json::json!({
+                "component": "proxy",
+                "version": env!("CARGO_PKG_VERSION"),
+                "started": rfc3339(self.started),
+                "uptime_seconds": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+                "leader": leader,
+                "inventory": {
+                    "devices_by_phase": by_phase,
+                    "devices_total": total,
+                },
+                "devices": devices.iter().map(device_view).collect::<Vec<_>>(),
+                "devices_truncated": (devices.len() as u64) < total,
+                // Targets by name; CHAP appears as the Secret's name only.
+                "targets": targets,
+                "agents": agents,
+                "pending_resizes": resizes,
+                "recent_errors": self.metrics.recent_errors(),
+                "problems": problems,
+            })
+        })
+    }
+
+    fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let mut problems = Vec::new();
+            let by_phase = self.phases(&mut problems).await;
+            if problems.is_empty() {
+                self.metrics
+                    .set_devices(by_phase.iter().map(|(k, v)| (*k, *v)));
+            }
+            if let Ok(r) = self.life.inventory().resizes().await {
+                self.metrics
+                    .set_resizes_pending(r.iter().filter(|r| !r.done).count() as u64);
+            }
+            let agents = self.agents();
+            self.update_agent_gauges(&agents);
+        })
+    }
+}
+
+fn device_view(d: &Device) -> DeviceView {
+    DeviceView {
+        wwid: d.wwid.clone(),
+        phase: d.phase,
+        size_bytes: d.size_bytes,
+        target: d.target.clone(),
+        lun: d.lun,
+        vendor: d.vendor.clone(),
+        model: d.model.clone(),
+        labels: d.labels.clone(),
+        volume_id: d.volume_id(),
+        volume_name: d.binding.as_ref().map(|b| b.volume_name.clone()),
+        nodes: d.node_names(),
+        published: d.published.clone(),
+        reason: d.reason.clone(),
+    }
+}
+
+/// One round of probes over the directory.
+async fn probe_all(
+    life: &Arc<Lifecycle>,
+    probes: &Mutex<BTreeMap<String, Probe>>,
+    timeout: Duration,
+    concurrency: usize,
+) {
+    let agents = life.agents().directory().snapshot();
+    let rid = format!("probe-{}", uuid::Uuid::new_v4());
+    let todo: Vec<(String, String)> = agents
+        .iter()
+        .map(|(node, entry)| (node.clone(), entry.address.clone()))
+        .collect();
+    let results: Vec<(String, Probe)> = futures::stream::iter(todo)
+        .map(|(node, address)| {
+            let rid = rid.clone();
+            let life = life.clone();
+            async move {
+                let start = Instant::now();
+                let call = life
+                    .agents()
+                    .call(&node, AgentOp::Status(StatusRequest {}), &rid);
+                let outcome = tokio::time::timeout(timeout, call).await;
+                let round_trip_ms = start.elapsed().as_secs_f64() * 1000.0;
+                let (reachable, version, error) = match outcome {
+                    Ok(Ok(Ok(AgentReply::Status(s)))) => (true, Some(s.version), None),
+                    Ok(Ok(Ok(_))) => (true, None, None),
+                    Ok(Ok(Err(status))) => (
+                        false,
+                        None,
+                        Some(format!("{:?}: {}", status.code(), status.message())),
+                    ),
+                    Ok(Err(e)) => (false, None, Some(e.to_string())),
+                    Err(_) => (false, None, Some(format!("no answer within {timeout:?}"))),
+                };
+                (
+                    node,
+                    Probe {
+                        address,
+                        reachable,
+                        round_trip_ms: (round_trip_ms * 1000.0).round() / 1000.0,
+                        checked: rfc3339(SystemTime::now()),
+                        version,
+                        error,
+                    },
+                )
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    let mut probes = probes.lock().unwrap_or_else(|p| p.into_inner());
+    probes.retain(|node, _| agents.contains_key(node));
+    for (node, probe) in results {
+        if !probe.reachable {
+            tracing::debug!(%node, error = ?probe.error, "agent probe failed");
+        }
+        probes.insert(node, probe);
+    }
+}
