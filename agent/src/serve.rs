@@ -91,7 +91,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         attachments,
         config.login_timeout,
     ));
-    let status = crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
+    let status =
+        crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
     let agent_api = AgentApi::new(devices, &config.node_name, config.trust_domain.clone())
         .with_metrics(metrics.clone());
     let readiness = readiness.with(SocketCheck(socket.path().to_owned()));

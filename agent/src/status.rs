@@ -211,7 +211,10 @@ fn snapshot(devices: &Devices) -> Snapshot {
                 let Some(view) = volume_view(&kubelet, m, &numbers) else {
                     continue;
                 };
-                let rel = m.mount_point.strip_prefix(&kubelet).unwrap_or(&m.mount_point);
+                let rel = m
+                    .mount_point
+                    .strip_prefix(&kubelet)
+                    .unwrap_or(&m.mount_point);
                 if is_publication(rel) {
                     snap.published.push(view);
                 } else {
@@ -306,7 +309,11 @@ fn is_publication(rel: &Path) -> bool {
 
 /// A mount under the kubelet directory that shows one of this node's LUNs,
 /// or that sits in this driver's own staging directory.
-fn volume_view(kubelet: &Path, m: &Mount, numbers: &BTreeMap<String, String>) -> Option<VolumeView> {
+fn volume_view(
+    kubelet: &Path,
+    m: &Mount,
+    numbers: &BTreeMap<String, String>,
+) -> Option<VolumeView> {
     let number = crate::volume::device::mounted_device(m)
         .map(|n| n.to_string())
         .unwrap_or_else(|_| m.device.to_string());
@@ -367,7 +374,9 @@ mod tests {
     #[test]
     fn volume_names_follow_kubelets_layout() {
         assert_eq!(
-            volume_name(&parts("plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount")),
+            volume_name(&parts(
+                "plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount"
+            )),
             "pv-1"
         );
         assert_eq!(
@@ -375,7 +384,9 @@ mod tests {
             "pv-2"
         );
         assert_eq!(
-            volume_name(&parts("plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1")),
+            volume_name(&parts(
+                "plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1"
+            )),
             "pv-3"
         );
         assert!(is_publication(Path::new("pods/uid-1/volumes/x")));

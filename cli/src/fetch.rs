@@ -38,7 +38,9 @@ impl Endpoint {
         if authority.is_empty() {
             bail!("{url}: no host");
         }
-        let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        let authority = if authority
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
             || authority.ends_with(']')
         {
             authority.to_owned()

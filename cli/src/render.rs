@@ -43,7 +43,12 @@ impl Table {
             }
             format!("{}\n", out.trim_end())
         };
-        let mut out = line(&mut self.headers.iter().copied());
+        // A key/value listing has no header line.
+        let mut out = if self.headers.iter().all(|h| h.is_empty()) {
+            String::new()
+        } else {
+            line(&mut self.headers.iter().copied())
+        };
         for row in &self.rows {
             out.push_str(&line(&mut row.iter().map(String::as_str)));
         }
@@ -126,7 +131,7 @@ pub fn duration(secs: u64) -> String {
 
 /// The summary of either component.
 pub fn status(doc: &Value, ready: &Result<(), Vec<String>>) -> String {
-    let mut t = Table::new(&["FIELD", "VALUE"]);
+    let mut t = Table::new(&["", ""]);
     let mut kv = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
     kv("component", text(&doc["component"]));
     if doc["component"] == "agent" {
@@ -218,14 +223,31 @@ pub fn status(doc: &Value, ready: &Result<(), Vec<String>>) -> String {
 /// An agent's LUNs.
 pub fn agent_devices(doc: &Value) -> String {
     let mut t = Table::new(&[
-        "WWID", "SIZE", "VENDOR", "MODEL", "MULTIPATH", "PATHS", "TARGETS", "HOLDERS",
+        "WWID",
+        "SIZE",
+        "VENDOR",
+        "MODEL",
+        "MULTIPATH",
+        "PATHS",
+        "TARGETS",
+        "HOLDERS",
     ]);
     for d in list(&doc["devices"]) {
         let paths: Vec<String> = list(&d["paths"])
             .iter()
-            .map(|p| format!("{}({}, {})", text(&p["name"]), text(&p["hctl"]), text(&p["state"])))
+            .map(|p| {
+                format!(
+                    "{}({}, {})",
+                    text(&p["name"]),
+                    text(&p["hctl"]),
+                    text(&p["state"])
+                )
+            })
             .collect();
-        let mut targets: Vec<String> = list(&d["paths"]).iter().map(|p| text(&p["target"])).collect();
+        let mut targets: Vec<String> = list(&d["paths"])
+            .iter()
+            .map(|p| text(&p["target"]))
+            .collect();
         targets.sort();
         targets.dedup();
         t.row(vec![
@@ -234,8 +256,16 @@ pub fn agent_devices(doc: &Value) -> String {
             text(&d["vendor"]),
             text(&d["model"]),
             text(&d["multipath"]),
-            if paths.is_empty() { "-".into() } else { paths.join(" ") },
-            if targets.is_empty() { "-".into() } else { targets.join(",") },
+            if paths.is_empty() {
+                "-".into()
+            } else {
+                paths.join(" ")
+            },
+            if targets.is_empty() {
+                "-".into()
+            } else {
+                targets.join(",")
+            },
             text(&d["holders"]),
         ]);
     }
@@ -245,7 +275,15 @@ pub fn agent_devices(doc: &Value) -> String {
 /// The proxy's inventory.
 pub fn proxy_devices(doc: &Value) -> String {
     let mut t = Table::new(&[
-        "WWID", "PHASE", "SIZE", "TARGET", "LUN", "VOLUME", "NODES", "PUBLISHED", "REASON",
+        "WWID",
+        "PHASE",
+        "SIZE",
+        "TARGET",
+        "LUN",
+        "VOLUME",
+        "NODES",
+        "PUBLISHED",
+        "REASON",
     ]);
     for d in list(&doc["devices"]) {
         t.row(vec![
@@ -319,7 +357,13 @@ pub fn proxy_volumes(doc: &Value) -> String {
 /// The proxy's agents.
 pub fn agents(doc: &Value) -> String {
     let mut t = Table::new(&[
-        "NODE", "ADDRESS", "REACHABLE", "RTT", "VERSION", "LAST-PROBE", "ERROR",
+        "NODE",
+        "ADDRESS",
+        "REACHABLE",
+        "RTT",
+        "VERSION",
+        "LAST-PROBE",
+        "ERROR",
     ]);
     for a in list(&doc["agents"]) {
         t.row(vec![

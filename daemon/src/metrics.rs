@@ -208,7 +208,9 @@ pub fn code_name(code: Code) -> &'static str {
 /// RFC 3339 UTC text of `t`, to the millisecond.
 pub fn rfc3339(t: SystemTime) -> String {
     let t = time::OffsetDateTime::from(t);
-    let t = t.replace_nanosecond(t.millisecond() as u32 * 1_000_000).unwrap_or(t);
+    let t = t
+        .replace_nanosecond(t.millisecond() as u32 * 1_000_000)
+        .unwrap_or(t);
     t.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
@@ -369,7 +371,9 @@ impl Metrics {
 
     /// iSCSI sessions by state; states absent from `by_state` drop out.
     pub fn set_sessions<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
-        set_family(&self.inner.sessions, by_state, |state| StateLabels { state });
+        set_family(&self.inner.sessions, by_state, |state| StateLabels {
+            state,
+        });
     }
 
     /// Staged and published volumes.
@@ -410,11 +414,7 @@ impl Metrics {
             message: truncate(message, MAX_MESSAGE),
             request_id: truncate(rid, 128),
         };
-        let mut errors = self
-            .inner
-            .errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut errors = self.inner.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errors.len() == RECENT_ERRORS {
             errors.pop_front();
         }
@@ -423,11 +423,7 @@ impl Metrics {
 
     /// The recent failures, newest first.
     pub fn recent_errors(&self) -> Vec<ErrorRecord> {
-        let errors = self
-            .inner
-            .errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let errors = self.inner.errors.lock().unwrap_or_else(|p| p.into_inner());
         errors.iter().rev().cloned().collect()
     }
 }
@@ -739,7 +735,10 @@ mod tests {
             split_path("/a/b/c"),
             ("unknown".to_owned(), "unknown".to_owned())
         );
-        assert_eq!(split_path("/"), ("unknown".to_owned(), "unknown".to_owned()));
+        assert_eq!(
+            split_path("/"),
+            ("unknown".to_owned(), "unknown".to_owned())
+        );
     }
 
     #[test]

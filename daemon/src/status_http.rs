@@ -174,9 +174,10 @@ fn respond(status: StatusCode, content_type: &str, body: Bytes) -> Response<Full
     if let Ok(v) = content_type.parse() {
         response.headers_mut().insert(header::CONTENT_TYPE, v);
     }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
     response
 }
 

@@ -116,14 +116,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.calls.concurrency,
     );
     let stop = shutdown.clone();
-    tokio::spawn(status_listener.serve(
-        StatusService::new(
-            readiness.clone().with(SocketCheck(socket.path().to_owned())),
-            metrics.clone(),
-            Arc::new(status),
+    tokio::spawn(
+        status_listener.serve(
+            StatusService::new(
+                readiness
+                    .clone()
+                    .with(SocketCheck(socket.path().to_owned())),
+                metrics.clone(),
+                Arc::new(status),
+            ),
+            async move { stop.signaled().await },
         ),
-        async move { stop.signaled().await },
-    ));
+    );
     let identity =
         IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
             .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);

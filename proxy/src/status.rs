@@ -162,9 +162,10 @@ impl ProxyStatus {
     }
 
     fn update_agent_gauges(&self, agents: &[AgentView]) {
-        let mut by_state: BTreeMap<&str, u64> = [("reachable", 0), ("unreachable", 0), ("unknown", 0)]
-            .into_iter()
-            .collect();
+        let mut by_state: BTreeMap<&str, u64> =
+            [("reachable", 0), ("unreachable", 0), ("unknown", 0)]
+                .into_iter()
+                .collect();
         for a in agents {
             let state = match a.reachable {
                 Some(true) => "reachable",

@@ -24,21 +24,9 @@ impl LoopLun {
 
     /// Attaches an existing file to a free loop device.
     pub fn attach(file: &Path) -> std::io::Result<Self> {
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(file)
-            .output()?;
-        if !out.status.success() {
-            return Err(std::io::Error::other(format!(
-                "losetup {}: {}",
-                file.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        let device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         Ok(Self {
+            device: attach_file(file)?,
             file: file.to_owned(),
-            device,
         })
     }
 
@@ -71,4 +59,20 @@ impl Drop for LoopLun {
     fn drop(&mut self) {
         let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
     }
+}
+
+/// Attaches `file` to a free loop device that stays attached (no guard).
+pub fn attach_file(file: &Path) -> std::io::Result<PathBuf> {
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(file)
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "losetup {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }

@@ -15,6 +15,8 @@ mod lab;
 mod mtls;
 #[path = "e2e/node.rs"]
 mod node;
+#[path = "e2e/observability.rs"]
+mod observability;
 #[path = "e2e/rotation.rs"]
 mod rotation;
 #[path = "e2e/support.rs"]

@@ -3,7 +3,6 @@
 //! exclusively, reporting progress. A device that is not here is NOT_FOUND;
 //! an interrupted wipe is simply asked again.
 
-
 use tokio::sync::mpsc;
 
 use super::Devices;

@@ -168,7 +168,11 @@ impl AgentPool {
         };
         let result = svc.oneshot(call).await;
         if let Some(timer) = timer {
-            timer.finish(result.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok));
+            timer.finish(
+                result
+                    .as_ref()
+                    .map_or_else(|s| s.code(), |_| tonic::Code::Ok),
+            );
         }
         // Probes (Status) fail while an agent is down; /status shows that
         // per agent, so they do not crowd the recent errors.

@@ -17,6 +17,7 @@
 //! watch delivers that version or a newer one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,6 +90,8 @@ struct Inner {
     /// other; other writers are kept out by the resourceVersion.
     bind_lock: tokio::sync::Mutex<()>,
     targets_changed: Arc<Notify>,
+    /// Set once every cache has listed.
+    synced: Arc<AtomicBool>,
     leader: Option<LeaderHandle>,
     events: Option<VolumeEvents>,
     tasks: Vec<JoinHandle<()>>,
@@ -114,7 +117,23 @@ impl KubeInventory {
         let (resize_store, resize_writer) = reflector::store();
         let targets_changed = Arc::new(Notify::new());
         let (leader, events) = (config.leader.clone(), config.events.clone());
+        let synced = Arc::new(AtomicBool::new(false));
+        let ready = {
+            let (d, t, r) = (
+                device_store.clone(),
+                target_store.clone(),
+                resize_store.clone(),
+            );
+            let synced = synced.clone();
+            tokio::spawn(async move {
+                let all = d.wait_until_ready().await.is_ok()
+                    && t.wait_until_ready().await.is_ok()
+                    && r.wait_until_ready().await.is_ok();
+                synced.store(all, Ordering::Release);
+            })
+        };
         let tasks = vec![
+            ready,
             reflect(devices.clone(), device_writer, None),
             reflect(
                 targets.clone(),
@@ -137,6 +156,7 @@ impl KubeInventory {
                 resize_cache: resize_store,
                 bind_lock: tokio::sync::Mutex::new(()),
                 targets_changed,
+                synced,
                 leader,
                 events,
                 tasks,
@@ -148,6 +168,11 @@ impl KubeInventory {
     /// after each (re)list: the trigger for a discovery pass.
     pub fn targets_changed(&self) -> Arc<Notify> {
         self.inner.targets_changed.clone()
+    }
+
+    /// Whether every cache has listed once (a readiness check).
+    pub fn is_synced(&self) -> bool {
+        self.inner.synced.load(Ordering::Acquire)
     }
 
     /// Waits until every cache has listed once.

@@ -132,6 +132,7 @@ async fn reads_come_from_the_watch_cache_not_a_list_per_call() {
     let api = FakeApi::start().await;
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     let inv = start(&api, None).await;
+    eventually("the synced flag", || inv.is_synced()).await;
     eventually("the devices watch", || {
         api.requests()
             .iter()

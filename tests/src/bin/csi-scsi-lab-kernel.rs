@@ -26,7 +26,9 @@ fn main() -> ExitCode {
             "--root" => ctx.root = PathBuf::from(v),
             "--fabric" => ctx.fabric = PathBuf::from(v),
             "--initiator" => ctx.initiator = v,
-            "--scan-delay-ms" => ctx.scan_delay = std::time::Duration::from_millis(v.parse().unwrap_or(0)),
+            "--scan-delay-ms" => {
+                ctx.scan_delay = std::time::Duration::from_millis(v.parse().unwrap_or(0))
+            }
             other => {
                 eprintln!("csi-scsi-lab-kernel: unknown option {other}");
                 return ExitCode::from(64);

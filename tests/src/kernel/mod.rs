@@ -37,20 +37,7 @@ pub struct NodeContext {
 }
 
 /// Attaches `file` to a free loop device.
-pub fn attach_loop(file: &Path) -> std::io::Result<PathBuf> {
-    let out = Command::new("losetup")
-        .args(["--find", "--show"])
-        .arg(file)
-        .output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "losetup {}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
+pub use crate::loop_luns::attach_file as attach_loop;
 
 /// Detaches a loop device (already gone is fine).
 pub fn detach_loop(device: &Path) {

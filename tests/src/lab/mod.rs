@@ -31,6 +31,10 @@ use crate::tgt::{LunIdentity, Tgtd};
 
 /// Port of every agent's API.
 pub const AGENT_PORT: u16 = 9810;
+/// Port of every agent's status endpoints (/healthz, /readyz, /metrics, /status).
+pub const AGENT_STATUS_PORT: u16 = 9811;
+/// Port of the proxy's status endpoints, on the lab's host address.
+pub const PROXY_STATUS_PORT: u16 = 9812;
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
 pub const CHAP_USER: &str = "lab-initiator";
 const CHAP_SECRET: &str = "lab-chap-secret-a1b2";
@@ -66,6 +70,8 @@ pub struct LabNode {
     pub csi: PathBuf,
     /// Its agent API address.
     pub api: SocketAddr,
+    /// Its agent's status endpoints (`http://<status>/status`).
+    pub status: SocketAddr,
     /// The agent process.
     pub agent: Option<Daemon>,
     /// The kernel stand-in's watcher.
@@ -87,6 +93,8 @@ pub struct Lab {
     pub proxy: Option<Daemon>,
     /// The proxy's CSI socket.
     pub proxy_csi: PathBuf,
+    /// The proxy's status endpoints.
+    pub proxy_status: SocketAddr,
     /// Certificates.
     pub pki: Pki,
     /// LUN backing files by name (`a1`, `mp`, ...).
@@ -102,6 +110,8 @@ pub struct Manifest {
     pub dir: PathBuf,
     /// The proxy's CSI socket.
     pub proxy_csi_socket: PathBuf,
+    /// The proxy's status endpoints (`csi-scsi --url <this> status`).
+    pub proxy_status_url: String,
     /// The proxy's inventory database (inspect with sqlite3).
     pub proxy_store: PathBuf,
     /// Certificate directory (CA and every issued certificate).
@@ -119,6 +129,8 @@ pub struct ManifestNode {
     pub csi_socket: PathBuf,
     /// Its agent API address (mTLS).
     pub agent_address: String,
+    /// Its agent's status endpoints (`csi-scsi --url <this> devices`).
+    pub status_url: String,
     /// Its kubelet directory.
     pub kubelet_dir: PathBuf,
     /// Its network namespace.
@@ -324,6 +336,7 @@ impl Lab {
             serde_json::to_vec_pretty(&targets)?,
         )?;
         let proxy_csi = dir.join("proxy/csi.sock");
+        let proxy_status: SocketAddr = format!("{}:{PROXY_STATUS_PORT}", net.host_ip()).parse()?;
         let mut lab = Self {
             config,
             net,
@@ -331,6 +344,7 @@ impl Lab {
             nodes,
             proxy: None,
             proxy_csi,
+            proxy_status,
             pki,
             luns,
         };
@@ -357,6 +371,10 @@ impl Lab {
             "5",
             "--agent-timeout",
             "30",
+            "--status-listen",
+            &self.proxy_status.to_string(),
+            "--agent-probe-interval",
+            "5",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -403,6 +421,7 @@ impl Lab {
             prefix: self.config.prefix.clone(),
             dir: self.config.dir.clone(),
             proxy_csi_socket: self.proxy_csi.clone(),
+            proxy_status_url: format!("http://{}", self.proxy_status),
             proxy_store: self.config.dir.join("proxy/inventory.db"),
             certificates: self.config.dir.join("pki"),
             nodes: self
@@ -413,6 +432,7 @@ impl Lab {
                     name: n.name.clone(),
                     csi_socket: n.csi.clone(),
                     agent_address: n.api.to_string(),
+                    status_url: format!("http://{}", n.status),
                     kubelet_dir: n.kubelet.clone(),
                     netns: self.net.netns(i),
                 })
@@ -515,12 +535,17 @@ async fn start_node(
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
     let mut watch_args = ctx_args.to_vec();
-    watch_args.extend(["--scan-delay-ms".into(), config.fc_scan_delay_ms.to_string(), "watch".into()]);
+    watch_args.extend([
+        "--scan-delay-ms".into(),
+        config.fc_scan_delay_ms.to_string(),
+        "watch".into(),
+    ]);
     let watcher = Daemon::spawn_program(&kernel, &watch_args, &base.join("kernel.log"));
     record.pids.push(watcher.pid());
 
     let csi = kubelet.join("plugins/csi-scsi.io/csi.sock");
     let api: SocketAddr = format!("{}:{AGENT_PORT}", net.node_ip(i)).parse()?;
+    let status: SocketAddr = format!("{}:{AGENT_STATUS_PORT}", net.node_ip(i)).parse()?;
     let tls = config.dir.join("pki").join(format!("{name}-tls"));
     let agent_bin = binary("csi-scsi-agent");
     let mut agent_args: Vec<String> = vec![
@@ -540,6 +565,8 @@ async fn start_node(
             &format!("unix://{}", csi.display()),
             "--agent-listen",
             &api.to_string(),
+            "--status-listen",
+            &status.to_string(),
             "--tls-dir",
             &tls.display().to_string(),
             "--sysfs-root",
@@ -575,6 +602,7 @@ async fn start_node(
         kubelet,
         csi,
         api,
+        status,
         agent: Some(agent),
         watcher: Some(watcher),
         agent_args,

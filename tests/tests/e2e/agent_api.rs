@@ -23,7 +23,9 @@ fn client(lab: &Lab, node: usize) -> AgentClient<Channel> {
     )
     .expect("proxy material");
     let n = &lab.nodes[node];
-    AgentClient::new(agent_channel(&n.api.to_string(), &n.name, store, Duration::from_secs(5)).expect("channel"))
+    AgentClient::new(
+        agent_channel(&n.api.to_string(), &n.name, store, Duration::from_secs(5)).expect("channel"),
+    )
 }
 
 fn iscsi_target(lab: &Lab, name: &str, chap: bool) -> Target {
@@ -34,7 +36,10 @@ fn iscsi_target(lab: &Lab, name: &str, chap: bool) -> Target {
             iqn: format!("iqn.2026-11.io.csi-scsi.lab:{name}"),
             chap: chap.then(|| ChapCredentials {
                 username: csi_scsi_tests::lab::CHAP_USER.into(),
-                password: std::fs::read_to_string(lab.config.dir.join("secrets/chap-array-a/password")).expect("secret"),
+                password: std::fs::read_to_string(
+                    lab.config.dir.join("secrets/chap-array-a/password"),
+                )
+                .expect("secret"),
                 mutual_username: String::new(),
                 mutual_password: String::new(),
             }),
@@ -58,13 +63,34 @@ const FC_WWID: &str = "naa.600a098038303053453f463045727031";
 async fn discovering_two_targets_groups_the_paths_of_one_lun_by_wwid() {
     let (_d, lab, _cl) = lab().await;
     let mut a = client(&lab, 0);
-    let ra = a.discover(DiscoverRequest { target: Some(iscsi_target(&lab, "array-a", true)) }).await.expect("array-a").into_inner();
-    let rb = a.discover(DiscoverRequest { target: Some(iscsi_target(&lab, "array-b", false)) }).await.expect("array-b").into_inner();
+    let ra = a
+        .discover(DiscoverRequest {
+            target: Some(iscsi_target(&lab, "array-a", true)),
+        })
+        .await
+        .expect("array-a")
+        .into_inner();
+    let rb = a
+        .discover(DiscoverRequest {
+            target: Some(iscsi_target(&lab, "array-b", false)),
+        })
+        .await
+        .expect("array-b")
+        .into_inner();
     assert!(ra.luns.iter().any(|l| l.wwid == MP_WWID) && rb.luns.iter().any(|l| l.wwid == MP_WWID));
-    let status = a.status(StatusRequest {}).await.expect("status").into_inner();
-    let mp = status.devices.iter().find(|d| d.wwid == MP_WWID).expect("multipath LUN");
+    let status = a
+        .status(StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    let mp = status
+        .devices
+        .iter()
+        .find(|d| d.wwid == MP_WWID)
+        .expect("multipath LUN");
     assert_eq!(mp.paths.len(), 2, "two paths, one device: {mp:?}");
-    let targets: std::collections::BTreeSet<_> = mp.paths.iter().map(|p| p.target.clone()).collect();
+    let targets: std::collections::BTreeSet<_> =
+        mp.paths.iter().map(|p| p.target.clone()).collect();
     assert_eq!(targets.len(), 2);
     assert!(ra.portals.iter().all(|p| p.reachable));
 }
@@ -74,14 +100,22 @@ async fn a_wrong_chap_secret_or_an_acl_is_refused_as_unauthenticated() {
     let (_d, lab, _cl) = lab().await;
     // node-c: array-b's ACL excludes it (a real refusal from tgtd).
     let mut c = client(&lab, 2);
-    let err = c.discover(DiscoverRequest { target: Some(iscsi_target(&lab, "array-b", false)) }).await.expect_err("ACL");
+    let err = c
+        .discover(DiscoverRequest {
+            target: Some(iscsi_target(&lab, "array-b", false)),
+        })
+        .await
+        .expect_err("ACL");
     assert_eq!(err.code(), Code::Unauthenticated, "{err}");
     let mut t = iscsi_target(&lab, "array-a", true);
     if let Some(target::Transport::Iscsi(i)) = &mut t.transport {
         i.chap.as_mut().expect("chap").password = "not-the-secret".into();
     }
     // A fresh node record on node-c: it has not logged in to array-a yet.
-    let err = c.discover(DiscoverRequest { target: Some(t) }).await.expect_err("wrong CHAP");
+    let err = c
+        .discover(DiscoverRequest { target: Some(t) })
+        .await
+        .expect_err("wrong CHAP");
     assert_eq!(err.code(), Code::Unauthenticated, "{err}");
     assert!(!err.message().contains("not-the-secret"), "{err}");
 }
@@ -91,34 +125,97 @@ async fn attach_waits_for_a_late_device_and_returns_its_path() {
     let (_d, lab, _cl) = lab_with(|c| c.fc_scan_delay_ms = 1500).await;
     // node-b saw the FC LUN during discovery; remove it as a detach would.
     let mut b = client(&lab, 1);
-    b.detach(DetachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()] }).await.expect("detach");
+    b.detach(DetachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+    })
+    .await
+    .expect("detach");
     let started = std::time::Instant::now();
-    let r = b.attach(AttachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()], lun: 0 }).await.expect("attach").into_inner();
-    assert!(started.elapsed() >= Duration::from_millis(1400), "waited for the slow fabric");
-    assert!(r.device_path.contains("disk/by-id/wwn-0x600a098038303053453f463045727031"), "{}", r.device_path);
+    let r = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "waited for the slow fabric"
+    );
+    assert!(
+        r.device_path
+            .contains("disk/by-id/wwn-0x600a098038303053453f463045727031"),
+        "{}",
+        r.device_path
+    );
 }
 
 #[tokio::test]
 async fn detach_refuses_a_mounted_device_and_succeeds_after_unmount() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b.attach(AttachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()], lun: 0 }).await.expect("attach").into_inner();
+    let att = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
     let dev = std::fs::canonicalize(&att.device_path).expect("device node");
     sh("mkfs.ext4", &["-q", &dev.display().to_string()]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
-    sh("mount", &[&dev.display().to_string(), &mnt.display().to_string()]).expect("mount");
-    let err = b.detach(DetachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()] }).await.expect_err("in use");
+    sh(
+        "mount",
+        &[&dev.display().to_string(), &mnt.display().to_string()],
+    )
+    .expect("mount");
+    let err = b
+        .detach(DetachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+        })
+        .await
+        .expect_err("in use");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     sh("umount", &[&mnt.display().to_string()]).expect("umount");
-    let r = b.detach(DetachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()] }).await.expect("detach").into_inner();
+    let r = b
+        .detach(DetachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+        })
+        .await
+        .expect("detach")
+        .into_inner();
     assert!(r.removed);
-    let again = b.detach(DetachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()] }).await.expect("idempotent").into_inner();
+    let again = b
+        .detach(DetachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+        })
+        .await
+        .expect("idempotent")
+        .into_inner();
     assert!(!again.removed);
 }
 
-async fn wipe(c: &mut AgentClient<Channel>, wwid: &str, mode: WipeMode) -> Result<WipeProgress, tonic::Status> {
-    let mut stream = c.wipe(WipeRequest { wwid: wwid.into(), mode: mode as i32 }).await?.into_inner();
+async fn wipe(
+    c: &mut AgentClient<Channel>,
+    wwid: &str,
+    mode: WipeMode,
+) -> Result<WipeProgress, tonic::Status> {
+    let mut stream = c
+        .wipe(WipeRequest {
+            wwid: wwid.into(),
+            mode: mode as i32,
+        })
+        .await?
+        .into_inner();
     let mut last = None;
     while let Some(p) = stream.message().await? {
         last = Some(p);
@@ -130,42 +227,92 @@ async fn wipe(c: &mut AgentClient<Channel>, wwid: &str, mode: WipeMode) -> Resul
 async fn wipe_zero_leaves_zeroes_and_discard_leaves_no_signature() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b.attach(AttachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()], lun: 0 }).await.expect("attach").into_inner();
-    let dev = std::fs::canonicalize(&att.device_path).expect("node").display().to_string();
+    let att = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    let dev = std::fs::canonicalize(&att.device_path)
+        .expect("node")
+        .display()
+        .to_string();
     sh("mkfs.xfs", &["-q", "-f", &dev]).expect("mkfs");
     let last = wipe(&mut b, FC_WWID, WipeMode::Zero).await.expect("zero");
     assert!(last.done && last.bytes_done == last.bytes_total && last.bytes_total == 512 << 20);
     assert!(csi_scsi_tests::lab::scenario::all_zero(&lab.luns["fc1"]).expect("read"));
     sh("mkfs.ext4", &["-q", &dev]).expect("mkfs");
-    wipe(&mut b, FC_WWID, WipeMode::Discard).await.expect("discard");
-    let probe = std::process::Command::new("blkid").args(["-p", &dev]).output().expect("blkid");
-    assert_eq!(probe.status.code(), Some(2), "no signature left: {}", String::from_utf8_lossy(&probe.stdout));
+    wipe(&mut b, FC_WWID, WipeMode::Discard)
+        .await
+        .expect("discard");
+    let probe = std::process::Command::new("blkid")
+        .args(["-p", &dev])
+        .output()
+        .expect("blkid");
+    assert_eq!(
+        probe.status.code(),
+        Some(2),
+        "no signature left: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
 }
 
 #[tokio::test]
 async fn wipe_refuses_a_mounted_device_a_missing_one_and_a_wrong_wwid_and_the_data_stays() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b.attach(AttachRequest { wwid: FC_WWID.into(), targets: vec![fc_target()], lun: 0 }).await.expect("attach").into_inner();
-    let dev = std::fs::canonicalize(&att.device_path).expect("node").display().to_string();
+    let att = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    let dev = std::fs::canonicalize(&att.device_path)
+        .expect("node")
+        .display()
+        .to_string();
     sh("mkfs.ext4", &["-q", "-L", "precious", &dev]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
     sh("mount", &[&dev, &mnt.display().to_string()]).expect("mount");
     std::fs::write(mnt.join("keep.txt"), "keep me").expect("write");
-    let err = wipe(&mut b, FC_WWID, WipeMode::Zero).await.expect_err("mounted");
+    let err = wipe(&mut b, FC_WWID, WipeMode::Zero)
+        .await
+        .expect_err("mounted");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
-    assert_eq!(std::fs::read_to_string(mnt.join("keep.txt")).expect("read"), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(mnt.join("keep.txt")).expect("read"),
+        "keep me"
+    );
     sh("umount", &[&mnt.display().to_string()]).expect("umount");
-    let err = wipe(&mut b, "naa.6001405fffffffffffffffffffffffff", WipeMode::Zero).await.expect_err("absent");
+    let err = wipe(
+        &mut b,
+        "naa.6001405fffffffffffffffffffffffff",
+        WipeMode::Zero,
+    )
+    .await
+    .expect_err("absent");
     assert_eq!(err.code(), Code::NotFound, "{err}");
     // A by-id name forged to point at this device under a WWID no device
     // reports: the agent goes by the WWID the device itself reports, so
     // the forged name leads nowhere.
     let by_id = lab.nodes[1].root.join("dev/disk/by-id");
     let forged = by_id.join("wwn-0x6001405ffffffffffffffffffffffff1");
-    std::os::unix::fs::symlink(std::fs::read_link(&att.device_path).expect("link"), &forged).expect("symlink");
-    let err = wipe(&mut b, "naa.6001405ffffffffffffffffffffffff1", WipeMode::Zero).await.expect_err("forged name");
+    std::os::unix::fs::symlink(std::fs::read_link(&att.device_path).expect("link"), &forged)
+        .expect("symlink");
+    let err = wipe(
+        &mut b,
+        "naa.6001405ffffffffffffffffffffffff1",
+        WipeMode::Zero,
+    )
+    .await
+    .expect_err("forged name");
     assert_eq!(err.code(), Code::NotFound, "{err}");
     let label = sh("blkid", &["-o", "value", "-s", "LABEL", &dev]).expect("blkid");
     assert_eq!(label.trim(), "precious", "data intact");
@@ -181,11 +328,51 @@ async fn only_the_proxy_may_call_and_only_the_node_it_dialled_answers() {
         TrustDomain::new("csi-scsi.local").expect("domain"),
     )
     .expect("material");
-    let ch = agent_channel(&lab.nodes[0].api.to_string(), "node-b", store, Duration::from_secs(5)).expect("channel");
-    let err = AgentClient::new(ch).status(StatusRequest {}).await.expect_err("wrong node");
+    let ch = agent_channel(
+        &lab.nodes[0].api.to_string(),
+        "node-b",
+        store,
+        Duration::from_secs(5),
+    )
+    .expect("channel");
+    let err = AgentClient::new(ch)
+        .status(StatusRequest {})
+        .await
+        .expect_err("wrong node");
     assert!(err.to_string().contains("node-b"), "{err}");
     // An agent's certificate as a client cannot call any method.
-    let (cfg, _) = crate::support::client_config(&lab.config.dir.join("pki/ca/ca.crt"), Some(&lab.config.dir.join("pki/node-b-tls")));
-    let err = crate::support::health_check(lab.nodes[0].api, "node-a", cfg).await.expect_err("agent as client");
+    let (cfg, _) = crate::support::client_config(
+        &lab.config.dir.join("pki/ca/ca.crt"),
+        Some(&lab.config.dir.join("pki/node-b-tls")),
+    );
+    let err = crate::support::health_check(lab.nodes[0].api, "node-a", cfg)
+        .await
+        .expect_err("agent as client");
     assert!(!err.is_empty());
+}
+
+#[tokio::test]
+async fn a_dead_portal_is_reported_and_the_live_one_is_used() {
+    let (_d, lab, _cl) = lab().await;
+    let mut a = client(&lab, 0);
+    let mut t = iscsi_target(&lab, "array-a", true);
+    if let Some(target::Transport::Iscsi(i)) = &mut t.transport {
+        // An address on the lab's subnet that nobody answers.
+        i.portals
+            .push(format!("198.18.{}.250:3260", lab.net.subnet));
+    }
+    let started = std::time::Instant::now();
+    let r = a
+        .discover(DiscoverRequest { target: Some(t) })
+        .await
+        .expect("discover")
+        .into_inner();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded by the per-portal login timeout"
+    );
+    assert!(!r.luns.is_empty());
+    let dead: Vec<_> = r.portals.iter().filter(|p| !p.reachable).collect();
+    assert_eq!(dead.len(), 1, "{:?}", r.portals);
+    assert!(dead[0].portal.ends_with(".250:3260") && !dead[0].error.is_empty());
 }

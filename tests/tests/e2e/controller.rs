@@ -28,7 +28,9 @@ async fn fill(store: &Path, n: u32) {
             vendor: "LIO-ORG".into(),
             model: "disk".into(),
             serial: format!("sn{i}"),
-            paths: vec![format!("ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.test:t-lun-{i}")],
+            paths: vec![format!(
+                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.test:t-lun-{i}"
+            )],
         })
         .collect();
     inv.apply_discovery(DiscoveryRound {
@@ -41,7 +43,10 @@ async fn fill(store: &Path, n: u32) {
     .expect("fill");
 }
 
-async fn proxy(env: &Env, devices: u32) -> (csi_scsi_tests::daemon::Daemon, ControllerClient<Channel>) {
+async fn proxy(
+    env: &Env,
+    devices: u32,
+) -> (csi_scsi_tests::daemon::Daemon, ControllerClient<Channel>) {
     fill(&env.path("proxy/inventory.db"), devices).await;
     std::fs::write(env.path("agents.txt"), "node-a 127.0.0.1:1\n").expect("agents");
     let p = env.start_proxy().await;
@@ -84,17 +89,27 @@ async fn two_hundred_concurrent_creates_over_one_hundred_devices_bind_each_at_mo
     let (_p, c) = proxy(&env, 100).await;
     let calls = (0..200).map(|i| {
         let mut c = c.clone();
-        async move { c.create_volume(create_req(&format!("pv-{i}"), 1 << 20)).await }
+        async move {
+            c.create_volume(create_req(&format!("pv-{i}"), 1 << 20))
+                .await
+        }
     });
     let results = futures::future::join_all(calls).await;
     let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
-    let exhausted = results.iter().filter(|r| matches!(r, Err(s) if s.code() == Code::ResourceExhausted)).count();
+    let exhausted = results
+        .iter()
+        .filter(|r| matches!(r, Err(s) if s.code() == Code::ResourceExhausted))
+        .count();
     assert_eq!(ok.len(), 100);
     assert_eq!(exhausted, 100);
     let b = bindings(&env.path("proxy/inventory.db"));
     let wwids: std::collections::BTreeSet<_> = b.iter().map(|(w, _)| w).collect();
     let names: std::collections::BTreeSet<_> = b.iter().map(|(_, n)| n).collect();
-    assert_eq!((b.len(), wwids.len(), names.len()), (100, 100, 100), "each device bound once, each name once");
+    assert_eq!(
+        (b.len(), wwids.len(), names.len()),
+        (100, 100, 100),
+        "each device bound once, each name once"
+    );
 }
 
 #[tokio::test]
@@ -108,7 +123,13 @@ async fn a_retry_storm_on_one_name_returns_one_volume() {
     let ids: std::collections::BTreeSet<String> = futures::future::join_all(calls)
         .await
         .into_iter()
-        .map(|r| r.expect("create").into_inner().volume.expect("volume").volume_id)
+        .map(|r| {
+            r.expect("create")
+                .into_inner()
+                .volume
+                .expect("volume")
+                .volume_id
+        })
         .collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert_eq!(bindings(&env.path("proxy/inventory.db")).len(), 1);
@@ -121,15 +142,25 @@ async fn kill_9_during_concurrent_binds_leaves_a_sound_store_without_double_bind
     let calls: Vec<_> = (0..150)
         .map(|i| {
             let mut c = c.clone();
-            tokio::spawn(async move { c.create_volume(create_req(&format!("pv-{i}"), 1 << 20)).await })
+            tokio::spawn(async move {
+                c.create_volume(create_req(&format!("pv-{i}"), 1 << 20))
+                    .await
+            })
         })
         .collect();
     tokio::time::sleep(std::time::Duration::from_millis(40)).await;
-    std::process::Command::new("kill").args(["-KILL", &p.pid().to_string()]).status().expect("kill");
+    std::process::Command::new("kill")
+        .args(["-KILL", &p.pid().to_string()])
+        .status()
+        .expect("kill");
     let _ = p.terminate().await;
     let _ = futures::future::join_all(calls).await;
     let db = env.path("proxy/inventory.db");
-    let check = std::process::Command::new("sqlite3").arg(&db).arg("PRAGMA integrity_check").output().expect("sqlite3");
+    let check = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg("PRAGMA integrity_check")
+        .output()
+        .expect("sqlite3");
     assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "ok");
     let b = bindings(&db);
     let wwids: std::collections::BTreeSet<_> = b.iter().map(|(w, _)| w).collect();
@@ -150,57 +181,168 @@ fn code<T>(r: Result<T, tonic::Status>) -> Code {
 async fn every_bad_input_gets_the_code_the_spec_names() {
     let env = Env::new();
     let (_p, mut c) = proxy(&env, 3).await;
-    let vol = c.create_volume(create_req("pv-ok", 1 << 20)).await.expect("create").into_inner().volume.expect("vol");
+    let vol = c
+        .create_volume(create_req("pv-ok", 1 << 20))
+        .await
+        .expect("create")
+        .into_inner()
+        .volume
+        .expect("vol");
     let mut r = create_req("", 1);
-    assert_eq!(code(c.create_volume(r.clone()).await), Code::InvalidArgument, "missing name");
+    assert_eq!(
+        code(c.create_volume(r.clone()).await),
+        Code::InvalidArgument,
+        "missing name"
+    );
     r.name = "x".into();
     r.volume_capabilities.clear();
-    assert_eq!(code(c.create_volume(r).await), Code::InvalidArgument, "no capabilities");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::InvalidArgument,
+        "no capabilities"
+    );
     let mut r = create_req("x", 1);
     r.parameters.insert("replicas".into(), "3".into());
-    assert_eq!(code(c.create_volume(r).await), Code::InvalidArgument, "unknown parameter");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::InvalidArgument,
+        "unknown parameter"
+    );
     let mut r = create_req("x", 1);
     r.volume_capabilities = vec![capability(false, "ext4", Mode::MultiNodeMultiWriter)];
-    assert_eq!(code(c.create_volume(r).await), Code::InvalidArgument, "multi-writer filesystem");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::InvalidArgument,
+        "multi-writer filesystem"
+    );
     let mut r = create_req("x", 1);
     r.volume_capabilities = vec![capability(false, "btrfs", Mode::SingleNodeWriter)];
-    assert_eq!(code(c.create_volume(r).await), Code::InvalidArgument, "unknown fsType");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::InvalidArgument,
+        "unknown fsType"
+    );
     let mut r = create_req("x", 1);
     r.volume_content_source = Some(VolumeContentSource { r#type: None });
-    assert_eq!(code(c.create_volume(r).await), Code::InvalidArgument, "content source");
-    assert_eq!(code(c.create_volume(create_req("x", 2 << 30)).await), Code::OutOfRange, "bigger than any LUN");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::InvalidArgument,
+        "content source"
+    );
+    assert_eq!(
+        code(c.create_volume(create_req("x", 2 << 30)).await),
+        Code::OutOfRange,
+        "bigger than any LUN"
+    );
     let mut r = create_req("x", 2 << 20);
-    r.capacity_range = Some(CapacityRange { required_bytes: 2 << 20, limit_bytes: 1 << 20 });
-    assert_eq!(code(c.create_volume(r).await), Code::OutOfRange, "limit below required");
+    r.capacity_range = Some(CapacityRange {
+        required_bytes: 2 << 20,
+        limit_bytes: 1 << 20,
+    });
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::OutOfRange,
+        "limit below required"
+    );
     let mut r = create_req("pv-ok", 1 << 20);
     r.parameters.insert("cleanup".into(), "none".into());
-    assert_eq!(code(c.create_volume(r).await), Code::AlreadyExists, "same name, other parameters");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::AlreadyExists,
+        "same name, other parameters"
+    );
     let mut r = create_req("x", 1);
     r.accessibility_requirements = Some(prefer("node-z"));
-    assert_eq!(code(c.create_volume(r).await), Code::ResourceExhausted, "no device on that node");
+    assert_eq!(
+        code(c.create_volume(r).await),
+        Code::ResourceExhausted,
+        "no device on that node"
+    );
 
-    let del = |id: &str| DeleteVolumeRequest { volume_id: id.into(), secrets: HashMap::new() };
-    assert_eq!(code(c.delete_volume(del("")).await), Code::InvalidArgument);
-    assert_eq!(code(c.delete_volume(del("naa.6001405ffffffffffffffffffffffff0:gone")).await), Code::Ok, "unknown volume");
-    assert_eq!(code(c.delete_volume(del("not-ours")).await), Code::Ok, "malformed is unknown");
-
-    let publish = |id: &str, node: &str, cap: Option<VolumeCapability>| ControllerPublishVolumeRequest {
+    let del = |id: &str| DeleteVolumeRequest {
         volume_id: id.into(),
-        node_id: node.into(),
-        volume_capability: cap,
-        readonly: false,
         secrets: HashMap::new(),
-        volume_context: HashMap::new(),
     };
+    assert_eq!(code(c.delete_volume(del("")).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            c.delete_volume(del("naa.6001405ffffffffffffffffffffffff0:gone"))
+                .await
+        ),
+        Code::Ok,
+        "unknown volume"
+    );
+    assert_eq!(
+        code(c.delete_volume(del("not-ours")).await),
+        Code::Ok,
+        "malformed is unknown"
+    );
+
+    let publish =
+        |id: &str, node: &str, cap: Option<VolumeCapability>| ControllerPublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            volume_capability: cap,
+            readonly: false,
+            secrets: HashMap::new(),
+            volume_context: HashMap::new(),
+        };
     let cap = Some(capability(false, "ext4", Mode::SingleNodeWriter));
-    assert_eq!(code(c.controller_publish_volume(publish("", "node-a", cap.clone())).await), Code::InvalidArgument);
-    assert_eq!(code(c.controller_publish_volume(publish(&vol.volume_id, "", cap.clone())).await), Code::InvalidArgument);
-    assert_eq!(code(c.controller_publish_volume(publish(&vol.volume_id, "node-a", None)).await), Code::InvalidArgument);
-    assert_eq!(code(c.controller_publish_volume(publish("naa.6001405ffffffffffffffffffffffff0:x", "node-a", cap.clone())).await), Code::NotFound);
-    assert_eq!(code(c.controller_publish_volume(publish(&vol.volume_id, "node-z", cap.clone())).await), Code::NotFound);
-    let unpublish = |id: &str| ControllerUnpublishVolumeRequest { volume_id: id.into(), node_id: "node-a".into(), secrets: HashMap::new() };
-    assert_eq!(code(c.controller_unpublish_volume(unpublish("")).await), Code::InvalidArgument);
-    assert_eq!(code(c.controller_unpublish_volume(unpublish("naa.6001405ffffffffffffffffffffffff0:x")).await), Code::Ok);
+    assert_eq!(
+        code(
+            c.controller_publish_volume(publish("", "node-a", cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.controller_publish_volume(publish(&vol.volume_id, "", cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.controller_publish_volume(publish(&vol.volume_id, "node-a", None))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.controller_publish_volume(publish(
+                "naa.6001405ffffffffffffffffffffffff0:x",
+                "node-a",
+                cap.clone()
+            ))
+            .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.controller_publish_volume(publish(&vol.volume_id, "node-z", cap.clone()))
+                .await
+        ),
+        Code::NotFound
+    );
+    let unpublish = |id: &str| ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: "node-a".into(),
+        secrets: HashMap::new(),
+    };
+    assert_eq!(
+        code(c.controller_unpublish_volume(unpublish("")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.controller_unpublish_volume(unpublish("naa.6001405ffffffffffffffffffffffff0:x"))
+                .await
+        ),
+        Code::Ok
+    );
 
     let validate = |id: &str, caps: Vec<VolumeCapability>| ValidateVolumeCapabilitiesRequest {
         volume_id: id.into(),
@@ -210,32 +352,104 @@ async fn every_bad_input_gets_the_code_the_spec_names() {
         secrets: HashMap::new(),
         mutable_parameters: HashMap::new(),
     };
-    let ok = c.validate_volume_capabilities(validate(&vol.volume_id, vec![capability(false, "ext4", Mode::SingleNodeWriter)])).await.expect("validate");
+    let ok = c
+        .validate_volume_capabilities(validate(
+            &vol.volume_id,
+            vec![capability(false, "ext4", Mode::SingleNodeWriter)],
+        ))
+        .await
+        .expect("validate");
     assert!(ok.into_inner().confirmed.is_some());
-    let no = c.validate_volume_capabilities(validate(&vol.volume_id, vec![capability(true, "", Mode::MultiNodeMultiWriter)])).await.expect("validate");
+    let no = c
+        .validate_volume_capabilities(validate(
+            &vol.volume_id,
+            vec![capability(true, "", Mode::MultiNodeMultiWriter)],
+        ))
+        .await
+        .expect("validate");
     assert!(no.into_inner().confirmed.is_none());
-    assert_eq!(code(c.validate_volume_capabilities(validate(&vol.volume_id, vec![])).await), Code::InvalidArgument);
-    assert_eq!(code(c.validate_volume_capabilities(validate("naa.6001405ffffffffffffffffffffffff0:x", vec![capability(false, "ext4", Mode::SingleNodeWriter)])).await), Code::NotFound);
+    assert_eq!(
+        code(
+            c.validate_volume_capabilities(validate(&vol.volume_id, vec![]))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.validate_volume_capabilities(validate(
+                "naa.6001405ffffffffffffffffffffffff0:x",
+                vec![capability(false, "ext4", Mode::SingleNodeWriter)]
+            ))
+            .await
+        ),
+        Code::NotFound
+    );
 
-    let list = |token: &str, max: i32| ListVolumesRequest { max_entries: max, starting_token: token.into() };
-    assert_eq!(code(c.list_volumes(list("bogus-token", 1)).await), Code::Aborted);
-    assert_eq!(code(c.list_volumes(list("", -1)).await), Code::InvalidArgument);
-    let page = c.list_volumes(list("", 10)).await.expect("list").into_inner();
+    let list = |token: &str, max: i32| ListVolumesRequest {
+        max_entries: max,
+        starting_token: token.into(),
+    };
+    assert_eq!(
+        code(c.list_volumes(list("bogus-token", 1)).await),
+        Code::Aborted
+    );
+    assert_eq!(
+        code(c.list_volumes(list("", -1)).await),
+        Code::InvalidArgument
+    );
+    let page = c
+        .list_volumes(list("", 10))
+        .await
+        .expect("list")
+        .into_inner();
     assert_eq!(page.entries.len(), 1);
 
     let expand = |id: &str| ControllerExpandVolumeRequest {
         volume_id: id.into(),
-        capacity_range: Some(CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
         secrets: HashMap::new(),
         volume_capability: None,
     };
-    assert_eq!(code(c.controller_expand_volume(expand("")).await), Code::InvalidArgument);
-    assert_eq!(code(c.controller_expand_volume(expand("naa.6001405ffffffffffffffffffffffff0:x")).await), Code::NotFound);
-    let grown = c.controller_expand_volume(expand(&vol.volume_id)).await.expect("already large enough").into_inner();
-    assert!(grown.node_expansion_required);
-    assert_eq!(code(c.controller_get_volume(ControllerGetVolumeRequest { volume_id: "naa.6001405ffffffffffffffffffffffff0:x".into() }).await), Code::NotFound);
     assert_eq!(
-        code(c.create_snapshot(CreateSnapshotRequest { source_volume_id: vol.volume_id.clone(), name: "s".into(), secrets: HashMap::new(), parameters: HashMap::new() }).await),
+        code(c.controller_expand_volume(expand("")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.controller_expand_volume(expand("naa.6001405ffffffffffffffffffffffff0:x"))
+                .await
+        ),
+        Code::NotFound
+    );
+    let grown = c
+        .controller_expand_volume(expand(&vol.volume_id))
+        .await
+        .expect("already large enough")
+        .into_inner();
+    assert!(grown.node_expansion_required);
+    assert_eq!(
+        code(
+            c.controller_get_volume(ControllerGetVolumeRequest {
+                volume_id: "naa.6001405ffffffffffffffffffffffff0:x".into()
+            })
+            .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.create_snapshot(CreateSnapshotRequest {
+                source_volume_id: vol.volume_id.clone(),
+                name: "s".into(),
+                secrets: HashMap::new(),
+                parameters: HashMap::new()
+            })
+            .await
+        ),
         Code::Unimplemented
     );
 }

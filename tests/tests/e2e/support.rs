@@ -54,6 +54,8 @@ impl Env {
             format!("unix://{}", csi.display()),
             "--agent-listen".into(),
             format!("127.0.0.1:{port}"),
+            "--status-listen".into(),
+            "127.0.0.1:0".into(),
             "--tls-dir".into(),
             tls_dir.display().to_string(),
             "--required-tools".into(),
@@ -100,6 +102,8 @@ impl Env {
             self.path("proxy/inventory.db").display().to_string(),
             "--agents-file".into(),
             agents.display().to_string(),
+            "--status-listen".into(),
+            "127.0.0.1:0".into(),
         ];
         let daemon = Daemon::spawn("csi-scsi-proxy", &args, &self.path("proxy.log"));
         wait_for_sockets(&daemon, &csi, None).await;

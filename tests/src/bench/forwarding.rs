@@ -1,0 +1,176 @@
+//! Row 1, forwarding overhead: ControllerPublishVolume from a CSI client
+//! through the real proxy to the real agent over mTLS, against a bare tonic
+//! mTLS unary call (the gRPC health check) to an echo server built like the
+//! agent's API server, with the same certificates, on the same loopback.
+//!
+//! The volume is already published, so each call is the idempotent path
+//! the external-attacher retries through: the proxy reads the device and
+//! the targets from its store, calls Attach, and the agent rescans the FC
+//! host and looks the device up by WWID (real sysfs and /dev lookups over
+//! a prepared disk), with nothing to wait for. Calls are interleaved in
+//! blocks of 50 so both sides see the same machine.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use csi_scsi_daemon::agent_channel;
+use csi_scsi_proto::agent::AttachRequest;
+use csi_scsi_proto::agent::agent_client::AgentClient;
+use csi_scsi_proto::csi::ControllerPublishVolumeRequest;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::fixture::{NodeFixture, TARGET, WWPN, create_request, ext4, fc_target, start_proxy};
+use super::helpers::proxy_store;
+use super::proc::{Proc, wait_for_file};
+use super::stats::{Samples, us};
+use super::table::{Row, Target, Unit};
+use super::{Options, is_root};
+use crate::pki::Pki;
+
+const BLOCK: usize = 50;
+
+/// Runs row 1.
+pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
+    if !is_root() {
+        return vec![Row::skipped(
+            1,
+            "ControllerPublish via proxy (vs mTLS echo)",
+            Unit::Micros,
+            "needs root (loop devices, device nodes)",
+        )];
+    }
+    measure(opts, dir)
+        .await
+        .unwrap_or_else(|e| vec![Row::error(1, "ControllerPublish via proxy (vs mTLS echo)", format!("{e:#}"))])
+}
+
+async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
+    let n = opts.pick(1000, 100);
+    let pki = Pki::init(dir);
+    let node = NodeFixture::start(&dir.join("node-a"), &pki, "node-a", 1, 64 << 20).await?;
+    let proxy_tls = pki.issue_proxy("proxy-tls");
+    let pdir = dir.join("proxy");
+    std::fs::create_dir_all(&pdir)?;
+    std::fs::write(pdir.join("agents.txt"), format!("node-a {}\n", node.api))?;
+    let targets = pdir.join("targets.json");
+    std::fs::write(
+        &targets,
+        serde_json::to_string(&serde_json::json!([{
+            "name": TARGET,
+            "fibreChannel": { "wwpns": [format!("0x{WWPN}")] },
+            "deviceLabels": { "tier": "fast" },
+        }]))?,
+    )?;
+    let mut proxy = start_proxy(&pdir, &proxy_tls, Some(&targets)).await?;
+
+    // The proxy discovers the LUN through the agent at start; bind it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let volume = loop {
+        match proxy.controller.create_volume(create_request("pv-forwarding", "node-a")).await {
+            Ok(r) => break r.into_inner().volume.context("no volume")?,
+            Err(s) if Instant::now() < deadline && s.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(s) => anyhow::bail!("CreateVolume: {s}\nproxy log:\n{}", proxy.proc.log_tail()),
+        }
+    };
+    let publish = ControllerPublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: "node-a".into(),
+        volume_capability: Some(ext4()),
+        readonly: false,
+        secrets: Default::default(),
+        volume_context: Default::default(),
+    };
+    // The first publish attaches for real; every later one is idempotent.
+    let first = proxy
+        .controller
+        .controller_publish_volume(publish.clone())
+        .await
+        .with_context(|| format!("first ControllerPublishVolume\n{}", proxy.proc.log_tail()))?;
+    let device_path = first.into_inner().publish_context.get("devicePath").cloned().unwrap_or_default();
+
+    // The baseline server, with the agent's own certificate directory.
+    let port_file = dir.join("echo.port");
+    let mut echo = Proc::helper(
+        &[
+            "__echo".into(),
+            "--tls-dir".into(),
+            node.tls.display().to_string(),
+            "--node".into(),
+            "node-a".into(),
+            "--ports-file".into(),
+            port_file.display().to_string(),
+        ],
+        &dir.join("echo.log"),
+    )?;
+    let port = wait_for_file(&port_file, &mut echo, Duration::from_secs(20)).await?;
+    let echo_addr = format!("127.0.0.1:{}", port.trim());
+    let store = proxy_store(&proxy_tls)?;
+    let mut health = HealthClient::new(agent_channel(&echo_addr, "node-a", store.clone(), Duration::from_secs(5))?);
+    let mut direct = AgentClient::new(agent_channel(&node.api.to_string(), "node-a", store, Duration::from_secs(5))?);
+    let attach = AttachRequest {
+        wwid: node.luns[0].wwid.clone(),
+        targets: vec![fc_target()],
+        lun: 0,
+    };
+
+    let (mut via_proxy, mut echoed, mut attached) =
+        (Samples::with_capacity(n), Samples::with_capacity(n), Samples::with_capacity(n));
+    let mut c = proxy.controller.clone();
+    for round in 0..(n / BLOCK + 1) {
+        // Round 0 warms every connection up and is not counted.
+        let counted = round > 0;
+        for _ in 0..BLOCK {
+            let t = Instant::now();
+            c.controller_publish_volume(publish.clone()).await.context("ControllerPublishVolume")?;
+            if counted {
+                via_proxy.push(t.elapsed());
+            }
+        }
+        for _ in 0..BLOCK {
+            let t = Instant::now();
+            health
+                .check(HealthCheckRequest { service: String::new() })
+                .await
+                .context("echo")?;
+            if counted {
+                echoed.push(t.elapsed());
+            }
+        }
+        for _ in 0..BLOCK {
+            let t = Instant::now();
+            direct.attach(attach.clone()).await.context("Attach")?;
+            if counted {
+                attached.push(t.elapsed());
+            }
+        }
+    }
+    proxy.proc.check_alive()?;
+    let how = format!(
+        "{} calls of each kind, interleaved in blocks of {BLOCK} after a warm-up block; the volume is already published \
+         (devicePath {device_path}), so every call is the idempotent Attach: CSI over the proxy's Unix socket, two store \
+         reads, one mTLS call, FC host LIP + scan triggers and a sysfs/by-id lookup on the agent",
+        via_proxy.len()
+    );
+    let proxy_share = us(via_proxy.p50()).max(us(attached.p50())) - us(attached.p50());
+    Ok(vec![
+        Row::new(1, "ControllerPublish client→proxy→agent p50 (vs mTLS echo p50)", Unit::Micros, us(via_proxy.p50()))
+            .baseline(us(echoed.p50()))
+            .target(Target::RatioAtMost(1.5))
+            .note(how),
+        Row::new(1, "ControllerPublish client→proxy→agent p99 (vs mTLS echo p99)", Unit::Micros, us(via_proxy.p99()))
+            .baseline(us(echoed.p99()))
+            .target(Target::RatioAtMost(2.0)),
+        Row::new(1, "breakdown: agent Attach called directly p50 (vs echo p50)", Unit::Micros, us(attached.p50()))
+            .baseline(us(echoed.p50()))
+            .note(format!(
+                "the bench calls the agent's Attach itself with the proxy's certificate; the proxy's own share of the \
+                 publish p50 is {proxy_share:.0} µs (the CSI hop, the store reads, the lock and the tower stack)"
+            )),
+        Row::new(1, "breakdown: agent Attach called directly p99 (vs echo p99)", Unit::Micros, us(attached.p99()))
+            .baseline(us(echoed.p99())),
+    ])
+}
