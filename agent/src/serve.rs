@@ -73,7 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.max_volumes,
     );
     let csi = Server::builder()
-        .layer(metrics.grpc_layer())
+        .layer(metrics.grpc_layer().with_request_span())
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(

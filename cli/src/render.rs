@@ -92,7 +92,7 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn list<'a>(v: &'a Value) -> &'a [Value] {
+fn list(v: &Value) -> &[Value] {
     v.as_array().map(Vec::as_slice).unwrap_or(&[])
 }
 
@@ -376,7 +376,13 @@ pub fn agents(doc: &Value) -> String {
             },
             a["round_trip_ms"]
                 .as_f64()
-                .map(|ms| format!("{ms:.1}ms"))
+                .map(|ms| {
+                    if ms >= 1000.0 {
+                        format!("{:.1}s", ms / 1000.0)
+                    } else {
+                        format!("{ms:.1}ms")
+                    }
+                })
                 .unwrap_or_else(|| "-".into()),
             text(&a["version"]),
             text(&a["last_probe"]),

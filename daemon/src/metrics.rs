@@ -81,6 +81,7 @@ pub struct AgentCallTimer {
 #[derive(Clone)]
 pub struct GrpcMetricsLayer {
     metrics: Metrics,
+    span: bool,
 }
 
 /// The service [`GrpcMetricsLayer`] wraps around a server's routes.
@@ -88,6 +89,7 @@ pub struct GrpcMetricsLayer {
 pub struct GrpcMetricsService<S> {
     inner: S,
     metrics: Metrics,
+    span: bool,
 }
 
 /// A response body that records the call when its trailers pass (or when
@@ -111,6 +113,8 @@ struct Inner {
     wiped_bytes: Family<ModeLabels, Counter>,
     wipe_seconds: Family<WipeLabels, Histogram, fn() -> Histogram>,
     errors: Mutex<VecDeque<ErrorRecord>>,
+    /// `(service, method)` pairs seen, bounded: paths come from callers.
+    methods: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -235,6 +239,7 @@ impl Metrics {
             wiped_bytes: Family::default(),
             wipe_seconds: Family::new_with_constructor(wipe_histogram),
             errors: Mutex::new(VecDeque::new()),
+            methods: Mutex::new(std::collections::HashSet::new()),
         };
         let registry = &mut inner.registry;
         registry.register(
@@ -323,9 +328,14 @@ impl Metrics {
 
     /// The layer that times every call of a tonic server:
     /// `Server::builder().layer(metrics.grpc_layer())`.
+    ///
+    /// Every call leaves it with an `x-request-id`: the caller's, or a new
+    /// one when it sent none (or an unusable one), so that the handler's
+    /// span, the recent errors and the logs all name the same ID.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
         GrpcMetricsLayer {
             metrics: self.clone(),
+            span: false,
         }
     }
 
@@ -428,6 +438,25 @@ impl Metrics {
     }
 }
 
+/// Most distinct `(service, method)` label pairs; later ones are `other`.
+const MAX_METHODS: usize = 256;
+
+impl Metrics {
+    /// The labels of a call: as given while fewer than [`MAX_METHODS`]
+    /// pairs were seen, else `other` (a caller cannot grow the series
+    /// without bound by inventing paths).
+    fn method_labels(&self, (service, method): (String, String)) -> (String, String) {
+        let mut seen = self.inner.methods.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (service, method);
+        if seen.contains(&key) || seen.len() < MAX_METHODS {
+            seen.insert(key.clone());
+            key
+        } else {
+            ("other".to_owned(), "other".to_owned())
+        }
+    }
+}
+
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
@@ -517,6 +546,16 @@ impl Collector for CertificateExpiry {
 
 // === impl GrpcMetricsLayer ===
 
+impl GrpcMetricsLayer {
+    /// Also runs each call inside an `rpc{method, request_id}` span, for
+    /// servers whose handlers' spans do not carry the request ID (CSI Node,
+    /// called by kubelet).
+    pub fn with_request_span(mut self) -> Self {
+        self.span = true;
+        self
+    }
+}
+
 impl<S> tower::Layer<S> for GrpcMetricsLayer {
     type Service = GrpcMetricsService<S>;
 
@@ -524,8 +563,29 @@ impl<S> tower::Layer<S> for GrpcMetricsLayer {
         GrpcMetricsService {
             inner,
             metrics: self.metrics.clone(),
+            span: self.span,
         }
     }
+}
+
+/// A fresh request ID: 16 hex digits, random per process and call.
+fn new_request_id() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:016x}",
+        std::collections::hash_map::RandomState::new().hash_one(n)
+    )
+}
+
+/// The caller's request ID if it is usable as is (what both binaries
+/// accept: 1 to 128 visible ASCII characters).
+fn usable_request_id(headers: &http::HeaderMap) -> Option<String> {
+    let v = headers.get("x-request-id")?.to_str().ok()?;
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| v.to_owned())
 }
 
 impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for GrpcMetricsService<S>
@@ -543,14 +603,21 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
-        let (service, method) = split_path(req.uri().path());
-        let request_id = req
-            .headers()
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .map(|v| truncate(v, 128))
-            .unwrap_or_default();
+    fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
+        let (service, method) = self.metrics.method_labels(split_path(req.uri().path()));
+        let request_id = match usable_request_id(req.headers()) {
+            Some(id) => id,
+            None => {
+                let id = new_request_id();
+                if let Ok(v) = http::HeaderValue::from_str(&id) {
+                    req.headers_mut().insert("x-request-id", v);
+                }
+                id
+            }
+        };
+        let span = self
+            .span
+            .then(|| tracing::info_span!("rpc", method = %method, request_id = %request_id));
         let mut call = CallRecord {
             metrics: self.metrics.clone(),
             service,
@@ -559,8 +626,11 @@ where
             start: Instant::now(),
             done: false,
         };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
+        let fut = match &span {
+            Some(span) => span.in_scope(|| self.inner.call(req)),
+            None => self.inner.call(req),
+        };
+        let fut = async move {
             match fut.await {
                 Ok(response) => {
                     let (parts, body) = response.into_parts();
@@ -583,7 +653,11 @@ where
                     Err(e)
                 }
             }
-        })
+        };
+        match span {
+            Some(span) => Box::pin(tracing::Instrument::instrument(fut, span)),
+            None => Box::pin(fut),
+        }
     }
 }
 
@@ -738,6 +812,22 @@ mod tests {
         assert_eq!(
             split_path("/"),
             ("unknown".to_owned(), "unknown".to_owned())
+        );
+    }
+
+    #[test]
+    fn invented_paths_cannot_grow_the_series_without_bound() {
+        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        for i in 0..(MAX_METHODS + 10) {
+            m.method_labels(("svc".into(), format!("M{i}")));
+        }
+        assert_eq!(
+            m.method_labels(("svc".into(), "M0".into())),
+            ("svc".to_owned(), "M0".to_owned())
+        );
+        assert_eq!(
+            m.method_labels(("svc".into(), "New".into())),
+            ("other".to_owned(), "other".to_owned())
         );
     }
 

@@ -28,6 +28,17 @@ pub struct ToolsCheck {
     tools: Vec<PathBuf>,
 }
 
+// A check chosen at run time (one backend or another).
+impl<C: Check + ?Sized> Check for Box<C> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        (**self).check()
+    }
+}
+
 // === impl Readiness ===
 
 impl Readiness {

@@ -37,9 +37,36 @@ pub struct Args {
     #[arg(long, env = "STORE", default_value = "/var/lib/csi-scsi/inventory.db")]
     pub store: PathBuf,
 
-    /// File of agents: `<node> <host:port> [label=value,...]` per line.
+    /// Where the inventory and the agent directory live: `embedded` (an
+    /// SQLite store and an agents file) or `kubernetes` (custom resources,
+    /// agent Pods, a Lease for leader election).
+    #[arg(long, env = "BACKEND", default_value = "embedded", value_parser = ["embedded", "kubernetes"])]
+    pub backend: String,
+
+    /// File of agents: `<node> <host:port> [label=value,...]` per line
+    /// (embedded backend).
     #[arg(long, env = "AGENTS_FILE")]
-    pub agents_file: PathBuf,
+    pub agents_file: Option<PathBuf>,
+
+    /// The driver's namespace (kubernetes backend).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "csi-scsi")]
+    pub namespace: String,
+
+    /// This replica's name, its identity in the Lease (kubernetes backend).
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod_name: String,
+
+    /// Label selector of the agent DaemonSet's Pods (kubernetes backend).
+    #[arg(long, default_value = "app.kubernetes.io/name=csi-scsi-node")]
+    pub agent_selector: String,
+
+    /// Agent API port when an agent Pod declares no `agent-api` port.
+    #[arg(long, default_value = "9810")]
+    pub agent_port: u16,
+
+    /// Name of the leader-election Lease (kubernetes backend).
+    #[arg(long, default_value = "csi-scsi-proxy")]
+    pub lease_name: String,
 
     /// JSON file of SCSI targets (embedded mode's SCSITargets).
     #[arg(long, env = "TARGETS_FILE")]
@@ -93,11 +120,34 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// Where the inventory and the agent directory live.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// An SQLite store and an agents file.
+    Embedded {
+        /// The agents file.
+        agents_file: PathBuf,
+    },
+    /// Custom resources, agent Pods and a Lease.
+    Kubernetes {
+        /// The driver's namespace.
+        namespace: String,
+        /// This replica's Lease identity.
+        pod_name: String,
+        /// Agent Pod selector.
+        agent_selector: String,
+        /// Default agent API port.
+        agent_port: u16,
+        /// Lease name.
+        lease_name: String,
+    },
+}
+
 /// Validated configuration.
 #[derive(Debug)]
 pub struct Config {
     pub store: PathBuf,
-    pub agents_file: PathBuf,
+    pub backend: Backend,
     pub targets_file: Option<PathBuf>,
     pub secrets_dir: Option<PathBuf>,
     pub discovery_interval: Duration,
@@ -131,9 +181,28 @@ impl Args {
             backoff,
             concurrency: self.agent_concurrency,
         };
+        let backend = match self.backend.as_str() {
+            "kubernetes" => {
+                if self.pod_name.is_empty() {
+                    return Err("--pod-name (POD_NAME): required with --backend kubernetes".into());
+                }
+                Backend::Kubernetes {
+                    namespace: self.namespace,
+                    pod_name: self.pod_name,
+                    agent_selector: self.agent_selector,
+                    agent_port: self.agent_port,
+                    lease_name: self.lease_name,
+                }
+            }
+            _ => Backend::Embedded {
+                agents_file: self
+                    .agents_file
+                    .ok_or("--agents-file: required with the embedded backend")?,
+            },
+        };
         Ok(Config {
             store: self.store,
-            agents_file: self.agents_file,
+            backend,
             targets_file: self.targets_file,
             secrets_dir: self.secrets_dir,
             discovery_interval: Duration::from_secs(self.discovery_interval.max(1)),

@@ -15,10 +15,11 @@ use tokio::sync::Notify;
 use tonic::transport::Server;
 
 use crate::agents::AgentPool;
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::csi::ControllerService;
 use crate::directory::{AgentDirectory, FileDirectory};
 use crate::inventory::{EmbeddedInventory, Inventory};
+use crate::leader::{LeaderGate, LeaderHandle, run_while_leader};
 use crate::lifecycle::Lifecycle;
 use crate::reconcile::{discovery, targets_file};
 use crate::secrets::{DirSecrets, NoSecrets, SecretSource};
@@ -56,13 +57,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .context("loading TLS material")?;
     tls.watch(config.tls_poll_interval)
         .context("watching TLS material")?;
-    let store = EmbeddedInventory::open(&config.store).context("opening the inventory store")?;
-    let directory = FileDirectory::load(&config.agents_file).context("reading the agents file")?;
-    directory
-        .watch(std::time::Duration::from_secs(30))
-        .context("watching the agents file")?;
-    let directory: Arc<dyn AgentDirectory> = directory;
-    let inventory: Arc<dyn Inventory> = Arc::new(store.clone());
+    let backends = backends(&config).await?;
+    let directory = backends.directory.clone();
+    let inventory = backends.inventory.clone();
     let secrets: Arc<dyn SecretSource> = match &config.secrets_dir {
         Some(dir) => Arc::new(DirSecrets(dir.clone())),
         None => Arc::new(NoSecrets),
@@ -88,9 +85,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "csi-scsi-proxy serving"
     );
 
-    let trigger = Arc::new(Notify::new());
+    let trigger = backends.targets_changed.clone();
     let mut background = tokio::task::JoinSet::new();
-    if let Some(path) = config.targets_file.clone() {
+    if let (Some(path), Backend::Embedded { .. }) = (config.targets_file.clone(), &config.backend) {
         background.spawn(targets_file::watch(
             path,
             inventory.clone(),
@@ -98,18 +95,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             std::time::Duration::from_secs(30),
         ));
     }
-    background.spawn(discovery::run(
-        life.clone(),
+    // Only the leader discovers and writes (always us when embedded).
+    let (interval, concurrency, discovering) = (
         config.discovery_interval,
-        trigger,
         config.calls.concurrency,
-    ));
+        life.clone(),
+    );
+    background.spawn(run_while_leader(backends.leader.clone(), move || {
+        discovery::run(discovering.clone(), interval, trigger.clone(), concurrency)
+    }));
 
     let readiness = Readiness::new()
         .with(TlsMaterialCheck(tls.clone()))
-        .with(StoreCheck(store));
-    // The LUN grows on the array; the filesystem grows online on the node.
-    let status = crate::status::ProxyStatus::new(life.clone(), metrics.clone());
+        .with(backends.store_check);
+    let mode = match config.backend {
+        Backend::Embedded { .. } => "single-replica",
+        Backend::Kubernetes { .. } => "lease",
+    };
+    let status = crate::status::ProxyStatus::new(life.clone(), metrics.clone())
+        .with_leader(backends.leader.clone(), mode);
     status.spawn_prober(
         config.agent_probe_interval,
         std::time::Duration::from_secs(5),
@@ -128,13 +132,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             async move { stop.signaled().await },
         ),
     );
+    // The LUN grows on the array; the filesystem grows online on the node.
     let identity =
         IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
             .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
         .layer(metrics.grpc_layer())
         .add_service(IdentityServer::new(identity))
-        .add_service(ControllerServer::new(ControllerService::new(life)))
+        .add_service(ControllerServer::with_interceptor(
+            ControllerService::new(life),
+            LeaderGate(backends.leader.clone()),
+        ))
         .serve_with_incoming_shutdown(
             socket.incoming().context("CSI socket already served")?,
             shutdown.signaled(),
@@ -150,6 +158,84 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     background.shutdown().await;
+    if let Some(election) = backends.election {
+        election.step_down().await;
+    }
     drop(socket);
     Ok(())
+}
+
+/// The inventory, directory and leadership of one backend.
+struct Backends {
+    inventory: Arc<dyn Inventory>,
+    directory: Arc<dyn AgentDirectory>,
+    leader: LeaderHandle,
+    election: Option<crate::leader::LeaderElection>,
+    targets_changed: Arc<Notify>,
+    store_check: Box<dyn Check>,
+}
+
+/// The kube watch caches are synced.
+struct SyncedCheck(crate::inventory::KubeInventory);
+
+impl Check for SyncedCheck {
+    fn name(&self) -> &str {
+        "kubernetes"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.0.is_synced() {
+            Ok(())
+        } else {
+            Err("the watch caches of SCSITargets and SCSIDevices are not synced yet".into())
+        }
+    }
+}
+
+async fn backends(config: &Config) -> anyhow::Result<Backends> {
+    match &config.backend {
+        Backend::Embedded { agents_file } => {
+            let store =
+                EmbeddedInventory::open(&config.store).context("opening the inventory store")?;
+            let directory = FileDirectory::load(agents_file).context("reading the agents file")?;
+            directory
+                .watch(std::time::Duration::from_secs(30))
+                .context("watching the agents file")?;
+            Ok(Backends {
+                inventory: Arc::new(store.clone()),
+                directory,
+                leader: LeaderHandle::always(),
+                election: None,
+                targets_changed: Arc::new(Notify::new()),
+                store_check: Box::new(StoreCheck(store)),
+            })
+        }
+        Backend::Kubernetes {
+            namespace,
+            pod_name,
+            agent_selector,
+            agent_port,
+            lease_name,
+        } => {
+            let b = crate::kube_wiring::kube_backends(crate::kube_wiring::KubeOptions {
+                namespace: namespace.clone(),
+                agent_selector: agent_selector.clone(),
+                agent_port: *agent_port,
+                lease_name: lease_name.clone(),
+                identity: pod_name.clone(),
+                driver_name: csi_scsi_daemon::PLUGIN_NAME.to_owned(),
+                sync_timeout: std::time::Duration::from_secs(30),
+            })
+            .await
+            .context("connecting to the Kubernetes API")?;
+            Ok(Backends {
+                inventory: b.inventory,
+                directory: b.directory,
+                leader: b.leader,
+                election: Some(b.election),
+                targets_changed: b.targets_changed,
+                store_check: Box::new(SyncedCheck(b.kube_inventory)),
+            })
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! The end-to-end tests (and, later, the lab) drive the binaries through it.
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod binaries;
 pub mod csi_client;
 pub mod daemon;

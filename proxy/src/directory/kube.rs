@@ -41,8 +41,8 @@ pub struct PodDirectoryConfig {
 /// Agents found through their Pods.
 pub struct PodDirectory {
     tx: watch::Sender<Agents>,
-    pods: Store<Pod>,
-    nodes: Store<PartialObjectMeta<Node>>,
+    /// How many of the two watches have listed at least once.
+    listed: watch::Sender<usize>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -56,9 +56,13 @@ impl PodDirectory {
         let (pods, pods_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
         let changed = Arc::new(Notify::new());
+        // How many of the two watches have listed once (the stores' own
+        // `wait_until_ready` wakes only the last of several waiters).
+        let (listed, _) = watch::channel(0usize);
         let (tx, _) = watch::channel(Arc::new(BTreeMap::new()));
 
         let pod_changes = changed.clone();
+        let pods_listed = listed.clone();
         let pod_cfg = watcher::Config::default().labels(&config.selector);
         let pod_task = tokio::spawn(async move {
             let stream = watcher(pods_api, pod_cfg)
@@ -66,14 +70,22 @@ impl PodDirectory {
                 .modify(trim_pod)
                 .reflect(pods_writer);
             futures::pin_mut!(stream);
+            let mut counted = false;
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(_) => pod_changes.notify_one(),
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) && !counted {
+                            counted = true;
+                            pods_listed.send_modify(|n| *n += 1);
+                        }
+                        pod_changes.notify_one();
+                    }
                     Err(e) => tracing::warn!(error = %e, "agent Pod watch failed; retrying"),
                 }
             }
         });
         let node_changes = changed.clone();
+        let nodes_listed = listed.clone();
         let node_task = tokio::spawn(async move {
             let stream = watcher(nodes_api, watcher::Config::default())
                 .default_backoff()
@@ -83,9 +95,16 @@ impl PodDirectory {
                 })
                 .reflect(nodes_writer);
             futures::pin_mut!(stream);
+            let mut counted = false;
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(_) => node_changes.notify_one(),
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) && !counted {
+                            counted = true;
+                            nodes_listed.send_modify(|n| *n += 1);
+                        }
+                        node_changes.notify_one();
+                    }
                     Err(e) => tracing::warn!(error = %e, "Node watch failed; retrying"),
                 }
             }
@@ -118,16 +137,16 @@ impl PodDirectory {
         };
         Arc::new(Self {
             tx,
-            pods,
-            nodes,
+            listed,
             tasks: vec![pod_task, node_task, publisher],
         })
     }
 
     /// Waits until both reflectors have listed once.
-    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.pods.wait_until_ready().await?;
-        self.nodes.wait_until_ready().await
+    pub async fn wait_until_ready(&self) {
+        let mut rx = self.listed.subscribe();
+        // The sender lives in `self`: the channel cannot close meanwhile.
+        let _ = rx.wait_for(|n| *n >= 2).await;
     }
 }
 

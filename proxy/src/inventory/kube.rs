@@ -17,7 +17,6 @@
 //! watch delivers that version or a newer one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -53,6 +52,8 @@ const OVERLAY_TTL: Duration = Duration::from_secs(60);
 /// `lastSeen` is rewritten at most this often when nothing else changed:
 /// 50,000 devices must not mean 50,000 status writes per discovery pass.
 const LAST_SEEN_RESOLUTION: i64 = 600;
+/// The reflectors a ready inventory has listed with.
+const CACHES: usize = 3;
 /// Annotation keeping a resize request's own name when the object name had
 /// to be mapped.
 const REQUEST_NAME_ANNOTATION: &str = "csi-scsi.io/request-name";
@@ -90,8 +91,8 @@ struct Inner {
     /// other; other writers are kept out by the resourceVersion.
     bind_lock: tokio::sync::Mutex<()>,
     targets_changed: Arc<Notify>,
-    /// Set once every cache has listed.
-    synced: Arc<AtomicBool>,
+    /// How many of the three caches have listed once.
+    synced: watch::Sender<usize>,
     leader: Option<LeaderHandle>,
     events: Option<VolumeEvents>,
     tasks: Vec<JoinHandle<()>>,
@@ -117,30 +118,19 @@ impl KubeInventory {
         let (resize_store, resize_writer) = reflector::store();
         let targets_changed = Arc::new(Notify::new());
         let (leader, events) = (config.leader.clone(), config.events.clone());
-        let synced = Arc::new(AtomicBool::new(false));
-        let ready = {
-            let (d, t, r) = (
-                device_store.clone(),
-                target_store.clone(),
-                resize_store.clone(),
-            );
-            let synced = synced.clone();
-            tokio::spawn(async move {
-                let all = d.wait_until_ready().await.is_ok()
-                    && t.wait_until_ready().await.is_ok()
-                    && r.wait_until_ready().await.is_ok();
-                synced.store(all, Ordering::Release);
-            })
-        };
+        // How many caches have listed once. A watch channel, not the
+        // stores' own `wait_until_ready`: that one wakes only the last of
+        // several concurrent waiters.
+        let (synced, _) = watch::channel(0usize);
         let tasks = vec![
-            ready,
-            reflect(devices.clone(), device_writer, None),
+            reflect(devices.clone(), device_writer, None, synced.clone()),
             reflect(
                 targets.clone(),
                 target_writer,
                 Some(targets_changed.clone()),
+                synced.clone(),
             ),
-            reflect(resizes, resize_writer, None),
+            reflect(resizes, resize_writer, None, synced.clone()),
         ];
         Self {
             inner: Arc::new(Inner {
@@ -172,19 +162,15 @@ impl KubeInventory {
 
     /// Whether every cache has listed once (a readiness check).
     pub fn is_synced(&self) -> bool {
-        self.inner.synced.load(Ordering::Acquire)
+        *self.inner.synced.borrow() >= CACHES
     }
 
     /// Waits until every cache has listed once.
     pub async fn wait_until_ready(&self) -> Result<(), InventoryError> {
         let i = &self.inner;
-        let all = async {
-            i.device_cache.store.wait_until_ready().await?;
-            i.target_cache.wait_until_ready().await?;
-            i.resize_cache.wait_until_ready().await
-        };
-        match tokio::time::timeout(i.config.sync_timeout, all).await {
-            Ok(Ok(())) => Ok(()),
+        let mut rx = i.synced.subscribe();
+        match tokio::time::timeout(i.config.sync_timeout, rx.wait_for(|n| *n >= CACHES)).await {
+            Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(store("the watch caches stopped")),
             Err(_) => Err(store(format!(
                 "the csi-scsi.io watch caches did not sync within {:?}: are the CRDs installed (kubectl apply -k deploy/crds) and may the proxy list them?",
@@ -998,11 +984,13 @@ where
 
 // === helpers ===
 
-/// Runs a reflector until aborted; notifies `changed` on every event.
+/// Runs a reflector until aborted; notifies `changed` on every event and
+/// counts itself into `synced` after its first list.
 fn reflect<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     changed: Option<Arc<Notify>>,
+    synced: watch::Sender<usize>,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()>
@@ -1019,7 +1007,12 @@ where
             .modify(|o: &mut K| o.meta_mut().managed_fields = None)
             .reflect(writer);
         futures::pin_mut!(stream);
+        let mut listed = false;
         while let Some(event) = stream.next().await {
+            if !listed && matches!(event, Ok(watcher::Event::InitDone)) {
+                listed = true;
+                synced.send_modify(|n| *n += 1);
+            }
             match event {
                 Ok(
                     watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,

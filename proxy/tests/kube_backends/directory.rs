@@ -127,7 +127,6 @@ async fn the_directory_is_ready_once_both_watches_listed() {
     );
     tokio::time::timeout(crate::patience(), dir.wait_until_ready())
         .await
-        .unwrap()
         .unwrap();
     eventually("node-a's agent", || dir.snapshot().contains_key("node-a")).await;
     assert_eq!(

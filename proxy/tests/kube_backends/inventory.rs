@@ -648,3 +648,26 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
         "{posts:?}"
     );
 }
+
+#[tokio::test]
+async fn many_callers_waiting_for_the_first_list_all_get_through() {
+    let api = FakeApi::start().await;
+    api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
+    let inv = KubeInventory::start(
+        api.client(),
+        KubeInventoryConfig {
+            namespace: "csi-scsi".into(),
+            sync_timeout: Duration::from_secs(30),
+            leader: None,
+            events: None,
+        },
+    );
+    // Called before the caches have listed, concurrently.
+    let one = wwid(1);
+    let reads = (0..8).map(|_| inv.device(&one));
+    let all = tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(reads))
+        .await
+        .expect("a waiter was never woken");
+    assert!(all.into_iter().all(|r| r.unwrap().is_some()));
+    assert!(inv.is_synced());
+}

@@ -12,12 +12,14 @@
 //! resident memory are read from /proc around the passes: the bench
 //! process holds only the client side.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use csi_scsi_certs::{CertificateAuthority, Identity, TrustDomain, Validity, write_ca, write_issued};
+use csi_scsi_certs::{
+    CertificateAuthority, Identity, TrustDomain, Validity, write_ca, write_issued,
+};
 use csi_scsi_proto::agent::DiscoverRequest;
 use csi_scsi_proxy::agents::{AgentOp, AgentPool, AgentReply, Backoff, CallConfig, fan_out};
 use csi_scsi_proxy::directory::{AgentDirectory, FileDirectory};
@@ -32,12 +34,10 @@ use super::table::{Row, Target, Unit, Verdict};
 
 /// The proxy's default `--agent-concurrency`.
 const CONCURRENCY: usize = 64;
-/// Passes of each kind; the median is reported.
-const PASSES: usize = 3;
 
 /// Runs row 2.
-pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
-    measure(opts, dir)
+pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
+    measure(opts, &dir)
         .await
         .unwrap_or_else(|e| vec![Row::error(2, "Discover fan-out", format!("{e:#}"))])
 }
@@ -72,6 +72,9 @@ pub fn raise_nofile(want: u64) -> anyhow::Result<u64> {
 async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let sizes: Vec<usize> = opts.pick(vec![10, 100, 1000], vec![10, 100]);
     let largest = sizes.iter().copied().max().unwrap_or(0);
+    // Passes of each kind (the median is reported), and the extra warm
+    // passes after which memory must not have grown.
+    let (passes, extra_passes) = opts.pick((3, 5), (1, 2));
     let want = 3 * largest as u64 + 1024;
     let limit = raise_nofile(want)?;
     anyhow::ensure!(limit >= want, "RLIMIT_NOFILE is {limit}, {want} needed");
@@ -79,7 +82,10 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let domain = TrustDomain::new(DOMAIN)?;
     let ca = CertificateAuthority::create(&domain, Validity::days(1))?;
     write_ca(&dir.join("ca"), &ca)?;
-    write_issued(&dir.join("proxy"), &ca.issue(&Identity::Proxy, Validity::days(1))?)?;
+    write_issued(
+        &dir.join("proxy"),
+        &ca.issue(&Identity::Proxy, Validity::days(1))?,
+    )?;
     let store = proxy_store(&dir.join("proxy"))?;
     let me = std::process::id();
     let mut rows = Vec::new();
@@ -124,9 +130,13 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             (elapsed, failed)
         };
         let mut errors: Vec<String> = Vec::new();
-        let (mut single_cold, mut single_warm, mut all_cold, mut all_warm) =
-            (Samples::default(), Samples::default(), Samples::default(), Samples::default());
-        for _ in 0..PASSES {
+        let (mut single_cold, mut single_warm, mut all_cold, mut all_warm) = (
+            Samples::default(),
+            Samples::default(),
+            Samples::default(),
+            Samples::default(),
+        );
+        for _ in 0..passes {
             let pool = AgentPool::new(directory.clone(), store.clone(), call_config()?);
             let (d, failed) = pass(pool.clone(), vec![slowest.clone()]).await;
             single_cold.push(d);
@@ -135,10 +145,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             single_warm.push(d);
             errors.extend(failed);
         }
+        // Dropped pools close their connections in the background.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let fds_before = fd_count(me)?;
         let (rss_before, _) = rss_mib(me)?;
         let mut kept = None;
-        for _ in 0..PASSES {
+        for _ in 0..passes {
             let pool = AgentPool::new(directory.clone(), store.clone(), call_config()?);
             let (d, failed) = pass(pool.clone(), nodes.clone()).await;
             all_cold.push(d);
@@ -146,14 +158,14 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             kept = Some(pool);
         }
         let pool = kept.context("no pass")?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let fds_held = fd_count(me)?.saturating_sub(fds_before);
         let (rss_after_cold, _) = rss_mib(me)?;
-        for _ in 0..PASSES {
+        for _ in 0..passes {
             let (d, failed) = pass(pool.clone(), nodes.clone()).await;
             all_warm.push(d);
             errors.extend(failed);
         }
-        let extra_passes = 5;
         for _ in 0..extra_passes {
             let (_, failed) = pass(pool.clone(), nodes.clone()).await;
             errors.extend(failed);
@@ -168,25 +180,40 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
 
         let judged = n == largest;
         let slow_count = (0..n).filter(|&i| latency_of(i, n) == SLOW).count();
-        let with_target = |row: Row, ratio: f64| if judged { row.target(Target::RatioAtMost(ratio)) } else { row };
+        let with_target = |row: Row, ratio: f64| {
+            if judged {
+                row.target(Target::RatioAtMost(ratio))
+            } else {
+                row
+            }
+        };
         let mut cold = with_target(
             Row::new(2, format!("Discover fan-out to {n} agents, cold (vs slowest agent alone, cold)"), Unit::Millis, ms(all_cold.p50()))
                 .baseline(ms(single_cold.p50())),
             2.0,
         )
         .note(format!(
-            "median of {PASSES} passes each; {slow_count} agent(s) at {} ms, {} at 20 ms, the rest at once; at most \
+            "median of {passes} passes each; {slow_count} agent(s) at {} ms, {} at 20 ms, the rest at once; at most \
              {CONCURRENCY} calls in flight; cold = fresh pool (TCP connect + mutual TLS handshake per agent)",
             SLOW.as_millis(),
             (0..n).filter(|&i| latency_of(i, n) == super::helpers::BUSY).count()
         ));
         let mut warm = with_target(
-            Row::new(2, format!("Discover fan-out to {n} agents, warm (vs slowest agent alone, warm)"), Unit::Millis, ms(all_warm.p50()))
-                .baseline(ms(single_warm.p50())),
+            Row::new(
+                2,
+                format!("Discover fan-out to {n} agents, warm (vs slowest agent alone, warm)"),
+                Unit::Millis,
+                ms(all_warm.p50()),
+            )
+            .baseline(ms(single_warm.p50())),
             2.0,
         );
         if !errors.is_empty() {
-            let detail = format!("{} failed calls, e.g. {}", errors.len(), errors[..errors.len().min(3)].join("; "));
+            let detail = format!(
+                "{} failed calls, e.g. {}",
+                errors.len(),
+                errors[..errors.len().min(3)].join("; ")
+            );
             for row in [&mut cold, &mut warm] {
                 row.verdict = Verdict::Error;
                 row.note = format!("{} {detail}", row.note).trim().to_owned();

@@ -66,7 +66,13 @@ pub struct FixtureLun {
 impl NodeFixture {
     /// Creates `luns` loop LUNs of `size` bytes under `dir`, shows them to
     /// node `node` as FC disks, and starts its agent.
-    pub async fn start(dir: &Path, pki: &Pki, node: &str, luns: usize, size: u64) -> anyhow::Result<Self> {
+    pub async fn start(
+        dir: &Path,
+        pki: &Pki,
+        node: &str,
+        luns: usize,
+        size: u64,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir = std::fs::canonicalize(dir)?;
         let unmount = UnmountOnDrop(dir.clone());
@@ -141,9 +147,11 @@ impl NodeFixture {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         anyhow::ensure!(up, "the agent did not come up:\n{}", agent.log_tail());
-        let node = wait_until("the agent's CSI socket", Duration::from_secs(10), || async {
-            csi_channel(&csi).await.ok()
-        })
+        let node = wait_until(
+            "the agent's CSI socket",
+            Duration::from_secs(10),
+            || async { csi_channel(&csi).await.ok() },
+        )
         .await?;
         Ok(Self {
             _unmount: unmount,
@@ -159,9 +167,9 @@ impl NodeFixture {
 
     /// kubelet's staging path for `pv` (created, as kubelet does).
     pub fn staging(&self, pv: &str) -> anyhow::Result<PathBuf> {
-        let p = self
-            .kubelet
-            .join(format!("plugins/kubernetes.io/csi/csi-scsi.io/{pv}/globalmount"));
+        let p = self.kubelet.join(format!(
+            "plugins/kubernetes.io/csi/csi-scsi.io/{pv}/globalmount"
+        ));
         std::fs::create_dir_all(&p)?;
         Ok(p)
     }
@@ -192,7 +200,11 @@ pub fn ext4() -> VolumeCapability {
 }
 
 /// NodeStageVolume of `volume_id` at `staging`.
-pub async fn stage(c: &mut NodeClient<Channel>, volume_id: &str, staging: &Path) -> Result<(), tonic::Status> {
+pub async fn stage(
+    c: &mut NodeClient<Channel>,
+    volume_id: &str,
+    staging: &Path,
+) -> Result<(), tonic::Status> {
     c.node_stage_volume(NodeStageVolumeRequest {
         volume_id: volume_id.to_owned(),
         publish_context: HashMap::new(),
@@ -227,7 +239,11 @@ pub async fn publish(
 }
 
 /// NodeUnpublishVolume.
-pub async fn unpublish(c: &mut NodeClient<Channel>, volume_id: &str, target: &Path) -> Result<(), tonic::Status> {
+pub async fn unpublish(
+    c: &mut NodeClient<Channel>,
+    volume_id: &str,
+    target: &Path,
+) -> Result<(), tonic::Status> {
     c.node_unpublish_volume(NodeUnpublishVolumeRequest {
         volume_id: volume_id.to_owned(),
         target_path: target.display().to_string(),
@@ -237,7 +253,11 @@ pub async fn unpublish(c: &mut NodeClient<Channel>, volume_id: &str, target: &Pa
 }
 
 /// NodeUnstageVolume.
-pub async fn unstage(c: &mut NodeClient<Channel>, volume_id: &str, staging: &Path) -> Result<(), tonic::Status> {
+pub async fn unstage(
+    c: &mut NodeClient<Channel>,
+    volume_id: &str,
+    staging: &Path,
+) -> Result<(), tonic::Status> {
     c.node_unstage_volume(NodeUnstageVolumeRequest {
         volume_id: volume_id.to_owned(),
         staging_target_path: staging.display().to_string(),
@@ -261,7 +281,11 @@ pub struct ProxyFixture {
 /// Periodic discovery and agent probes are slowed to once an hour so
 /// they do not run inside a measurement; discovery still runs once at
 /// start.
-pub async fn start_proxy(dir: &Path, tls: &Path, targets: Option<&Path>) -> anyhow::Result<ProxyFixture> {
+pub async fn start_proxy(
+    dir: &Path,
+    tls: &Path,
+    targets: Option<&Path>,
+) -> anyhow::Result<ProxyFixture> {
     let csi = dir.join("csi.sock");
     let mut args: Vec<String> = [
         "--csi-endpoint",
@@ -295,7 +319,8 @@ pub async fn start_proxy(dir: &Path, tls: &Path, targets: Option<&Path>) -> anyh
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let channel = channel.with_context(|| format!("the proxy did not come up:\n{}", proc.log_tail()))?;
+    let channel =
+        channel.with_context(|| format!("the proxy did not come up:\n{}", proc.log_tail()))?;
     Ok(ProxyFixture {
         proc,
         csi,

@@ -10,7 +10,7 @@
 //! a prepared disk), with nothing to wait for. Calls are interleaved in
 //! blocks of 50 so both sides see the same machine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -32,7 +32,7 @@ use crate::pki::Pki;
 const BLOCK: usize = 50;
 
 /// Runs row 1.
-pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
+pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
     if !is_root() {
         return vec![Row::skipped(
             1,
@@ -41,9 +41,13 @@ pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
             "needs root (loop devices, device nodes)",
         )];
     }
-    measure(opts, dir)
-        .await
-        .unwrap_or_else(|e| vec![Row::error(1, "ControllerPublish via proxy (vs mTLS echo)", format!("{e:#}"))])
+    measure(opts, &dir).await.unwrap_or_else(|e| {
+        vec![Row::error(
+            1,
+            "ControllerPublish via proxy (vs mTLS echo)",
+            format!("{e:#}"),
+        )]
+    })
 }
 
 async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
@@ -68,9 +72,20 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     // The proxy discovers the LUN through the agent at start; bind it.
     let deadline = Instant::now() + Duration::from_secs(30);
     let volume = loop {
-        match proxy.controller.create_volume(create_request("pv-forwarding", "node-a")).await {
+        match proxy
+            .controller
+            .create_volume(create_request("pv-forwarding", "node-a"))
+            .await
+        {
             Ok(r) => break r.into_inner().volume.context("no volume")?,
-            Err(s) if Instant::now() < deadline && s.code() == tonic::Code::ResourceExhausted => {
+            // Not discovered yet: no device at all, or none that fits.
+            Err(s)
+                if Instant::now() < deadline
+                    && matches!(
+                        s.code(),
+                        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+                    ) =>
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(s) => anyhow::bail!("CreateVolume: {s}\nproxy log:\n{}", proxy.proc.log_tail()),
@@ -90,7 +105,13 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         .controller_publish_volume(publish.clone())
         .await
         .with_context(|| format!("first ControllerPublishVolume\n{}", proxy.proc.log_tail()))?;
-    let device_path = first.into_inner().publish_context.get("devicePath").cloned().unwrap_or_default();
+    anyhow::ensure!(
+        first
+            .into_inner()
+            .publish_context
+            .contains_key("devicePath"),
+        "no devicePath"
+    );
 
     // The baseline server, with the agent's own certificate directory.
     let port_file = dir.join("echo.port");
@@ -109,23 +130,38 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let port = wait_for_file(&port_file, &mut echo, Duration::from_secs(20)).await?;
     let echo_addr = format!("127.0.0.1:{}", port.trim());
     let store = proxy_store(&proxy_tls)?;
-    let mut health = HealthClient::new(agent_channel(&echo_addr, "node-a", store.clone(), Duration::from_secs(5))?);
-    let mut direct = AgentClient::new(agent_channel(&node.api.to_string(), "node-a", store, Duration::from_secs(5))?);
+    let mut health = HealthClient::new(agent_channel(
+        &echo_addr,
+        "node-a",
+        store.clone(),
+        Duration::from_secs(5),
+    )?);
+    let mut direct = AgentClient::new(agent_channel(
+        &node.api.to_string(),
+        "node-a",
+        store,
+        Duration::from_secs(5),
+    )?);
     let attach = AttachRequest {
         wwid: node.luns[0].wwid.clone(),
         targets: vec![fc_target()],
         lun: 0,
     };
 
-    let (mut via_proxy, mut echoed, mut attached) =
-        (Samples::with_capacity(n), Samples::with_capacity(n), Samples::with_capacity(n));
+    let (mut via_proxy, mut echoed, mut attached) = (
+        Samples::with_capacity(n),
+        Samples::with_capacity(n),
+        Samples::with_capacity(n),
+    );
     let mut c = proxy.controller.clone();
     for round in 0..(n / BLOCK + 1) {
         // Round 0 warms every connection up and is not counted.
         let counted = round > 0;
         for _ in 0..BLOCK {
             let t = Instant::now();
-            c.controller_publish_volume(publish.clone()).await.context("ControllerPublishVolume")?;
+            c.controller_publish_volume(publish.clone())
+                .await
+                .context("ControllerPublishVolume")?;
             if counted {
                 via_proxy.push(t.elapsed());
             }
@@ -133,7 +169,9 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         for _ in 0..BLOCK {
             let t = Instant::now();
             health
-                .check(HealthCheckRequest { service: String::new() })
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
                 .await
                 .context("echo")?;
             if counted {
@@ -150,8 +188,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     }
     proxy.proc.check_alive()?;
     let how = format!(
-        "{} calls of each kind, interleaved in blocks of {BLOCK} after a warm-up block; the volume is already published \
-         (devicePath {device_path}), so every call is the idempotent Attach: CSI over the proxy's Unix socket, two store \
+        "{} calls of each kind, interleaved in blocks of {BLOCK} after a warm-up block; the volume is already published, \
+         so every call is the idempotent Attach: CSI over the proxy's Unix socket, two store \
          reads, one mTLS call, FC host LIP + scan triggers and a sysfs/by-id lookup on the agent",
         via_proxy.len()
     );

@@ -109,7 +109,10 @@ async fn agents(ca_dir: &Path, dir: &Path, count: usize, ports_file: &Path) -> a
     for i in 0..count {
         let node = fleet_node(i);
         let tls: PathBuf = dir.join(&node);
-        write_issued(&tls, &ca.issue(&Identity::Node(node.clone()), Validity::days(1))?)?;
+        write_issued(
+            &tls,
+            &ca.issue(&Identity::Node(node.clone()), Validity::days(1))?,
+        )?;
         let store = MaterialStore::load(
             MaterialPaths::in_dir(&tls),
             Role::Agent { node: node.clone() },

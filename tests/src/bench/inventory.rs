@@ -7,12 +7,12 @@
 //! after the workload, a GetCapacity and a full ListVolumes.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use csi_scsi_proto::csi::{DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest};
 use csi_scsi_proto::csi::controller_client::ControllerClient;
+use csi_scsi_proto::csi::{DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest};
 use csi_scsi_proxy::inventory::{DiscoveryRound, EmbeddedInventory, Inventory, LunReport};
 use tonic::transport::Channel;
 
@@ -28,10 +28,14 @@ use crate::pki::Pki;
 const CLIENTS: usize = 16;
 
 /// Runs row 3 (and the proxy half of row 4).
-pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
-    measure(opts, dir)
-        .await
-        .unwrap_or_else(|e| vec![Row::error(3, "CreateVolume + DeleteVolume", format!("{e:#}"))])
+pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
+    measure(opts, &dir).await.unwrap_or_else(|e| {
+        vec![Row::error(
+            3,
+            "CreateVolume + DeleteVolume",
+            format!("{e:#}"),
+        )]
+    })
 }
 
 /// Fills the store at `path` with `n` 1 GiB devices seen from node-a,
@@ -47,7 +51,9 @@ pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
             vendor: "LIO-ORG".into(),
             model: "disk".into(),
             serial: format!("sn{i}"),
-            paths: vec![format!("ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.bench:t-lun-{i}")],
+            paths: vec![format!(
+                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.bench:t-lun-{i}"
+            )],
         })
         .collect();
     inv.apply_discovery(DiscoveryRound {
@@ -70,7 +76,10 @@ struct Size {
     fill: Duration,
 }
 
-async fn create_delete(c: &mut ControllerClient<Channel>, name: &str) -> anyhow::Result<(Duration, Duration)> {
+async fn create_delete(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+) -> anyhow::Result<(Duration, Duration)> {
     let t = Instant::now();
     let vol = c
         .create_volume(create_request(name, "node-a"))
@@ -109,8 +118,11 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         for i in 0..20 {
             create_delete(&mut c, &format!("pv-warm-{i}")).await?;
         }
-        let (mut pair, mut creates, mut deletes) =
-            (Samples::with_capacity(pairs), Samples::with_capacity(pairs), Samples::with_capacity(pairs));
+        let (mut pair, mut creates, mut deletes) = (
+            Samples::with_capacity(pairs),
+            Samples::with_capacity(pairs),
+            Samples::with_capacity(pairs),
+        );
         for i in 0..pairs {
             let (cr, de) = create_delete(&mut c, &format!("pv-{i}")).await?;
             pair.push(cr + de);
@@ -155,7 +167,17 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     for s in &results {
         let mut row = Row::new(
             3,
-            format!("CreateVolume + DeleteVolume p99, {} devices (vs {})", s.devices, first.devices),
+            if s.devices == first.devices {
+                format!(
+                    "CreateVolume + DeleteVolume p99, {} devices (the baseline)",
+                    s.devices
+                )
+            } else {
+                format!(
+                    "CreateVolume + DeleteVolume p99, {} devices (vs {})",
+                    s.devices, first.devices
+                )
+            },
             Unit::Micros,
             us(s.pairs.p99()),
         );
@@ -167,7 +189,7 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         }
         rows.push(row.note(format!(
             "{} sequential pairs after 20 warm-up pairs; pair p50 {:.0} µs; create p50/p99 {:.0}/{:.0} µs, \
-             delete p50/p99 {:.0}/{:.0} µs; filling the store took {:.1} s",
+             delete p50/p99 {:.0}/{:.0} µs; filling the store took {:.2} s",
             s.pairs.len(),
             us(s.pairs.p50()),
             us(s.creates.p50()),
@@ -208,7 +230,8 @@ async fn create_throughput(
     let single = opts.pick(300, 30);
     let t = Instant::now();
     for i in 0..single {
-        c.create_volume(create_request(&format!("pv-one-{i}"), "node-a")).await?;
+        c.create_volume(create_request(&format!("pv-one-{i}"), "node-a"))
+            .await?;
     }
     let one = single as f64 / t.elapsed().as_secs_f64();
     let each = opts.pick(100, 10);
@@ -223,7 +246,8 @@ async fn create_throughput(
         .map(|(k, mut c)| {
             tokio::spawn(async move {
                 for i in 0..each {
-                    c.create_volume(create_request(&format!("pv-many-{k}-{i}"), "node-a")).await?;
+                    c.create_volume(create_request(&format!("pv-many-{k}-{i}"), "node-a"))
+                        .await?;
                 }
                 Ok::<_, tonic::Status>(())
             })

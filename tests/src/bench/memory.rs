@@ -4,7 +4,7 @@
 //! first stage, and mounted). The proxy's half of row 4 is measured in
 //! [`super::inventory`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::fixture::{NodeFixture, stage, unstage};
@@ -14,11 +14,16 @@ use super::{Options, is_root};
 use crate::pki::Pki;
 
 /// Runs the agent half of row 4.
-pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
+pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
     if !is_root() {
-        return vec![Row::skipped(4, "agent RSS idle", Unit::Mebibytes, "needs root (loop devices, mounts)")];
+        return vec![Row::skipped(
+            4,
+            "agent RSS idle",
+            Unit::Mebibytes,
+            "needs root (loop devices, mounts)",
+        )];
     }
-    measure(opts, dir)
+    measure(opts, &dir)
         .await
         .unwrap_or_else(|e| vec![Row::error(4, "agent RSS", format!("{e:#}"))])
 }

@@ -5,7 +5,7 @@
 //! umounts) run between iterations and are not timed. The mount(2)
 //! syscalls made directly are reported too: the floor under both.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -20,19 +20,30 @@ use super::{Options, is_root};
 use crate::pki::Pki;
 
 /// Runs row 5.
-pub async fn run(opts: Options, dir: &Path) -> Vec<Row> {
+pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
     if !is_root() {
-        return vec![Row::skipped(5, "NodeStage + NodePublish (vs mount + bind mount)", Unit::Micros, "needs root (loop devices, mounts)")];
+        return vec![Row::skipped(
+            5,
+            "NodeStage + NodePublish (vs mount + bind mount)",
+            Unit::Micros,
+            "needs root (loop devices, mounts)",
+        )];
     }
-    measure(opts, dir)
+    measure(opts, &dir)
         .await
         .unwrap_or_else(|e| vec![Row::error(5, "NodeStage + NodePublish", format!("{e:#}"))])
 }
 
 fn run_cmd(cmd: &str, args: &[&Path]) -> anyhow::Result<()> {
-    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd}"))?;
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
-        bail!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -45,7 +56,10 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let lun = &node.luns[0];
     let dev = lun.dev_node.clone();
     let id = lun.volume_id.clone();
-    sh("mkfs.ext4", &["-q", "-F", &lun.backing.device.display().to_string()])?;
+    sh(
+        "mkfs.ext4",
+        &["-q", "-F", &lun.backing.device.display().to_string()],
+    )?;
     let staging = node.staging("pv-node-path")?;
     let target = node.target("pod-1", "pv-node-path")?;
     let bare_stage = node.kubelet.join("bare/stage");
@@ -53,22 +67,36 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     std::fs::create_dir_all(&bare_stage)?;
     std::fs::create_dir_all(&bare_target)?;
 
-    let (mut agent, mut bare, mut syscalls) =
-        (Samples::with_capacity(n), Samples::with_capacity(n), Samples::with_capacity(n));
+    let (mut agent, mut bare, mut syscalls) = (
+        Samples::with_capacity(n),
+        Samples::with_capacity(n),
+        Samples::with_capacity(n),
+    );
     for i in 0..(n + warm) {
         let counted = i >= warm;
         let t = Instant::now();
-        stage(&mut node.node, &id, &staging).await.context("NodeStageVolume")?;
-        publish(&mut node.node, &id, &staging, &target).await.context("NodePublishVolume")?;
+        stage(&mut node.node, &id, &staging)
+            .await
+            .context("NodeStageVolume")?;
+        publish(&mut node.node, &id, &staging, &target)
+            .await
+            .context("NodePublishVolume")?;
         let d = t.elapsed();
-        unpublish(&mut node.node, &id, &target).await.context("NodeUnpublishVolume")?;
-        unstage(&mut node.node, &id, &staging).await.context("NodeUnstageVolume")?;
+        unpublish(&mut node.node, &id, &target)
+            .await
+            .context("NodeUnpublishVolume")?;
+        unstage(&mut node.node, &id, &staging)
+            .await
+            .context("NodeUnstageVolume")?;
         if counted {
             agent.push(d);
         }
 
         let t = Instant::now();
-        run_cmd("mount", &[Path::new("-t"), Path::new("ext4"), &dev, &bare_stage])?;
+        run_cmd(
+            "mount",
+            &[Path::new("-t"), Path::new("ext4"), &dev, &bare_stage],
+        )?;
         run_cmd("mount", &[Path::new("--bind"), &bare_stage, &bare_target])?;
         let d = t.elapsed();
         run_cmd("umount", &[&bare_target])?;
@@ -78,8 +106,20 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         }
 
         let t = Instant::now();
-        mount(Some(&dev), &bare_stage, Some("ext4"), MsFlags::empty(), None::<&str>)?;
-        mount(Some(&bare_stage), &bare_target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+        mount(
+            Some(&dev),
+            &bare_stage,
+            Some("ext4"),
+            MsFlags::empty(),
+            None::<&str>,
+        )?;
+        mount(
+            Some(&bare_stage),
+            &bare_target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
         let d = t.elapsed();
         umount2(&bare_target, MntFlags::empty())?;
         umount2(&bare_stage, MntFlags::empty())?;

@@ -66,7 +66,11 @@ impl Proc {
         if let Some(c) = self.child.as_mut()
             && let Ok(Some(status)) = c.try_wait()
         {
-            bail!("{} exited ({status}):\n{}", self.log.display(), self.log_tail());
+            bail!(
+                "{} exited ({status}):\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
         }
         Ok(())
     }
@@ -141,7 +145,11 @@ where
 
 /// Reads a file another process writes once it is ready (written to a
 /// temporary name and renamed, so it is never seen half-written).
-pub async fn wait_for_file(path: &Path, owner: &mut Proc, limit: Duration) -> anyhow::Result<String> {
+pub async fn wait_for_file(
+    path: &Path,
+    owner: &mut Proc,
+    limit: Duration,
+) -> anyhow::Result<String> {
     let deadline = Instant::now() + limit;
     loop {
         if let Ok(text) = std::fs::read_to_string(path) {
@@ -149,7 +157,11 @@ pub async fn wait_for_file(path: &Path, owner: &mut Proc, limit: Duration) -> an
         }
         owner.check_alive()?;
         if Instant::now() > deadline {
-            bail!("timed out waiting for {}:\n{}", path.display(), owner.log_tail());
+            bail!(
+                "timed out waiting for {}:\n{}",
+                path.display(),
+                owner.log_tail()
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -169,7 +181,10 @@ pub fn sh(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
         .output()
         .with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
-        bail!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -107,7 +107,12 @@ impl Row {
     }
 
     /// A row that was not run.
-    pub fn skipped(section: u8, name: impl Into<String>, unit: Unit, why: impl Into<String>) -> Self {
+    pub fn skipped(
+        section: u8,
+        name: impl Into<String>,
+        unit: Unit,
+        why: impl Into<String>,
+    ) -> Self {
         Self {
             section,
             name: name.into(),
@@ -194,14 +199,21 @@ pub fn render(rows: &[Row]) -> String {
         "result".into(),
     ]];
     for (id, r) in ids.iter().zip(rows) {
-        let fmt = |v: Option<f64>| v.map(|v| format_value(v, r.unit)).unwrap_or_else(|| "—".into());
+        let fmt = |v: Option<f64>| {
+            v.map(|v| format_value(v, r.unit))
+                .unwrap_or_else(|| "—".into())
+        };
         lines.push([
             id.clone(),
             r.name.clone(),
             fmt(r.figure),
             fmt(r.baseline),
-            r.ratio.map(|x| format!("{x:.2}×")).unwrap_or_else(|| "—".into()),
-            r.target.map(|t| format_target(t, r.unit)).unwrap_or_else(|| "—".into()),
+            r.ratio
+                .map(|x| format!("{x:.2}×"))
+                .unwrap_or_else(|| "—".into()),
+            r.target
+                .map(|t| format_target(t, r.unit))
+                .unwrap_or_else(|| "—".into()),
             match r.verdict {
                 Verdict::Met => "met",
                 Verdict::Miss => "**MISS**",

@@ -536,6 +536,27 @@ async fn the_agent_serves_health_readiness_metrics_and_status() {
     assert_eq!(e["request_id"], "obs-agent-bad-stage");
     assert_eq!(e["message"], err.message());
     assert!(e["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{e}");
+
+    // kubelet sends no request ID: the agent makes one, and the error and
+    // the log lines of the call carry it.
+    let mut node = NodeClient::new(csi_channel(&agent.csi).await.expect("CSI socket"));
+    node.node_unstage_volume(NodeUnstageVolumeRequest::default())
+        .await
+        .expect_err("an empty request is refused");
+    let doc = get(status, "/status").await.json();
+    let e = &doc["recent_errors"][0];
+    assert_eq!(e["method"], "NodeUnstageVolume", "{doc}");
+    let rid = e["request_id"].as_str().expect("request ID").to_owned();
+    assert!(
+        rid.len() == 16 && rid.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{rid:?}"
+    );
+    let log = agent.daemon.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NodeUnstageVolume") && l.contains(&format!("request_id={rid}"))),
+        "{log}"
+    );
 }
 
 // === Each endpoint on the proxy ===
