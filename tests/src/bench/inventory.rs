@@ -100,7 +100,7 @@ async fn create_delete(
 
 async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let sizes: Vec<u32> = opts.pick(vec![500, 5_000, 50_000], vec![500, 2_000]);
-    let pairs = opts.pick(500, 40);
+    let pairs = opts.pick(300, 40);
     let pki = Pki::init(dir);
     let tls = pki.issue_proxy("proxy-tls");
     let mut results: Vec<Size> = Vec::new();
@@ -204,8 +204,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             Row::new(3, format!("CreateVolume throughput, {CLIENTS} clients, {} devices (vs 1 client)", last.devices), Unit::OpsPerSec, many)
                 .baseline(one)
                 .note(format!(
-                    "{total} creates from {CLIENTS} clients, each on its own connection, against sequential creates from \
-                     one; binds are compare-and-swap writes to one SQLite file (WAL, full sync)"
+                    "{total} creates from {CLIENTS} clients, each on its own connection, in a fixed time box, against \
+                     sequential creates from one client; binds are compare-and-swap writes to one SQLite file (WAL, full sync)"
                 )),
         );
     }
@@ -221,20 +221,25 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Creates per second: one client, then [`CLIENTS`] at once.
+/// Creates per second: one client for a while, then [`CLIENTS`] at once
+/// for a while (time-boxed, so a slow store cannot stretch the run).
 async fn create_throughput(
     opts: Options,
     c: &mut ControllerClient<Channel>,
     csi: &Path,
 ) -> anyhow::Result<(f64, f64, usize)> {
-    let single = opts.pick(300, 30);
+    let (alone, together) = opts.pick(
+        (Duration::from_secs(4), Duration::from_secs(6)),
+        (Duration::from_millis(500), Duration::from_secs(1)),
+    );
     let t = Instant::now();
-    for i in 0..single {
-        c.create_volume(create_request(&format!("pv-one-{i}"), "node-a"))
+    let mut single = 0usize;
+    while t.elapsed() < alone {
+        c.create_volume(create_request(&format!("pv-one-{single}"), "node-a"))
             .await?;
+        single += 1;
     }
     let one = single as f64 / t.elapsed().as_secs_f64();
-    let each = opts.pick(100, 10);
     let mut clients = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         clients.push(ControllerClient::new(csi_channel(csi).await?));
@@ -245,18 +250,20 @@ async fn create_throughput(
         .enumerate()
         .map(|(k, mut c)| {
             tokio::spawn(async move {
-                for i in 0..each {
-                    c.create_volume(create_request(&format!("pv-many-{k}-{i}"), "node-a"))
+                let mut done = 0usize;
+                while t.elapsed() < together {
+                    c.create_volume(create_request(&format!("pv-many-{k}-{done}"), "node-a"))
                         .await?;
+                    done += 1;
                 }
-                Ok::<_, tonic::Status>(())
+                Ok::<_, tonic::Status>(done)
             })
         })
         .collect();
+    let mut total = 0;
     for task in tasks {
-        task.await??;
+        total += task.await??;
     }
-    let total = CLIENTS * each;
     let many = total as f64 / t.elapsed().as_secs_f64();
     Ok((one, many, total))
 }

@@ -189,6 +189,7 @@ impl Lab {
     pub async fn up(config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         preflight()?;
         down(&config.dir);
+        let config = claim_free_network(config)?;
         std::fs::create_dir_all(&config.dir)?;
         let dir = std::fs::canonicalize(&config.dir)?;
         let config = LabConfig {
@@ -617,6 +618,31 @@ async fn wait_socket(path: &Path, daemon: &Daemon) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!("{} did not come up:\n{}", path.display(), daemon.log())
+}
+
+/// Moves `config` to a subnet and a name prefix nobody on this machine uses
+/// (another lab, another test binary), so two labs never share a route.
+fn claim_free_network(mut config: LabConfig) -> anyhow::Result<LabConfig> {
+    let addrs = sh("ip", &["-4", "-o", "addr", "show"]).unwrap_or_default();
+    let links = sh("ip", &["-o", "link", "show"]).unwrap_or_default();
+    let netns = sh("ip", &["netns", "list"]).unwrap_or_default();
+    for _ in 0..150 {
+        let subnet_used = addrs.contains(&format!(" 198.18.{}.", config.subnet));
+        let prefix_used = links.contains(&format!("{}br", config.prefix))
+            || netns.contains(&format!("{}-n", config.prefix));
+        if !subnet_used && !prefix_used {
+            return Ok(config);
+        }
+        config.subnet = if config.subnet >= 249 {
+            100
+        } else {
+            config.subnet + 1
+        };
+        if prefix_used {
+            config.prefix = format!("t{:04x}", fastrand::u16(..));
+        }
+    }
+    bail!("no free 198.18.x.0/24 subnet for the lab")
 }
 
 fn preflight() -> anyhow::Result<()> {

@@ -28,7 +28,7 @@ pub async fn lab_with(tweak: impl FnOnce(&mut LabConfig)) -> (TempDir, Lab, Clie
     let mut cl = Clients::connect(&lab).await.expect("clients");
     // Discovery: all five LUNs, 3.5 GiB (the multipath one counted once).
     let mut have = 0;
-    for _ in 0..400 {
+    for _ in 0..1200 {
         have = scenario::capacity(&mut cl.controller, None, "")
             .await
             .expect("capacity");
