@@ -14,6 +14,10 @@ use crate::Readiness;
 /// The CSI driver name registered with Kubernetes.
 pub const PLUGIN_NAME: &str = "csi-scsi.io";
 
+/// The topology key under which every node reports its name in
+/// NodeGetInfo, and which CreateVolume's accessibility requirements use.
+pub const NODE_TOPOLOGY_KEY: &str = "topology.csi-scsi.io/node";
+
 /// The Identity service of one process.
 #[derive(Debug)]
 pub struct IdentityService {

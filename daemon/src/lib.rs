@@ -18,7 +18,7 @@ mod shutdown;
 mod status_http;
 
 pub use agent_transport::{TransportError, agent_channel, tls_incoming};
-pub use csi_identity::{IdentityService, PLUGIN_NAME};
+pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};
 pub use logging::{LogFormat, init_logging};

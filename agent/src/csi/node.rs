@@ -35,7 +35,7 @@ use crate::wwid::Wwid;
 
 /// The topology key under which NodeGetInfo reports the node's name; the
 /// controller's accessible topology uses the same key.
-pub const TOPOLOGY_NODE_KEY: &str = "topology.csi-scsi.io/node";
+pub const TOPOLOGY_NODE_KEY: &str = csi_scsi_daemon::NODE_TOPOLOGY_KEY;
 
 /// What this Node service supports (NodeGetCapabilities).
 pub const CAPABILITIES: [RpcType; 5] = [

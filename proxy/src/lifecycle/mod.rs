@@ -25,7 +25,7 @@ pub use create::CreateRequest;
 pub use query::VolumeView;
 
 /// The topology key every node reports in NodeGetInfo.
-pub const NODE_TOPOLOGY_KEY: &str = "topology.csi-scsi.io/node";
+pub const NODE_TOPOLOGY_KEY: &str = csi_scsi_daemon::NODE_TOPOLOGY_KEY;
 
 /// How long an operation waits for another one on the same key.
 const LOCK_WAIT: Duration = Duration::from_secs(20);
