@@ -259,7 +259,7 @@ async fn the_store_is_a_plain_sqlite_file_the_sqlite3_tool_can_read() {
         panic!("sqlite3 is not installed: .ci/run installs it");
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("1\nwal\n"), "{text}");
+    assert!(text.contains("2\nwal\n"), "{text}");
     assert!(
         text.contains(&format!("{}|Available", lun(7, 0).wwid)),
         "{text}"
@@ -268,4 +268,47 @@ async fn the_store_is_a_plain_sqlite_file_the_sqlite3_tool_can_read() {
     drop(inv);
     let again = open(&dir);
     assert_eq!(again.devices(None, 10).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_version_1_store_is_migrated_and_keeps_its_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inventory.db");
+    // A store as the first release wrote it.
+    let v1 = "PRAGMA journal_mode=WAL;
+        CREATE TABLE targets (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+        CREATE TABLE devices (wwid TEXT PRIMARY KEY, target TEXT NOT NULL, lun INTEGER NOT NULL,
+            size_bytes INTEGER NOT NULL, vendor TEXT NOT NULL, model TEXT NOT NULL, serial TEXT NOT NULL,
+            labels TEXT NOT NULL, phase TEXT NOT NULL CHECK (phase IN ('Available','Bound','Releasing','Failed','Lost')),
+            binding_uid TEXT, volume_name TEXT, binding TEXT, nodes TEXT NOT NULL, published TEXT NOT NULL,
+            last_seen INTEGER NOT NULL, reason TEXT NOT NULL, generation INTEGER NOT NULL);
+        CREATE UNIQUE INDEX devices_volume_name ON devices (volume_name) WHERE volume_name IS NOT NULL;
+        CREATE INDEX devices_free ON devices (phase, size_bytes, wwid);
+        CREATE INDEX devices_target ON devices (target);
+        CREATE TABLE device_nodes (node TEXT NOT NULL, wwid TEXT NOT NULL REFERENCES devices (wwid) ON DELETE CASCADE,
+            target TEXT NOT NULL, PRIMARY KEY (node, wwid, target)) WITHOUT ROWID;
+        CREATE INDEX device_nodes_wwid ON device_nodes (wwid);
+        CREATE INDEX device_nodes_target ON device_nodes (target, wwid);
+        CREATE TABLE resize_requests (name TEXT PRIMARY KEY, volume_id TEXT NOT NULL, wwid TEXT NOT NULL,
+            requested_bytes INTEGER NOT NULL, current_bytes INTEGER NOT NULL, created INTEGER NOT NULL, done INTEGER NOT NULL);
+        INSERT INTO devices VALUES ('naa.60014050000000000000000000000001','t1',1,1073741824,'LIO','disk','sn','{}',
+            'Available',NULL,NULL,NULL,'[{\"node\":\"node-a\",\"target\":\"t1\",\"paths\":[]}]','[]',0,'',1);
+        INSERT INTO device_nodes VALUES ('node-a','naa.60014050000000000000000000000001','t1');
+        PRAGMA user_version = 1;";
+    let out = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg(v1)
+        .output()
+        .expect("sqlite3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inv = EmbeddedInventory::open(&db).unwrap();
+    let d = inv
+        .bind(bind_req("pv-1", &["node-a"], ""), 1, u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(d.wwid, "naa.60014050000000000000000000000001");
 }

@@ -28,6 +28,15 @@ impl Devices {
                 reason: "at least one target is required".into(),
             });
         }
+        // Attach is asked again and again (every ControllerPublish retry):
+        // a device already attached through these targets is answered from
+        // what is here, verified, without touching sessions or rescanning.
+        let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
+        if self.attachments.covers(wwid.as_str(), &names)
+            && let Some(found) = self.present(wwid)?
+        {
+            return Ok(found);
+        }
         let mut reached = 0;
         let mut last_err = None;
         for t in targets {
@@ -83,6 +92,21 @@ impl Devices {
             .add(wwid.as_str(), targets.iter().map(|t| t.name.clone()));
         tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
         Ok((link.link, lun_info))
+    }
+
+    /// The device of `wwid` and its path, if present and verified.
+    fn present(&self, wwid: &Wwid) -> Result<Option<(PathBuf, Lun)>, AgentError> {
+        let Some(l) = self.lun(wwid)? else {
+            return Ok(None);
+        };
+        let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
+            .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
+        else {
+            return Ok(None);
+        };
+        let reported = sysfs::block_wwid(&self.host, &link.kernel_name)
+            .map_err(|e| AgentError::io(&link.node, e))?;
+        Ok((reported.as_ref() == Some(wwid)).then_some((link.link, l)))
     }
 
     /// Deletes paths at `lun` on these targets' sessions that report another

@@ -32,11 +32,24 @@ impl Attachments {
         }
     }
 
-    /// Records that `wwid` is attached through `targets`.
+    /// Records that `wwid` is attached through `targets` (the file is
+    /// rewritten only when that is news).
     pub fn add(&self, wwid: &str, targets: impl IntoIterator<Item = String>) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.entry(wwid.to_owned()).or_default().extend(targets);
-        self.save(&s);
+        let entry = s.entry(wwid.to_owned()).or_default();
+        let before = entry.len();
+        entry.extend(targets);
+        let changed = entry.len() != before || before == 0;
+        if changed {
+            self.save(&s);
+        }
+    }
+
+    /// Whether `wwid` is recorded as attached through every one of `targets`.
+    pub fn covers(&self, wwid: &str, targets: &[String]) -> bool {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.get(wwid)
+            .is_some_and(|ts| targets.iter().all(|t| ts.contains(t)))
     }
 
     /// Forgets `wwid`; returns the targets no other attached LUN uses.

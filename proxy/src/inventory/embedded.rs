@@ -62,6 +62,15 @@ const MIGRATIONS: &[&str] = &[
          created INTEGER NOT NULL,
          done INTEGER NOT NULL
      );",
+    // 2: the node index carries each device's phase and size, so picking the
+    // smallest Available device visible from a node is an index range scan
+    // (no sort of every device the node sees).
+    "ALTER TABLE device_nodes ADD COLUMN phase TEXT NOT NULL DEFAULT '';
+     ALTER TABLE device_nodes ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0;
+     UPDATE device_nodes SET
+         phase = (SELECT d.phase FROM devices d WHERE d.wwid = device_nodes.wwid),
+         size_bytes = (SELECT d.size_bytes FROM devices d WHERE d.wwid = device_nodes.wwid);
+     CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wwid);",
 ];
 
 /// How many candidates one selection query reads before labels are checked.
@@ -275,12 +284,19 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         .map_err(sql)?;
     let mut stmt = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO device_nodes (node, wwid, target) VALUES (?1, ?2, ?3)",
+            "INSERT OR IGNORE INTO device_nodes (node, wwid, target, phase, size_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )
         .map_err(sql)?;
     for v in &dev.nodes {
-        stmt.execute(params![v.node, dev.wwid, v.target])
-            .map_err(sql)?;
+        stmt.execute(params![
+            v.node,
+            dev.wwid,
+            v.target,
+            dev.phase.as_str(),
+            dev.size_bytes as i64
+        ])
+        .map_err(sql)?;
     }
     Ok(dev.generation + 1)
 }
@@ -302,10 +318,11 @@ fn candidates(
     let (sql_text, rows) = match node {
         Some(node) => (
             format!(
-                "SELECT {cols} FROM device_nodes n JOIN devices d ON d.wwid = n.wwid
-                 WHERE n.node = ?5 AND d.phase = 'Available' AND d.size_bytes >= ?1 AND d.size_bytes <= ?2
-                   AND (d.size_bytes, d.wwid) > (?3, ?4)
-                 GROUP BY d.wwid ORDER BY d.size_bytes, d.wwid LIMIT {PAGE}"
+                "SELECT {cols} FROM device_nodes n INDEXED BY device_nodes_free
+                   JOIN devices d ON d.wwid = n.wwid
+                 WHERE n.node = ?5 AND n.phase = 'Available' AND n.size_bytes >= ?1 AND n.size_bytes <= ?2
+                   AND (n.size_bytes, n.wwid) > (?3, ?4)
+                 ORDER BY n.size_bytes, n.wwid LIMIT {PAGE}"
             ),
             Some(node.to_owned()),
         ),

@@ -33,7 +33,11 @@ pub const TARGET: &str = "fc-1";
 
 /// A node with a running agent.
 pub struct NodeFixture {
-    // Field order is drop order: unmount, stop the agent, detach the loops.
+    /// CSI Node on the agent's socket.
+    pub node: NodeClient<Channel>,
+    // Field order is drop order: close the client (the agent drains open
+    // connections before it exits), unmount, stop the agent, then detach
+    // the loop devices.
     _unmount: UnmountOnDrop,
     /// The agent process.
     pub agent: Proc,
@@ -47,8 +51,6 @@ pub struct NodeFixture {
     pub api: SocketAddr,
     /// The agent's certificate directory.
     pub tls: PathBuf,
-    /// CSI Node on the agent's socket.
-    pub node: NodeClient<Channel>,
 }
 
 /// One LUN of the fixture.
@@ -154,6 +156,7 @@ impl NodeFixture {
         )
         .await?;
         Ok(Self {
+            node: NodeClient::new(node),
             _unmount: unmount,
             agent,
             luns: made,
@@ -161,7 +164,6 @@ impl NodeFixture {
             kubelet,
             api,
             tls,
-            node: NodeClient::new(node),
         })
     }
 
@@ -268,12 +270,13 @@ pub async fn unstage(
 
 /// A running proxy and a Controller client on its socket.
 pub struct ProxyFixture {
-    /// The proxy process.
-    pub proc: Proc,
+    /// CSI Controller (dropped first: the proxy drains open connections
+    /// before it exits).
+    pub controller: csi_scsi_proto::csi::controller_client::ControllerClient<Channel>,
     /// Its CSI socket.
     pub csi: PathBuf,
-    /// CSI Controller.
-    pub controller: csi_scsi_proto::csi::controller_client::ControllerClient<Channel>,
+    /// The proxy process.
+    pub proc: Proc,
 }
 
 /// Starts the proxy binary in `dir` (its store `dir/inventory.db`, its

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::fixture::{NodeFixture, stage, unstage};
-use super::proc::rss_mib;
+use super::proc::{mount_points, rss_mib};
 use super::table::{Row, Target, Unit};
 use super::{Options, is_root};
 use crate::pki::Pki;
@@ -46,8 +46,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let pki = Pki::init(dir);
     let mut node = NodeFixture::start(&dir.join("node-m"), &pki, "node-m", n, 16 << 20).await?;
     let pid = node.agent.pid();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (idle, idle_peak) = settled_rss(pid, 10).await?;
+    let (settle, reads) = opts.pick(
+        (Duration::from_secs(2), 10),
+        (Duration::from_millis(500), 3),
+    );
+    tokio::time::sleep(settle).await;
+    let (idle, idle_peak) = settled_rss(pid, reads).await?;
     let mut staged = Vec::with_capacity(n);
     let t = Instant::now();
     for i in 0..n {
@@ -57,9 +61,14 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         staged.push((id, staging));
     }
     let stage_time = t.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mounted = mount_points()
+        .iter()
+        .filter(|p| p.starts_with(&node.kubelet))
+        .count();
+    anyhow::ensure!(mounted == n, "{mounted} staging mounts, {n} expected");
+    tokio::time::sleep(settle / 2).await;
     node.agent.check_alive()?;
-    let (busy, busy_peak) = settled_rss(pid, 10).await?;
+    let (busy, busy_peak) = settled_rss(pid, reads).await?;
     for (id, staging) in &staged {
         unstage(&mut node.node, id, staging).await?;
     }
@@ -67,7 +76,7 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         Row::new(4, "agent RSS idle", Unit::Mebibytes, idle)
             .target(Target::AtMost(16.0))
             .note(format!(
-                "VmRSS (highest of 10 reads over 1 s) 2 s after start, serving both sockets, {n} FC disks in its tree, \
+                "VmRSS (highest of {reads} reads 100 ms apart) {settle:?} after start, serving both sockets, {n} FC disks in its tree, \
                  no call yet; peak (VmHWM) {idle_peak:.1} MiB"
             )),
         Row::new(4, format!("agent RSS with {n} volumes staged (vs idle)"), Unit::Mebibytes, busy)
