@@ -250,7 +250,7 @@ impl Tgtd {
     }
 
     /// Starts a tgtd on 127.0.0.1 with a free portal port and a random
-    /// control port in 20000..40000 (so parallel tests do not clash),
+    /// control port in 20000..32000 (so parallel tests do not clash),
     /// trying again with other ports if one is taken meanwhile.
     pub async fn start_local(log: &Path) -> Result<Self, TgtError> {
         let mut last = None;
@@ -551,11 +551,12 @@ impl Drop for Tgtd {
     }
 }
 
-/// A control port in 20000..40000, different on every call.
+/// A control port in 20000..32000 (tgtd refuses numbers above 32767),
+/// different on every call.
 pub fn random_control_port() -> u16 {
     use std::hash::BuildHasher;
     let r = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
-    20000 + (r % 20000) as u16
+    20000 + (r % 12000) as u16
 }
 
 /// Runs tgtadm with a timeout; its stdout on success.
