@@ -247,12 +247,7 @@ fn device_view(lun: &Lun) -> DeviceView {
     holders.dedup();
     DeviceView {
         wwid: lun.wwid.to_string(),
-        size_bytes: lun
-            .map
-            .as_ref()
-            .map(|m| m.size_bytes)
-            .or(first.map(|p| p.size_bytes))
-            .unwrap_or(0),
+        size_bytes: lun.size_bytes(),
         vendor: first.map(|p| p.vendor.clone()).unwrap_or_default(),
         model: first.map(|p| p.model.clone()).unwrap_or_default(),
         serial: first.and_then(|p| p.serial.clone()).unwrap_or_default(),

@@ -117,12 +117,7 @@ fn lun_message(l: &HostLun) -> Lun {
     let first = l.paths.first();
     Lun {
         wwid: l.wwid.to_string(),
-        size_bytes: l
-            .map
-            .as_ref()
-            .map(|m| m.size_bytes)
-            .or(first.map(|p| p.size_bytes))
-            .unwrap_or(0),
+        size_bytes: l.size_bytes(),
         vendor: first.map(|p| p.vendor.clone()).unwrap_or_default(),
         model: first.map(|p| p.model.clone()).unwrap_or_default(),
         serial: first.and_then(|p| p.serial.clone()).unwrap_or_default(),
@@ -351,7 +346,6 @@ impl Agent for AgentApi {
     ) -> Result<Response<StatusResponse>, Status> {
         require_proxy(&request, &self.domain)?;
         let host = self.devices.host();
-        let attached = self.devices.attached_per_target();
         let sessions = sysfs::iscsi_sessions(host)
             .unwrap_or_default()
             .into_iter()
@@ -370,7 +364,6 @@ impl Agent for AgentApi {
             .iter()
             .map(lun_message)
             .collect();
-        let _ = attached;
         Ok(Response::new(StatusResponse {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),

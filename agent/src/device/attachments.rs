@@ -64,18 +64,6 @@ impl Attachments {
             .collect()
     }
 
-    /// Number of attached LUNs per target.
-    pub fn per_target(&self) -> BTreeMap<String, u32> {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = BTreeMap::new();
-        for ts in s.values() {
-            for t in ts {
-                *out.entry(t.clone()).or_insert(0) += 1;
-            }
-        }
-        out
-    }
-
     fn save(&self, s: &BTreeMap<String, BTreeSet<String>>) {
         let tmp = self.path.with_extension("json.tmp");
         let result = serde_json::to_vec_pretty(s)

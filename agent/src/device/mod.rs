@@ -44,11 +44,6 @@ impl Devices {
         &self.host
     }
 
-    /// Attached LUNs per target name.
-    pub fn attached_per_target(&self) -> std::collections::BTreeMap<String, u32> {
-        self.attachments.per_target()
-    }
-
     /// Every LUN the node sees now, grouped by WWID.
     pub fn luns(&self) -> Result<Vec<Lun>, AgentError> {
         let io = |e| AgentError::io(self.host.sys("block"), e);

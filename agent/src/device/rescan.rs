@@ -37,11 +37,10 @@ impl Devices {
         let lun = self
             .lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let node = match (&lun.map, lun.paths.first()) {
-            (Some(m), _) => self.host.dev(&m.kernel_name),
-            (None, Some(p)) => self.host.dev(&p.kernel_name),
-            (None, None) => return Err(AgentError::DeviceNotFound(wwid.clone())),
-        };
+        let name = lun
+            .device_kernel_name()
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
+        let node = self.host.dev(name);
         let live = block::size(&node).map_err(|e| AgentError::io(&node, e))?;
         let reported = lun.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
         Ok(live.max(reported))

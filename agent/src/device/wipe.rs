@@ -56,11 +56,10 @@ impl Devices {
         let lun = self
             .lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let name = match (&lun.map, lun.paths.first()) {
-            (Some(m), _) => m.kernel_name.clone(),
-            (None, Some(p)) => p.kernel_name.clone(),
-            (None, None) => return Err(AgentError::DeviceNotFound(wwid.clone())),
-        };
+        let name = lun
+            .device_kernel_name()
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
+            .to_owned();
         let node = self.host.dev(&name);
         // Never erase a device that is not provably the one asked for.
         let reported =

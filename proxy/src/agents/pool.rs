@@ -152,7 +152,6 @@ impl AgentPool {
             AgentOp::Wipe(_) => self.config.wipe_deadline,
             _ => self.config.deadline,
         };
-        let per_attempt = overall;
         let svc = compose(
             Caller::new(channel),
             overall,
@@ -164,7 +163,9 @@ impl AgentPool {
         let call = AgentCall {
             op,
             request_id: request_id.to_owned(),
-            deadline: per_attempt,
+            // Each attempt may use the whole deadline; the stack's overall
+            // timeout stops the retries.
+            deadline: overall,
         };
         let result = svc.oneshot(call).await;
         if let Some(timer) = timer {

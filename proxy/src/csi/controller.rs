@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::request::{self, required};
+use crate::lifecycle::access::mount_fs;
 use crate::lifecycle::{CreateRequest, Lifecycle, NODE_TOPOLOGY_KEY, VolumeView};
 use crate::parameters::ClassParameters;
 use crate::selector::Selector;
@@ -53,14 +54,11 @@ fn topology(nodes: Vec<String>) -> Vec<Topology> {
 }
 
 fn volume_of(v: &VolumeView) -> Volume {
-    let fs = v.device.binding.as_ref().and_then(|b| {
-        b.capabilities.iter().find_map(|c| {
-            c.strip_prefix("mount:")?
-                .split(':')
-                .next()
-                .map(str::to_owned)
-        })
-    });
+    let fs = v
+        .device
+        .binding
+        .as_ref()
+        .and_then(|b| mount_fs(&b.capabilities).map(str::to_owned));
     let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
     if let Some(fs) = fs {
         context.insert("fsType".to_owned(), fs);
@@ -223,11 +221,7 @@ impl Controller for ControllerService {
             .as_ref()
             .map(|b| b.capabilities.clone())
             .unwrap_or_default();
-        let fs = have
-            .iter()
-            .find_map(|c| c.strip_prefix("mount:")?.split(':').next())
-            .unwrap_or("ext4")
-            .to_owned();
+        let fs = mount_fs(&have).unwrap_or("ext4").to_owned();
         let mut unsupported = Vec::new();
         for cap in &req.volume_capabilities {
             match request::access(cap) {

@@ -81,3 +81,11 @@ impl Access {
         }
     }
 }
+
+/// The filesystem named by the mount capabilities of a binding (as
+/// [`Access::canonical`] writes them), if it has any.
+pub fn mount_fs(capabilities: &[String]) -> Option<&str> {
+    capabilities
+        .iter()
+        .find_map(|c| c.strip_prefix("mount:")?.split(':').next())
+}

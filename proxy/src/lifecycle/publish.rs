@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
 
 use super::Lifecycle;
-use super::access::Access;
+use super::access::{Access, mount_fs};
 use crate::agents::{AgentOp, AgentReply};
 use crate::error::ProxyError;
 use crate::inventory::{Device, Phase};
@@ -29,7 +29,7 @@ impl Lifecycle {
         let _guard = self.lock(&vol.wwid).await?;
         let mut dev = self.bound(&vol).await?;
         if let Some(b) = &dev.binding {
-            let wanted = access.canonical(fs_of(&b.capabilities));
+            let wanted = access.canonical(mount_fs(&b.capabilities).unwrap_or("ext4"));
             if !b.capabilities.contains(&wanted) {
                 return Err(ProxyError::InvalidArgument {
                     field: "volume_capability",
@@ -140,12 +140,4 @@ impl Lifecycle {
             _ => Err(ProxyError::VolumeNotFound(vol.to_string())),
         }
     }
-}
-
-/// The filesystem a binding's mount capabilities name (ext4 by default).
-pub(super) fn fs_of(capabilities: &[String]) -> &str {
-    capabilities
-        .iter()
-        .find_map(|c| c.strip_prefix("mount:").and_then(|r| r.split(':').next()))
-        .unwrap_or("ext4")
 }

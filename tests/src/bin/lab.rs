@@ -93,8 +93,7 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
                 "\nFAILED (logs kept in {}: proxy.log, node-*.agent.log, nodes/*/kernel.log)",
                 dir.display()
             );
-            let m = lab.keep();
-            let _ = m;
+            lab.keep();
             return Err(e);
         }
     }
