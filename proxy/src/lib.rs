@@ -9,6 +9,7 @@ pub mod csi;
 pub mod directory;
 pub mod error;
 pub mod events;
+pub mod fault;
 pub mod inventory;
 pub mod kube_wiring;
 pub mod leader;

@@ -1,7 +1,6 @@
 //! A csi-scsi process under test: spawned with its arguments, its log
 //! captured to a file, stopped with SIGTERM (then SIGKILL) when dropped.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -23,10 +22,26 @@ impl Daemon {
 
     /// Starts any program (for example `nsenter ... <agent>`).
     pub fn spawn_program(program: &Path, args: &[String], log: &Path) -> Self {
-        let out = File::create(log).expect("create log file");
+        Self::spawn_with(program, args, &[], log)
+    }
+
+    /// Starts `program` with extra environment `env`; appends to `log`
+    /// (a restarted process keeps its predecessor's log above its own).
+    pub fn spawn_with(
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Self {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open log file");
         let err = out.try_clone().expect("clone log file");
         let child = Command::new(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info,csi_scsi=debug")
             .stdin(Stdio::null())
             .stdout(out)

@@ -14,4 +14,5 @@ pub mod loop_luns;
 pub mod node_tree;
 pub mod patience;
 pub mod pki;
+pub mod reliability;
 pub mod tgt;

@@ -121,6 +121,31 @@ impl EmbeddedInventory {
             .unwrap_or(false)
     }
 
+    /// The deliberate defect `Fault::SkipCas`: pick, let other binds run,
+    /// then overwrite whatever the device holds by then.
+    async fn bind_without_cas(
+        &self,
+        request: BindRequest,
+        min_bytes: u64,
+        max_bytes: u64,
+    ) -> Result<Device, InventoryError> {
+        let selector = request.selector.clone();
+        let node = request.topology.iter().flatten().next().cloned();
+        let picked = self
+            .with(move |c| pick(c, node.as_deref(), &selector, min_bytes, max_bytes))
+            .await?
+            .ok_or_else(|| InventoryError::NoFit(format!("{min_bytes} bytes or more")))?;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.with(move |c| {
+            let mut dev = load(c, &picked.wwid)?.ok_or(InventoryError::NotFound(picked.wwid))?;
+            dev.phase = Phase::Bound;
+            dev.binding = Some(request.binding);
+            dev.generation = write(c, &dev, false)?;
+            Ok(dev)
+        })
+        .await
+    }
+
     /// Runs `f` on the connection off the async threads.
     async fn with<T, F>(&self, f: F) -> Result<T, InventoryError>
     where
@@ -616,6 +641,9 @@ impl Inventory for EmbeddedInventory {
         min_bytes: u64,
         max_bytes: u64,
     ) -> Result<Device, InventoryError> {
+        if crate::fault::injected(crate::fault::Fault::SkipCas) {
+            return self.bind_without_cas(request, min_bytes, max_bytes).await;
+        }
         self.with(move |c| {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)

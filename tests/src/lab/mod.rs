@@ -35,6 +35,8 @@ pub const AGENT_PORT: u16 = 9810;
 pub const AGENT_STATUS_PORT: u16 = 9811;
 /// Port of the proxy's status endpoints, on the lab's host address.
 pub const PROXY_STATUS_PORT: u16 = 9812;
+/// Size of each pool LUN (`LabConfig::pool_luns`).
+pub const POOL_LUN_BYTES: u64 = 64 << 20;
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
 pub const CHAP_USER: &str = "lab-initiator";
 const CHAP_SECRET: &str = "lab-chap-secret-a1b2";
@@ -54,6 +56,11 @@ pub struct LabConfig {
     pub tgt_control: u16,
     /// Delay before an FC scan shows new LUNs (a slow fabric).
     pub fc_scan_delay_ms: u64,
+    /// Extra small LUNs (64 MiB each, `c1`..`cN`) behind a third target,
+    /// array-c (no CHAP, no ACL; label `array=c`): a pool for workloads.
+    pub pool_luns: usize,
+    /// Extra environment of the proxy (e.g. `CSI_SCSI_FAULT`).
+    pub proxy_env: Vec<(String, String)>,
 }
 
 /// One node of a running lab.
@@ -99,6 +106,8 @@ pub struct Lab {
     pub pki: Pki,
     /// LUN backing files by name (`a1`, `mp`, ...).
     pub luns: BTreeMap<String, PathBuf>,
+    proxy_args: Vec<String>,
+    record: Record,
 }
 
 /// What `lab up --keep` leaves behind for any CSI client (`lab.json`).
@@ -156,6 +165,8 @@ impl LabConfig {
             subnet: 77,
             tgt_control: 19077,
             fc_scan_delay_ms: 0,
+            pool_luns: 0,
+            proxy_env: Vec::new(),
         }
     }
 
@@ -175,6 +186,8 @@ impl LabConfig {
             subnet: 100 + (n % 150) as u8,
             tgt_control: 20000 + (n % 12000),
             fc_scan_delay_ms: 0,
+            pool_luns: 0,
+            proxy_env: Vec::new(),
         }
     }
 }
@@ -236,6 +249,11 @@ impl Lab {
             f.set_len(size)?;
             luns.insert(name.to_owned(), path);
         }
+        for n in 1..=config.pool_luns {
+            let path = luns_dir.join(format!("c{n}.img"));
+            std::fs::File::create(&path)?.set_len(POOL_LUN_BYTES)?;
+            luns.insert(format!("c{n}"), path);
+        }
         let portal: SocketAddr = format!("{}:3260", net.host_ip()).parse()?;
         let mut tgtd = Tgtd::start(config.tgt_control, portal, &dir.join("tgtd.log"))
             .await
@@ -263,8 +281,19 @@ impl Lab {
         for i in 0..config.nodes.saturating_sub(1) {
             tgtd.bind_initiator_address(2, &net.node_ip(i)).await?;
         }
+        let iqn_c = "iqn.2026-11.io.csi-scsi.lab:array-c";
+        let mut pool = Vec::new();
+        if config.pool_luns > 0 {
+            tgtd.add_target(3, iqn_c).await?;
+            for n in 1..=config.pool_luns as u64 {
+                let file = &luns[&format!("c{n}")];
+                tgtd.add_lun(3, n, file, &LunIdentity::lab(3, n)).await?;
+                pool.push(lun_def(n as u32, file));
+            }
+            tgtd.bind_all(3).await?;
+        }
         let fc_nodes: Vec<String> = (1..config.nodes).map(node_name).collect();
-        let fabric = Fabric {
+        let mut fabric = Fabric {
             iscsi: vec![
                 IscsiTargetDef {
                     iqn: iqn_a.into(),
@@ -292,6 +321,12 @@ impl Lab {
                 }],
             }],
         };
+        if !pool.is_empty() {
+            fabric.iscsi.push(IscsiTargetDef {
+                iqn: iqn_c.into(),
+                luns: pool,
+            });
+        }
         let fabric_path = dir.join("fabric.json");
         fabric.save(&fabric_path)?;
 
@@ -324,7 +359,7 @@ impl Lab {
             .map(|n| format!("{} {}\n", n.name, n.api))
             .collect();
         std::fs::write(dir.join("agents.txt"), agents)?;
-        let targets = serde_json::json!([
+        let mut targets = serde_json::json!([
             {"name": "array-a", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_a, "chapSecretRef": {"name": "chap-array-a"}},
              "deviceLabels": {"array": "a", "tier": "fast"}},
             {"name": "array-b", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_b},
@@ -332,6 +367,15 @@ impl Lab {
             {"name": "fc-1", "fibreChannel": {"wwpns": ["50:0a:09:81:89:1b:8d:c5"]}, "nodes": fc_nodes,
              "deviceLabels": {"array": "fc", "tier": "fast"}}
         ]);
+        if config.pool_luns > 0 {
+            targets
+                .as_array_mut()
+                .context("targets")?
+                .push(serde_json::json!(
+                    {"name": "array-c", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_c},
+                     "deviceLabels": {"array": "c", "tier": "pool"}}
+                ));
+        }
         std::fs::write(
             dir.join("targets.json"),
             serde_json::to_vec_pretty(&targets)?,
@@ -348,14 +392,17 @@ impl Lab {
             proxy_status,
             pki,
             luns,
+            proxy_args: Vec::new(),
+            record,
         };
-        lab.start_proxy(&proxy_tls, &mut record).await?;
+        lab.proxy_args = lab.proxy_args(&proxy_tls);
+        lab.restart_proxy().await?;
         Ok(lab)
     }
 
-    async fn start_proxy(&mut self, tls: &Path, record: &mut Record) -> anyhow::Result<()> {
+    fn proxy_args(&self, tls: &Path) -> Vec<String> {
         let dir = &self.config.dir;
-        let args: Vec<String> = [
+        [
             "--csi-endpoint",
             &self.proxy_csi.display().to_string(),
             "--tls-dir",
@@ -379,10 +426,35 @@ impl Lab {
         ]
         .iter()
         .map(|s| s.to_string())
-        .collect();
-        let proxy = Daemon::spawn("csi-scsi-proxy", &args, &dir.join("proxy.log"));
-        record.pids.push(proxy.pid());
-        save_record(dir, record)?;
+        .collect()
+    }
+
+    /// The proxy's inventory database.
+    pub fn proxy_store(&self) -> PathBuf {
+        self.config.dir.join("proxy/inventory.db")
+    }
+
+    /// Kills the proxy with SIGKILL (as a crash or an OOM kill would).
+    pub fn kill_proxy(&mut self) {
+        if let Some(proxy) = self.proxy.take() {
+            sh_quiet("kill", &["-KILL", &proxy.pid().to_string()]);
+            drop(proxy);
+        }
+    }
+
+    /// Starts the proxy (killing a running one first) with its original
+    /// arguments and `config.proxy_env`; waits for its CSI socket.
+    pub async fn restart_proxy(&mut self) -> anyhow::Result<()> {
+        self.kill_proxy();
+        let dir = self.config.dir.clone();
+        let proxy = Daemon::spawn_with(
+            &binary("csi-scsi-proxy"),
+            &self.proxy_args,
+            &self.config.proxy_env,
+            &dir.join("proxy.log"),
+        );
+        self.record.pids.push(proxy.pid());
+        save_record(&dir, &self.record)?;
         wait_socket(&self.proxy_csi, &proxy).await?;
         self.proxy = Some(proxy);
         Ok(())

@@ -324,6 +324,12 @@ pub fn lun_file(lab: &Lab, wwid: &str) -> Option<(String, PathBuf)> {
             return Some((name.to_owned(), lab.luns[name].clone()));
         }
     }
+    for n in 1..=lab.config.pool_luns as u64 {
+        if wwid == format!("naa.{}", LunIdentity::lab(3, n).scsi_id) {
+            let name = format!("c{n}");
+            return Some((name.clone(), lab.luns[&name].clone()));
+        }
+    }
     (wwid == "naa.600a098038303053453f463045727031")
         .then(|| ("fc1".to_owned(), lab.luns["fc1"].clone()))
 }

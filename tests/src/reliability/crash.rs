@@ -1,0 +1,1 @@
+//! The crash suite (being written).

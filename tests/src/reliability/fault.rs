@@ -1,0 +1,1 @@
+//! The fault suite (being written).

@@ -1,0 +1,1 @@
+//! The bad-input sweep (being written).
