@@ -37,6 +37,7 @@ impl Devices {
         {
             return Ok(found);
         }
+        let _held = self.lock_targets(targets).await;
         let mut reached = 0;
         let mut last_err = None;
         for t in targets {

@@ -14,6 +14,7 @@ impl Devices {
         &self,
         target: &TargetSpec,
     ) -> Result<(Vec<Lun>, Vec<PortalReport>), AgentError> {
+        let _held = self.lock_targets(std::slice::from_ref(target)).await;
         let reports = self.ensure_session(target).await?;
         self.rescan_target(target).await?;
         self.settle(target, Duration::from_secs(3)).await;

@@ -9,6 +9,7 @@ mod rescan;
 mod sessions;
 mod wipe;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,11 @@ pub struct Devices {
     attachments: Arc<Attachments>,
     /// Per-portal login timeout.
     login_timeout: Duration,
+    /// One lock per target: a discover's scan-and-list, an attach's
+    /// login-and-wait and a detach's delete-and-logout each see the
+    /// target's sessions and paths hold still (a logout mid-discover made
+    /// every LUN of the target vanish from the node's report).
+    target_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Devices {
@@ -36,7 +42,51 @@ impl Devices {
             host,
             attachments,
             login_timeout,
+            target_locks: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Holds every target of `targets` (in name order, so two callers
+    /// never wait on each other crosswise) until the guards drop.
+    pub(crate) async fn lock_targets(
+        &self,
+        targets: &[TargetSpec],
+    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        self.lock_keys(targets.iter().map(TargetSpec::lock_key).collect())
+            .await
+    }
+
+    /// Holds the targets `lun`'s paths came through (a wipe must not see
+    /// its device vanish under an idle-target logout).
+    pub(crate) async fn lock_paths_of(&self, lun: &Lun) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let keys = lun
+            .paths
+            .iter()
+            .filter_map(|p| match &p.transport {
+                sysfs::Transport::Iscsi {
+                    target: Some(iqn), ..
+                } => Some(format!("iscsi:{iqn}")),
+                _ => None,
+            })
+            .collect();
+        self.lock_keys(keys).await
+    }
+
+    async fn lock_keys(&self, mut names: Vec<String>) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        names.sort_unstable();
+        names.dedup();
+        let locks: Vec<Arc<tokio::sync::Mutex<()>>> = {
+            let mut map = self.target_locks.lock().unwrap_or_else(|p| p.into_inner());
+            names
+                .iter()
+                .map(|n| map.entry(n.clone()).or_default().clone())
+                .collect()
+        };
+        let mut guards = Vec::with_capacity(locks.len());
+        for l in locks {
+            guards.push(l.lock_owned().await);
+        }
+        guards
     }
 
     /// The host layer.

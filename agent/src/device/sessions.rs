@@ -37,6 +37,21 @@ pub struct TargetSpec {
     pub transport: Transport,
 }
 
+impl TargetSpec {
+    /// What the per-target lock is keyed by: the IQN, or the WWPNs, so a
+    /// caller that only knows a device's paths finds the same lock.
+    pub(crate) fn lock_key(&self) -> String {
+        match &self.transport {
+            Transport::Iscsi { iqn, .. } => format!("iscsi:{iqn}"),
+            Transport::Fc { wwpns } => {
+                let mut w: Vec<String> = wwpns.iter().map(ToString::to_string).collect();
+                w.sort();
+                format!("fc:{}", w.join(","))
+            }
+        }
+    }
+}
+
 /// How one portal fared.
 #[derive(Clone, Debug)]
 pub struct PortalReport {

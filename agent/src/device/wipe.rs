@@ -56,6 +56,11 @@ impl Devices {
         let lun = self
             .lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
+        let _held = self.lock_paths_of(&lun).await;
+        // Read again under the lock: a logout may have removed it meanwhile.
+        let lun = self
+            .lun(wwid)?
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
         let name = lun
             .device_kernel_name()
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
@@ -90,18 +95,37 @@ impl Devices {
             return Ok(());
         }
         let expected = expected_device(&node).map_err(|e| AgentError::io(&node, e))?;
+        // Once claimed (O_EXCL), the device is busy to any detach or
+        // logout; only until then does the target lock keep it here.
+        let eraser = Eraser::claim(&node, expected).map_err(|e| match e {
+            ClaimError::InUse(p) => AgentError::DeviceInUse {
+                wwid: wwid.clone(),
+                holder: format!("{} is held open", p.display()),
+            },
+            other => AgentError::WipeFailed {
+                wwid: wwid.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        drop(_held);
         let wwid_c = wwid.clone();
-        let result =
-            tokio::task::spawn_blocking(move || erase(&node, expected, mode, &wwid_c, &tx))
-                .await
-                .map_err(|e| AgentError::WipeFailed {
-                    wwid: wwid.clone(),
-                    reason: format!("wipe task failed: {e}"),
-                })?;
+        let result = tokio::task::spawn_blocking(move || erase(eraser, mode, &wwid_c, &tx))
+            .await
+            .map_err(|e| AgentError::WipeFailed {
+                wwid: wwid.clone(),
+                reason: format!("wipe task failed: {e}"),
+            })?;
         match result {
             Ok(()) => {
                 tracing::info!(%wwid, ?mode, "wiped");
                 Ok(())
+            }
+            // Gone from under the wipe (its target logged out, the array
+            // unmapped it): not this node's to finish; another node or a
+            // later pass wipes it whole.
+            Err(e) if matches!(self.lun(wwid), Ok(None)) => {
+                tracing::warn!(%wwid, error = %e, "device vanished during the wipe");
+                Err(AgentError::DeviceNotFound(wwid.clone()))
             }
             Err(e) => Err(e),
         }
@@ -127,8 +151,7 @@ fn step(
 }
 
 fn erase(
-    node: &std::path::Path,
-    expected: crate::host::block::DeviceNumber,
+    mut eraser: Eraser,
     mode: WipeMode,
     wwid: &Wwid,
     tx: &mpsc::Sender<WipeStep>,
@@ -137,13 +160,6 @@ fn erase(
         wwid: wwid.clone(),
         reason,
     };
-    let mut eraser = Eraser::claim(node, expected).map_err(|e| match e {
-        ClaimError::InUse(p) => AgentError::DeviceInUse {
-            wwid: wwid.clone(),
-            holder: format!("{} is held open", p.display()),
-        },
-        other => failed(other.to_string()),
-    })?;
     let size = eraser.size();
     let (mut method, passes) = match mode {
         WipeMode::Discard => ("discard", 1),

@@ -8,7 +8,9 @@
 
 pub mod crash;
 pub mod fault;
+pub mod ledger;
 pub mod report;
+pub mod store;
 pub mod sweep;
 
 pub use report::SuiteReport;
