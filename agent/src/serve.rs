@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
-    Component, CsiSocket, IdentityService, Metrics, Readiness, Shutdown, SocketCheck,
-    StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
+    Component, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
+    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -74,6 +74,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let csi = Server::builder()
         .layer(metrics.grpc_layer().with_request_span())
+        .layer(NameUnservedLayer::new(
+            "CSI Identity and Node (csi-scsi-agent)",
+        ))
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(
@@ -103,6 +106,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     let api = Server::builder()
         .layer(metrics.grpc_layer())
+        .layer(NameUnservedLayer::new(
+            "the csi-scsi agent API and gRPC health",
+        ))
         .add_service(health)
         .add_service(AgentServer::new(agent_api))
         .serve_with_incoming_shutdown(

@@ -16,6 +16,7 @@ mod process;
 mod readiness;
 mod shutdown;
 mod status_http;
+mod unserved;
 
 pub use agent_transport::{TransportError, agent_channel, tls_incoming};
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
@@ -33,3 +34,4 @@ pub use shutdown::Shutdown;
 pub use status_http::{
     METRICS_CONTENT_TYPE, SocketCheck, StatusListener, StatusService, StatusSource,
 };
+pub use unserved::{NameUnserved, NameUnservedLayer};

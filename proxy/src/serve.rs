@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role};
 use csi_scsi_daemon::{
-    Check, Component, CsiSocket, IdentityService, Metrics, Readiness, Shutdown, SocketCheck,
-    StatusListener, StatusService, TlsMaterialCheck,
+    Check, Component, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
+    SocketCheck, StatusListener, StatusService, TlsMaterialCheck,
 };
 use csi_scsi_proto::csi::controller_server::ControllerServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -138,6 +138,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
         .layer(metrics.grpc_layer())
+        .layer(NameUnservedLayer::new(
+            "CSI Identity and Controller (csi-scsi-proxy)",
+        ))
         .add_service(IdentityServer::new(identity))
         .add_service(ControllerServer::with_interceptor(
             ControllerService::new(life),

@@ -370,10 +370,11 @@ impl NodeTree {
     /// kernel does on `echo 1 > device/rescan`).
     pub fn rescan_size(&self, name: &str, backing: &Path) -> io::Result<()> {
         let size = device_size(backing)? / 512;
-        fs::write(
-            self.sys().join(format!("block/{name}/size")),
-            format!("{size}\n"),
-        )
+        let file = self.sys().join(format!("block/{name}/size"));
+        // Replaced whole (the kernel's attribute never reads half-written).
+        let tmp = file.with_extension("tmp");
+        fs::write(&tmp, format!("{size}\n"))?;
+        fs::rename(&tmp, &file)
     }
 
     fn free_sd_name(&self) -> io::Result<String> {

@@ -17,8 +17,13 @@ use tracing::Instrument;
 
 use super::auth::require_proxy;
 use super::status::to_status;
-use crate::device::{Devices, TargetSpec, WipeMode as Mode};
+use crate::csi::request::quote;
+use crate::csi::status::bounded;
+use crate::device::{Devices, TargetSpec, WipeMode as Mode, came_through};
+use crate::error::AgentError;
+use crate::host::block;
 use crate::host::sysfs::{self, Lun as HostLun, Transport as PathTransport};
+use crate::volume::{device::publications, mount_table};
 use crate::wwid::Wwid;
 
 /// Default deadline when the proxy sends none.
@@ -47,6 +52,64 @@ impl AgentApi {
     pub fn with_metrics(mut self, metrics: csi_scsi_daemon::Metrics) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+}
+
+impl AgentApi {
+    /// Refuses (FAILED_PRECONDITION) when a device node of `w` is mounted
+    /// or bound under the kubelet directory. A raw block publication is a
+    /// bind of the device node, which neither the device's mounts nor an
+    /// exclusive open show, yet a pod is using it.
+    fn refuse_if_published(&self, w: &Wwid) -> Result<(), Status> {
+        let Some(lun) = self.devices.lun(w).map_err(to_status)? else {
+            return Ok(());
+        };
+        let host = self.devices.host();
+        let table = mount_table(host).map_err(to_status)?;
+        let names = lun
+            .paths
+            .iter()
+            .map(|p| p.kernel_name.clone())
+            .chain(lun.map.iter().map(|m| m.kernel_name.clone()));
+        for name in names {
+            let Ok(number) = block::device_number(&host.dev(&name)) else {
+                continue;
+            };
+            if let Some(at) = publications(host, &table, number, &[]).first() {
+                return Err(to_status(AgentError::DeviceInUse {
+                    wwid: w.clone(),
+                    holder: format!("{name} is published at {}", at.display()),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// The LUN-number hint of an Attach, unless a disk at that address
+    /// through these targets is in use: the hint lets the attach remove a
+    /// stale path there, and a path that is mounted, held or published is
+    /// never stale.
+    fn safe_hint(&self, targets: &[TargetSpec], lun: u32) -> Result<Option<u64>, Status> {
+        let host = self.devices.host();
+        let disks =
+            sysfs::scsi_disks(host).map_err(|e| to_status(AgentError::io(host.sys("block"), e)))?;
+        let table = mount_table(host).map_err(to_status)?;
+        let at_address = disks
+            .iter()
+            .filter(|d| d.hctl.lun == u64::from(lun) && targets.iter().any(|t| came_through(d, t)));
+        for d in at_address {
+            let Ok(number) = block::device_number(&host.dev(&d.kernel_name)) else {
+                continue;
+            };
+            if !d.holders.is_empty()
+                || table.mounts_of(number).next().is_some()
+                || !publications(host, &table, number, &[]).is_empty()
+            {
+                tracing::warn!(disk = %d.kernel_name, wwid = %d.wwid, lun, "the disk at the hinted address is in use; not treating it as stale");
+                return Ok(None);
+            }
+        }
+        Ok(Some(u64::from(lun)))
     }
 }
 
@@ -84,11 +147,93 @@ fn deadline<T>(req: &Request<T>) -> Duration {
     }
 }
 
+/// The longest iSCSI name (RFC 3720), CHAP name or secret (iscsid's limit),
+/// and target name (a Kubernetes object name).
+const MAX_IQN: usize = 223;
+const MAX_CHAP: usize = 255;
+const MAX_NAME: usize = 253;
+
+/// A WWID as agent.proto names devices: canonical form only. The other
+/// spellings `Wwid::parse` reads are what the kernel and udev print; a
+/// caller that sends one (or pads it with blanks or NULs) is not the proxy.
 fn wwid(s: &str) -> Result<Wwid, Status> {
-    Wwid::parse(s).map_err(|e| Status::invalid_argument(e.to_string()))
+    let w = Wwid::parse(s).map_err(|e| Status::invalid_argument(bounded(e.to_string())))?;
+    if w.as_str() != s {
+        return Err(Status::invalid_argument(format!(
+            "WWID {} is not in canonical form ({w})",
+            quote(s)
+        )));
+    }
+    Ok(w)
+}
+
+/// Refuses text iscsiadm and the session records must never see. Checked
+/// here so that a malformed target is INVALID_ARGUMENT at once, not a
+/// login failure on every portal (UNAVAILABLE). `secret` values are never
+/// quoted.
+fn check_text(field: &str, value: &str, max: usize, secret: bool) -> Result<(), Status> {
+    let reason = if value.is_empty() {
+        "is required".to_owned()
+    } else if value.len() > max {
+        format!("is {} bytes long; at most {max}", value.len())
+    } else if value.chars().any(char::is_control) {
+        "contains control characters".to_owned()
+    } else {
+        return Ok(());
+    };
+    let shown = if secret {
+        String::new()
+    } else {
+        format!(" {}", quote(value))
+    };
+    Err(Status::invalid_argument(format!(
+        "{field}{shown}: {reason}"
+    )))
+}
+
+/// An iSCSI name: printable, no blanks, and never an option to the tool.
+fn check_iqn(iqn: &str) -> Result<(), Status> {
+    check_text("target.iscsi.iqn", iqn, MAX_IQN, false)?;
+    if iqn.starts_with('-') || iqn.chars().any(char::is_whitespace) {
+        return Err(Status::invalid_argument(format!(
+            "target.iscsi.iqn {}: starts with '-' or contains blanks",
+            quote(iqn)
+        )));
+    }
+    Ok(())
 }
 
 fn target(t: &Target) -> Result<TargetSpec, Status> {
+    check_text("target.name", &t.name, MAX_NAME, false)?;
+    match &t.transport {
+        Some(target::Transport::Iscsi(i)) => {
+            check_iqn(&i.iqn)?;
+            if let Some(c) = i.chap.as_ref().filter(|c| !c.username.is_empty()) {
+                check_text("target.iscsi.chap.username", &c.username, MAX_CHAP, false)?;
+                check_text("target.iscsi.chap.password", &c.password, MAX_CHAP, true)?;
+                if !c.mutual_username.is_empty() {
+                    check_text(
+                        "target.iscsi.chap.mutual_username",
+                        &c.mutual_username,
+                        MAX_CHAP,
+                        false,
+                    )?;
+                    check_text(
+                        "target.iscsi.chap.mutual_password",
+                        &c.mutual_password,
+                        MAX_CHAP,
+                        true,
+                    )?;
+                }
+            }
+        }
+        Some(target::Transport::FibreChannel(f)) if f.wwpns.is_empty() => {
+            return Err(Status::invalid_argument(
+                "target.fibre_channel.wwpns: at least one is required",
+            ));
+        }
+        _ => {}
+    }
     let spec = match &t.transport {
         Some(target::Transport::Iscsi(i)) => TargetSpec::iscsi(
             &t.name,
@@ -209,9 +354,10 @@ impl Agent for AgentApi {
                 .iter()
                 .map(target)
                 .collect::<Result<Vec<_>, _>>()?;
+            let hint = self.safe_hint(&targets, req.lun)?;
             let (path, lun) = self
                 .devices
-                .attach(&w, &targets, Some(u64::from(req.lun)), wait)
+                .attach(&w, &targets, hint, wait)
                 .await
                 .map_err(to_status)?;
             Ok(Response::new(AttachResponse {
@@ -238,6 +384,7 @@ impl Agent for AgentApi {
                 .iter()
                 .map(target)
                 .collect::<Result<Vec<_>, _>>()?;
+            self.refuse_if_published(&w)?;
             let removed = self.devices.detach(&w, &targets).await.map_err(to_status)?;
             Ok(Response::new(DetachResponse { removed }))
         }
@@ -272,6 +419,7 @@ impl Agent for AgentApi {
                 self.node
             )));
         }
+        self.refuse_if_published(&w)?;
         let (out_tx, out_rx) = mpsc::channel::<Result<WipeProgress, Status>>(16);
         let (step_tx, mut step_rx) = mpsc::channel(16);
         let devices = self.devices.clone();

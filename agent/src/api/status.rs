@@ -3,6 +3,7 @@
 
 use tonic::{Code, Status};
 
+use crate::csi::status::bounded;
 use crate::error::AgentError;
 use crate::host::iscsiadm::IscsiError;
 
@@ -48,5 +49,5 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::Tool(_) | AgentError::Io { .. } | AgentError::Mount { .. } => Code::Internal,
         AgentError::WipeFailed { .. } | AgentError::Unreachable(_) => Code::Internal,
     };
-    Status::new(code, e.to_string())
+    Status::new(code, bounded(e.to_string()))
 }

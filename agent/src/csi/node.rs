@@ -5,7 +5,7 @@
 //! be sensitive too (the spec says so), so only IDs and paths are logged.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use csi_scsi_daemon::{OpGuard, OpGuards};
@@ -25,11 +25,13 @@ use csi_scsi_proto::csi::{
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::request::{self, KubeletPath};
+use super::request::{self, AccessType, ExpandRequest, KubeletPath};
 use super::status;
 use crate::error::AgentError;
-use crate::host::Host;
-use crate::volume::{expand, publish, stage, stats};
+use crate::host::block::{self, DeviceNumber};
+use crate::host::mount::{self, BlockRecord};
+use crate::host::{Host, sysfs};
+use crate::volume::{device, expand, mount_table, publish, stage, stats};
 use crate::volume_id::VolumeId;
 use crate::wwid::Wwid;
 
@@ -152,6 +154,7 @@ impl Node for NodeService {
         run("NodeUnstageVolume", span, async {
             let req = request::unstage(&self.host, &r)?;
             let _guard = self.begin(&req.volume, &req.staging)?;
+            refuse_other_lun(&self.host, &req.volume, req.staging.as_path())?;
             stage::unstage(&self.host, &req).await?;
             Ok(NodeUnstageVolumeResponse {})
         })
@@ -182,6 +185,7 @@ impl Node for NodeService {
         run("NodeUnpublishVolume", span, async {
             let req = request::unpublish(&self.host, &r)?;
             let _guard = self.begin(&req.volume, &req.target)?;
+            refuse_other_lun(&self.host, &req.volume, req.target.as_path())?;
             publish::unpublish(&self.host, &req).await?;
             Ok(NodeUnpublishVolumeResponse {})
         })
@@ -197,8 +201,10 @@ impl Node for NodeService {
         // Read-only and polled by kubelet: no in-flight guard, so a stage
         // or expand in progress never turns a stats poll into ABORTED.
         span.in_scope(|| {
-            let result =
-                request::stats(&self.host, &r).and_then(|req| stats::stats(&self.host, &req));
+            let result = request::stats(&self.host, &r).and_then(|req| {
+                refuse_other_lun(&self.host, &req.volume, req.path.as_path())?;
+                stats::stats(&self.host, &req)
+            });
             match result {
                 Ok(s) => Ok(Response::new(stats_response(s))),
                 Err(e) => answer("NodeGetVolumeStats", Err(e)),
@@ -215,6 +221,8 @@ impl Node for NodeService {
         run("NodeExpandVolume", span, async {
             let req = request::expand(&self.host, &r)?;
             let _guard = self.begin(&req.volume, &req.path)?;
+            refuse_other_lun(&self.host, &req.volume, req.path.as_path())?;
+            check_expand_access(&self.host, &req)?;
             let size = expand::expand(&self.host, &req).await?;
             Ok(NodeExpandVolumeResponse {
                 capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
@@ -249,6 +257,78 @@ impl Node for NodeService {
             }),
         }))
     }
+}
+
+/// Refuses a call about a volume whose LUN is not on this node at a path
+/// that holds another LUN that is. The domain accepts any disk at the path
+/// of a vanished LUN, so that kubelet can clean up after it; a LUN that is
+/// here under another WWID is no such leftover but another volume, which a
+/// wrong volume ID must not unmount: "Volume does not exist" (NOT_FOUND).
+fn refuse_other_lun(host: &Host, volume: &VolumeId, path: &Path) -> Result<(), AgentError> {
+    if device::find(host, &volume.wwid)?.is_some() {
+        // The domain checks that the path holds this very device.
+        return Ok(());
+    }
+    let table = mount_table(host)?;
+    let Some(m) = table.mount_at(path) else {
+        return Ok(());
+    };
+    match lun_of_device(host, device::mounted_device(m)?)? {
+        Some(other) => Err(AgentError::VolumeNotAtPath {
+            volume: volume.to_string(),
+            path: path.to_owned(),
+            reason: format!(
+                "it holds LUN {other}, and {} is not on this node",
+                volume.wwid
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The WWID of the SCSI disk or multipath map with device number `number`.
+fn lun_of_device(host: &Host, number: DeviceNumber) -> Result<Option<Wwid>, AgentError> {
+    let io = |e| AgentError::io(host.sys("block"), e);
+    let disks = sysfs::scsi_disks(host).map_err(io)?;
+    let maps = sysfs::multipath_maps(host).map_err(io)?;
+    let named = disks
+        .into_iter()
+        .map(|d| (d.kernel_name, d.wwid))
+        .chain(maps.into_iter().map(|m| (m.kernel_name, m.wwid)));
+    for (name, wwid) in named {
+        if block::device_number(&host.dev(&name)).ok() == Some(number) {
+            return Ok(Some(wwid));
+        }
+    }
+    Ok(None)
+}
+
+/// NodeExpandVolume's "Exceeds capabilities" (INVALID_ARGUMENT): raw block
+/// asked where a filesystem is mounted, or a filesystem where a raw block
+/// volume is.
+fn check_expand_access(host: &Host, req: &ExpandRequest) -> Result<(), AgentError> {
+    let Some(access) = &req.access else {
+        return Ok(());
+    };
+    let path = req.path.as_path();
+    if !mount::exists(path)? {
+        // The domain answers NOT_FOUND.
+        return Ok(());
+    }
+    let raw = block::node_number(path)
+        .map_err(|e| AgentError::io(path, e))?
+        .is_some()
+        || (path.is_dir() && BlockRecord::read(path)?.is_some());
+    let filesystem = !raw && mount_table(host)?.mount_at(path).is_some();
+    let wrong = match access {
+        AccessType::Block if filesystem => "asks for raw block, but a filesystem is mounted there",
+        AccessType::Mount { .. } if raw => "asks for a filesystem, but a raw block volume is there",
+        _ => return Ok(()),
+    };
+    Err(AgentError::InvalidArgument {
+        field: "volume_capability",
+        reason: format!("{wrong} ({})", path.display()),
+    })
 }
 
 /// The CSI form of a volume's stats.

@@ -24,6 +24,27 @@ use crate::volume_id::VolumeId;
 /// (checked against the allow-list of the filesystem type).
 pub const MKFS_OPTIONS_KEY: &str = "mkfsOptions";
 
+/// Linux's longest path (with its NUL) and longest name.
+const PATH_MAX: usize = 4096;
+const NAME_MAX: usize = 255;
+
+/// The longest `mkfsOptions` value and the most bytes of mount flags: the
+/// spec limits a whole map to 4 KiB, and the kernel takes mount options in
+/// one 4 KiB page.
+const MAX_OPTIONS: usize = 4096;
+
+/// The longest filesystem type name worth quoting back.
+const MAX_FS_TYPE: usize = 64;
+
+/// `s` quoted for a message: at most its first 96 characters, with its
+/// length when cut, so hostile input is never echoed whole.
+pub(crate) fn quote(s: &str) -> String {
+    match s.char_indices().nth(96) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}…({} bytes)", &s[..cut], s.len()),
+    }
+}
+
 /// A path that resolved (symlinks and `..` included) strictly under the
 /// kubelet directory. Holds the resolved path, which is what mountinfo shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,17 +177,38 @@ impl KubeletPath {
         if raw.contains('\0') {
             return Err(bad("contains a NUL byte".to_owned()));
         }
+        // Beyond the kernel's limits no call on the path can succeed, and
+        // resolving stops at the first missing component, so a path that
+        // long would pass the checks below and fail later as INTERNAL.
+        if raw.len() >= PATH_MAX {
+            return Err(bad(format!(
+                "{} is {} bytes long; paths are shorter than {PATH_MAX}",
+                quote(raw),
+                raw.len()
+            )));
+        }
+        if let Some(c) = Path::new(raw)
+            .components()
+            .find(|c| c.as_os_str().len() > NAME_MAX)
+        {
+            return Err(bad(format!(
+                "{} has a {} byte component; names are at most {NAME_MAX}",
+                quote(raw),
+                c.as_os_str().len()
+            )));
+        }
         let path = Path::new(raw);
         if !path.is_absolute() {
-            return Err(bad(format!("{raw:?} is not an absolute path")));
+            return Err(bad(format!("{} is not an absolute path", quote(raw))));
         }
         let kubelet = mount::kubelet_root(host);
         let resolved =
-            resolve(path).map_err(|e| bad(format!("{raw:?} cannot be resolved: {e}")))?;
+            resolve(path).map_err(|e| bad(format!("{} cannot be resolved: {e}", quote(raw))))?;
         if resolved == kubelet || !resolved.starts_with(&kubelet) {
             return Err(bad(format!(
-                "{raw:?} resolves to {}, which is not under the kubelet directory {}",
-                resolved.display(),
+                "{} resolves to {}, which is not under the kubelet directory {}",
+                quote(raw),
+                quote(&resolved.display().to_string()),
                 kubelet.display()
             )));
         }
@@ -273,6 +315,12 @@ pub fn stage(host: &Host, r: &NodeStageVolumeRequest) -> Result<StageRequest, Ag
     let capability = capability(r.volume_capability.as_ref())?;
     let staging = KubeletPath::parse(host, "staging_target_path", &r.staging_target_path)?;
     let mkfs = match (&capability.access, r.volume_context.get(MKFS_OPTIONS_KEY)) {
+        (AccessType::Mount { .. }, Some(text)) if text.len() > MAX_OPTIONS => {
+            return Err(AgentError::InvalidArgument {
+                field: "volume_context.mkfsOptions",
+                reason: format!("is {} bytes long; at most {MAX_OPTIONS}", text.len()),
+            });
+        }
         (AccessType::Mount { fs, .. }, Some(text)) => {
             MkfsOptions::parse(*fs, text).map_err(|reason| AgentError::InvalidArgument {
                 field: "volume_context.mkfsOptions",
@@ -390,6 +438,16 @@ fn capability(c: Option<&VolumeCapability>) -> Result<Capability, AgentError> {
         Some(ProtoAccessType::Mount(m)) => {
             let fs = if m.fs_type.is_empty() {
                 FsType::Ext4
+            } else if m.fs_type.len() > MAX_FS_TYPE {
+                let known: Vec<&str> = FsType::ALL.iter().map(|f| f.name()).collect();
+                return Err(bad(
+                    "volume_capability.mount.fs_type",
+                    format!(
+                        "is {} bytes long and not supported (supported: {})",
+                        m.fs_type.len(),
+                        known.join(", ")
+                    ),
+                ));
             } else {
                 FsType::from_name(&m.fs_type).ok_or_else(|| {
                     let known: Vec<&str> = FsType::ALL.iter().map(|f| f.name()).collect();
@@ -407,6 +465,13 @@ fn capability(c: Option<&VolumeCapability>) -> Result<Capability, AgentError> {
                 return Err(bad(
                     "volume_capability.mount.volume_mount_group",
                     "is not supported (no VOLUME_MOUNT_GROUP capability)".to_owned(),
+                ));
+            }
+            let flag_bytes: usize = m.mount_flags.iter().map(String::len).sum();
+            if flag_bytes > MAX_OPTIONS {
+                return Err(bad(
+                    "volume_capability.mount.mount_flags",
+                    format!("are {flag_bytes} bytes long; at most {MAX_OPTIONS}"),
                 ));
             }
             let options = MountOptions::parse(fs, &m.mount_flags)

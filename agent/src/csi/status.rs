@@ -9,9 +9,28 @@ use tonic::{Code, Status};
 use crate::error::AgentError;
 use crate::host::command::CommandError;
 
+/// The longest status message sent. It travels in an HTTP/2 trailer that
+/// clients cap (hyper at 16 KiB, percent-encoded at up to 3 bytes a byte),
+/// so a message quoting a huge request field would reach the caller as a
+/// transport error instead of its code.
+pub const MAX_MESSAGE: usize = 2048;
+
 /// The status for `err`, with its message for people.
 pub fn status(err: &AgentError) -> Status {
-    Status::new(code(err), err.to_string())
+    Status::new(code(err), bounded(err.to_string()))
+}
+
+/// `message`, cut at a character boundary to at most [`MAX_MESSAGE`] bytes,
+/// with its full length noted when cut.
+pub fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut cut = MAX_MESSAGE - 32;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…({} bytes)", &message[..cut], message.len())
 }
 
 /// The CSI code of `err`.
@@ -124,5 +143,20 @@ mod tests {
             assert_eq!(s.code(), want, "{err}");
             assert_eq!(s.message(), err.to_string());
         }
+    }
+
+    #[test]
+    fn a_message_quoting_a_huge_field_is_cut_at_a_character_boundary() {
+        let err = AgentError::InvalidArgument {
+            field: "volume_id",
+            reason: "é".repeat(1 << 20),
+        };
+        let m = status(&err).message().to_owned();
+        assert!(m.len() <= MAX_MESSAGE, "{} bytes", m.len());
+        assert!(m.starts_with("invalid volume_id: éé"), "{m}");
+        assert!(
+            m.ends_with(&format!("({} bytes)", err.to_string().len())),
+            "{m}"
+        );
     }
 }

@@ -21,6 +21,21 @@ pub struct Device {
     pub kernel_name: String,
     /// Its device number, which mounts of it show in mountinfo.
     pub number: DeviceNumber,
+    /// The numbers of every other path of the LUN and of its map: without
+    /// a map, the by-id link may move between paths from stage to unstage.
+    pub others: Vec<DeviceNumber>,
+}
+
+impl Device {
+    /// Whether `n` is this LUN (any of its paths, or its map).
+    pub fn is(&self, n: DeviceNumber) -> bool {
+        n == self.number || self.others.contains(&n)
+    }
+
+    /// Every number of this LUN, the linked one first.
+    pub fn numbers(&self) -> impl Iterator<Item = DeviceNumber> + '_ {
+        std::iter::once(self.number).chain(self.others.iter().copied())
+    }
 }
 
 /// Filesystem types that are never a bind of a device node and whose mount
@@ -55,11 +70,34 @@ pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
         });
     }
     let number = block::device_number(&linked.node).map_err(|e| AgentError::io(&linked.node, e))?;
+    let mut others = path_numbers(host, wwid)?;
+    others.retain(|n| *n != number);
     Ok(Some(Device {
         node: linked.node,
         kernel_name: linked.kernel_name,
         number,
+        others,
     }))
+}
+
+/// The device numbers of every path of `wwid` and of its multipath map.
+pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, AgentError> {
+    let io = |e| AgentError::io(host.sys("block"), e);
+    let disks = sysfs::scsi_disks(host).map_err(io)?;
+    let maps = sysfs::multipath_maps(host).map_err(io)?;
+    let Some(lun) = sysfs::group_luns(disks, maps)
+        .into_iter()
+        .find(|l| &l.wwid == wwid)
+    else {
+        return Ok(Vec::new());
+    };
+    Ok(lun
+        .paths
+        .iter()
+        .map(|p| p.kernel_name.as_str())
+        .chain(lun.map.as_ref().map(|m| m.kernel_name.as_str()))
+        .filter_map(|name| block::device_number(&host.dev(name)).ok())
+        .collect())
 }
 
 /// Like [`find`], but a missing device is [`AgentError::DeviceNotFound`].
@@ -155,7 +193,7 @@ pub fn ensure_ours(
     holder: &str,
 ) -> Result<(), AgentError> {
     let ours = match find(host, &volume.wwid)? {
-        Some(d) => d.number == number,
+        Some(d) => d.is(number),
         None => {
             tracing::warn!(volume_id = %volume, path = %path.display(), "device is gone; unmounting what is left of it unverified");
             number.major != 0

@@ -36,7 +36,7 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     };
     if is_block {
         if let Some(n) = node
-            && n != device.number
+            && !device.is(n)
         {
             return Err(not_at_path(format!(
                 "it is device {n}, not {}",
@@ -51,7 +51,7 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     let Some(m) = table.mount_at(path) else {
         return Err(not_at_path("nothing is mounted there".to_owned()));
     };
-    if m.device != device.number {
+    if !device.is(m.device) {
         return Err(not_at_path(format!("it holds {}", device::describe(m))));
     }
     let fs = FsType::from_name(&m.fs_type).ok_or_else(|| {

@@ -69,7 +69,7 @@ fn check_staged_filesystem(
         reason,
     };
     match table.mount_at(staging) {
-        Some(m) if m.device == device.number => {
+        Some(m) if device.is(m.device) => {
             if m.fs_type == fs.name() {
                 Ok(())
             } else {
@@ -114,7 +114,7 @@ fn check_staged_block(
             r.volume_id
         ))),
         None => match table.mount_at(staging) {
-            Some(m) if m.device == device.number => Err(AgentError::InvalidArgument {
+            Some(m) if device.is(m.device) => Err(AgentError::InvalidArgument {
                 field: "volume_capability",
                 reason: format!(
                     "asks for raw block, but the volume is staged as a filesystem at {}",
@@ -141,7 +141,7 @@ fn already_published(
     let Some(m) = table.mount_at(target) else {
         return Ok(false);
     };
-    if device::mounted_device(m)? != device.number {
+    if !device.is(device::mounted_device(m)?) {
         return Err(AgentError::PathTaken {
             path: target.to_owned(),
             holder: device::describe(m),

@@ -36,7 +36,7 @@ async fn stage_filesystem(
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
     if let Some(m) = table.mount_at(staging) {
-        if m.device != device.number {
+        if !device.is(m.device) {
             return Err(AgentError::PathTaken {
                 path: staging.to_owned(),
                 holder: device::describe(m),
@@ -101,7 +101,7 @@ fn stage_block(
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
     if let Some(m) = table.mount_at(staging) {
-        if m.device == device.number {
+        if device.is(m.device) {
             return Err(incompatible(
                 req,
                 "it is staged as a filesystem and the request asks for raw block".to_owned(),
@@ -148,7 +148,7 @@ fn ensure_unused(
     device: &Device,
     table: &MountTable,
 ) -> Result<(), AgentError> {
-    if let Some(m) = table.mounts_of(device.number).next() {
+    if let Some(m) = device.numbers().find_map(|n| table.mounts_of(n).next()) {
         return Err(AgentError::DeviceInUse {
             wwid: req.volume.wwid.clone(),
             holder: format!("mounted at {}", m.mount_point.display()),

@@ -71,7 +71,7 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
         });
     };
     if let Some(d) = &device
-        && d.number != m.device
+        && !d.is(m.device)
     {
         return Err(not_at_path(
             req,
@@ -102,7 +102,7 @@ fn block_stats(
     device: Option<&Device>,
 ) -> Result<VolumeStats, AgentError> {
     match device {
-        Some(d) if d.number != number => Err(not_at_path(
+        Some(d) if !d.is(number) => Err(not_at_path(
             req,
             &format!("it is device {number}, not {}", d.number),
         )),

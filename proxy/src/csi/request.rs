@@ -17,10 +17,50 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ProxyError {
     }
 }
 
-/// A required non-empty string field.
+/// The longest node ID: NodeGetInfo's `node_id` "SHALL NOT exceed 256
+/// bytes".
+const MAX_NODE_ID: usize = 256;
+
+/// The longest volume ID this driver issues: `<wwid>:<binding-uid>`, a WWID
+/// of at most 256 characters and a binding UID of at most 64.
+const MAX_VOLUME_ID: usize = 256 + 1 + 64;
+
+/// The spec's general size limit for a string field.
+const MAX_STRING: usize = 128;
+
+/// The longest filesystem type name worth quoting back.
+const MAX_FS_TYPE: usize = 64;
+
+/// The most bytes of `field` a request may carry. Longer values are
+/// refused before anything looks them up, so that no message, log line or
+/// store record ever carries them whole.
+fn max_len(field: &str) -> usize {
+    match field {
+        "node_id" => MAX_NODE_ID,
+        "volume_id" => MAX_VOLUME_ID,
+        _ => MAX_STRING,
+    }
+}
+
+/// `s` quoted for a message: at most its first 96 characters, with its
+/// length when cut, so hostile input is never echoed whole.
+fn quote(s: &str) -> String {
+    match s.char_indices().nth(96) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}…({} bytes)", &s[..cut], s.len()),
+    }
+}
+
+/// A required non-empty string field, no longer than its limit.
 pub fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ProxyError> {
+    let max = max_len(field);
     if value.is_empty() {
         Err(invalid(field, "is required"))
+    } else if value.len() > max {
+        Err(invalid(
+            field,
+            format!("is {} bytes long; at most {max}", value.len()),
+        ))
     } else {
         Ok(value)
     }
@@ -49,6 +89,11 @@ pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
         Some(AccessType::Mount(m)) => {
             let fs = if m.fs_type.is_empty() {
                 None
+            } else if m.fs_type.len() > MAX_FS_TYPE {
+                return Err(invalid(
+                    "volume_capability.mount.fs_type",
+                    format!("is {} bytes long: not a filesystem type", m.fs_type.len()),
+                ));
             } else {
                 Some(
                     parameters::fs_type(&m.fs_type)
@@ -95,9 +140,23 @@ pub fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, 
             if key != NODE_TOPOLOGY_KEY {
                 return Err(invalid(
                     "accessibility_requirements",
-                    format!("unknown topology key {key:?} (only {NODE_TOPOLOGY_KEY})"),
+                    format!(
+                        "unknown topology key {} (only {NODE_TOPOLOGY_KEY})",
+                        quote(key)
+                    ),
                 ));
             }
+        }
+        if let Some(node) = t.segments.get(NODE_TOPOLOGY_KEY)
+            && node.len() > MAX_NODE_ID
+        {
+            return Err(invalid(
+                "accessibility_requirements",
+                format!(
+                    "a node name of {} bytes; node IDs are at most {MAX_NODE_ID}",
+                    node.len()
+                ),
+            ));
         }
         if let Some(node) = t.segments.get(NODE_TOPOLOGY_KEY)
             && !nodes.contains(node)
@@ -133,4 +192,56 @@ pub fn request_id<T>(req: &tonic::Request<T>) -> String {
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use csi_scsi_proto::csi::volume_capability::{AccessMode, MountVolume};
+    use csi_scsi_proto::csi::{Topology, TopologyRequirement, VolumeCapability};
+
+    use super::*;
+
+    fn message(e: ProxyError) -> String {
+        assert!(matches!(e, ProxyError::InvalidArgument { .. }), "{e:?}");
+        e.to_string()
+    }
+
+    #[test]
+    fn ids_over_their_limit_are_refused_without_being_echoed() {
+        for (field, ok) in [("name", 128), ("node_id", 256), ("volume_id", 321)] {
+            assert!(required(field, &"x".repeat(ok)).is_ok(), "{field}");
+            let m = message(required(field, &"x".repeat(1 << 20)).expect_err(field));
+            assert!(m.len() < 200, "{field}: {m}");
+        }
+        assert!(required("name", "").is_err());
+    }
+
+    #[test]
+    fn a_huge_fs_type_or_topology_is_refused_without_being_echoed() {
+        let cap = VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume {
+                fs_type: "x".repeat(1 << 20),
+                mount_flags: Vec::new(),
+                volume_mount_group: String::new(),
+            })),
+            access_mode: Some(AccessMode {
+                mode: CsiMode::SingleNodeWriter as i32,
+            }),
+        };
+        assert!(message(access(&cap).expect_err("fs_type")).len() < 200);
+        for (key, node) in [
+            ("k".repeat(1 << 20), "node-a".to_owned()),
+            (NODE_TOPOLOGY_KEY.to_owned(), "n".repeat(1 << 20)),
+        ] {
+            let t = Topology {
+                segments: std::collections::HashMap::from([(key, node)]),
+            };
+            let req = TopologyRequirement {
+                requisite: vec![t],
+                preferred: Vec::new(),
+            };
+            let m = message(topology_nodes(Some(&req)).expect_err("topology"));
+            assert!(m.len() < 300, "{m}");
+        }
+    }
 }

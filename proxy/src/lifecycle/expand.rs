@@ -27,8 +27,29 @@ impl Lifecycle {
             .binding
             .clone()
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let is_block =
-            block.unwrap_or_else(|| binding.capabilities.iter().all(|c| c.starts_with("block:")));
+        let bound_block = binding.capabilities.iter().all(|c| c.starts_with("block:"));
+        // "Exceeds capabilities": the request names an access type the
+        // volume was not created with.
+        if let Some(asked) = block
+            && !binding
+                .capabilities
+                .iter()
+                .any(|c| c.starts_with("block:") == asked)
+        {
+            return Err(ProxyError::InvalidArgument {
+                field: "volume_capability",
+                reason: format!(
+                    "asks for {}, but the volume was created for {}",
+                    if asked { "raw block" } else { "a filesystem" },
+                    if bound_block {
+                        "raw block"
+                    } else {
+                        "a filesystem"
+                    }
+                ),
+            });
+        }
+        let is_block = block.unwrap_or(bound_block);
         let node_expansion = !is_block;
         if dev.size_bytes < required {
             // Ask the nodes that see it to re-read its capacity.

@@ -112,6 +112,62 @@ fn paths_that_escape_the_kubelet_dir_are_invalid_arguments() {
 }
 
 #[test]
+fn paths_beyond_the_kernels_limits_are_refused_without_being_echoed() {
+    let f = fixture();
+    let k = f.host.kubelet_dir.display().to_string();
+    // Nothing of either exists, so resolving alone would accept both.
+    for raw in [
+        format!("{k}/{}", "d/".repeat(3000)),
+        format!("{k}/{}", "n".repeat(1 << 20)),
+    ] {
+        let err = KubeletPath::parse(&f.host, "target_path", &raw).expect_err("too long");
+        let text = err.to_string();
+        assert!(text.len() < 512, "{} bytes: {text}", text.len());
+        assert_eq!(field_of(err), "target_path");
+    }
+}
+
+#[test]
+fn oversized_options_are_refused_without_being_echoed() {
+    let f = fixture();
+    let mut huge_mkfs = stage_request(
+        &f,
+        "<k>/plugins/pv1/globalmount",
+        Some(mount_capability("xfs", &[], Mode::SingleNodeWriter)),
+    );
+    huge_mkfs
+        .volume_context
+        .insert(MKFS_OPTIONS_KEY.into(), "-K ".repeat(2000));
+    let huge_flag = stage_request(
+        &f,
+        "<k>/plugins/pv1/globalmount",
+        Some(mount_capability(
+            "xfs",
+            &[&"o".repeat(5000)],
+            Mode::SingleNodeWriter,
+        )),
+    );
+    let huge_fs = stage_request(
+        &f,
+        "<k>/plugins/pv1/globalmount",
+        Some(mount_capability(
+            &"x".repeat(1 << 20),
+            &[],
+            Mode::SingleNodeWriter,
+        )),
+    );
+    for (r, field) in [
+        (huge_mkfs, "volume_context.mkfsOptions"),
+        (huge_flag, "volume_capability.mount.mount_flags"),
+        (huge_fs, "volume_capability.mount.fs_type"),
+    ] {
+        let err = stage(&f.host, &r).expect_err(field);
+        assert!(err.to_string().len() < 512, "{err}");
+        assert_eq!(field_of(err), field);
+    }
+}
+
+#[test]
 fn a_symlink_that_stays_inside_the_kubelet_dir_is_followed() {
     let f = fixture();
     std::os::unix::fs::symlink(
