@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::wwid::{InvalidWwid, Wwid};
+use crate::wwid::{InvalidWwid, Wwid, excerpt};
 
 /// A parsed CSI volume ID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -15,7 +15,8 @@ pub struct VolumeId {
     pub binding: String,
 }
 
-/// Why a string is not a volume ID.
+/// Why a string is not a volume ID. Each variant quotes an excerpt of the
+/// ID, never all of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidVolumeId {
@@ -23,31 +24,37 @@ pub enum InvalidVolumeId {
     #[error("volume ID {0:?} is not <wwid>:<binding-uid>")]
     Shape(String),
     /// The binding UID is not 1-64 characters of `[A-Za-z0-9-]`.
-    #[error("volume ID {0:?} has an invalid binding UID")]
+    #[error("volume ID {0:?} has an invalid binding UID (1 to 64 of A-Z, a-z, 0-9, '-')")]
     Binding(String),
     /// The WWID part is malformed.
     #[error("volume ID has an invalid WWID: {0}")]
     Wwid(#[from] InvalidWwid),
+    /// The WWID is valid but not in canonical form: not an ID we issued.
+    #[error(
+        "volume ID {0:?} does not spell its WWID canonically (naa./eui./t10./name., lower-case hex), so this driver did not issue it"
+    )]
+    NotCanonical(String),
 }
 
 impl VolumeId {
     /// Parses `<wwid>:<binding-uid>`; the binding is after the last `:`.
     pub fn parse(s: &str) -> Result<Self, InvalidVolumeId> {
-        let (wwid, binding) = s
+        let (text, binding) = s
             .rsplit_once(':')
-            .ok_or_else(|| InvalidVolumeId::Shape(s.to_owned()))?;
+            .ok_or_else(|| InvalidVolumeId::Shape(excerpt(s)))?;
         let binding_ok = !binding.is_empty()
             && binding.len() <= 64
             && binding
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-');
         if !binding_ok {
-            return Err(InvalidVolumeId::Binding(s.to_owned()));
+            return Err(InvalidVolumeId::Binding(excerpt(s)));
         }
-        let wwid = Wwid::parse(wwid)?;
-        // Only the canonical spelling is a volume ID we issued.
-        if wwid.as_str() != s[..s.len() - binding.len() - 1].trim() {
-            return Err(InvalidVolumeId::Shape(s.to_owned()));
+        let wwid = Wwid::parse(text)?;
+        // Only the canonical spelling, exactly (no blanks either), is a
+        // volume ID we issued: anything else would not print back as given.
+        if wwid.as_str() != text {
+            return Err(InvalidVolumeId::NotCanonical(excerpt(s)));
         }
         Ok(Self {
             wwid,
@@ -82,6 +89,9 @@ mod tests {
             "sdb:1234",
             "36001405d27e5d898829468b90ce4ef8c:1234",
             "../../etc:1234",
+            " naa.6001405d27e5d898829468b90ce4ef8c:1234",
+            "naa.6001405d27e5d898829468b90ce4ef8c\n:1234",
+            "naa.6001405D27E5D898829468B90CE4EF8C:1234",
         ] {
             assert!(VolumeId::parse(bad).is_err(), "{bad:?}");
         }

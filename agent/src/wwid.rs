@@ -14,11 +14,26 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Wwid(String);
 
+/// The longest canonical WWID. The proxy accepts no longer, and no real
+/// designator comes near it.
+pub const MAX_LEN: usize = 256;
+
+/// The longest text [`Wwid::parse`] reads: [`MAX_LEN`] plus room for the
+/// longest spelling of a canonical WWID, its by-id name
+/// `dm-uuid-mpath-<udev serial>` (11 characters longer).
+const MAX_INPUT_LEN: usize = MAX_LEN + 16;
+// The refusal below spells the limit out.
+const _: () = assert!(MAX_INPUT_LEN == 272);
+
+/// How many characters of a rejected input an error quotes.
+const EXCERPT_CHARS: usize = 96;
+
 /// Why a string is not a WWID.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid WWID {input:?}: {reason}")]
 pub struct InvalidWwid {
-    /// What was given (control characters escaped by `Debug`).
+    /// What was given, cut to an [`excerpt`] (control characters escaped
+    /// by `Debug`).
     pub input: String,
     /// Why it was refused.
     pub reason: &'static str,
@@ -43,7 +58,7 @@ impl Wwid {
     /// Parses any of the spellings listed in the module doc.
     pub fn parse(input: &str) -> Result<Self, InvalidWwid> {
         let bad = |reason| InvalidWwid {
-            input: input.to_owned(),
+            input: excerpt(input),
             reason,
         };
         let s = input.trim_matches(|c: char| c == '\0' || c.is_ascii_whitespace());
@@ -53,8 +68,8 @@ impl Wwid {
         if s.chars().any(|c| c.is_control()) {
             return Err(bad("contains control characters"));
         }
-        if s.len() > 256 {
-            return Err(bad("longer than 256 characters"));
+        if s.len() > MAX_INPUT_LEN {
+            return Err(bad("longer than 272 characters"));
         }
         let s = s
             .strip_prefix("dm-uuid-mpath-")
@@ -95,7 +110,7 @@ impl Wwid {
     /// A WWID from a designator's identifier bytes (VPD page 0x83).
     pub fn from_designator(kind: WwidKind, identifier: &[u8]) -> Result<Self, InvalidWwid> {
         let bad = |reason| InvalidWwid {
-            input: format!("{identifier:02x?}"),
+            input: excerpt(&format!("{identifier:02x?}")),
             reason,
         };
         match kind {
@@ -154,7 +169,13 @@ impl Wwid {
             return Err("identifier has characters outside printable ASCII");
         }
         let prefix = if kind == WwidKind::T10 { "t10" } else { "name" };
-        Ok(Self(format!("{prefix}.{}", words.join("_"))))
+        let canonical = format!("{prefix}.{}", words.join("_"));
+        // Every accepted WWID must parse again from its canonical text and
+        // its by-id names, and fit what the proxy stores.
+        if canonical.len() > MAX_LEN {
+            return Err("identifier too long (a canonical WWID has at most 256 characters)");
+        }
+        Ok(Self(canonical))
     }
 
     /// The canonical text.
@@ -199,6 +220,16 @@ impl Wwid {
         }
         names.push(format!("scsi-{serial}"));
         names
+    }
+}
+
+/// At most the first 96 characters of `s`, marked with its full length when
+/// cut: what an error quotes of a rejected input, so hostile input of any
+/// size is never echoed whole into logs and gRPC statuses.
+pub(crate) fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => s.to_owned(),
+        Some((cut, _)) => format!("{}…({} bytes)", &s[..cut], s.len()),
     }
 }
 
@@ -272,6 +303,27 @@ mod tests {
         ] {
             assert!(Wwid::parse(bad).is_err(), "{bad:?} should be refused");
         }
+    }
+
+    #[test]
+    fn an_identifier_too_long_for_canonical_form_is_refused() {
+        // 252 characters: "t10." makes 256, the limit; every spelling parses.
+        let id = "A".repeat(252);
+        let w = Wwid::parse(&format!("1{id}")).expect("at the limit");
+        for name in w.by_id_names() {
+            assert_eq!(Wwid::parse(&name), Ok(w.clone()), "{name}");
+        }
+        // One more would make a WWID that could not be parsed back.
+        let e = Wwid::parse(&format!("1{id}A")).expect_err("over the limit");
+        assert!(e.reason.contains("too long"), "{e}");
+        assert!(Wwid::parse(&format!("8iqn.{id}")).is_err());
+    }
+
+    #[test]
+    fn errors_quote_an_excerpt_of_a_long_input() {
+        let e = Wwid::parse(&"x".repeat(100_000)).expect_err("too long");
+        assert!(e.to_string().len() < 200, "{e}");
+        assert!(e.to_string().contains("100000 bytes"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use csi_scsi_proto::agent::WipeMode;
 
-use crate::selector::{InvalidSelector, Selector};
+use crate::selector::{InvalidSelector, Selector, excerpt};
 
 /// What DeleteVolume does to a LUN before it is offered again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,8 @@ pub struct ClassParameters {
     pub identity: BTreeMap<String, String>,
 }
 
-/// Why the parameters were refused.
+/// Why the parameters were refused. A key or value is quoted as an
+/// excerpt, never whole.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidParameter {
@@ -79,7 +80,7 @@ impl ClassParameters {
                 "deviceSelector" => out.selector = Selector::parse(v)?,
                 "cleanup" => out.cleanup = Cleanup::parse(v)?,
                 "fsType" => out.fs_type = Some(fs_type(v)?),
-                other => return Err(InvalidParameter::Unknown(other.to_owned())),
+                other => return Err(InvalidParameter::Unknown(excerpt(other))),
             }
         }
         Ok(out)
@@ -92,7 +93,7 @@ pub fn fs_type(v: &str) -> Result<String, InvalidParameter> {
         "ext4" | "xfs" => Ok(v.to_owned()),
         other => Err(InvalidParameter::Value {
             key: "fsType",
-            reason: format!("{other:?} is not supported (ext4, xfs)"),
+            reason: format!("{:?} is not supported (ext4, xfs)", excerpt(other)),
         }),
     }
 }
@@ -110,7 +111,8 @@ impl Cleanup {
                 return Err(InvalidParameter::Value {
                     key: "cleanup",
                     reason: format!(
-                        "{other:?} is not one of none, discard, zero, random-1, random-3"
+                        "{:?} is not one of none, discard, zero, random-1, random-3",
+                        excerpt(other)
                     ),
                 });
             }

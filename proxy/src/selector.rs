@@ -19,11 +19,14 @@ enum Requirement {
     NotExists(String),
 }
 
+/// How many characters of a rejected text an error quotes.
+const EXCERPT_CHARS: usize = 64;
+
 /// Why a selector does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid label selector {input:?}: {reason}")]
 pub struct InvalidSelector {
-    /// The selector text.
+    /// The selector text (an [`excerpt`] of a long one).
     pub input: String,
     /// What is wrong.
     pub reason: String,
@@ -33,7 +36,7 @@ impl Selector {
     /// Parses a selector; the empty string selects everything.
     pub fn parse(input: &str) -> Result<Self, InvalidSelector> {
         let bad = |reason: String| InvalidSelector {
-            input: input.to_owned(),
+            input: excerpt(input),
             reason,
         };
         let mut reqs = Vec::new();
@@ -107,7 +110,7 @@ fn parse_term(term: &str) -> Result<Requirement, String> {
                 .trim()
                 .strip_prefix('(')
                 .and_then(|r| r.strip_suffix(')'))
-                .ok_or_else(|| format!("{term:?}: values must be in parentheses"))?;
+                .ok_or_else(|| format!("{:?}: values must be in parentheses", excerpt(term)))?;
             let values = list
                 .split(',')
                 .map(value_of)
@@ -131,7 +134,7 @@ fn key_of(k: &str) -> Result<String, String> {
     if ok {
         Ok(k.to_owned())
     } else {
-        Err(format!("invalid label key {k:?}"))
+        Err(format!("invalid label key {:?}", excerpt(k)))
     }
 }
 
@@ -143,7 +146,17 @@ fn value_of(v: &str) -> Result<String, String> {
     if ok {
         Ok(v.to_owned())
     } else {
-        Err(format!("invalid label value {v:?}"))
+        Err(format!("invalid label value {:?}", excerpt(v)))
+    }
+}
+
+/// At most the first 64 characters of `s`, marked with its full length when
+/// cut: what an error quotes of a rejected text, so a parameter of any size
+/// is never echoed whole into a gRPC status or an event.
+pub(crate) fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        None => s.to_owned(),
+        Some((cut, _)) => format!("{}…({} bytes)", &s[..cut], s.len()),
     }
 }
 
@@ -177,6 +190,14 @@ mod tests {
         ] {
             assert_eq!(Selector::parse(sel).expect(sel).matches(&l), want, "{sel}");
         }
+    }
+
+    #[test]
+    fn errors_quote_an_excerpt_of_a_long_selector() {
+        let long = format!("{}=x y", "k".repeat(10_000));
+        let e = Selector::parse(&long).expect_err("blank in value");
+        assert!(e.to_string().len() < 400, "{e}");
+        assert!(e.input.contains("10004 bytes"), "{e}");
     }
 
     #[test]

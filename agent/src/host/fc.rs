@@ -13,6 +13,7 @@ use std::path::Path;
 
 use super::Host;
 use super::sysfs::{read_attr, write_trigger};
+use crate::wwid::excerpt;
 
 /// A Fibre Channel port name (WWPN) or node name (WWNN): 64 bits, shown as
 /// 16 lowercase hex digits (`500a0981891b8dc5`).
@@ -23,7 +24,7 @@ pub struct Wwpn(u64);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid WWPN {input:?}: {reason}")]
 pub struct InvalidWwpn {
-    /// What was given.
+    /// What was given (an excerpt of a long input).
     pub input: String,
     /// Why it was refused.
     pub reason: &'static str,
@@ -191,7 +192,7 @@ impl Wwpn {
     /// either case, with surrounding blanks ignored.
     pub fn parse(input: &str) -> Result<Self, InvalidWwpn> {
         let bad = |reason| InvalidWwpn {
-            input: input.to_owned(),
+            input: excerpt(input),
             reason,
         };
         let s = input.trim();

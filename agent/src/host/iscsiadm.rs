@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::Host;
 use super::command::{Arg, CommandError, Output};
 use super::sysfs::Hctl;
+use crate::wwid::excerpt;
 
 /// The iSCSI well-known port.
 pub const DEFAULT_PORT: u16 = 3260;
@@ -42,7 +43,7 @@ pub struct Portal {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid portal {input:?}: {reason}")]
 pub struct InvalidPortal {
-    /// What was given.
+    /// What was given (an excerpt of a long input).
     pub input: String,
     /// Why it was refused.
     pub reason: &'static str,
@@ -680,7 +681,7 @@ impl Portal {
     /// A portal from an address and port (as sysfs stores them).
     pub fn new(address: &str, port: u16) -> Result<Self, InvalidPortal> {
         let bad = |reason| InvalidPortal {
-            input: format!("{address}:{port}"),
+            input: excerpt(&format!("{address}:{port}")),
             reason,
         };
         let address = address.trim().trim_start_matches('[').trim_end_matches(']');
@@ -712,7 +713,7 @@ impl Portal {
     /// `SCSITarget` portals spell them.
     pub fn parse(input: &str) -> Result<Self, InvalidPortal> {
         let bad = |reason| InvalidPortal {
-            input: input.to_owned(),
+            input: excerpt(input),
             reason,
         };
         let s = input.trim();

@@ -343,7 +343,7 @@ fn parse_path_line(rest: &str) -> Option<(Hctl, String, Option<String>, Vec<Stri
         return None;
     }
     let mut dev_t = None;
-    let mut states = Vec::new();
+    let mut states: Vec<String> = Vec::new();
     for w in words {
         if dev_t.is_none()
             && states.is_empty()
@@ -353,11 +353,17 @@ fn parse_path_line(rest: &str) -> Option<(Hctl, String, Option<String>, Vec<Stri
             dev_t = Some(w.to_owned());
             continue;
         }
-        states.extend(
-            w.split(['[', ']'])
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned),
-        );
+        for s in w.split(['[', ']']).filter(|s| !s.is_empty()) {
+            match states.last_mut() {
+                // The checker prints "i/o pending" and "i/o timeout": one
+                // state in two words.
+                Some(last) if last == "i/o" => {
+                    last.push(' ');
+                    last.push_str(s);
+                }
+                _ => states.push(s.to_owned()),
+            }
+        }
     }
     Some((hctl, devnode.to_owned(), dev_t, states))
 }

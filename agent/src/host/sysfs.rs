@@ -19,7 +19,7 @@ use super::fc::{self, Wwpn};
 use super::iscsiadm::Portal;
 use super::{Host, dev_links};
 use crate::vpd;
-use crate::wwid::Wwid;
+use crate::wwid::{Wwid, excerpt};
 
 /// A SCSI address: host (adapter or iSCSI session host), channel, target, LUN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -224,11 +224,14 @@ pub enum ByPath {
 /// `block/<name>/dm/uuid` (`mpath-<serial>`) for a device-mapper device,
 /// else `block/<name>/device/wwid`, else the LUN designator of
 /// `device/vpd_pg83`. `Ok(None)` when the device has no readable identity
-/// (not a SCSI disk, a non-multipath dm device, or gone).
+/// (not a SCSI disk, a non-multipath dm device, or gone). A name that is
+/// not one path component is `InvalidInput`, as for every function here
+/// that takes a kernel name.
 pub fn block_wwid(host: &Host, kernel_name: &str) -> std::io::Result<Option<Wwid>> {
+    check_plain_name(kernel_name)?;
     let block = host.sys("block").join(kernel_name);
-    match std::fs::read_to_string(block.join("dm/uuid")) {
-        Ok(text) => return Ok(Wwid::parse(text.trim()).ok()),
+    match std::fs::read(block.join("dm/uuid")) {
+        Ok(bytes) => return Ok(Wwid::parse(String::from_utf8_lossy(&bytes).trim()).ok()),
         Err(e) if e.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
@@ -238,17 +241,28 @@ pub fn block_wwid(host: &Host, kernel_name: &str) -> std::io::Result<Option<Wwid
 /// Size of `kernel_name` in bytes from `block/<name>/size` (512-byte
 /// sectors, whatever the logical block size).
 pub fn block_size(host: &Host, kernel_name: &str) -> std::io::Result<u64> {
-    let text = std::fs::read_to_string(host.sys("block").join(kernel_name).join("size"))?;
+    check_plain_name(kernel_name)?;
+    let bytes = std::fs::read(host.sys("block").join(kernel_name).join("size"))?;
+    let text = String::from_utf8_lossy(&bytes);
     text.trim()
         .parse::<u64>()
         .map(|sectors| sectors.saturating_mul(512))
-        .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e))
+        .map_err(|_| {
+            std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!(
+                    "block/{kernel_name}/size: {:?} is not a number of sectors",
+                    excerpt(text.trim())
+                ),
+            )
+        })
 }
 
 /// Whether `block/<name>/ro` says the device is read-only.
 pub fn block_read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> {
-    let text = std::fs::read_to_string(host.sys("block").join(kernel_name).join("ro"))?;
-    Ok(text.trim() == "1")
+    check_plain_name(kernel_name)?;
+    let bytes = std::fs::read(host.sys("block").join(kernel_name).join("ro"))?;
+    Ok(String::from_utf8_lossy(&bytes).trim() == "1")
 }
 
 /// Every SCSI disk path on the node (`block/*` whose `device` is a SCSI
@@ -766,8 +780,10 @@ pub(crate) fn write_trigger(path: &Path, value: &str) -> std::io::Result<()> {
 /// text is not always usable: it prints a SCSI name string designator
 /// without a prefix (`iqn...`, InfiniBox's `host=...`), which is refused.
 fn device_wwid(dev_dir: &Path) -> std::io::Result<Option<Wwid>> {
-    match std::fs::read_to_string(dev_dir.join("wwid")) {
-        Ok(text) => match Wwid::parse(text.trim()) {
+    // Read as bytes: the kernel prints a designator's bytes as they came, and
+    // text that is not UTF-8 is an unusable attribute, not an unreadable disk.
+    match std::fs::read(dev_dir.join("wwid")) {
+        Ok(bytes) => match Wwid::parse(String::from_utf8_lossy(&bytes).trim()) {
             Ok(w) => return Ok(Some(w)),
             Err(e) => {
                 tracing::debug!(dir = %dev_dir.display(), error = %e, "kernel wwid not usable; trying vpd_pg83")

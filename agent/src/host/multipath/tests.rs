@@ -408,3 +408,25 @@ fn configured_when_the_tool_is_named_or_the_kernel_module_is_loaded() {
     std::fs::create_dir_all(dir.path().join("sys/module/dm_multipath")).expect("mkdir");
     assert!(is_configured(&host));
 }
+
+#[test]
+fn two_word_checker_states_keep_the_device_state() {
+    let maps = parse_topology(
+        "mpatha (3600140551ec5e8c7a4b4b1e9d6a0b2c1) dm-0 LIO-ORG,disk\n\
+         `-+- policy='service-time 0' prio=50 status=active\n\
+         \x20 |- 3:0:0:1 sdb 8:16 active i/o pending running\n\
+         \x20 `- 4:0:0:1 sdc 8:32 [failed][i/o timeout]\n",
+    );
+    let states: Vec<_> = maps[0]
+        .paths
+        .iter()
+        .map(|p| (p.checker_state.as_deref(), p.device_state.as_deref()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (Some("i/o pending"), Some("running")),
+            (Some("i/o timeout"), None)
+        ]
+    );
+}

@@ -1,0 +1,470 @@
+//! Identifiers: WWIDs, volume IDs, WWPNs, SCSI addresses, portals, by-path
+//! names and node names. Each either parses to a value that prints back to
+//! a spelling that parses to the same value, or is refused with an error
+//! that says what it is and why.
+
+use std::sync::OnceLock;
+
+use csi_scsi_agent::host::fc::Wwpn;
+use csi_scsi_agent::host::iscsiadm::Portal;
+use csi_scsi_agent::host::sysfs::{ByPath, DeviceState, Hctl, ScanAddress};
+use csi_scsi_agent::volume_id::VolumeId;
+use csi_scsi_agent::wwid::{Wwid, WwidKind};
+use csi_scsi_certs::{CertificateAuthority, Identity, TrustDomain, Validity};
+use proptest::prelude::*;
+use proptest::sample::select;
+
+use crate::support::{clear_error, config, hex, hostile_text, near_miss, valid_or_near};
+
+/// One blank-free word of a T10 or SCSI-name identifier (printable ASCII
+/// without `_`, which canonical form uses as the word separator).
+fn word(max: usize) -> impl Strategy<Value = String> + Clone {
+    prop::collection::vec(
+        prop::char::ranges(vec!['!'..='^', '`'..='~'].into()),
+        1..=max,
+    )
+    .prop_map(|v| v.into_iter().collect())
+}
+
+/// A canonical WWID of every kind, including identifiers near the length
+/// limit.
+pub fn canonical_wwid() -> impl Strategy<Value = String> + Clone {
+    prop_oneof![
+        3 => prop_oneof![hex(16), hex(32)].prop_map(|h| format!("naa.{h}")),
+        1 => prop_oneof![hex(16), hex(24), hex(32)].prop_map(|h| format!("eui.{h}")),
+        2 => prop::collection::vec(word(16), 1..5).prop_map(|w| format!("t10.{}", w.join("_"))),
+        1 => (select(vec!["iqn.", "eui.", "naa."]), prop::collection::vec(word(24), 1..4))
+            .prop_map(|(p, w)| format!("name.{p}{}", w.join("_"))),
+        1 => word(270).prop_map(|w| format!("t10.{w}")),
+    ]
+}
+
+/// Other ways tools spell the WWID whose canonical text is `c`.
+fn spellings(c: &str) -> Vec<String> {
+    let (prefix, id) = c.split_once('.').expect("canonical has a prefix");
+    let digit = match prefix {
+        "naa" => '3',
+        "eui" => '2',
+        "t10" => '1',
+        _ => '8',
+    };
+    let serial = format!("{digit}{id}");
+    let mut out = vec![
+        c.to_owned(),
+        serial.clone(),
+        format!("scsi-{serial}"),
+        format!("dm-uuid-mpath-{serial}"),
+        format!("mpath-{serial}"),
+        format!(" {c}\n"),
+        format!("{c}\0\0"),
+    ];
+    if prefix == "naa" || prefix == "eui" {
+        out.push(format!("{prefix}.{}", id.to_ascii_uppercase()));
+    }
+    if prefix == "naa" {
+        out.push(format!("wwn-0x{id}"));
+        out.push(format!("0x{id}"));
+    }
+    if prefix == "t10" {
+        // multipath prints a T10 id with its blanks; the kernel too.
+        out.push(format!("1{}", id.replace('_', "   ")));
+        out.push(format!("t10.{}", id.replace('_', " ")));
+    }
+    out
+}
+
+/// Checks what an accepted WWID must be: canonical, stable, and reachable
+/// from each name the agent derives from it.
+fn check_accepted(w: &Wwid) -> Result<(), TestCaseError> {
+    let s = w.as_str();
+    prop_assert!(s.len() <= 256, "canonical WWID of {} bytes", s.len());
+    prop_assert!(
+        ["naa.", "eui.", "t10.", "name."]
+            .iter()
+            .any(|p| s.starts_with(p)),
+        "{s:?} has no canonical prefix"
+    );
+    prop_assert!(
+        s.chars().all(|c| c.is_ascii_graphic()),
+        "{s:?} has blanks, controls or non-ASCII"
+    );
+    prop_assert_eq!(Wwid::parse(s), Ok(w.clone()), "canonical text re-parses");
+    prop_assert_eq!(w.to_string(), s);
+    prop_assert_eq!(
+        Wwid::parse(&w.udev_serial()),
+        Ok(w.clone()),
+        "udev serial {}",
+        w.udev_serial()
+    );
+    for name in w.by_id_names() {
+        prop_assert_eq!(Wwid::parse(&name), Ok(w.clone()), "by-id name {}", name);
+    }
+    let want = match s.split_once('.').map(|(p, _)| p) {
+        Some("naa") => WwidKind::Naa,
+        Some("eui") => WwidKind::Eui,
+        Some("t10") => WwidKind::T10,
+        _ => WwidKind::Name,
+    };
+    prop_assert_eq!(w.kind(), want);
+    Ok(())
+}
+
+/// The kernel's SCSI device states.
+const STATES: [&str; 10] = [
+    "running",
+    "offline",
+    "transport-offline",
+    "blocked",
+    "created",
+    "created-block",
+    "quiesce",
+    "cancel",
+    "deleted",
+    "cancel-offline",
+];
+
+/// Any text near or far from a WWID spelling.
+fn wwid_input() -> impl Strategy<Value = String> {
+    let spelled = canonical_wwid()
+        .prop_flat_map(|c| select(spellings(&c)))
+        .boxed();
+    prop_oneof![
+        2 => hostile_text(),
+        2 => spelled.clone(),
+        4 => near_miss(spelled),
+    ]
+}
+
+/// A volume ID as the proxy issues it.
+fn volume_id() -> impl Strategy<Value = (String, String)> + Clone {
+    (canonical_wwid(), "[A-Za-z0-9-]{1,64}")
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// Any text is a canonical WWID or a clear refusal.
+    #[test]
+    fn any_text_is_a_wwid_or_a_clear_refusal(input in wwid_input()) {
+        match Wwid::parse(&input) {
+            Ok(w) => check_accepted(&w)?,
+            Err(e) => clear_error(&e, &["invalid WWID"])?,
+        }
+    }
+
+    /// Every spelling of one LUN's identity is the same WWID.
+    #[test]
+    fn every_spelling_of_a_wwid_is_the_same_wwid(c in canonical_wwid()) {
+        match Wwid::parse(&c) {
+            Ok(w) => {
+                prop_assert_eq!(w.as_str(), c.as_str());
+                check_accepted(&w)?;
+                for s in spellings(&c) {
+                    prop_assert_eq!(Wwid::parse(&s), Ok(w.clone()), "spelling {:?}", s);
+                }
+            }
+            // Only an identifier too long for the canonical limit is refused.
+            Err(e) => {
+                prop_assert!(c.len() > 256, "{c:?} refused: {e}");
+                clear_error(&e, &["invalid WWID"])?;
+            }
+        }
+    }
+
+    /// A volume ID the proxy issued parses back to its WWID and binding.
+    #[test]
+    fn issued_volume_ids_round_trip((c, binding) in volume_id()) {
+        prop_assume!(c.len() <= 256);
+        let id = format!("{c}:{binding}");
+        let v = VolumeId::parse(&id).map_err(|e| TestCaseError::fail(format!("{id:?}: {e}")))?;
+        prop_assert_eq!(v.wwid.as_str(), c.as_str());
+        prop_assert_eq!(&v.binding, &binding);
+        prop_assert_eq!(v.to_string(), id);
+    }
+
+    /// Near misses of a volume ID (a mutated WWID or binding, another
+    /// spelling of the WWID, `..`, NULs, long fields) are refused clearly;
+    /// whatever is accepted is exactly a volume ID the proxy could issue.
+    #[test]
+    fn volume_id_near_misses_are_refused_clearly(
+        input in prop_oneof![
+            2 => hostile_text(),
+            4 => near_miss(volume_id().prop_map(|(c, b)| format!("{c}:{b}"))),
+            2 => (canonical_wwid(), "[A-Za-z0-9-]{1,64}")
+                .prop_flat_map(|(c, b)| select(spellings(&c)).prop_map(move |s| format!("{s}:{b}"))),
+            1 => "(\\.\\./)+[a-z]{1,8}:[a-z0-9]{1,8}",
+        ]
+    ) {
+        match VolumeId::parse(&input) {
+            Ok(v) => {
+                prop_assert_eq!(v.to_string(), input.as_str(), "accepted a volume ID that does not print back the same");
+                check_accepted(&v.wwid)?;
+                prop_assert!(!v.binding.is_empty() && v.binding.len() <= 64);
+                prop_assert!(v.binding.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+            }
+            Err(e) => clear_error(&e, &["volume ID"])?,
+        }
+    }
+
+    /// A WWPN in any of its spellings is the same port; anything else is a
+    /// clear refusal.
+    #[test]
+    fn wwpns_parse_in_every_spelling_or_are_refused(
+        value in any::<u64>(),
+        noise in valid_or_near(hex(16)),
+        upper in any::<bool>(),
+        sep in select(vec![None, Some(':'), Some('-')]),
+    ) {
+        let plain = format!("{value:016x}");
+        let plain = if upper { plain.to_ascii_uppercase() } else { plain };
+        let spelled = match sep {
+            None => plain.clone(),
+            Some(c) => plain
+                .as_bytes()
+                .chunks(2)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect::<Vec<_>>()
+                .join(&c.to_string()),
+        };
+        let w = Wwpn::parse(&spelled).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(w.as_u64(), value);
+        prop_assert_eq!(Wwpn::parse(&w.to_0x()), Ok(w));
+        prop_assert_eq!(Wwpn::parse(&format!(" 0X{plain}\n")), Ok(w));
+        prop_assert_eq!(w.to_string(), format!("{value:016x}"));
+        match Wwpn::parse(&noise) {
+            Ok(n) => prop_assert_eq!(Wwpn::parse(&n.to_string()), Ok(n)),
+            Err(e) => clear_error(&e, &["WWPN"])?,
+        }
+    }
+
+    /// Arbitrary text never panics the WWPN parser, and what it accepts
+    /// prints back to the same port.
+    #[test]
+    fn any_text_is_a_wwpn_or_a_clear_refusal(input in hostile_text()) {
+        match Wwpn::parse(&input) {
+            Ok(w) => prop_assert_eq!(Wwpn::parse(&w.to_string()), Ok(w)),
+            Err(e) => clear_error(&e, &["WWPN"])?,
+        }
+    }
+
+    /// SCSI addresses print and parse back; anything else is `None`, never
+    /// a panic. Scan addresses print as the kernel's `C T L` with `-`.
+    #[test]
+    fn scsi_addresses_round_trip(
+        host in any::<u32>(), channel in any::<u32>(), target in any::<u32>(), lun in any::<u64>(),
+        noise in prop_oneof![hostile_text(), near_miss(Just("1:0:0:1".to_owned()))],
+        wild in any::<(bool, bool, bool)>(),
+    ) {
+        let h = Hctl { host, channel, target, lun };
+        prop_assert_eq!(Hctl::parse(&h.to_string()), Some(h));
+        if let Some(n) = Hctl::parse(&noise) {
+            prop_assert_eq!(Hctl::parse(&n.to_string()), Some(n));
+        }
+        let scan = ScanAddress {
+            channel: (!wild.0).then_some(channel),
+            target: (!wild.1).then_some(target),
+            lun: (!wild.2).then_some(lun),
+        };
+        let text = scan.to_string();
+        let parts: Vec<&str> = text.split(' ').collect();
+        prop_assert_eq!(parts.len(), 3, "{}", text);
+        prop_assert_eq!(parts[0] == "-", wild.0);
+        prop_assert_eq!(parts[2] == "-", wild.2);
+    }
+
+    /// A SCSI device state is one of the kernel's words, or kept as
+    /// written (trimmed); never a panic.
+    #[test]
+    fn device_states_are_known_words_or_kept(
+        noise in prop_oneof![
+            hostile_text(),
+            valid_or_near(select(STATES.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())),
+        ],
+    ) {
+        match DeviceState::parse(&noise) {
+            DeviceState::Unknown(s) => {
+                prop_assert_eq!(s.as_str(), noise.trim());
+                prop_assert!(!STATES.contains(&noise.trim()), "{:?} not recognised", noise);
+            }
+            DeviceState::Running => prop_assert_eq!(noise.trim(), "running"),
+            _ => prop_assert!(STATES.contains(&noise.trim()), "{:?} recognised", noise),
+        }
+    }
+
+    /// A portal (IPv4, IPv6 with or without brackets, host name) prints
+    /// and parses back; a bare address gets the iSCSI port.
+    #[test]
+    fn portals_round_trip(
+        address in prop_oneof![
+            (any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(a, b, c, d)| format!("{a}.{b}.{c}.{d}")),
+            any::<[u16; 8]>().prop_map(|g| std::net::Ipv6Addr::from(g).to_string()),
+            "fe80::[0-9a-f]{1,4}%eth[0-9]",
+            "[a-z][a-z0-9-]{0,20}(\\.[a-z][a-z0-9-]{0,20}){0,3}",
+        ],
+        port in 1u16..,
+    ) {
+        let p = Portal::new(&address, port).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(Portal::parse(&p.to_string()), Ok(p.clone()));
+        prop_assert_eq!(p.address(), address.as_str());
+        prop_assert_eq!(p.port(), port);
+        let bare = if address.contains(':') { format!("[{address}]") } else { address.clone() };
+        prop_assert_eq!(Portal::parse(&bare).map(|p| p.port()), Ok(3260));
+    }
+
+    /// Anything near a portal is a portal that prints back, or a clear
+    /// refusal; a portal never starts with `-` (it is passed to iscsiadm).
+    #[test]
+    fn portal_near_misses_are_refused_clearly(
+        input in prop_oneof![
+            hostile_text(),
+            near_miss(select(vec![
+                "10.0.0.1:3260".to_owned(),
+                "[fe80::1]:3260".to_owned(),
+                "array-a.example:860".to_owned(),
+            ])),
+            "-[a-z]{1,8}(:[0-9]{1,5})?",
+        ]
+    ) {
+        match Portal::parse(&input) {
+            Ok(p) => {
+                prop_assert!(!p.address().is_empty() && !p.address().starts_with('-'));
+                prop_assert!(p.port() != 0);
+                prop_assert_eq!(Portal::parse(&p.to_string()), Ok(p.clone()));
+            }
+            Err(e) => clear_error(&e, &["portal"])?,
+        }
+    }
+
+    /// by-path names udev makes for iSCSI and FC paths decode to their
+    /// portal, target, WWPN and LUN; anything else is `None`.
+    #[test]
+    fn by_path_names_decode(
+        portal in prop_oneof![
+            (any::<u8>(), any::<u8>(), 1u16..).prop_map(|(a, b, port)| format!("10.{a}.{b}.1:{port}")),
+            any::<[u16; 8]>().prop_map(|g| format!("[{}]:3260", std::net::Ipv6Addr::from(g))),
+        ],
+        target in "iqn\\.[0-9]{4}-[0-9]{2}\\.[a-z.]{1,20}(:[!-~]{1,30})?",
+        wwpn in any::<u64>(),
+        lun in any::<u64>(),
+        bus in select(vec!["", "pci-0000:05:00.0-", "platform-3b000000.fc-pci-0000:01:00.1-"]),
+        noise in prop_oneof![hostile_text(), near_miss(Just("ip-10.0.0.1:3260-iscsi-iqn.2000-01.a:b-lun-1".to_owned()))],
+    ) {
+        // udev spells LUNs above 255 as 0x + 16 hex digits.
+        let lun_text = if lun < 256 { lun.to_string() } else { format!("0x{lun:016x}") };
+        let p = Portal::parse(&portal).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let name = format!("ip-{portal}-iscsi-{target}-lun-{lun_text}");
+        prop_assert_eq!(
+            ByPath::parse(&name),
+            Some(ByPath::Iscsi { portal: p, target: target.clone(), lun }),
+            "{}", name
+        );
+        prop_assert_eq!(ByPath::parse(&format!("{name}-part1")), None);
+        let w = Wwpn::parse(&format!("{wwpn:016x}")).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let fc = format!("{bus}fc-{}-lun-{lun_text}", w.to_0x());
+        prop_assert_eq!(ByPath::parse(&fc), Some(ByPath::Fc { wwpn: w, lun }), "{}", fc);
+        if let Some(ByPath::Iscsi { target, .. }) = ByPath::parse(&noise) {
+            prop_assert!(!target.is_empty() && target.chars().all(|c| c.is_ascii_graphic()));
+        }
+    }
+}
+
+/// A Kubernetes node name (DNS-1123 subdomain), the independent oracle.
+fn is_node_name(n: &str) -> bool {
+    n.len() <= 253
+        && n.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// A valid node name.
+fn node_name() -> impl Strategy<Value = String> + Clone {
+    "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}"
+}
+
+/// Names near a node name: one edit, `..` and `/` (path segments in a
+/// SPIFFE URI), upper case, an over-long label or name. Node names come
+/// from the operator (flags, the certs CLI) and errors quote them whole,
+/// so they are kept to 300 characters.
+fn node_name_input() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => node_name(),
+        4 => near_miss(node_name()),
+        1 => hostile_text(),
+        1 => node_name().prop_map(|n| format!("../{n}")),
+        1 => node_name().prop_map(|n| format!("{n}/../proxy")),
+        1 => "[a-z]{64,70}",
+        1 => "[a-z]{60}(\\.[a-z]{60}){3,4}",
+    ]
+    .prop_map(|n| n.chars().take(300).collect())
+}
+
+fn domain() -> TrustDomain {
+    TrustDomain::new("csi-scsi.local").expect("valid trust domain")
+}
+
+/// One CA for every case: creating it is the slow part.
+fn ca() -> &'static CertificateAuthority {
+    static CA: OnceLock<CertificateAuthority> = OnceLock::new();
+    CA.get_or_init(|| {
+        csi_scsi_certs::install_crypto_provider();
+        CertificateAuthority::create(&domain(), Validity::days(1)).expect("CA")
+    })
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// A peer certificate's SPIFFE URI names a node only when the node
+    /// name is a DNS-1123 subdomain, and then it is exactly that node's
+    /// URI; a trust domain is checked the same way.
+    #[test]
+    fn spiffe_uris_name_only_valid_nodes(
+        node in node_name_input(),
+        // A trust domain is a flag the operator sets, and its error quotes
+        // it whole: kept to a flag's length here.
+        td in prop_oneof![hostile_text(), near_miss(Just("csi-scsi.local".to_owned()))]
+            .prop_map(|t| t.chars().take(300).collect::<String>()),
+    ) {
+        let d = domain();
+        let uri = format!("spiffe://csi-scsi.local/node/{node}");
+        match d.parse_uri(&uri) {
+            Some(Identity::Node(n)) => {
+                prop_assert!(is_node_name(&n), "accepted node name {n:?}");
+                prop_assert_eq!(d.uri(&Identity::Node(n.clone())), uri);
+                prop_assert_eq!(n, node);
+            }
+            Some(Identity::Proxy) => return Err(TestCaseError::fail(format!("{uri:?} parsed as the proxy"))),
+            None => prop_assert!(!is_node_name(&node), "refused valid node name {node:?}"),
+        }
+        match TrustDomain::new(&td) {
+            Ok(t) => prop_assert_eq!(t.as_str(), td.as_str()),
+            Err(e) => clear_error(&e, &["trust domain"])?,
+        }
+    }
+}
+
+proptest! {
+    // Each case generates a key pair.
+    #![proptest_config(config(48))]
+
+    /// The CA issues an agent certificate only for a valid node name, and
+    /// refuses any other with an error naming it.
+    #[test]
+    fn certificates_are_issued_only_for_valid_node_names(node in node_name_input()) {
+        match ca().issue(&Identity::Node(node.clone()), Validity::days(1)) {
+            Ok(c) => {
+                prop_assert!(is_node_name(&node), "issued a certificate for {node:?}");
+                prop_assert_eq!(c.identity, Identity::Node(node));
+            }
+            Err(e) => {
+                prop_assert!(!is_node_name(&node), "refused valid node name {node:?}: {e}");
+                clear_error(&e, &["node name", "URI"])?;
+            }
+        }
+    }
+}
