@@ -86,7 +86,7 @@ impl fmt::Display for Identity {
 
 /// Checks that a node name is a Kubernetes node name (a DNS-1123 subdomain),
 /// so it can be both a URI path segment and a DNS SAN.
-pub(crate) fn validate_node_name(node: &str) -> Result<(), CertError> {
+pub fn validate_node_name(node: &str) -> Result<(), CertError> {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63

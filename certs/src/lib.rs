@@ -23,7 +23,7 @@ mod verify;
 
 pub use authority::CertificateAuthority;
 pub use error::CertError;
-pub use identity::{Identity, TrustDomain, identity_of};
+pub use identity::{Identity, TrustDomain, identity_of, validate_node_name};
 pub use issue::{IssuedCertificate, Validity};
 pub use material::{Material, MaterialPaths, Role};
 pub use pem_files::{

@@ -147,12 +147,6 @@ fn deadline<T>(req: &Request<T>) -> Duration {
     }
 }
 
-/// The longest iSCSI name (RFC 3720), CHAP name or secret (iscsid's limit),
-/// and target name (a Kubernetes object name).
-const MAX_IQN: usize = 223;
-const MAX_CHAP: usize = 255;
-const MAX_NAME: usize = 253;
-
 /// A WWID as agent.proto names devices: canonical form only. The other
 /// spellings `Wwid::parse` reads are what the kernel and udev print; a
 /// caller that sends one (or pads it with blanks or NULs) is not the proxy.
@@ -167,73 +161,12 @@ fn wwid(s: &str) -> Result<Wwid, Status> {
     Ok(w)
 }
 
-/// Refuses text iscsiadm and the session records must never see. Checked
-/// here so that a malformed target is INVALID_ARGUMENT at once, not a
-/// login failure on every portal (UNAVAILABLE). `secret` values are never
-/// quoted.
-fn check_text(field: &str, value: &str, max: usize, secret: bool) -> Result<(), Status> {
-    let reason = if value.is_empty() {
-        "is required".to_owned()
-    } else if value.len() > max {
-        format!("is {} bytes long; at most {max}", value.len())
-    } else if value.chars().any(char::is_control) {
-        "contains control characters".to_owned()
-    } else {
-        return Ok(());
-    };
-    let shown = if secret {
-        String::new()
-    } else {
-        format!(" {}", quote(value))
-    };
-    Err(Status::invalid_argument(format!(
-        "{field}{shown}: {reason}"
-    )))
-}
-
-/// An iSCSI name: printable, no blanks, and never an option to the tool.
-fn check_iqn(iqn: &str) -> Result<(), Status> {
-    check_text("target.iscsi.iqn", iqn, MAX_IQN, false)?;
-    if iqn.starts_with('-') || iqn.chars().any(char::is_whitespace) {
-        return Err(Status::invalid_argument(format!(
-            "target.iscsi.iqn {}: starts with '-' or contains blanks",
-            quote(iqn)
-        )));
-    }
-    Ok(())
-}
-
+/// A target of the request, parsed. The constructors of [`TargetSpec`]
+/// check every field (name, IQN, portals, CHAP, WWPNs) so a malformed
+/// target is INVALID_ARGUMENT at once, not a login failure on every portal
+/// (UNAVAILABLE); their errors become a status through [`to_status`], the
+/// one mapping.
 fn target(t: &Target) -> Result<TargetSpec, Status> {
-    check_text("target.name", &t.name, MAX_NAME, false)?;
-    match &t.transport {
-        Some(target::Transport::Iscsi(i)) => {
-            check_iqn(&i.iqn)?;
-            if let Some(c) = i.chap.as_ref().filter(|c| !c.username.is_empty()) {
-                check_text("target.iscsi.chap.username", &c.username, MAX_CHAP, false)?;
-                check_text("target.iscsi.chap.password", &c.password, MAX_CHAP, true)?;
-                if !c.mutual_username.is_empty() {
-                    check_text(
-                        "target.iscsi.chap.mutual_username",
-                        &c.mutual_username,
-                        MAX_CHAP,
-                        false,
-                    )?;
-                    check_text(
-                        "target.iscsi.chap.mutual_password",
-                        &c.mutual_password,
-                        MAX_CHAP,
-                        true,
-                    )?;
-                }
-            }
-        }
-        Some(target::Transport::FibreChannel(f)) if f.wwpns.is_empty() => {
-            return Err(Status::invalid_argument(
-                "target.fibre_channel.wwpns: at least one is required",
-            ));
-        }
-        _ => {}
-    }
     let spec = match &t.transport {
         Some(target::Transport::Iscsi(i)) => TargetSpec::iscsi(
             &t.name,
@@ -249,11 +182,10 @@ fn target(t: &Target) -> Result<TargetSpec, Status> {
             }),
         ),
         Some(target::Transport::FibreChannel(f)) => TargetSpec::fc(&t.name, &f.wwpns),
-        None => {
-            return Err(Status::invalid_argument(
-                "target: iscsi or fibre_channel is required",
-            ));
-        }
+        None => Err(AgentError::InvalidArgument {
+            field: "target",
+            reason: "iscsi or fibre_channel is required".to_owned(),
+        }),
     };
     spec.map_err(to_status)
 }
@@ -520,5 +452,77 @@ impl Agent for AgentApi {
             staged: Vec::new(),
             published: Vec::new(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    fn iscsi(iqn: &str, chap: Option<(&str, &str)>) -> Target {
+        Target {
+            name: "array-a".to_owned(),
+            transport: Some(target::Transport::Iscsi(IscsiTarget {
+                portals: vec!["10.0.0.1:3260".to_owned()],
+                iqn: iqn.to_owned(),
+                chap: chap.map(|(u, p)| ChapCredentials {
+                    username: u.to_owned(),
+                    password: p.to_owned(),
+                    mutual_username: String::new(),
+                    mutual_password: String::new(),
+                }),
+            })),
+        }
+    }
+
+    #[test]
+    fn malformed_targets_are_invalid_arguments_naming_the_field() {
+        let fc = |wwpns: Vec<String>| Target {
+            name: "fc-1".to_owned(),
+            transport: Some(target::Transport::FibreChannel(FibreChannelTarget {
+                wwpns,
+            })),
+        };
+        let huge = "t0p-s3cret".repeat(100);
+        for (t, field) in [
+            (iscsi("", None), "target.iscsi.iqn"),
+            (iscsi("--op=delete", None), "target.iscsi.iqn"),
+            (iscsi("iqn.x:a b", None), "target.iscsi.iqn"),
+            (iscsi("array-a", None), "target.iscsi.iqn"),
+            (
+                iscsi("iqn.2003-01.org.example:a", Some(("u\nx", "pw"))),
+                "target.iscsi.chap.username",
+            ),
+            (
+                iscsi("iqn.2003-01.org.example:a", Some(("u", &huge))),
+                "target.iscsi.chap.password",
+            ),
+            (fc(Vec::new()), "target.fibre_channel.wwpns"),
+            (
+                Target {
+                    name: "array-a".to_owned(),
+                    transport: None,
+                },
+                "target",
+            ),
+        ] {
+            let status = target(&t).expect_err(field);
+            assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+            assert!(status.message().contains(field), "{}", status.message());
+            assert!(!status.message().contains("s3cret"), "{}", status.message());
+        }
+    }
+
+    #[test]
+    fn a_well_formed_target_parses() {
+        let t = target(&iscsi(
+            "iqn.2026-11.io.csi-scsi.lab:array-a",
+            Some(("user", "secret")),
+        ))
+        .expect("valid");
+        assert_eq!(t.name, "array-a");
+        assert_eq!(t.lock_key(), "iscsi:iqn.2026-11.io.csi-scsi.lab:array-a");
     }
 }

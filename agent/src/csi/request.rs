@@ -5,6 +5,7 @@
 //! paths must resolve, after `..` and symlinks, strictly under the kubelet
 //! directory.
 
+use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
@@ -166,9 +167,11 @@ pub struct ExpandRequest {
 
 impl KubeletPath {
     /// Resolves `raw` (request field `field`): it must be absolute and land
-    /// strictly under the kubelet directory once the longest existing prefix
-    /// is resolved by the kernel (symlinks, `..`) and the rest lexically (a
-    /// component that does not exist yet cannot be a symlink).
+    /// strictly under the kubelet directory once every existing component
+    /// is resolved (symlinks followed, `..` taken from what they resolved
+    /// to) and the missing ones lexically (a component that does not exist
+    /// yet cannot be a symlink; `..` out of one brings the walk back to the
+    /// disk, see [`resolve`]).
     pub fn parse(host: &Host, field: &'static str, raw: &str) -> Result<Self, AgentError> {
         let bad = |reason: String| AgentError::InvalidArgument { field, reason };
         if raw.is_empty() {
@@ -221,34 +224,87 @@ impl KubeletPath {
     }
 }
 
-/// The kernel's resolution of the longest existing prefix of `path`, plus
-/// the remaining components applied lexically.
+/// The most symlinks one resolution follows (the kernel's MAXSYMLINKS).
+const MAX_SYMLINKS: usize = 40;
+
+/// One step of a walk: the root, `..`, or a name.
+enum Step {
+    Root,
+    Parent,
+    Name(OsString),
+}
+
+/// `path` resolved the way the kernel walks it, one component at a time:
+/// every component that exists is looked at, and a symlink is replaced by
+/// its target (relative to the directory holding it); `..` goes to the
+/// parent of what was resolved so far. A component that does not exist
+/// (or sits under a non-directory) is kept as written, and so is everything
+/// below it; a `..` there drops it, and the walk looks at the disk again,
+/// so `missing/../escape` follows `escape` if it is a symlink. What comes
+/// back has every existing component resolved, so the kernel, creating or
+/// mounting it, follows no symlink out of it.
 fn resolve(path: &Path) -> std::io::Result<PathBuf> {
-    let components: Vec<Component<'_>> = path.components().collect();
-    for split in (1..=components.len()).rev() {
-        let (head, tail) = components.split_at(split);
-        let prefix: PathBuf = head.iter().collect();
-        match std::fs::canonicalize(&prefix) {
-            Ok(mut resolved) => {
-                for c in tail {
-                    match c {
-                        Component::Normal(name) => resolved.push(name),
-                        Component::ParentDir => {
-                            resolved.pop();
-                        }
-                        Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
-                    }
-                }
-                return Ok(resolved);
+    let mut pending: Vec<Step> = steps(path);
+    let mut resolved = PathBuf::from("/");
+    // How many trailing components of `resolved` do not exist.
+    let mut missing = 0usize;
+    let mut links = 0usize;
+    while let Some(step) = pending.pop() {
+        match step {
+            Step::Root => {
+                resolved = PathBuf::from("/");
+                missing = 0;
             }
-            // A missing component (or a file where a directory is expected):
-            // resolve a shorter prefix and apply the rest lexically.
-            Err(e)
-                if e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {}
-            Err(e) => return Err(e),
+            Step::Parent => {
+                resolved.pop();
+                missing = missing.saturating_sub(1);
+            }
+            Step::Name(name) => {
+                resolved.push(&name);
+                if missing > 0 {
+                    // Under a missing component: nothing here exists.
+                    missing += 1;
+                    continue;
+                }
+                match std::fs::symlink_metadata(&resolved) {
+                    Ok(m) if m.file_type().is_symlink() => {
+                        links += 1;
+                        if links > MAX_SYMLINKS {
+                            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+                        }
+                        let target = std::fs::read_link(&resolved)?;
+                        resolved.pop();
+                        pending.extend(steps(&target));
+                    }
+                    Ok(_) => {}
+                    Err(e)
+                        if e.kind() == ErrorKind::NotFound
+                            || e.raw_os_error() == Some(libc::ENOTDIR) =>
+                    {
+                        missing = 1;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
     }
-    Ok(PathBuf::from("/"))
+    Ok(resolved)
+}
+
+/// The steps of `path`, last first (a stack: a symlink's target is pushed
+/// on top of what remains of the path it was found in).
+fn steps(path: &Path) -> Vec<Step> {
+    let mut out: Vec<Step> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::RootDir | Component::Prefix(_) => Some(Step::Root),
+            Component::ParentDir => Some(Step::Parent),
+            Component::Normal(name) => Some(Step::Name(name.to_owned())),
+            Component::CurDir => None,
+        })
+        .collect();
+    out.reverse();
+    out
 }
 
 // === impl AccessMode ===

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::Devices;
+use crate::csi::request::quote;
 use crate::error::AgentError;
 use crate::host::fc::{self, Wwpn};
 use crate::host::iscsiadm::{self, Chap, IscsiError, LoginOutcome, MutualChap, Portal, Secret};
@@ -64,13 +65,20 @@ pub struct PortalReport {
 }
 
 impl TargetSpec {
-    /// Parses the API message's pieces; errors name the field.
+    /// Parses the API message's pieces; errors name the field. Everything
+    /// iscsiadm and the session records would refuse (or misread) is
+    /// refused here, as INVALID_ARGUMENT, before any portal is tried: the
+    /// target name, the IQN's form and length, and the CHAP names and
+    /// secrets (whose values no error quotes). A CHAP username left empty
+    /// means no CHAP.
     pub fn iscsi(
         name: &str,
         iqn: &str,
         portals: &[String],
         chap: Option<(&str, &str, &str, &str)>,
     ) -> Result<Self, AgentError> {
+        check_name(name)?;
+        check_iqn(iqn)?;
         let portals = portals
             .iter()
             .map(|p| Portal::parse(p))
@@ -85,16 +93,38 @@ impl TargetSpec {
                 reason: "at least one portal is required".into(),
             });
         }
-        let chap = chap
-            .filter(|(u, ..)| !u.is_empty())
-            .map(|(u, p, mu, mp)| Chap {
-                username: u.to_owned(),
-                password: Secret::new(p),
-                mutual: (!mu.is_empty()).then(|| MutualChap {
-                    username: mu.to_owned(),
-                    password: Secret::new(mp),
-                }),
-            });
+        let chap = match chap {
+            Some((u, p, mu, mp)) if !u.is_empty() => {
+                check_text("target.iscsi.chap.username", u, MAX_CHAP, Shown::Value)?;
+                check_text("target.iscsi.chap.password", p, MAX_CHAP, Shown::Secret)?;
+                let mutual = if mu.is_empty() {
+                    None
+                } else {
+                    check_text(
+                        "target.iscsi.chap.mutual_username",
+                        mu,
+                        MAX_CHAP,
+                        Shown::Value,
+                    )?;
+                    check_text(
+                        "target.iscsi.chap.mutual_password",
+                        mp,
+                        MAX_CHAP,
+                        Shown::Secret,
+                    )?;
+                    Some(MutualChap {
+                        username: mu.to_owned(),
+                        password: Secret::new(mp),
+                    })
+                };
+                Some(Chap {
+                    username: u.to_owned(),
+                    password: Secret::new(p),
+                    mutual,
+                })
+            }
+            _ => None,
+        };
         Ok(Self {
             name: name.to_owned(),
             transport: Transport::Iscsi {
@@ -105,8 +135,9 @@ impl TargetSpec {
         })
     }
 
-    /// An FC target from WWPNs in any spelling.
+    /// An FC target from WWPNs in any spelling; at least one is required.
     pub fn fc(name: &str, wwpns: &[String]) -> Result<Self, AgentError> {
+        check_name(name)?;
         let wwpns = wwpns
             .iter()
             .map(|w| Wwpn::parse(w))
@@ -115,11 +146,118 @@ impl TargetSpec {
                 field: "target.fibre_channel.wwpns",
                 reason: e.to_string(),
             })?;
+        if wwpns.is_empty() {
+            return Err(AgentError::InvalidArgument {
+                field: "target.fibre_channel.wwpns",
+                reason: "at least one WWPN is required".into(),
+            });
+        }
         Ok(Self {
             name: name.to_owned(),
             transport: Transport::Fc { wwpns },
         })
     }
+}
+
+/// The longest iSCSI name (RFC 3720), CHAP name or secret (iscsid's limit),
+/// and target name (a Kubernetes object name).
+const MAX_IQN: usize = 223;
+const MAX_CHAP: usize = 255;
+const MAX_NAME: usize = 253;
+
+/// Whether an error may quote the value it refuses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// Quoted (as a bounded, escaped excerpt).
+    Value,
+    /// Never quoted: a CHAP secret.
+    Secret,
+}
+
+/// Refuses text iscsiadm and the session records must never see: empty,
+/// longer than `max` bytes, or with control characters (iscsid stores each
+/// value as a `key = value` line).
+fn check_text(
+    field: &'static str,
+    value: &str,
+    max: usize,
+    shown: Shown,
+) -> Result<(), AgentError> {
+    let problem = if value.is_empty() {
+        "is required".to_owned()
+    } else if value.len() > max {
+        format!("is {} bytes long; at most {max}", value.len())
+    } else if value.chars().any(char::is_control) {
+        "contains control characters".to_owned()
+    } else {
+        return Ok(());
+    };
+    let reason = match shown {
+        Shown::Value if !value.is_empty() => format!("{} {problem}", quote(value)),
+        Shown::Value | Shown::Secret => problem,
+    };
+    Err(AgentError::InvalidArgument { field, reason })
+}
+
+/// The target's name (the SCSITarget object's).
+fn check_name(name: &str) -> Result<(), AgentError> {
+    check_text("target.name", name, MAX_NAME, Shown::Value)
+}
+
+/// An iSCSI name (RFC 3720 3.2.6.3) as iscsiadm takes it: printable ASCII
+/// without blanks, at most 223 bytes, and one of `iqn.<yyyy-mm>.<naming
+/// authority>[:<name>]`, `eui.<16 hex digits>` or `naa.<16 or 32 hex
+/// digits>` (the prefixes the SCSITarget CRD requires too). A name that
+/// looks like an option (`-o`) has none of these forms.
+fn check_iqn(iqn: &str) -> Result<(), AgentError> {
+    const FIELD: &str = "target.iscsi.iqn";
+    check_text(FIELD, iqn, MAX_IQN, Shown::Value)?;
+    let hex = |s: &str, lens: &[usize]| {
+        lens.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    let problem = if !iqn.bytes().all(|b| b.is_ascii_graphic()) {
+        "contains blanks or characters other than printable ASCII"
+    } else if let Some(rest) = iqn.strip_prefix("iqn.") {
+        if iqn_form(rest) {
+            return Ok(());
+        }
+        "is not of the form iqn.<yyyy-mm>.<naming authority>[:<name>]"
+    } else if let Some(rest) = iqn.strip_prefix("eui.") {
+        if hex(rest, &[16]) {
+            return Ok(());
+        }
+        "is not of the form eui.<16 hex digits>"
+    } else if let Some(rest) = iqn.strip_prefix("naa.") {
+        if hex(rest, &[16, 32]) {
+            return Ok(());
+        }
+        "is not of the form naa.<16 or 32 hex digits>"
+    } else {
+        "is not an iSCSI name (iqn., eui. or naa.)"
+    };
+    Err(AgentError::InvalidArgument {
+        field: FIELD,
+        reason: format!("{} {problem}", quote(iqn)),
+    })
+}
+
+/// What follows `iqn.`: a date `yyyy-mm`, a dot, and a naming authority
+/// (a reversed domain name), then optionally `:` and anything printable.
+fn iqn_form(rest: &str) -> bool {
+    let b = rest.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let month_ok = rest
+        .get(5..7)
+        .and_then(|m| m.parse::<u8>().ok())
+        .is_some_and(|m| (1..=12).contains(&m));
+    let authority = rest.get(8..).map(|a| a.split(':').next().unwrap_or(""));
+    digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && month_ok
+        && b.get(7) == Some(&b'.')
+        && authority.is_some_and(|a| !a.is_empty() && !a.starts_with('.') && !a.ends_with('.'))
 }
 
 impl Devices {
@@ -260,5 +398,146 @@ impl Devices {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PORTALS: &[&str] = &["10.0.0.1:3260"];
+
+    fn portals() -> Vec<String> {
+        PORTALS.iter().map(|p| (*p).to_owned()).collect()
+    }
+
+    fn refused_field(r: Result<TargetSpec, AgentError>) -> (&'static str, String) {
+        match r {
+            Err(AgentError::InvalidArgument { field, reason }) => (field, reason),
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn well_formed_iscsi_names_are_accepted() {
+        for iqn in [
+            "iqn.2003-01.org.linux-iscsi.array-a:lun0",
+            "iqn.2016-04.com.open-iscsi:ef9f41e2ffa7:vs.3",
+            "iqn.2026-11.io.csi-scsi.lab:array-a",
+            "iqn.1992-08.com.netapp",
+            "eui.0123456789ABCDEF",
+            "naa.5000c5003011cb28",
+            "naa.6001405d27e5d898829468b90ce4ef8c",
+        ] {
+            let t = TargetSpec::iscsi("array-a", iqn, &portals(), None).expect(iqn);
+            assert!(matches!(t.transport, Transport::Iscsi { iqn: ref i, .. } if i == iqn));
+        }
+    }
+
+    #[test]
+    fn malformed_iscsi_names_are_refused_naming_the_field() {
+        let long = format!("iqn.2003-01.org.example:{}", "a".repeat(200));
+        for iqn in [
+            "",
+            "-o",
+            "--op=delete",
+            "iqn.x:a b",
+            "iqn.a\nnode.startup = automatic",
+            "iqn.2003-1.org.example",
+            "iqn.2003-13.org.example",
+            "iqn.2003-01.",
+            "iqn.2003-01.:x",
+            "iqn.2003-01org.example",
+            "IQN.2003-01.org.example",
+            "eui.0123",
+            "eui.0123456789abcdeg",
+            "naa.6001405d27e5d898829468b90ce4ef8",
+            "array-a",
+            "iqn.2003-01.org.ex\u{e9}",
+            long.as_str(),
+        ] {
+            let (field, reason) =
+                refused_field(TargetSpec::iscsi("array-a", iqn, &portals(), None));
+            assert_eq!(field, "target.iscsi.iqn", "{iqn:?}");
+            assert!(!reason.chars().any(char::is_control), "{reason:?}");
+            assert!(reason.len() < 256, "{reason}");
+        }
+    }
+
+    #[test]
+    fn chap_fields_are_checked_and_secrets_never_quoted() {
+        let iqn = "iqn.2003-01.org.example:array1";
+        let secret = "s3cr3t-\nvalue";
+        let long_secret = "q".repeat(300);
+        for (chap, want) in [
+            (
+                ("user\nnode.session.auth.authmethod = None", "pw", "", ""),
+                "target.iscsi.chap.username",
+            ),
+            (("user", "", "", ""), "target.iscsi.chap.password"),
+            (("user", secret, "", ""), "target.iscsi.chap.password"),
+            (
+                ("user", long_secret.as_str(), "", ""),
+                "target.iscsi.chap.password",
+            ),
+            (
+                ("user", "pw", "target\r", "pw2"),
+                "target.iscsi.chap.mutual_username",
+            ),
+            (
+                ("user", "pw", "target", ""),
+                "target.iscsi.chap.mutual_password",
+            ),
+            (
+                ("user", "pw", "target", secret),
+                "target.iscsi.chap.mutual_password",
+            ),
+        ] {
+            let r = TargetSpec::iscsi("array-a", iqn, &portals(), Some(chap));
+            let (field, reason) = refused_field(r);
+            assert_eq!(field, want, "{chap:?}");
+            assert!(
+                !reason.contains("s3cr3t") && !reason.contains("qqq"),
+                "{reason}"
+            );
+        }
+        // An empty username means no CHAP, whatever else is sent.
+        let t = TargetSpec::iscsi("array-a", iqn, &portals(), Some(("", "x\n", "", "")))
+            .expect("no CHAP");
+        assert!(matches!(t.transport, Transport::Iscsi { chap: None, .. }));
+        let t = TargetSpec::iscsi(
+            "array-a",
+            iqn,
+            &portals(),
+            Some(("user", "pw", "tgt", "pw2")),
+        )
+        .expect("mutual CHAP");
+        let Transport::Iscsi { chap: Some(c), .. } = t.transport else {
+            panic!("CHAP expected");
+        };
+        assert_eq!(c.username, "user");
+        assert_eq!(c.mutual.map(|m| m.username).as_deref(), Some("tgt"));
+    }
+
+    #[test]
+    fn target_names_and_fc_wwpns_are_checked() {
+        let iqn = "iqn.2003-01.org.example:array1";
+        for name in ["", "a\nb"] {
+            let (field, _) = refused_field(TargetSpec::iscsi(name, iqn, &portals(), None));
+            assert_eq!(field, "target.name");
+            let (field, _) =
+                refused_field(TargetSpec::fc(name, &["0x500a098188888888".to_owned()]));
+            assert_eq!(field, "target.name");
+        }
+        let (field, _) = refused_field(TargetSpec::iscsi(&"n".repeat(254), iqn, &portals(), None));
+        assert_eq!(field, "target.name");
+        let (field, reason) = refused_field(TargetSpec::fc("fc-1", &[]));
+        assert_eq!(field, "target.fibre_channel.wwpns");
+        assert!(reason.contains("at least one"), "{reason}");
+        let (field, _) = refused_field(TargetSpec::fc("fc-1", &["zz:zz".to_owned()]));
+        assert_eq!(field, "target.fibre_channel.wwpns");
+        TargetSpec::fc("fc-1", &["0x500a098188888888".to_owned()]).expect("one WWPN");
+        let (field, _) = refused_field(TargetSpec::iscsi("array-a", iqn, &[], None));
+        assert_eq!(field, "target.iscsi.portals");
     }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::Host;
 use super::block::DeviceNumber;
 use super::filesystem::FsType;
+use crate::csi::request::quote;
 use crate::error::AgentError;
 
 /// The name of the raw block staging record inside a staging directory.
@@ -120,7 +121,8 @@ impl Default for MountOptions {
 
 impl MountOptions {
     /// Parses CSI `mount_flags` for a filesystem of type `fs`; the error
-    /// names the first flag that is not allowed.
+    /// names the first flag that is not allowed (an excerpt of it, escaped,
+    /// so a hostile flag is never echoed whole or across lines).
     pub fn parse(fs: FsType, mount_flags: &[String]) -> Result<Self, String> {
         let mut options = Self::default();
         for raw in mount_flags {
@@ -134,7 +136,10 @@ impl MountOptions {
                         options.data.push(flag.to_owned());
                     }
                 } else {
-                    return Err(format!("mount flag {flag:?} is not allowed for {fs}"));
+                    return Err(format!(
+                        "mount flag {} is not allowed for {fs}",
+                        quote(flag)
+                    ));
                 }
             }
         }
@@ -429,6 +434,19 @@ mod tests {
             let err = MountOptions::parse(fs, &flags(&["noatime", flag])).expect_err(flag);
             assert!(err.contains(&format!("{flag:?}")), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn a_refused_flag_is_quoted_as_a_bounded_excerpt_on_one_line() {
+        let long = format!("x-{}", "o".repeat(3000));
+        for flag in [long.as_str(), "bad\nflag", "é\u{202e}\0"] {
+            let err = MountOptions::parse(FsType::Ext4, &flags(&[flag])).expect_err(flag);
+            assert!(err.len() < 256, "{} bytes: {err}", err.len());
+            assert!(!err.chars().any(char::is_control), "{err:?}");
+            assert!(err.starts_with("mount flag \""), "{err}");
+        }
+        let err = MountOptions::parse(FsType::Ext4, &flags(&[&long])).expect_err("long");
+        assert!(err.contains(&format!("({} bytes)", long.len())), "{err}");
     }
 
     #[test]

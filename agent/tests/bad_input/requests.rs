@@ -324,7 +324,7 @@ proptest! {
 
     /// A staging or target path is accepted only when it lands strictly
     /// under the kubelet directory; any other is refused naming the field.
-    /// (Resolution through symlinks: see the ignored property below.)
+    /// (Resolution through symlinks: see the property below.)
     #[test]
     fn kubelet_paths_stay_under_kubelet(raw in path_input()) {
         let k = kubelet();
@@ -338,24 +338,20 @@ proptest! {
     }
 
     /// An accepted path stays under the kubelet directory as the kernel
-    /// resolves it, too. KNOWN BUG (agent/src/csi/request.rs, `resolve`):
-    /// `<kubelet>/missing/../escape` is resolved lexically past the missing
-    /// component to `<kubelet>/escape`, and `escape`, a symlink out of the
-    /// directory, is then followed when the agent mounts there. Run with
-    /// `--ignored`; about one case in a thousand hits it.
+    /// resolves it, too: `<kubelet>/missing/../escape`, where `escape` is a
+    /// symlink out of the directory, is refused, not resolved lexically
+    /// past the missing component to `<kubelet>/escape` (which the kernel
+    /// would follow out when the agent mounts there).
     #[test]
-    #[ignore = "known bug in agent/src/csi/request.rs resolve(): `..` after a missing component, then a symlink out"]
     fn kubelet_paths_never_escape_through_symlinks(raw in path_input()) {
         if let Ok(p) = KubeletPath::parse(&kubelet().host, "staging_target_path", &raw) {
             check_resolves_under_kubelet(p.as_path())?;
         }
     }
 
-    /// Refusals of Node requests are bounded and on one line. KNOWN ISSUE:
-    /// `MountOptions::parse` (agent/src/host/mount.rs) quotes a refused
-    /// mount flag whole (kilobytes of it).
+    /// Refusals of Node requests are bounded and on one line (a refused
+    /// mount flag, too, is quoted as an escaped excerpt).
     #[test]
-    #[ignore = "known issue in agent/src/host/mount.rs: a refused mount flag is quoted whole"]
     fn node_request_refusals_are_bounded_and_on_one_line(
         raw in prop_oneof![path_input(), "/[a-z]{1,8}\n[a-z]{1,8}"],
         cap in capability(),
@@ -581,6 +577,38 @@ fn api_wwid() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Whether `name` has one of the forms of an iSCSI name (RFC 3720
+/// 3.2.6.3): `iqn.<yyyy-mm>.<naming authority>[:<anything>]`,
+/// `eui.<16 hex digits>`, `naa.<16 or 32 hex digits>`. Written apart from
+/// the agent's check, as the oracle of the property.
+fn iscsi_name_form(name: &str) -> bool {
+    let hex = |s: &str| s.chars().all(|c| c.is_ascii_hexdigit());
+    if let Some(h) = name.strip_prefix("eui.") {
+        return h.len() == 16 && hex(h);
+    }
+    if let Some(h) = name.strip_prefix("naa.") {
+        return (h.len() == 16 || h.len() == 32) && hex(h);
+    }
+    let Some(rest) = name.strip_prefix("iqn.") else {
+        return false;
+    };
+    let (head, _) = rest.split_once(':').unwrap_or((rest, ""));
+    let Some((date, authority)) = head.split_once('.') else {
+        return false;
+    };
+    let Some((year, month)) = date.split_once('-') else {
+        return false;
+    };
+    year.len() == 4
+        && year.chars().all(|c| c.is_ascii_digit())
+        && month.len() == 2
+        && month.chars().all(|c| c.is_ascii_digit())
+        && month.parse::<u8>().is_ok_and(|m| (1..=12).contains(&m))
+        && !authority.is_empty()
+        && !authority.starts_with('.')
+        && !authority.ends_with('.')
+}
+
 /// Checks what an accepted target must be: portals and WWPNs valid.
 fn check_spec(spec: &TargetSpec) -> Result<(), TestCaseError> {
     match &spec.transport {
@@ -663,14 +691,12 @@ proptest! {
         }
     }
 
-    /// An iSCSI target whose IQN or CHAP text iscsiadm would refuse is
-    /// refused when the request is parsed, as INVALID_ARGUMENT naming the
-    /// field. KNOWN BUG (agent/src/device/sessions.rs, `TargetSpec::iscsi`):
-    /// neither is checked there; the login of every portal then refuses
-    /// them, and the call fails as NoPortalAnswered (UNAVAILABLE, which
-    /// the proxy retries) instead.
+    /// An iSCSI target whose IQN or CHAP text iscsiadm would refuse, or
+    /// whose IQN is no iSCSI name, is refused when the request is parsed
+    /// (`TargetSpec::iscsi`), as INVALID_ARGUMENT naming the field, not
+    /// refused by the login of every portal (NoPortalAnswered,
+    /// UNAVAILABLE, which the proxy retries). Well-formed names pass.
     #[test]
-    #[ignore = "known bug in agent/src/device/sessions.rs: TargetSpec::iscsi does not check the IQN or CHAP fields"]
     fn iscsi_targets_with_bad_names_are_refused_at_parse_time(
         iqn in prop_oneof![
             Just(String::new()),
@@ -678,14 +704,21 @@ proptest! {
             "iqn\\.[a-z]{1,8} [a-z]{1,8}",
             "[a-z]{224,230}",
             hostile_text(),
+            "iqn\\.(19|20)[0-9]{2}-(0[1-9]|1[0-2])\\.[a-z0-9-]{1,12}(\\.[a-z0-9-]{1,12}){0,2}(:[!-~]{1,40})?",
+            near_miss(Just("iqn.2003-01.org.linux-iscsi.array-a:lun0".to_owned())),
+            hex(16).prop_map(|h| format!("eui.{h}")),
+            prop_oneof![hex(16), hex(32)].prop_map(|h| format!("naa.{h}")),
+            near_miss(Just("naa.6001405d27e5d898829468b90ce4ef8c".to_owned())),
         ],
         username in prop_oneof![Just("user".to_owned()), "user\n[a-z]{1,4}"],
     ) {
-        // iscsiadm.rs `check_target`: what the login refuses.
+        // iscsiadm.rs `check_target`: what the login refuses; and RFC
+        // 3720's three forms of an iSCSI name.
         let iqn_ok = !iqn.is_empty()
             && iqn.len() <= 223
             && !iqn.starts_with('-')
-            && iqn.chars().all(|c| c.is_ascii_graphic());
+            && iqn.chars().all(|c| c.is_ascii_graphic())
+            && iscsi_name_form(&iqn);
         let chap_ok = !username.chars().any(char::is_control);
         let r = TargetSpec::iscsi("array-a", &iqn, &["10.0.0.1:3260".to_owned()], Some((&username, "secret", "", "")));
         match r {

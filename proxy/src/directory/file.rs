@@ -11,6 +11,7 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use super::{AgentDirectory, AgentEntry, Agents};
+use crate::selector::excerpt;
 
 /// Agents listed in a file.
 pub struct FileDirectory {
@@ -130,7 +131,14 @@ fn read(path: &Path) -> Result<BTreeMap<String, AgentEntry>, DirectoryError> {
     })
 }
 
-/// Parses the file's text; errors carry the 1-based line number.
+/// Whether an agent's certificate can name `node` (the certs crate's rule,
+/// so the file and the certificates never disagree).
+fn certificate_can_name(node: &str) -> bool {
+    csi_scsi_certs::validate_node_name(node).is_ok()
+}
+
+/// Parses the file's text; errors carry the 1-based line number. Node
+/// names must be ones an agent's certificate can carry.
 pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)> {
     let mut out = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
@@ -142,6 +150,18 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)
         let (Some(node), Some(address)) = (words.next(), words.next()) else {
             return Err((i + 1, "expected `<node> <host:port> [labels]`".into()));
         };
+        if !certificate_can_name(node) {
+            return Err((
+                i + 1,
+                format!(
+                    "node name {:?} is not a Kubernetes node name (a DNS-1123 subdomain: \
+                     lower-case letters, digits, '-' and '.', each dot-separated part \
+                     starting and ending with a letter or digit and at most 63 long, \
+                     at most 253 in all), so no agent certificate can carry it",
+                    excerpt(node)
+                ),
+            ));
+        }
         if !address
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
@@ -188,6 +208,62 @@ mod tests {
         assert_eq!(map["node-a"].address, "198.18.0.2:9810");
         assert_eq!(map["node-a"].labels["zone"], "a");
         assert!(map["node-b"].labels.is_empty());
+    }
+
+    #[test]
+    fn node_names_no_certificate_can_carry_are_refused_naming_the_line() {
+        for ok in [
+            "node-a",
+            "ip-10-0-0-1.ec2.internal",
+            "n1",
+            "0",
+            &"a".repeat(63),
+        ] {
+            let text = format!("# nodes\n{ok} 198.18.0.2:9810\n");
+            assert!(parse(&text).is_ok_and(|m| m.contains_key(ok)), "{ok}");
+        }
+        let long = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(63),
+        ]
+        .join(".");
+        for bad in [
+            "Node_A",
+            "Node-a",
+            "node_a",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            "../x",
+            "a/b",
+            "é",
+            &"a".repeat(64),
+            &long,
+        ] {
+            let text = format!("node-a 198.18.0.2:9810\n{bad} 198.18.0.3:9810\n");
+            let (line, reason) = parse(&text).expect_err(bad);
+            assert_eq!(line, 2, "{bad}");
+            assert!(reason.contains("node name"), "{reason}");
+            assert!(reason.len() < 512, "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_refused_node_name_names_the_file_and_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agents");
+        std::fs::write(&path, "node-a 198.18.0.2:9810\nNode_B 198.18.0.3:9810\n").expect("write");
+        let e = FileDirectory::load(&path).err().expect("refused");
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&format!("{}:2: ", path.display())),
+            "{shown}"
+        );
+        assert!(shown.contains("Node_B"), "{shown}");
     }
 
     #[test]

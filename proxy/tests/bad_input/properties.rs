@@ -245,10 +245,30 @@ proptest! {
     }
 }
 
+/// A node name an agent's certificate can carry: a DNS-1123 subdomain
+/// (labels of lower-case letters, digits and inner '-').
+fn node_name() -> impl Strategy<Value = String> + Clone {
+    prop::collection::vec("[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", 1..4).prop_map(|l| l.join("."))
+}
+
+/// Whether `node` is a Kubernetes node name an agent's certificate can
+/// carry (certs' rule: a DNS-1123 subdomain of labels at most 63 long).
+fn dns1123(node: &str) -> bool {
+    node.len() <= 253
+        && node.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
 /// One agents-file line's parts.
 fn agent_line() -> impl Strategy<Value = (String, String, BTreeMap<String, String>)> {
     (
-        "[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?",
+        node_name(),
         prop_oneof![
             (any::<u8>(), 1u16..).prop_map(|(a, p)| format!("198.18.0.{a}:{p}")),
             (any::<[u16; 8]>(), 1u16..)
@@ -268,7 +288,7 @@ proptest! {
     /// written. No text panics the reader.
     #[test]
     fn agents_files_round_trip_or_name_the_line(
-        agents in prop::collection::btree_map("[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?", agent_line(), 0..5),
+        agents in prop::collection::btree_map(node_name(), agent_line(), 0..5),
         damage in prop::option::of((any::<prop::sample::Index>(), crate::support::nasty_char(), 0u8..9)),
         junk in prop::option::of(hostile_text()),
         comment in any::<bool>(),
@@ -320,34 +340,32 @@ proptest! {
     }
 
     /// A node name the agents file accepts can be named by an agent's
-    /// certificate (a DNS-1123 subdomain). KNOWN ISSUE
-    /// (proxy/src/directory/file.rs, `parse`): any word is taken as a node
-    /// name, so a typo (`Node_A`) surfaces only later, as every TLS
-    /// handshake with that node being refused.
+    /// certificate (a DNS-1123 subdomain), and one it refuses cannot: a
+    /// typo (`Node_A`) is refused naming the file and line, not found
+    /// later as every TLS handshake with that node being refused.
     #[test]
-    #[ignore = "known issue in proxy/src/directory/file.rs: node names are not checked"]
     fn agents_files_refuse_node_names_no_certificate_can_carry(
         node in prop_oneof![
             "[a-z0-9]([a-z0-9.-]{0,20}[a-z0-9])?",
             near_miss(Just("node-a".to_owned())).prop_map(|n| n.split_whitespace().collect::<String>()),
             Just("Node_A".to_owned()),
             Just("../x".to_owned()),
+            node_name(),
+            "[a-z]{60,70}",
+            prop::collection::vec("[a-z]{60,63}", 4..6).prop_map(|l| l.join(".")),
         ],
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agents");
         std::fs::write(&path, format!("{node} 198.18.0.2:9810\n")).expect("write");
-        let dns1123 = node.len() <= 253
-            && node.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !l.starts_with('-')
-                    && !l.ends_with('-')
-            });
+        let dns1123 = dns1123(&node);
         match FileDirectory::load(&path) {
             Ok(_) => prop_assert!(dns1123 || node.is_empty() || node.starts_with('#'), "accepted node name {node:?}"),
-            Err(e) => prop_assert!(!dns1123, "refused node name {node:?}: {e}"),
+            Err(e) => {
+                prop_assert!(!dns1123, "refused node name {node:?}: {e}");
+                let shown = e.to_string();
+                prop_assert!(shown.contains(&format!("{}:1: ", path.display())), "{shown}");
+            }
         }
     }
 }

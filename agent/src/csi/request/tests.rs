@@ -112,6 +112,56 @@ fn paths_that_escape_the_kubelet_dir_are_invalid_arguments() {
 }
 
 #[test]
+fn a_symlink_out_reached_through_dot_dot_after_a_missing_component_is_refused() {
+    let f = fixture();
+    let k = f.host.kubelet_dir.display().to_string();
+    let link = |to: &Path, at: &str| {
+        std::os::unix::fs::symlink(to, f.host.kubelet_dir.join(at)).expect("symlink")
+    };
+    link(&f.root.join("outside"), "escape");
+    link(Path::new("../outside"), "rel-escape");
+    link(Path::new("loop"), "loop");
+    std::fs::write(f.host.kubelet_dir.join("file"), "x").expect("file");
+    for raw in [
+        // `missing` does not exist: the walk drops it at `..` and looks at
+        // `escape` on disk, as the kernel will once the agent creates
+        // `missing`.
+        format!("{k}/missing/../escape"),
+        format!("{k}/missing/../escape/x"),
+        format!("{k}/missing/../rel-escape/secret"),
+        format!("{k}/a/b/../../escape/new"),
+        format!("{k}/file/../escape"),
+        format!("{k}/plugins/new/../../escape"),
+        format!("{k}/missing/../loop"),
+    ] {
+        let err = KubeletPath::parse(&f.host, "target_path", &raw).expect_err(&raw);
+        let text = err.to_string();
+        assert_eq!(field_of(err), "target_path", "{raw}: {text}");
+    }
+}
+
+#[test]
+fn paths_through_missing_components_resolve_like_the_kernel() {
+    let f = fixture();
+    let k = f.host.kubelet_dir.display().to_string();
+    // A relative symlink that stays inside, reached after a missing
+    // component: followed, and its `..` is the parent of its target.
+    std::os::unix::fs::symlink("plugins/pv1", f.host.kubelet_dir.join("alias")).expect("symlink");
+    for (raw, want) in [
+        (format!("{k}/missing/../alias/g"), "plugins/pv1/g"),
+        (format!("{k}/missing/../alias/../other"), "plugins/other"),
+        (format!("{k}/new/deeper/../x"), "new/x"),
+        (
+            format!("{k}/plugins/pv1/new/mount"),
+            "plugins/pv1/new/mount",
+        ),
+    ] {
+        let p = KubeletPath::parse(&f.host, "target_path", &raw).expect(&raw);
+        assert_eq!(p.as_path(), f.host.kubelet_dir.join(want), "{raw}");
+    }
+}
+
+#[test]
 fn paths_beyond_the_kernels_limits_are_refused_without_being_echoed() {
     let f = fixture();
     let k = f.host.kubelet_dir.display().to_string();
