@@ -7,6 +7,10 @@
 mod agent_api;
 #[path = "e2e/controller.rs"]
 mod controller;
+#[path = "e2e/crash.rs"]
+mod crash;
+#[path = "e2e/fault.rs"]
+mod fault;
 #[path = "e2e/identity.rs"]
 mod identity;
 #[path = "e2e/lab.rs"]
@@ -21,3 +25,5 @@ mod observability;
 mod rotation;
 #[path = "e2e/support.rs"]
 mod support;
+#[path = "e2e/sweep.rs"]
+mod sweep;

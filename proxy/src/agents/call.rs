@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use csi_scsi_proto::agent::agent_client::AgentClient;
 use csi_scsi_proto::agent::{
@@ -13,6 +12,7 @@ use csi_scsi_proto::agent::{
     DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress,
     WipeRequest,
 };
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -26,8 +26,9 @@ pub struct AgentCall {
     pub op: AgentOp,
     /// Sent as `x-request-id` so one grep follows an operation across nodes.
     pub request_id: String,
-    /// Deadline sent to the agent (`grpc-timeout`) for each attempt.
-    pub deadline: Duration,
+    /// When the proxy stops waiting. Each attempt sends the time left as
+    /// `grpc-timeout`, so the agent stops when the proxy does.
+    pub deadline: Instant,
 }
 
 /// The agent API's operations.
@@ -108,7 +109,7 @@ impl tower::Service<AgentCall> for Caller {
         Box::pin(async move {
             fn req<T>(msg: T, call: &AgentCall) -> Request<T> {
                 let mut r = Request::new(msg);
-                r.set_timeout(call.deadline);
+                r.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
                 if let Ok(v) = call.request_id.parse() {
                     r.metadata_mut().insert(REQUEST_ID_HEADER, v);
                 }

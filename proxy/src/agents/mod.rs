@@ -1,8 +1,10 @@
 //! Calling agents: one lazily opened HTTP/2 channel per agent (mTLS, the
 //! peer must be that node), a tower stack per call (deadline, retries on
-//! UNAVAILABLE for idempotent calls, bounded concurrency), and fan-out.
+//! UNAVAILABLE for idempotent calls, bounded concurrency), fan-out, and the
+//! CSI caller's deadline carried to every agent call.
 
 mod call;
+pub mod deadline;
 mod fanout;
 mod pool;
 mod retry;

@@ -1,28 +1,38 @@
 //! One channel per agent, opened lazily, dropped when the agent leaves the
-//! directory or moves to another address.
+//! directory or moves to another address, or when it left a call
+//! unanswered until its deadline (the connection may be dead: a fresh one
+//! does not wait out TCP's retransmission backoff once the node is back).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
 use super::call::{AgentCall, AgentOp, AgentReply, Caller};
+use super::deadline;
 use super::retry::{Backoff, RetryPolicy};
 use super::stack::compose;
 use crate::directory::AgentDirectory;
+
+/// Less time than this left before the deadline: the call is not sent.
+const MIN_ATTEMPT: Duration = Duration::from_millis(20);
 
 /// Timeouts, retries and concurrency of agent calls.
 #[derive(Clone, Debug)]
 pub struct CallConfig {
     /// TCP+TLS connect timeout.
     pub connect_timeout: Duration,
-    /// Overall deadline of quick calls (Discover, Attach, Detach, Rescan, Status).
+    /// Overall deadline of quick calls (Discover, Attach, Detach, Rescan,
+    /// Status); a CSI caller's shorter deadline wins (see `deadline`).
     pub deadline: Duration,
-    /// Overall deadline of a Wipe (zeroing a LUN takes a while).
+    /// Overall deadline of a Wipe (zeroing a LUN takes a while); a CSI
+    /// caller's shorter deadline wins.
     pub wipe_deadline: Duration,
     /// Tries in all for a call that meets UNAVAILABLE.
     pub attempts: u32,
@@ -55,7 +65,9 @@ pub struct AgentPool {
     tls: Arc<MaterialStore>,
     config: CallConfig,
     limit: Arc<Semaphore>,
-    channels: Mutex<HashMap<String, (String, Channel)>>,
+    /// Node -> (address, channel ID, channel).
+    channels: Mutex<HashMap<String, (String, u64, Channel)>>,
+    next_channel: AtomicU64,
     metrics: std::sync::OnceLock<csi_scsi_daemon::Metrics>,
 }
 
@@ -73,6 +85,7 @@ impl AgentPool {
             tls,
             config,
             channels: Mutex::new(HashMap::new()),
+            next_channel: AtomicU64::new(0),
             metrics: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&pool);
@@ -82,7 +95,7 @@ impl AgentPool {
                 let agents = rx.borrow_and_update().clone();
                 let Some(pool) = weak.upgrade() else { return };
                 let mut channels = pool.channels.lock().unwrap_or_else(|p| p.into_inner());
-                channels.retain(|node, (addr, _)| {
+                channels.retain(|node, (addr, _, _)| {
                     let keep = agents.get(node).is_some_and(|a| &a.address == addr);
                     if !keep {
                         tracing::info!(%node, "agent left or moved; dropping its channel");
@@ -115,16 +128,17 @@ impl AgentPool {
         self.channels.lock().map(|c| c.len()).unwrap_or(0)
     }
 
-    fn channel(&self, node: &str) -> Result<Channel, PoolError> {
+    /// The channel to `node` and its ID (for [`Self::forget`]).
+    fn channel(&self, node: &str) -> Result<(u64, Channel), PoolError> {
         let agents = self.directory.snapshot();
         let entry = agents
             .get(node)
             .ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((addr, ch)) = channels.get(node)
+        if let Some((addr, id, ch)) = channels.get(node)
             && addr == &entry.address
         {
-            return Ok(ch.clone());
+            return Ok((*id, ch.clone()));
         }
         let ch = csi_scsi_daemon::agent_channel(
             &entry.address,
@@ -136,38 +150,66 @@ impl AgentPool {
             node: node.to_owned(),
             reason: e.to_string(),
         })?;
-        channels.insert(node.to_owned(), (entry.address.clone(), ch.clone()));
-        Ok(ch)
+        let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
+        channels.insert(node.to_owned(), (entry.address.clone(), id, ch.clone()));
+        Ok((id, ch))
     }
 
-    /// Calls `op` on `node`'s agent through the full stack.
+    /// Drops `node`'s channel if it is still channel `id`; the next call
+    /// dials afresh. Calls in flight keep their clone.
+    fn forget(&self, node: &str, id: u64) {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if channels.get(node).is_some_and(|(_, have, _)| *have == id) {
+            channels.remove(node);
+            tracing::info!(%node, "agent left a call unanswered; its next call dials afresh");
+        }
+    }
+
+    /// Calls `op` on `node`'s agent through the full stack, until the
+    /// configured deadline or the CSI caller's (`deadline::within`),
+    /// whichever comes first. No answer by then is UNAVAILABLE, saying what
+    /// went wrong before.
     pub async fn call(
         &self,
         node: &str,
         op: AgentOp,
         request_id: &str,
     ) -> Result<Result<AgentReply, tonic::Status>, PoolError> {
-        let channel = self.channel(node)?;
-        let overall = match op {
+        let (channel_id, channel) = self.channel(node)?;
+        let configured = match op {
             AgentOp::Wipe(_) => self.config.wipe_deadline,
             _ => self.config.deadline,
         };
-        let svc = compose(
-            Caller::new(channel),
-            overall,
-            RetryPolicy::new(self.config.backoff.clone(), self.config.attempts),
-            self.limit.clone(),
-        );
+        let start = Instant::now();
+        let deadline = deadline::effective(configured, start);
         let method = op.name();
         let timer = self.metrics.get().map(|m| m.agent_call(method));
-        let call = AgentCall {
-            op,
-            request_id: request_id.to_owned(),
-            // Each attempt may use the whole deadline; the stack's overall
-            // timeout stops the retries.
-            deadline: overall,
+        let budget = deadline.saturating_duration_since(start);
+        let result = if budget < MIN_ATTEMPT {
+            Err(tonic::Status::unavailable(format!(
+                "no time left to call {method} on {node}: the caller's deadline has (nearly) passed"
+            )))
+        } else {
+            let retry = RetryPolicy::new(self.config.backoff.clone(), self.config.attempts);
+            let history = retry.clone();
+            let svc = compose(Caller::new(channel), retry, self.limit.clone());
+            let call = AgentCall {
+                op,
+                request_id: request_id.to_owned(),
+                deadline,
+            };
+            let answer = tokio::time::timeout_at(deadline, svc.oneshot(call)).await;
+            match answer {
+                // tonic's own timer (the attempt's grpc-timeout) may beat ours.
+                Ok(Err(s)) if s.code() == tonic::Code::Cancelled && Instant::now() >= deadline => {
+                    Err(self.unanswered(node, channel_id, method, budget, history.last_error()))
+                }
+                Ok(r) => r,
+                Err(_) => {
+                    Err(self.unanswered(node, channel_id, method, budget, history.last_error()))
+                }
+            }
         };
-        let result = svc.oneshot(call).await;
         if let Some(timer) = timer {
             timer.finish(
                 result
@@ -182,5 +224,135 @@ impl AgentPool {
             m.note_error(&source, method, status.code(), status.message(), request_id);
         }
         Ok(result)
+    }
+
+    /// The answer to a call `node` left unanswered for `waited`; forgets
+    /// its channel.
+    fn unanswered(
+        &self,
+        node: &str,
+        channel_id: u64,
+        method: &str,
+        waited: Duration,
+        last_error: Option<String>,
+    ) -> tonic::Status {
+        self.forget(node, channel_id);
+        tonic::Status::unavailable(format!(
+            "node {node} did not answer {method} within {:.1}s{}",
+            waited.as_secs_f64(),
+            last_error.map_or_else(String::new, |e| format!(" (last error: {e})"))
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use csi_scsi_certs::{
+        CertificateAuthority, Identity, MaterialPaths, Role, TrustDomain, Validity, write_issued,
+    };
+    use csi_scsi_proto::agent::StatusRequest;
+
+    use super::*;
+    use crate::directory::FileDirectory;
+
+    /// A pool whose only agent, node-x, accepts connections and never says
+    /// a word (a node whose link went down after the TCP handshake).
+    async fn pool_with_a_silent_agent(
+        dir: &std::path::Path,
+        deadline: Duration,
+    ) -> (Arc<AgentPool>, tokio::task::JoinHandle<()>) {
+        csi_scsi_certs::install_crypto_provider();
+        let domain = TrustDomain::new("csi-scsi.local").expect("domain");
+        let ca = CertificateAuthority::create(&domain, Validity::days(1)).expect("CA");
+        let proxy = ca
+            .issue(&Identity::Proxy, Validity::days(1))
+            .expect("issue");
+        write_issued(&dir.join("proxy"), &proxy).expect("write");
+        let tls = MaterialStore::load(
+            MaterialPaths::in_dir(&dir.join("proxy")),
+            Role::Proxy,
+            domain,
+        )
+        .expect("material");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        std::fs::write(dir.join("agents.txt"), format!("node-x {addr}\n")).expect("agents");
+        let directory = FileDirectory::load(&dir.join("agents.txt")).expect("directory");
+        let config = CallConfig {
+            connect_timeout: Duration::from_secs(20),
+            deadline,
+            wipe_deadline: deadline,
+            attempts: 4,
+            backoff: Backoff::try_new(Duration::from_millis(10), Duration::from_millis(50), 0.0)
+                .expect("backoff"),
+            concurrency: 8,
+        };
+        (AgentPool::new(directory, tls, config), silent)
+    }
+
+    fn status() -> AgentOp {
+        AgentOp::Status(StatusRequest {})
+    }
+
+    #[tokio::test]
+    async fn a_silent_agent_is_unavailable_by_the_callers_deadline_and_its_channel_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
+        let start = Instant::now();
+        let caller = start + Duration::from_millis(400);
+        let result = deadline::within(Some(caller), pool.call("node-x", status(), "t"))
+            .await
+            .expect("sent");
+        let took = start.elapsed();
+        let status = result.expect_err("no answer");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("node node-x did not answer Status within 0.4s"),
+            "{status:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(390) && took < Duration::from_millis(1500),
+            "answered after {took:?}, not at the caller's deadline"
+        );
+        assert_eq!(pool.open_channels(), 0, "the channel that hung is dropped");
+        silent.abort();
+    }
+
+    #[tokio::test]
+    async fn without_a_caller_deadline_the_configured_one_applies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_millis(300)).await;
+        let start = Instant::now();
+        let status = pool
+            .call("node-x", status(), "t")
+            .await
+            .expect("sent")
+            .expect_err("no answer");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(start.elapsed() < Duration::from_millis(1500));
+        silent.abort();
+    }
+
+    #[tokio::test]
+    async fn a_call_past_the_callers_deadline_is_not_sent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
+        let status = deadline::within(Some(Instant::now()), pool.call("node-x", status(), "t"))
+            .await
+            .expect("sent")
+            .expect_err("no time");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("no time left"), "{status:?}");
+        silent.abort();
     }
 }

@@ -1,10 +1,12 @@
 //! Retries for idempotent agent calls on UNAVAILABLE only, with jittered
 //! exponential backoff. Every agent RPC is idempotent by contract
 //! (agent.proto), so the retry is safe; other codes are answers, not
-//! transport trouble, and are returned as they are.
+//! transport trouble, and are returned as they are. No retry starts that
+//! would end past the call's deadline: the last error is the better answer.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic::{Code, Status};
@@ -31,6 +33,9 @@ pub struct RetryPolicy {
     backoff: Backoff,
     attempt: u32,
     attempts: u32,
+    /// The last UNAVAILABLE, shared by the clones tower makes, so a caller
+    /// that gives up at its deadline can say what went wrong before.
+    last_error: Arc<Mutex<Option<String>>>,
 }
 
 impl Backoff {
@@ -67,7 +72,17 @@ impl RetryPolicy {
             backoff,
             attempt: 0,
             attempts: attempts.max(1),
+            last_error: Arc::default(),
         }
+    }
+
+    /// The message of the last attempt that met UNAVAILABLE (of this policy
+    /// or a clone).
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -79,12 +94,25 @@ impl tower::retry::Policy<AgentCall, AgentReply, Status> for RetryPolicy {
         call: &mut AgentCall,
         result: &mut Result<AgentReply, Status>,
     ) -> Option<Self::Future> {
+        // Transport trouble is worth reporting if the call then runs out of
+        // time; other answers are returned as they are anyway.
+        if let Err(status) = result
+            && status.code() == Code::Unavailable
+        {
+            *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(status.message().to_owned());
+        }
         match result {
             Err(status)
                 if status.code() == Code::Unavailable && self.attempt + 1 < self.attempts =>
             {
+                let delay = self.backoff.delay(self.attempt + 1);
+                if tokio::time::Instant::now() + delay >= call.deadline {
+                    // A retry would start past the deadline: this error is
+                    // the answer.
+                    return None;
+                }
                 self.attempt += 1;
-                let delay = self.backoff.delay(self.attempt);
                 tracing::debug!(
                     op = call.op.name(),
                     request_id = %call.request_id,
@@ -131,5 +159,46 @@ mod tests {
         assert_eq!(b.delay(1), ms(20));
         assert_eq!(b.delay(3), ms(80));
         assert_eq!(b.delay(10), ms(500));
+    }
+
+    use tower::retry::Policy;
+
+    fn status_call(deadline: tokio::time::Instant) -> AgentCall {
+        AgentCall {
+            op: super::super::AgentOp::Status(csi_scsi_proto::agent::StatusRequest {}),
+            request_id: "t".into(),
+            deadline,
+        }
+    }
+
+    #[tokio::test]
+    async fn no_retry_starts_past_the_deadline_and_the_last_error_is_kept() {
+        let ms = Duration::from_millis;
+        let backoff = Backoff::try_new(ms(100), ms(100), 0.0).expect("valid");
+        let mut policy = RetryPolicy::new(backoff, 5);
+        let reader = policy.clone();
+        let now = tokio::time::Instant::now();
+        let mut unavailable: Result<AgentReply, Status> = Err(Status::unavailable("link down"));
+        let mut far = status_call(now + Duration::from_secs(10));
+        assert!(
+            policy.retry(&mut far, &mut unavailable).is_some(),
+            "time for a retry"
+        );
+        let mut near = status_call(now + ms(50));
+        assert!(
+            policy.retry(&mut near, &mut unavailable).is_none(),
+            "a retry after 100 ms cannot start before a deadline 50 ms away"
+        );
+        assert_eq!(reader.last_error().as_deref(), Some("link down"));
+        let mut refused: Result<AgentReply, Status> = Err(Status::not_found("no such LUN"));
+        assert!(
+            policy.retry(&mut far, &mut refused).is_none(),
+            "an answer is not retried"
+        );
+        assert_eq!(
+            reader.last_error().as_deref(),
+            Some("link down"),
+            "an answer is not transport trouble"
+        );
     }
 }

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::request::{self, required};
+use crate::agents::deadline;
 use crate::lifecycle::access::mount_fs;
 use crate::lifecycle::{CreateRequest, Lifecycle, NODE_TOPOLOGY_KEY, VolumeView};
 use crate::parameters::ClassParameters;
@@ -82,6 +83,12 @@ fn condition(v: &VolumeView) -> VolumeCondition {
     }
 }
 
+/// The proxy's deadline for `request`: the caller's `grpc-timeout` less a
+/// margin, from now (see `agents::deadline`).
+fn caller_deadline<T>(request: &Request<T>) -> Option<tokio::time::Instant> {
+    deadline::from_metadata(request.metadata(), tokio::time::Instant::now())
+}
+
 fn span(method: &'static str, volume: &str, request_id: &str) -> tracing::Span {
     tracing::info_span!("csi", method, volume_id = %volume, request_id = %request_id)
 }
@@ -93,9 +100,10 @@ impl Controller for ControllerService {
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
         let rid = request::request_id(&request);
+        let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("CreateVolume", &req.name, &rid);
-        async move {
+        let work = async move {
             let name = required("name", &req.name)?.to_owned();
             let access = request::accesses(&req.volume_capabilities)?;
             let parameters =
@@ -135,9 +143,8 @@ impl Controller for ControllerService {
             Ok(Response::new(CreateVolumeResponse {
                 volume: Some(volume_of(&view)),
             }))
-        }
-        .instrument(span)
-        .await
+        };
+        deadline::within(until, work.instrument(span)).await
     }
 
     async fn delete_volume(
@@ -145,15 +152,15 @@ impl Controller for ControllerService {
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let rid = request::request_id(&request);
+        let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("DeleteVolume", &req.volume_id, &rid);
-        async move {
+        let work = async move {
             required("volume_id", &req.volume_id)?;
             self.life.delete(&req.volume_id, &rid).await?;
             Ok(Response::new(DeleteVolumeResponse {}))
-        }
-        .instrument(span)
-        .await
+        };
+        deadline::within(until, work.instrument(span)).await
     }
 
     async fn controller_publish_volume(
@@ -161,9 +168,10 @@ impl Controller for ControllerService {
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
         let rid = request::request_id(&request);
+        let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerPublishVolume", &req.volume_id, &rid);
-        async move {
+        let work = async move {
             required("volume_id", &req.volume_id)?;
             required("node_id", &req.node_id)?;
             let cap = req.volume_capability.as_ref().ok_or_else(|| {
@@ -180,9 +188,8 @@ impl Controller for ControllerService {
             Ok(Response::new(ControllerPublishVolumeResponse {
                 publish_context,
             }))
-        }
-        .instrument(span)
-        .await
+        };
+        deadline::within(until, work.instrument(span)).await
     }
 
     async fn controller_unpublish_volume(
@@ -190,17 +197,17 @@ impl Controller for ControllerService {
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let rid = request::request_id(&request);
+        let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerUnpublishVolume", &req.volume_id, &rid);
-        async move {
+        let work = async move {
             required("volume_id", &req.volume_id)?;
             self.life
                 .unpublish(&req.volume_id, &req.node_id, &rid)
                 .await?;
             Ok(Response::new(ControllerUnpublishVolumeResponse {}))
-        }
-        .instrument(span)
-        .await
+        };
+        deadline::within(until, work.instrument(span)).await
     }
 
     async fn validate_volume_capabilities(
@@ -359,9 +366,10 @@ impl Controller for ControllerService {
         request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
         let rid = request::request_id(&request);
+        let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerExpandVolume", &req.volume_id, &rid);
-        async move {
+        let work = async move {
             required("volume_id", &req.volume_id)?;
             let (required_bytes, _) = request::capacity(req.capacity_range.as_ref())?;
             if req.capacity_range.is_none() {
@@ -381,9 +389,8 @@ impl Controller for ControllerService {
                 capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
                 node_expansion_required: node,
             }))
-        }
-        .instrument(span)
-        .await
+        };
+        deadline::within(until, work.instrument(span)).await
     }
 
     async fn controller_get_volume(

@@ -45,6 +45,13 @@ impl From<ProxyError> for Status {
                 InventoryError::WrongState { .. } => Code::FailedPrecondition,
                 InventoryError::NotFound(_) => Code::NotFound,
                 InventoryError::Store(_) => Code::Internal,
+                // Transient and not the caller's doing: a CO retries
+                // UNAVAILABLE. RESOURCE_EXHAUSTED would tell the
+                // provisioner to move the pod to another node, which does
+                // not help a full or read-only store.
+                InventoryError::StoreFull(_) | InventoryError::StoreUnwritable(_) => {
+                    Code::Unavailable
+                }
             },
             ProxyError::Pool(p) => match p {
                 PoolError::UnknownNode(_) => Code::NotFound,

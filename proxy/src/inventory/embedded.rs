@@ -153,14 +153,24 @@ impl EmbeddedInventory {
         F: FnOnce(&mut Connection) -> Result<T, InventoryError> + Send + 'static,
     {
         let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
+        let result = tokio::task::spawn_blocking(move || {
             // A panic while holding the lock leaves SQLite consistent (the
             // transaction rolls back on drop), so a poisoned lock is usable.
             let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut guard)
         })
         .await
-        .map_err(|e| store(format!("store task failed: {e}")))?
+        .map_err(|e| store(format!("store task failed: {e}")))?;
+        // Name the file, so the operator knows which file system to look at.
+        result.map_err(|e| match e {
+            InventoryError::StoreFull(m) => {
+                InventoryError::StoreFull(format!("{}: {m}", self.path.display()))
+            }
+            InventoryError::StoreUnwritable(m) => {
+                InventoryError::StoreUnwritable(format!("{}: {m}", self.path.display()))
+            }
+            other => other,
+        })
     }
 }
 
@@ -191,8 +201,26 @@ fn store(msg: String) -> InventoryError {
     InventoryError::Store(msg)
 }
 
+/// Says what kind of failure an SQLite error is: a full or unwritable file
+/// system clears by itself (the CO retries); anything else is a defect.
 fn sql(e: rusqlite::Error) -> InventoryError {
-    InventoryError::Store(e.to_string())
+    use rusqlite::ErrorCode;
+    let extended = e.sqlite_error().map_or(0, |f| f.extended_code);
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull) => InventoryError::StoreFull(e.to_string()),
+        Some(ErrorCode::SystemIoFailure)
+            if matches!(
+                extended,
+                rusqlite::ffi::SQLITE_IOERR_READ | rusqlite::ffi::SQLITE_IOERR_SHORT_READ
+            ) =>
+        {
+            InventoryError::Store(format!("read failed: {e}"))
+        }
+        Some(ErrorCode::ReadOnly | ErrorCode::SystemIoFailure | ErrorCode::CannotOpen) => {
+            InventoryError::StoreUnwritable(e.to_string())
+        }
+        _ => InventoryError::Store(e.to_string()),
+    }
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String, InventoryError> {

@@ -42,6 +42,12 @@ pub enum InventoryError {
     /// The backing store failed.
     #[error("inventory store: {0}")]
     Store(String),
+    /// The store's file system is full: writes fail until space is freed.
+    #[error("inventory store is full (no space left on its file system): {0}")]
+    StoreFull(String),
+    /// The store refuses writes: its file system is read-only or failing.
+    #[error("inventory store cannot be written (read-only or failing file system): {0}")]
+    StoreUnwritable(String),
 }
 
 /// The inventory's operations. Implementations are safe to call

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use csi_scsi_proto::agent;
 
-use crate::agents::{AgentOp, AgentPool, AgentReply};
+use crate::agents::{AgentOp, AgentPool, AgentReply, deadline};
 use crate::error::ProxyError;
 use crate::inventory::{Device, Inventory, Target};
 use crate::locks::{KeyGuard, KeyedLocks};
@@ -63,9 +63,13 @@ impl Lifecycle {
         &self.agents
     }
 
+    /// Waits for `key` up to [`LOCK_WAIT`], or until the CSI caller's
+    /// deadline: an answer of ABORTED still reaches the caller.
     async fn lock(&self, key: &str) -> Result<KeyGuard, ProxyError> {
+        let now = tokio::time::Instant::now();
+        let wait = deadline::effective(LOCK_WAIT, now).saturating_duration_since(now);
         self.locks
-            .lock(key, LOCK_WAIT)
+            .lock(key, wait)
             .await
             .ok_or_else(|| ProxyError::Busy(key.to_owned()))
     }
