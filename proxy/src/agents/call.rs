@@ -106,7 +106,7 @@ impl tower::Service<AgentCall> for Caller {
 
     fn call(&mut self, call: AgentCall) -> Self::Future {
         let mut client = self.client.clone();
-        Box::pin(async move {
+        let answer = async move {
             fn req<T>(msg: T, call: &AgentCall) -> Request<T> {
                 let mut r = Request::new(msg);
                 r.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
@@ -151,6 +151,30 @@ impl tower::Service<AgentCall> for Caller {
                     }
                 }
             })
-        })
+        };
+        Box::pin(async move { answer.await.map_err(transport_is_unavailable) })
+    }
+}
+
+/// A call the transport lost (the agent died, the connection reset) is
+/// UNAVAILABLE, which the retry layer retries, not the UNKNOWN tonic gives
+/// it: the agent never answered, and every agent call is idempotent.
+fn transport_is_unavailable(status: Status) -> Status {
+    let lost = std::error::Error::source(&status)
+        .filter(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
+        .map(|e| {
+            let mut why = e.to_string();
+            let mut next = e.source();
+            while let Some(inner) = next {
+                why = format!("{why}: {inner}");
+                next = inner.source();
+            }
+            why
+        });
+    match lost {
+        Some(why) if status.code() == tonic::Code::Unknown => {
+            Status::unavailable(format!("connection to the agent lost: {why}"))
+        }
+        _ => status,
     }
 }

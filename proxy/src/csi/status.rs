@@ -58,6 +58,38 @@ impl From<ProxyError> for Status {
                 PoolError::Channel { .. } => Code::Unavailable,
             },
         };
-        Status::new(code, e.to_string())
+        Status::new(code, bounded(e.to_string()))
+    }
+}
+
+/// Longest message sent: a message echoing a huge request field would
+/// overflow the HTTP/2 header it travels in and reach the caller as a
+/// transport error instead of its code.
+const MAX_MESSAGE: usize = 2048;
+
+/// `message`, cut at a character boundary to [`MAX_MESSAGE`] bytes.
+fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut cut = MAX_MESSAGE - 64;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}... ({} bytes in all)", &message[..cut], message.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_message_is_cut_and_keeps_its_code() {
+        let s = Status::from(ProxyError::VolumeNotFound("é".repeat(1 << 20)));
+        assert_eq!(s.code(), Code::NotFound);
+        assert!(s.message().len() <= MAX_MESSAGE, "{}", s.message().len());
+        assert!(s.message().ends_with(" bytes in all)"));
+        let small = Status::from(ProxyError::VolumeNotFound("v".into()));
+        assert!(!small.message().contains("bytes in all"));
     }
 }

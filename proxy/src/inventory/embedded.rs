@@ -524,6 +524,7 @@ impl Inventory for EmbeddedInventory {
                         out.added.push(wwid);
                     }
                     Some(mut dev) => {
+                        let before = dev.clone();
                         // Keep what other targets and silent nodes said.
                         dev.nodes.retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
                         dev.nodes.extend(fresh);
@@ -544,7 +545,21 @@ impl Inventory for EmbeddedInventory {
                             dev.reason.clear();
                             out.found.push(wwid.clone());
                         }
-                        write(&tx, &dev, false)?;
+                        let seen = dev.last_seen;
+                        dev.last_seen = before.last_seen;
+                        if dev != before {
+                            dev.last_seen = seen;
+                            write(&tx, &dev, false)?;
+                        } else if seen != before.last_seen {
+                            // Only seen again: no new generation, so a
+                            // lifecycle call that read the device before
+                            // this pass still wins its compare-and-swap.
+                            tx.execute(
+                                "UPDATE devices SET last_seen = ?1 WHERE wwid = ?2",
+                                params![seen, wwid],
+                            )
+                            .map_err(sql)?;
+                        }
                     }
                 }
             }

@@ -40,9 +40,30 @@ impl Lifecycle {
         self.release(dev, request_id).await
     }
 
+    /// Resumes the release of `wwid` left Releasing (a restart mid-wipe,
+    /// agents down), under its lock so a DeleteVolume retry and this pass
+    /// never wipe at once. `Ok(false)`: nothing to resume.
+    pub async fn resume_release(&self, wwid: &str, request_id: &str) -> Result<bool, ProxyError> {
+        // Held: a DeleteVolume is at it right now; the pass moves on.
+        let Some(_guard) = self
+            .locks
+            .lock(wwid, std::time::Duration::from_millis(10))
+            .await
+        else {
+            return Ok(false);
+        };
+        match self.inventory.device(wwid).await? {
+            Some(dev) if dev.phase == Phase::Releasing => {
+                self.release(dev, request_id).await.map(|()| true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Wipes a device whose volume is gone and makes it Available. Resumes
-    /// a release interrupted by a restart or a failed wipe.
-    pub async fn release(&self, mut dev: Device, request_id: &str) -> Result<(), ProxyError> {
+    /// a release interrupted by a restart or a failed wipe. The caller
+    /// holds the device's lock.
+    async fn release(&self, mut dev: Device, request_id: &str) -> Result<(), ProxyError> {
         if !matches!(dev.phase, Phase::Releasing | Phase::Failed) {
             dev.phase = Phase::Releasing;
             dev.reason.clear();
@@ -85,6 +106,11 @@ impl Lifecycle {
                     failures.push(format!("{node}: {}", status.message()));
                 }
                 Err(ProxyError::Pool(e)) => failures.push(e.to_string()),
+                // The agent is still busy with an earlier wipe of it (a
+                // retry overtook it): not a failed wipe; ask again later.
+                Err(ProxyError::Agent { status, .. }) if status.code() == Code::Aborted => {
+                    return Err(ProxyError::Busy(format!("wipe of {}", dev.wwid)));
+                }
                 Err(ProxyError::Agent { node, status }) => {
                     // The wipe itself failed (in use, I/O error): never offer
                     // this LUN again until someone looks at it.

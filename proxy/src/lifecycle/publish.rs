@@ -9,7 +9,7 @@ use super::Lifecycle;
 use super::access::{Access, mount_fs};
 use crate::agents::{AgentOp, AgentReply};
 use crate::error::ProxyError;
-use crate::inventory::{Device, Phase};
+use crate::inventory::{Device, InventoryError, Phase};
 use crate::volume_id::VolumeRef;
 
 impl Lifecycle {
@@ -50,8 +50,13 @@ impl Lifecycle {
                 });
             }
             // Record first, so a racing publish elsewhere sees this node.
-            dev.published.push(node.to_owned());
-            dev = self.inventory.update(dev).await?;
+            dev = self
+                .edit_published(dev, |p| {
+                    if !p.iter().any(|n| n == node) {
+                        p.push(node.to_owned());
+                    }
+                })
+                .await?;
         }
         let targets = self.targets_for(&dev, node).await?;
         let op = AgentOp::Attach(AttachRequest {
@@ -71,8 +76,7 @@ impl Lifecycle {
             Err(e) => {
                 if !already {
                     // Undo the record: the LUN is not attached there.
-                    dev.published.retain(|n| n != node);
-                    if let Err(undo) = self.inventory.update(dev).await {
+                    if let Err(undo) = self.edit_published(dev, |p| p.retain(|n| n != node)).await {
                         tracing::warn!(error = %undo, "could not undo the publish record");
                     }
                 }
@@ -121,11 +125,35 @@ impl Lifecycle {
                 self.call(&n, op, request_id).await?;
             }
             if dev.published.contains(&n) {
-                dev.published.retain(|p| p != &n);
-                dev = self.inventory.update(dev).await?;
+                dev = self.edit_published(dev, |p| p.retain(|x| x != &n)).await?;
             }
         }
         Ok(())
+    }
+
+    /// Applies `change` to the device's publish list and writes it. The
+    /// caller holds the device's lock, so only discovery writes it
+    /// meanwhile: on a lost compare-and-swap, re-read and apply again.
+    async fn edit_published(
+        &self,
+        mut dev: Device,
+        change: impl Fn(&mut Vec<String>),
+    ) -> Result<Device, ProxyError> {
+        for _ in 0..8 {
+            change(&mut dev.published);
+            match self.inventory.update(dev.clone()).await {
+                Ok(written) => return Ok(written),
+                Err(InventoryError::Conflict(_)) => {
+                    dev = self
+                        .inventory
+                        .device(&dev.wwid)
+                        .await?
+                        .ok_or_else(|| ProxyError::VolumeNotFound(dev.wwid.clone()))?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ProxyError::Busy(format!("publish record of {}", dev.wwid)))
     }
 
     /// The device bound to `vol`, or VolumeNotFound.

@@ -128,11 +128,12 @@ async fn resume_releases(life: &Lifecycle, request_id: &str) -> usize {
         let last = page.last().map(|d| d.wwid.clone());
         for dev in page.into_iter().filter(|d| d.phase == Phase::Releasing) {
             let wwid = dev.wwid.clone();
-            match life.release(dev, request_id).await {
-                Ok(()) => {
+            match life.resume_release(&wwid, request_id).await {
+                Ok(true) => {
                     tracing::info!(%wwid, "resumed release completed");
                     done += 1;
                 }
+                Ok(false) => {}
                 Err(e) => tracing::info!(%wwid, error = %e, "release still pending"),
             }
         }

@@ -72,7 +72,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(out)
 }
 
-#[tokio::main]
+// Several threads: the fault suite's load loops and checks run at once.
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse(&argv) {
