@@ -7,7 +7,10 @@
 //! run. A failing property prints `PROPTEST_RNG_SEED=... cargo test ...`,
 //! which replays it. See docs/reliability-properties.md.
 
-#[path = "bad_input/support.rs"]
+// The agent's suite support, shared; the proxy's properties use only part
+// of it.
+#[allow(dead_code)]
+#[path = "../../agent/tests/bad_input/support.rs"]
 mod support;
 
 #[path = "bad_input/properties.rs"]

@@ -1,5 +1,8 @@
 //! What every property shares: the runner configuration (cases, seed,
-//! where failures are kept) and generators of hostile text.
+//! where failures are kept) and generators of hostile text. The proxy's
+//! bad-input suite includes this file too (proxy/tests/bad_input.rs), so
+//! one copy serves both; paths built from `CARGO_MANIFEST_DIR` are each
+//! crate's own.
 
 use std::fmt::Display;
 use std::sync::OnceLock;

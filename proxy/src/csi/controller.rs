@@ -269,9 +269,14 @@ impl Controller for ControllerService {
         let (views, next) = match self.life.volumes(&req.starting_token, max).await {
             Ok(page) => page,
             Err(None) => {
+                let token: String = req.starting_token.chars().take(64).collect();
                 return Err(Status::aborted(format!(
-                    "starting_token {:?} is not valid",
-                    req.starting_token
+                    "starting_token {token:?}{} is not valid",
+                    if token.len() < req.starting_token.len() {
+                        format!("... ({} bytes)", req.starting_token.len())
+                    } else {
+                        String::new()
+                    }
                 )));
             }
             Err(Some(e)) => return Err(e.into()),
