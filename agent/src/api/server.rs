@@ -167,27 +167,7 @@ fn wwid(s: &str) -> Result<Wwid, Status> {
 /// (UNAVAILABLE); their errors become a status through [`to_status`], the
 /// one mapping.
 fn target(t: &Target) -> Result<TargetSpec, Status> {
-    let spec = match &t.transport {
-        Some(target::Transport::Iscsi(i)) => TargetSpec::iscsi(
-            &t.name,
-            &i.iqn,
-            &i.portals,
-            i.chap.as_ref().map(|c| {
-                (
-                    c.username.as_str(),
-                    c.password.as_str(),
-                    c.mutual_username.as_str(),
-                    c.mutual_password.as_str(),
-                )
-            }),
-        ),
-        Some(target::Transport::FibreChannel(f)) => TargetSpec::fc(&t.name, &f.wwpns),
-        None => Err(AgentError::InvalidArgument {
-            field: "target",
-            reason: "iscsi or fibre_channel is required".to_owned(),
-        }),
-    };
-    spec.map_err(to_status)
+    TargetSpec::from_api(t).map_err(to_status)
 }
 
 fn lun_message(l: &HostLun) -> Lun {

@@ -135,6 +135,31 @@ impl TargetSpec {
         })
     }
 
+    /// The agent API's description of a target, checked.
+    pub fn from_api(t: &csi_scsi_proto::agent::Target) -> Result<Self, AgentError> {
+        use csi_scsi_proto::agent::target::Transport as Api;
+        match &t.transport {
+            Some(Api::Iscsi(i)) => Self::iscsi(
+                &t.name,
+                &i.iqn,
+                &i.portals,
+                i.chap.as_ref().map(|c| {
+                    (
+                        c.username.as_str(),
+                        c.password.as_str(),
+                        c.mutual_username.as_str(),
+                        c.mutual_password.as_str(),
+                    )
+                }),
+            ),
+            Some(Api::FibreChannel(f)) => Self::fc(&t.name, &f.wwpns),
+            None => Err(AgentError::InvalidArgument {
+                field: "target",
+                reason: "iscsi or fibre_channel is required".to_owned(),
+            }),
+        }
+    }
+
     /// An FC target from WWPNs in any spelling; at least one is required.
     pub fn fc(name: &str, wwpns: &[String]) -> Result<Self, AgentError> {
         check_name(name)?;

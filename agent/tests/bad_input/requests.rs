@@ -502,30 +502,10 @@ proptest! {
 
 // --- The agent API ---
 
-/// What the agent API checks in a target before touching the host. The
-/// server's own `target()` (api/server.rs) is private; this calls the same
-/// public parsers with the same fields.
+/// What the agent API checks in a target before touching the host (the
+/// server's `target()` calls the same constructor).
 fn target_spec(t: &Target) -> Result<TargetSpec, AgentError> {
-    match &t.transport {
-        Some(target::Transport::Iscsi(i)) => TargetSpec::iscsi(
-            &t.name,
-            &i.iqn,
-            &i.portals,
-            i.chap.as_ref().map(|c| {
-                (
-                    c.username.as_str(),
-                    c.password.as_str(),
-                    c.mutual_username.as_str(),
-                    c.mutual_password.as_str(),
-                )
-            }),
-        ),
-        Some(target::Transport::FibreChannel(f)) => TargetSpec::fc(&t.name, &f.wwpns),
-        None => Err(AgentError::InvalidArgument {
-            field: "target",
-            reason: "iscsi or fibre_channel is required".to_owned(),
-        }),
-    }
+    TargetSpec::from_api(t)
 }
 
 fn api_target() -> impl Strategy<Value = Target> {
