@@ -28,6 +28,7 @@ impl Devices {
                 reason: "at least one target is required".into(),
             });
         }
+        let _op = self.begin(wwid)?;
         // Attach is asked again and again (every ControllerPublish retry):
         // a device already attached through these targets is answered from
         // what is here, verified, without touching sessions or rescanning.

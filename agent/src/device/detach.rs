@@ -14,6 +14,7 @@ use crate::wwid::Wwid;
 impl Devices {
     /// Removes `wwid` from this node. `Ok(false)` when it was already gone.
     pub async fn detach(&self, wwid: &Wwid, targets: &[TargetSpec]) -> Result<bool, AgentError> {
+        let _op = self.begin(wwid)?;
         let _held = self.lock_targets(targets).await;
         let removed = match self.lun(wwid)? {
             None => false,

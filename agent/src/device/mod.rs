@@ -17,6 +17,8 @@ pub use attachments::Attachments;
 pub use sessions::{PortalReport, TargetSpec, Transport};
 pub use wipe::{WipeMode, WipeStep};
 
+use csi_scsi_daemon::{OpGuard, OpGuards};
+
 use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::sysfs::{self, Lun, ScsiDisk};
@@ -33,6 +35,11 @@ pub struct Devices {
     /// target's sessions and paths hold still (a logout mid-discover made
     /// every LUN of the target vanish from the node's report).
     target_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One Attach, Detach, Wipe or Rescan per WWID at a time. A proxy
+    /// killed mid-call leaves its call running here; its successor's call
+    /// for the same LUN is answered ABORTED (and retried) instead of
+    /// running alongside it (a detach deleting the device under a wipe).
+    in_flight: OpGuards<String>,
 }
 
 impl Devices {
@@ -43,7 +50,15 @@ impl Devices {
             attachments,
             login_timeout,
             target_locks: std::sync::Mutex::new(HashMap::new()),
+            in_flight: OpGuards::new(),
         }
+    }
+
+    /// Marks an operation on `wwid` in flight, or Busy when one already is.
+    pub(crate) fn begin(&self, wwid: &Wwid) -> Result<OpGuard<String>, AgentError> {
+        self.in_flight
+            .try_begin(wwid.as_str().to_owned())
+            .ok_or_else(|| AgentError::Busy(wwid.to_string()))
     }
 
     /// Holds every target of `targets` (in name order, so two callers

@@ -10,6 +10,7 @@ use crate::wwid::Wwid;
 impl Devices {
     /// Rescans every path of `wwid` and returns its size in bytes.
     pub async fn rescan(&self, wwid: &Wwid) -> Result<u64, AgentError> {
+        let _op = self.begin(wwid)?;
         let before = self.size_of(wwid)?;
         let lun = self
             .lun(wwid)?

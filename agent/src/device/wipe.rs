@@ -53,6 +53,7 @@ impl Devices {
         mode: WipeMode,
         tx: mpsc::Sender<WipeStep>,
     ) -> Result<(), AgentError> {
+        let op = self.begin(wwid)?;
         let lun = self
             .lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
@@ -109,12 +110,17 @@ impl Devices {
         })?;
         drop(_held);
         let wwid_c = wwid.clone();
-        let result = tokio::task::spawn_blocking(move || erase(eraser, mode, &wwid_c, &tx))
-            .await
-            .map_err(|e| AgentError::WipeFailed {
-                wwid: wwid.clone(),
-                reason: format!("wipe task failed: {e}"),
-            })?;
+        // The guard goes with the erase: it ends when the erase does, even
+        // if this future is dropped first.
+        let result = tokio::task::spawn_blocking(move || {
+            let _op = op;
+            erase(eraser, mode, &wwid_c, &tx)
+        })
+        .await
+        .map_err(|e| AgentError::WipeFailed {
+            wwid: wwid.clone(),
+            reason: format!("wipe task failed: {e}"),
+        })?;
         match result {
             Ok(()) => {
                 tracing::info!(%wwid, ?mode, "wiped");

@@ -156,21 +156,21 @@ impl tower::Service<AgentCall> for Caller {
     }
 }
 
-/// A call the transport lost (the agent died, the connection reset) is
-/// UNAVAILABLE, which the retry layer retries, not the UNKNOWN tonic gives
+/// A call the transport lost (the agent died, the connection reset, a
+/// stream cut mid-body) is UNAVAILABLE, which the retry layer retries, not the UNKNOWN tonic gives
 /// it: the agent never answered, and every agent call is idempotent.
 fn transport_is_unavailable(status: Status) -> Status {
-    let lost = std::error::Error::source(&status)
-        .filter(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
-        .map(|e| {
-            let mut why = e.to_string();
-            let mut next = e.source();
-            while let Some(inner) = next {
-                why = format!("{why}: {inner}");
-                next = inner.source();
-            }
-            why
-        });
+    // An answer from the agent carries no source; only a failure of the
+    // connection (tonic's transport error, hyper's body error) does.
+    let lost = std::error::Error::source(&status).map(|e| {
+        let mut why = e.to_string();
+        let mut next = e.source();
+        while let Some(inner) = next {
+            why = format!("{why}: {inner}");
+            next = inner.source();
+        }
+        why
+    });
     match lost {
         Some(why) if status.code() == tonic::Code::Unknown => {
             Status::unavailable(format!("connection to the agent lost: {why}"))
