@@ -376,3 +376,49 @@ async fn a_dead_portal_is_reported_and_the_live_one_is_used() {
     assert_eq!(dead.len(), 1, "{:?}", r.portals);
     assert!(dead[0].portal.ends_with(".250:3260") && !dead[0].error.is_empty());
 }
+
+#[tokio::test]
+async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes() {
+    let (_d, lab, _cl) = lab().await;
+    let mut b = client(&lab, 1);
+    b.attach(AttachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+        lun: 0,
+    })
+    .await
+    .expect("attach");
+    // The first wipe is under way once it reports progress.
+    let mut first = b
+        .wipe(WipeRequest {
+            wwid: FC_WWID.into(),
+            mode: WipeMode::Zero as i32,
+        })
+        .await
+        .expect("wipe")
+        .into_inner();
+    let progress = first.message().await.expect("progress").expect("a step");
+    assert!(!progress.done, "the wipe is still running: {progress:?}");
+    // A successor (a restarted proxy) asks for the same LUN meanwhile.
+    let again = wipe(&mut b, FC_WWID, WipeMode::Zero).await;
+    assert_eq!(again.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
+    let detach = b
+        .detach(DetachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+        })
+        .await;
+    assert_eq!(detach.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
+    let mut last = progress;
+    while let Some(p) = first.message().await.expect("the first wipe goes on") {
+        last = p;
+    }
+    assert!(last.done && last.bytes_done == last.bytes_total, "{last:?}");
+    assert!(csi_scsi_tests::lab::scenario::all_zero(&lab.luns["fc1"]).expect("read"));
+    b.detach(DetachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+    })
+    .await
+    .expect("detach once the wipe is done");
+}
