@@ -14,7 +14,9 @@ use csi_scsi_certs::{CertificateAuthority, Identity, TrustDomain, Validity};
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use crate::support::{clear_error, config, hex, hostile_text, near_miss, valid_or_near};
+use crate::support::{
+    clear_error, config, hex, hostile_text, is_node_name, near_miss, valid_or_near,
+};
 
 /// One blank-free word of a T10 or SCSI-name identifier (printable ASCII
 /// without `_`, which canonical form uses as the word separator).
@@ -366,19 +368,6 @@ proptest! {
             prop_assert!(!target.is_empty() && target.chars().all(|c| c.is_ascii_graphic()));
         }
     }
-}
-
-/// A Kubernetes node name (DNS-1123 subdomain), the independent oracle.
-fn is_node_name(n: &str) -> bool {
-    n.len() <= 253
-        && n.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
 }
 
 /// A valid node name.

@@ -226,3 +226,16 @@ pub fn fixtures_in(rel: &str) -> Vec<String> {
         .map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .collect()
 }
+
+/// A Kubernetes node name (DNS-1123 subdomain), the independent oracle.
+pub fn is_node_name(n: &str) -> bool {
+    n.len() <= 253
+        && n.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}

@@ -10,7 +10,7 @@ use csi_scsi_proxy::volume_id::VolumeRef;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use crate::support::{clear_error, config, hex, hostile_text, near_miss};
+use crate::support::{clear_error, config, hex, hostile_text, is_node_name, near_miss};
 
 /// A canonical WWID, as the agents report them.
 fn wwid() -> impl Strategy<Value = String> + Clone {
@@ -251,20 +251,6 @@ fn node_name() -> impl Strategy<Value = String> + Clone {
     prop::collection::vec("[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", 1..4).prop_map(|l| l.join("."))
 }
 
-/// Whether `node` is a Kubernetes node name an agent's certificate can
-/// carry (certs' rule: a DNS-1123 subdomain of labels at most 63 long).
-fn dns1123(node: &str) -> bool {
-    node.len() <= 253
-        && node.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
-}
-
 /// One agents-file line's parts.
 fn agent_line() -> impl Strategy<Value = (String, String, BTreeMap<String, String>)> {
     (
@@ -358,7 +344,7 @@ proptest! {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("agents");
         std::fs::write(&path, format!("{node} 198.18.0.2:9810\n")).expect("write");
-        let dns1123 = dns1123(&node);
+        let dns1123 = is_node_name(&node);
         match FileDirectory::load(&path) {
             Ok(_) => prop_assert!(dns1123 || node.is_empty() || node.starts_with('#'), "accepted node name {node:?}"),
             Err(e) => {
