@@ -1091,30 +1091,14 @@ impl Suite {
         self.report.fault();
         let when = format!("store full (cycle {cycle})");
         let refused = Spec::new(format!("st{cycle}-full"), "none", &node);
-        for op in [Op::Create(refused.clone()), Op::Delete(victim.clone())] {
-            let o = self.call(&op, DEADLINE).await;
-            self.refused(&when, &op, &o, "is full");
-        }
-        self.reads_go_on(&when).await;
-        let alive = self.proxy_alive() == Some(pid);
-        self.report
-            .check(alive, || format!("{when}: the proxy (pid {pid}) is gone"));
+        self.writes_refused(&when, &refused, &victim, pid, "is full")
+            .await;
 
         std::fs::remove_file(&junk)?;
         self.no_binding(&when, &refused.name);
         let when = format!("store freed (cycle {cycle})");
         self.create(refused.clone()).await?;
-        self.delete(&victim, &when).await;
-        let alive = self.proxy_alive() == Some(pid);
-        self.report.check(alive, || {
-            format!("{when}: the proxy restarted (pid {pid} is gone)")
-        });
-        self.verify_acked(&when).await;
-        self.integrity(&when);
-        // Give the LUN back for the next cycles.
-        if let Some(vol) = self.acked.get(&refused.name).cloned() {
-            self.delete(&vol, &when).await;
-        }
+        self.recovered(&when, &refused, &victim, pid).await;
         if cycle == 0 {
             self.report.note(format!(
                 "store full: {} KiB of junk filled the 8 MiB tmpfs; writes refused, reads served, no restart needed",
@@ -1122,6 +1106,43 @@ impl Suite {
             ));
         }
         Ok(())
+    }
+
+    /// While the store is at fault: CreateVolume of `refused` and
+    /// DeleteVolume of `victim` are refused saying `says`, reads go on, and
+    /// the proxy (`pid`) lives.
+    async fn writes_refused(
+        &mut self,
+        when: &str,
+        refused: &Spec,
+        victim: &Vol,
+        pid: u32,
+        says: &str,
+    ) {
+        for op in [Op::Create(refused.clone()), Op::Delete(victim.clone())] {
+            let o = self.call(&op, DEADLINE).await;
+            self.refused(when, &op, &o, says);
+        }
+        self.reads_go_on(when).await;
+        let alive = self.proxy_alive() == Some(pid);
+        self.report
+            .check(alive, || format!("{when}: the proxy (pid {pid}) is gone"));
+    }
+
+    /// Once the fault is lifted: `victim` deletes, the same proxy (`pid`)
+    /// still runs, every acknowledged volume is there, the store is
+    /// intact; `refused`'s LUN is given back for the next cycles.
+    async fn recovered(&mut self, when: &str, refused: &Spec, victim: &Vol, pid: u32) {
+        self.delete(victim, when).await;
+        let alive = self.proxy_alive() == Some(pid);
+        self.report.check(alive, || {
+            format!("{when}: the proxy restarted (pid {pid} is gone)")
+        });
+        self.verify_acked(when).await;
+        self.integrity(when);
+        if let Some(vol) = self.acked.get(&refused.name).cloned() {
+            self.delete(&vol, when).await;
+        }
     }
 
     /// The store's file system refuses writes, then takes them again.
@@ -1137,14 +1158,8 @@ impl Suite {
         self.report.fault();
         let when = format!("store unwritable (cycle {cycle})");
         let refused = Spec::new(format!("st{cycle}-ro"), "none", &node);
-        for op in [Op::Create(refused.clone()), Op::Delete(victim.clone())] {
-            let o = self.call(&op, DEADLINE).await;
-            self.refused(&when, &op, &o, "cannot be written");
-        }
-        self.reads_go_on(&when).await;
-        let alive = self.proxy_alive() == Some(pid);
-        self.report
-            .check(alive, || format!("{when}: the proxy (pid {pid}) is gone"));
+        self.writes_refused(&when, &refused, &victim, pid, "cannot be written")
+            .await;
 
         lift(fault, proxy_dir).await?;
         self.no_binding(&when, &refused.name);
@@ -1162,16 +1177,7 @@ impl Suite {
         if o.ok() {
             self.create(refused.clone()).await?;
         }
-        self.delete(&victim, &when).await;
-        let alive = self.proxy_alive() == Some(pid);
-        self.report.check(alive, || {
-            format!("{when}: the proxy restarted (pid {pid} is gone)")
-        });
-        self.verify_acked(&when).await;
-        self.integrity(&when);
-        if let Some(vol) = self.acked.get(&refused.name).cloned() {
-            self.delete(&vol, &when).await;
-        }
+        self.recovered(&when, &refused, &victim, pid).await;
         if cycle == 0 {
             self.report.note(format!(
                 "store unwritable: writes refused, reads served; CreateVolume succeeded {} ms after the fault lifted, same process",
