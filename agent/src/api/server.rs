@@ -56,35 +56,6 @@ impl AgentApi {
 }
 
 impl AgentApi {
-    /// Refuses (FAILED_PRECONDITION) when a device node of `w` is mounted
-    /// or bound under the kubelet directory. A raw block publication is a
-    /// bind of the device node, which neither the device's mounts nor an
-    /// exclusive open show, yet a pod is using it.
-    fn refuse_if_published(&self, w: &Wwid) -> Result<(), Status> {
-        let Some(lun) = self.devices.lun(w).map_err(to_status)? else {
-            return Ok(());
-        };
-        let host = self.devices.host();
-        let table = mount_table(host).map_err(to_status)?;
-        let names = lun
-            .paths
-            .iter()
-            .map(|p| p.kernel_name.clone())
-            .chain(lun.map.iter().map(|m| m.kernel_name.clone()));
-        for name in names {
-            let Ok(number) = block::device_number(&host.dev(&name)) else {
-                continue;
-            };
-            if let Some(at) = publications(host, &table, number, &[]).first() {
-                return Err(to_status(AgentError::DeviceInUse {
-                    wwid: w.clone(),
-                    holder: format!("{name} is published at {}", at.display()),
-                }));
-            }
-        }
-        Ok(())
-    }
-
     /// The LUN-number hint of an Attach, unless a disk at that address
     /// through these targets is in use: the hint lets the attach remove a
     /// stale path there, and a path that is mounted, held or published is
@@ -296,7 +267,6 @@ impl Agent for AgentApi {
                 .iter()
                 .map(target)
                 .collect::<Result<Vec<_>, _>>()?;
-            self.refuse_if_published(&w)?;
             let removed = self.devices.detach(&w, &targets).await.map_err(to_status)?;
             Ok(Response::new(DetachResponse { removed }))
         }
@@ -331,7 +301,6 @@ impl Agent for AgentApi {
                 self.node
             )));
         }
-        self.refuse_if_published(&w)?;
         let (out_tx, out_rx) = mpsc::channel::<Result<WipeProgress, Status>>(16);
         let (step_tx, mut step_rx) = mpsc::channel(16);
         let devices = self.devices.clone();

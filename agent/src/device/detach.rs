@@ -9,6 +9,7 @@ use crate::error::AgentError;
 use crate::host::block::{self, Holder};
 use crate::host::mountinfo::MountTable;
 use crate::host::{multipath, sysfs};
+use crate::volume::device::publications;
 use crate::wwid::Wwid;
 
 impl Devices {
@@ -54,32 +55,48 @@ impl Devices {
         Ok(removed)
     }
 
-    /// Refuses when any of `nodes` (kernel names) is mounted (in our mount
-    /// table) or held open exclusively (by anyone, in any namespace).
+    /// Refuses when any of `nodes` (kernel names) is in use (see
+    /// [`Self::use_of`]).
     pub(crate) fn check_unused(&self, wwid: &Wwid, nodes: &[String]) -> Result<(), AgentError> {
         let table =
             MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))?;
         for name in nodes {
-            let node = self.host.dev(name);
-            let Ok(number) = block::device_number(&node) else {
-                continue;
-            };
-            if let Some(m) = table.mounts_of(number).next() {
+            if let Some(holder) = self.use_of(&table, name)? {
                 return Err(AgentError::DeviceInUse {
                     wwid: wwid.clone(),
-                    holder: format!("{name} is mounted at {}", m.mount_point.display()),
-                });
-            }
-            if block::holder(&node).map_err(|e| AgentError::io(&node, e))? == Holder::Busy {
-                return Err(AgentError::DeviceInUse {
-                    wwid: wwid.clone(),
-                    holder: format!(
-                        "{name} is held open (mounted in another namespace, or claimed)"
-                    ),
+                    holder,
                 });
             }
         }
         Ok(())
+    }
+
+    /// How the disk `name` is in use, if it is: mounted (in our mount
+    /// table), published under the kubelet directory, or held open
+    /// exclusively (by anyone, in any namespace).
+    fn use_of(&self, table: &MountTable, name: &str) -> Result<Option<String>, AgentError> {
+        let node = self.host.dev(name);
+        let Ok(number) = block::device_number(&node) else {
+            return Ok(None);
+        };
+        if let Some(m) = table.mounts_of(number).next() {
+            return Ok(Some(format!(
+                "{name} is mounted at {}",
+                m.mount_point.display()
+            )));
+        }
+        // A raw block publication is a bind of the device node, which
+        // neither the device's mounts nor an exclusive open show, yet a
+        // pod is using it.
+        if let Some(at) = publications(&self.host, table, number, &[]).first() {
+            return Ok(Some(format!("{name} is published at {}", at.display())));
+        }
+        if block::holder(&node).map_err(|e| AgentError::io(&node, e))? == Holder::Busy {
+            return Ok(Some(format!(
+                "{name} is held open (mounted in another namespace, or claimed)"
+            )));
+        }
+        Ok(None)
     }
 
     async fn wait_gone(&self, wwid: &Wwid, within: Duration) -> Result<(), AgentError> {
