@@ -117,13 +117,12 @@ impl Devices {
     async fn logout_if_idle(&self, target: &TargetSpec) {
         let disks = sysfs::scsi_disks(&self.host).unwrap_or_default();
         let table = MountTable::read(&self.host).unwrap_or_default();
-        let busy = disks.iter().filter(|d| came_through(d, target)).find(|d| {
-            let node = self.host.dev(&d.kernel_name);
-            block::device_number(&node).is_ok_and(|n| table.mounts_of(n).next().is_some())
-                || block::holder(&node).is_ok_and(|h| h == Holder::Busy)
-        });
-        if let Some(d) = busy {
-            tracing::warn!(target = %target.name, disk = %d.kernel_name, "not logging out: a disk of this target is in use");
+        let busy = disks
+            .iter()
+            .filter(|d| came_through(d, target))
+            .find_map(|d| self.use_of(&table, &d.kernel_name).ok().flatten());
+        if let Some(why) = busy {
+            tracing::warn!(target = %target.name, %why, "not logging out: a disk of this target is in use");
             return;
         }
         match self.logout(target).await {
