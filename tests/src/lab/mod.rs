@@ -437,7 +437,7 @@ impl Lab {
     /// Kills the proxy with SIGKILL (as a crash or an OOM kill would).
     pub fn kill_proxy(&mut self) {
         if let Some(proxy) = self.proxy.take() {
-            sh_quiet("kill", &["-KILL", &proxy.pid().to_string()]);
+            sigkill(proxy.pid());
             drop(proxy);
         }
     }
@@ -463,7 +463,7 @@ impl Lab {
     /// Kills node `i`'s agent (as a crash would).
     pub fn kill_agent(&mut self, i: usize) {
         if let Some(agent) = self.nodes[i].agent.take() {
-            sh_quiet("kill", &["-KILL", &agent.pid().to_string()]);
+            sigkill(agent.pid());
             // The nsenter/unshare chain: kill the agent itself too.
             sh_quiet(
                 "pkill",
@@ -547,6 +547,17 @@ impl Drop for Lab {
         if !self.config.dir.as_os_str().is_empty() {
             down(&self.config.dir);
         }
+    }
+}
+
+/// SIGKILLs `pid` at once (no `kill` process spawned on the way: the
+/// crash suite times its kills to land mid-call).
+fn sigkill(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

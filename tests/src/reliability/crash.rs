@@ -135,21 +135,17 @@ pub async fn run_with(opts: CrashOptions) -> anyhow::Result<SuiteReport> {
 
     // Phase 3: convergence and the final invariants.
     suite.finish(pool).await?;
-    let mut report = std::mem::take(&mut *suite.report.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut report = std::mem::take(&mut *locked(&suite.report));
     report.elapsed = started.elapsed();
     let retries = suite.retries.load(Ordering::Relaxed);
     let hangs = suite.hangs.load(Ordering::Relaxed);
     report.note(format!(
         "workers {workers}, pool LUNs {pool}, volumes created {} and deleted {}, attempts retried {retries}, attempts that hit the {}s client deadline {hangs}",
         suite.created.load(Ordering::Relaxed),
-        suite.ledger.lock().unwrap_or_else(|p| p.into_inner()).deleted,
+        locked(&suite.ledger).deleted,
         ATTEMPT.as_secs(),
     ));
-    let kills = suite
-        .kills
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let kills = locked(&suite.kills).clone();
     report.note(format!(
         "kills: proxy {}, agents {}; with a call in flight: CreateVolume {}, ControllerPublish {}, ControllerUnpublish {}, DeleteVolume {}, Node* {}",
         kills.proxy, kills.agent, kills.during[0], kills.during[1], kills.during[2], kills.during[3], kills.during[4]
@@ -324,7 +320,7 @@ impl Suite {
     }
 
     fn report(&self) -> std::sync::MutexGuard<'_, SuiteReport> {
-        self.report.lock().unwrap_or_else(|p| p.into_inner())
+        locked(&self.report)
     }
 
     fn check(&self, holds: bool, what: impl FnOnce() -> String) -> bool {
@@ -484,10 +480,7 @@ impl Suite {
             let r = self.attempt(kind, vol).await;
             let code = r.as_ref().err().map(Status::code).unwrap_or(Code::Ok);
             if code == Code::Ok {
-                self.durations
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(kind.name(), t.elapsed());
+                locked(&self.durations).insert(kind.name(), t.elapsed());
                 break r.ok();
             }
             let err = r.err().unwrap_or_else(|| Status::unknown(""));
@@ -580,11 +573,7 @@ impl Suite {
         self.created.fetch_add(1, Ordering::Relaxed);
         vol.id = v.volume_id.clone();
         vol.context = v.volume_context.clone();
-        let conflicts = self
-            .ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .acknowledge(name, &vol.id);
+        let conflicts = locked(&self.ledger).acknowledge(name, &vol.id);
         self.check(conflicts.is_empty(), || {
             format!(
                 "CreateVolume({name}) answered {} whose LUN is also answered for live volume(s) {}",
@@ -669,10 +658,7 @@ impl Suite {
             return false;
         }
 
-        self.ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .dying(name);
+        locked(&self.ledger).dying(name);
         let deleted = if strike == Some(StrikeAt::Wipe) {
             self.strike(StrikeAt::Wipe, Kind::Delete, &vol, rng).await
         } else {
@@ -681,10 +667,7 @@ impl Suite {
         if deleted.is_none() {
             return false;
         }
-        self.ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .deleted(name);
+        locked(&self.ledger).deleted(name);
         true
     }
 
@@ -698,10 +681,7 @@ impl Suite {
         vol: &Vol<'_>,
         rng: &mut Rng,
     ) -> Option<Answer> {
-        let expected = self
-            .durations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let expected = locked(&self.durations)
             .get(kind.name())
             .copied()
             .unwrap_or(Duration::from_millis(20));
@@ -722,12 +702,12 @@ impl Suite {
         {
             let mut lab = self.lab.lock().await;
             for &v in &victims {
-                kill_agent_now(&mut lab, v);
+                lab.kill_agent(v);
             }
         }
         self.report().fault();
         {
-            let mut k = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+            let mut k = locked(&self.kills);
             k.agent += victims.len() as u64;
             k.mid[at.index()].1 += 1;
             if mid_call {
@@ -784,7 +764,7 @@ impl Suite {
                 .map(|a| a.load(Ordering::SeqCst))
                 .collect();
             {
-                let mut k = self.kills.lock().unwrap_or_else(|p| p.into_inner());
+                let mut k = locked(&self.kills);
                 if proxy {
                     k.proxy += 1;
                 } else {
@@ -800,9 +780,6 @@ impl Suite {
             if proxy {
                 {
                     let mut lab = self.lab.lock().await;
-                    if let Some(pid) = lab.proxy.as_ref().map(|p| p.pid()) {
-                        sigkill(pid);
-                    }
                     lab.kill_proxy();
                 }
                 // The store cannot move while the proxy is down.
@@ -813,7 +790,7 @@ impl Suite {
             } else {
                 {
                     let mut lab = self.lab.lock().await;
-                    kill_agent_now(&mut lab, victim);
+                    lab.kill_agent(victim);
                 }
                 tokio::time::sleep(Duration::from_millis(rng.u64(100..800))).await;
                 let mut lab = self.lab.lock().await;
@@ -829,10 +806,7 @@ impl Suite {
     /// name and UID; every Available pool LUN reads as zeroes; the
     /// database is intact.
     async fn check_pool_store(&self, when: &str) {
-        let live: Vec<(String, String, String)> = self
-            .ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let live: Vec<(String, String, String)> = locked(&self.ledger)
             .live()
             .map(|(n, v)| (n.clone(), v.wwid.clone(), v.uid.clone()))
             .collect();
@@ -888,7 +862,7 @@ impl Suite {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let live = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let live = locked(&self.ledger).len();
         if !self.stopped() {
             self.check(live == 0, || {
                 format!("{live} volume(s) were never deleted (a step did not converge)")
@@ -989,20 +963,8 @@ fn write_marker(vol: &Vol<'_>, rng: &mut Rng) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGKILLs node `i`'s agent at once (no process spawn on the way), then
-/// lets the lab clean up after it.
-fn kill_agent_now(lab: &mut Lab, i: usize) {
-    if let Some(pid) = lab.nodes[i].agent.as_ref().map(|a| a.pid()) {
-        sigkill(pid);
-    }
-    lab.kill_agent(i);
-}
-
-fn sigkill(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+/// `m` locked; a panic elsewhere while it was held leaves plain counters
+/// and records, still usable.
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

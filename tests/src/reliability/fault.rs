@@ -49,7 +49,7 @@ use tokio::io::AsyncBufReadExt;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-use super::{Scale, SuiteReport};
+use super::{Scale, SuiteReport, store};
 use crate::binaries::binary;
 use crate::lab::net::{sh, sh_quiet};
 use crate::lab::scenario::{Clients, NODE_KEY, capability, prefer};
@@ -497,7 +497,7 @@ impl Suite {
     /// `PRAGMA integrity_check` of the store says ok.
     fn integrity(&mut self, when: &str) {
         let db = self.lab.proxy_store();
-        let said = sqlite(&db, "PRAGMA integrity_check;");
+        let said = store::integrity(&db);
         self.report
             .check(matches!(&said, Ok(s) if s.trim() == "ok"), || {
                 format!("{when}: integrity_check of {}: {said:?}", db.display())
@@ -1022,7 +1022,7 @@ impl Suite {
     /// store's files to `aside`, leaving the directory empty.
     fn set_store_aside(&mut self, proxy_dir: &Path, aside: &Path) -> anyhow::Result<()> {
         self.lab.kill_proxy();
-        sqlite(&self.lab.proxy_store(), "PRAGMA wal_checkpoint(TRUNCATE);")?;
+        store::run(&self.lab.proxy_store(), "PRAGMA wal_checkpoint(TRUNCATE);")?;
         if aside.exists() {
             std::fs::remove_dir_all(aside)?;
         }
@@ -1055,7 +1055,7 @@ impl Suite {
 
     /// A refused CreateVolume of `name` left no binding in the store.
     fn no_binding(&mut self, when: &str, name: &str) {
-        let bound = sqlite(
+        let bound = store::run(
             &self.lab.proxy_store(),
             &format!("SELECT count(*) FROM devices WHERE volume_name = '{name}';"),
         );
@@ -1461,12 +1461,6 @@ fn first_cert(path: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(CertificateDer::from_pem_file(path)
         .with_context(|| path.display().to_string())?
         .to_vec())
-}
-
-/// Runs `sql` against `db` with the sqlite3 CLI (a second, independent
-/// reader); returns its output.
-fn sqlite(db: &Path, sql: &str) -> anyhow::Result<String> {
-    sh("sqlite3", &[&db.display().to_string(), sql])
 }
 
 /// Copies every regular file of `from` into `to` (sockets stay behind).

@@ -75,6 +75,12 @@ pub fn integrity(db: &Path) -> anyhow::Result<String> {
     .to_owned())
 }
 
+/// Runs `sql` against `db` with the `sqlite3` CLI (it may write, e.g. a
+/// checkpoint); returns its output.
+pub fn run(db: &Path, sql: &str) -> anyhow::Result<String> {
+    sh("sqlite3", &[&db.display().to_string(), sql])
+}
+
 /// Whether the LUN behind `wwid` reads as zeroes end to end (`None`: the
 /// lab does not know that WWID).
 pub fn lun_is_zero(lab: &Lab, wwid: &str) -> anyhow::Result<Option<bool>> {
