@@ -145,6 +145,13 @@ pub enum AgentError {
         /// The device node.
         device: PathBuf,
     },
+    /// A volume published read-only carries no filesystem: it cannot be
+    /// formatted, so it cannot be staged as a filesystem.
+    #[error("volume {volume} was published read-only and carries no filesystem: it cannot be formatted read-only")]
+    PublishedReadOnlyBlank {
+        /// The volume.
+        volume: String,
+    },
     /// The volume capability is valid but beyond what this volume supports.
     #[error("unsupported volume capability: {0}")]
     UnsupportedCapability(String),
@@ -165,6 +172,15 @@ pub enum AgentError {
         size: u64,
         /// The range asked for, for people.
         wanted: String,
+    },
+    /// No such volume here: an ID this driver never issues, or a path no
+    /// volume can be at.
+    #[error("no volume {volume} on this node: {reason}")]
+    NoSuchVolume {
+        /// The volume ID (quoted when it does not parse).
+        volume: String,
+        /// Why.
+        reason: String,
     },
     /// The volume is not staged or published at the path given.
     #[error("volume {volume} is not at {path}: {reason}")]

@@ -17,5 +17,18 @@ pub mod agent {
 
 mod redact;
 
+pub mod publish_context {
+    //! Keys of the `publish_context` ControllerPublishVolume returns and
+    //! the CO hands to NodeStageVolume and NodePublishVolume unchanged.
+
+    /// The node-local device path the attach found (informational).
+    pub const DEVICE_PATH: &str = "devicePath";
+    /// The LUN's WWID.
+    pub const WWID: &str = "wwid";
+    /// Present, as `"true"`, when the volume was published read-only: the
+    /// node stages and publishes it read-only and never formats it.
+    pub const READONLY: &str = "readonly";
+}
+
 /// The text printed in place of a secret value.
 pub const REDACTED: &str = "<redacted>";

@@ -50,6 +50,19 @@ pub enum ProxyError {
         /// Why that blocks the request.
         reason: &'static str,
     },
+    /// Already published to that node with another capability or
+    /// readonly flag.
+    #[error("volume {volume} is already published to node {node} as {recorded}, not as {asked}: unpublish it first")]
+    PublishedIncompatibly {
+        /// The volume.
+        volume: String,
+        /// The node.
+        node: String,
+        /// How it is published there.
+        recorded: String,
+        /// How the request asks for it.
+        asked: String,
+    },
     /// The LUN is smaller than asked and cannot grow by itself.
     #[error(
         "LUN {wwid} has {have} bytes, {want} requested: recorded resize request {request}; grow the LUN on the array and the resize completes on retry"

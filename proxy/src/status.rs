@@ -273,7 +273,7 @@ fn device_view(d: &Device) -> DeviceView {
         volume_id: d.volume_id(),
         volume_name: d.binding.as_ref().map(|b| b.volume_name.clone()),
         nodes: d.node_names(),
-        published: d.published.clone(),
+        published: d.published_nodes(),
         reason: d.reason.clone(),
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use csi_scsi_proxy::inventory::{
     BindRequest, Binding, DiscoveryRound, EmbeddedInventory, Inventory, InventoryError, LunReport,
-    Phase,
+    Phase, Publication,
 };
 use csi_scsi_proxy::selector::Selector;
 
@@ -236,10 +236,10 @@ async fn a_stale_update_is_refused_as_a_conflict() {
         .await
         .unwrap();
     let mut first = d.clone();
-    first.published = vec!["node-a".into()];
+    first.published = vec![publication("node-a")];
     inv.update(first).await.unwrap();
     let mut stale = d;
-    stale.published = vec!["node-b".into()];
+    stale.published = vec![publication("node-b")];
     let err = inv.update(stale).await.unwrap_err();
     assert!(matches!(err, InventoryError::Conflict(_)), "{err}");
 }
@@ -311,4 +311,13 @@ async fn a_version_1_store_is_migrated_and_keeps_its_devices() {
         .await
         .unwrap();
     assert_eq!(d.wwid, "naa.60014050000000000000000000000001");
+}
+
+/// A publication on `node` (single-node writer, on a filesystem).
+fn publication(node: &str) -> Publication {
+    Publication {
+        node: node.to_owned(),
+        access: "mount:ext4:SINGLE_NODE_WRITER".to_owned(),
+        readonly: false,
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod binaries;
+pub mod conformance;
 pub mod csi_client;
 pub mod daemon;
 pub mod fabric;

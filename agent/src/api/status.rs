@@ -16,7 +16,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::UnsupportedCapability(_) | AgentError::CapacityOutOfRange { .. } => {
             Code::InvalidArgument
         }
-        AgentError::DeviceNotFound(_) | AgentError::VolumeNotAtPath { .. } => Code::NotFound,
+        AgentError::DeviceNotFound(_)
+        | AgentError::VolumeNotAtPath { .. }
+        | AgentError::NoSuchVolume { .. } => Code::NotFound,
         AgentError::WwidMismatch { .. } | AgentError::DeviceInUse { .. } => {
             Code::FailedPrecondition
         }
@@ -26,7 +28,9 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::ForeignFilesystem { .. } | AgentError::ForeignMount { .. } => {
             Code::FailedPrecondition
         }
-        AgentError::DeviceReadOnly { .. } | AgentError::OnlineGrowRefused { .. } => {
+        AgentError::DeviceReadOnly { .. }
+        | AgentError::PublishedReadOnlyBlank { .. }
+        | AgentError::OnlineGrowRefused { .. } => {
             Code::FailedPrecondition
         }
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,

@@ -5,10 +5,12 @@
 //! paths must resolve, after `..` and symlinks, strictly under the kubelet
 //! directory.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
+use csi_scsi_proto::publish_context;
 use csi_scsi_proto::csi::volume_capability::{AccessType as ProtoAccessType, access_mode::Mode};
 use csi_scsi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
@@ -104,6 +106,9 @@ pub struct StageRequest {
     pub capability: Capability,
     /// Extra mkfs arguments for a blank device (mount access only).
     pub mkfs: MkfsOptions,
+    /// ControllerPublishVolume published it read-only (publish context):
+    /// stage it read-only, never format it.
+    pub published_read_only: bool,
 }
 
 /// NodeUnstageVolume, parsed.
@@ -126,7 +131,8 @@ pub struct PublishRequest {
     pub target: KubeletPath,
     /// How it will be used.
     pub capability: Capability,
-    /// Whether the CO asked for a read-only publication.
+    /// Whether the CO asked for a read-only publication, or the volume
+    /// was published read-only to the node (publish context).
     pub read_only: bool,
 }
 
@@ -390,6 +396,7 @@ pub fn stage(host: &Host, r: &NodeStageVolumeRequest) -> Result<StageRequest, Ag
         staging,
         capability,
         mkfs,
+        published_read_only: published_read_only(&r.publish_context)?,
     })
 }
 
@@ -422,7 +429,7 @@ pub fn publish(host: &Host, r: &NodePublishVolumeRequest) -> Result<PublishReque
         staging,
         target,
         capability,
-        read_only: r.readonly,
+        read_only: r.readonly || published_read_only(&r.publish_context)?,
     })
 }
 
@@ -439,16 +446,13 @@ pub fn unpublish(
 
 /// Parses NodeGetVolumeStats.
 pub fn stats(host: &Host, r: &NodeGetVolumeStatsRequest) -> Result<StatsRequest, AgentError> {
-    Ok(StatsRequest {
-        volume: volume_id(&r.volume_id)?,
-        path: KubeletPath::parse(host, "volume_path", &r.volume_path)?,
-    })
+    let (volume, path) = volume_at_path(host, &r.volume_id, &r.volume_path)?;
+    Ok(StatsRequest { volume, path })
 }
 
 /// Parses NodeExpandVolume.
 pub fn expand(host: &Host, r: &NodeExpandVolumeRequest) -> Result<ExpandRequest, AgentError> {
-    let volume = volume_id(&r.volume_id)?;
-    let path = KubeletPath::parse(host, "volume_path", &r.volume_path)?;
+    let (volume, path) = volume_at_path(host, &r.volume_id, &r.volume_path)?;
     let (required_bytes, limit_bytes) = capacity_range(r.capacity_range.as_ref())?;
     let access = match r.volume_capability.as_ref() {
         Some(c) => Some(capability(Some(c))?.access),
@@ -461,6 +465,51 @@ pub fn expand(host: &Host, r: &NodeExpandVolumeRequest) -> Result<ExpandRequest,
         limit_bytes,
         access,
     })
+}
+
+/// Whether the controller published the volume read-only, from the
+/// publish context it returned (`readonly`: `true` or `false`; absent:
+/// not read-only).
+fn published_read_only(context: &HashMap<String, String>) -> Result<bool, AgentError> {
+    match context.get(publish_context::READONLY).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(AgentError::InvalidArgument {
+            field: "publish_context.readonly",
+            reason: format!("is {}; true or false", quote(other)),
+        }),
+    }
+}
+
+/// The volume and path of a call that looks a volume up where it already
+/// is (NodeGetVolumeStats, NodeExpandVolume). Missing fields are
+/// INVALID_ARGUMENT; an ID this driver never issues, or a path where
+/// kubelet never puts a volume (relative, outside its directory), names a
+/// volume that does not exist there: NOT_FOUND, as the spec's tables say.
+fn volume_at_path(
+    host: &Host,
+    raw_id: &str,
+    raw_path: &str,
+) -> Result<(VolumeId, KubeletPath), AgentError> {
+    for (field, raw) in [("volume_id", raw_id), ("volume_path", raw_path)] {
+        if raw.is_empty() {
+            return Err(AgentError::InvalidArgument {
+                field,
+                reason: "is required".to_owned(),
+            });
+        }
+    }
+    let volume = VolumeId::parse(raw_id).map_err(|e| AgentError::NoSuchVolume {
+        volume: quote(raw_id),
+        reason: e.to_string(),
+    })?;
+    let path = KubeletPath::parse(host, "volume_path", raw_path).map_err(|e| {
+        AgentError::NoSuchVolume {
+            volume: volume.to_string(),
+            reason: format!("no volume can be at that path: {e}"),
+        }
+    })?;
+    Ok((volume, path))
 }
 
 fn volume_id(raw: &str) -> Result<VolumeId, AgentError> {

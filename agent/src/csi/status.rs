@@ -43,7 +43,9 @@ pub fn code(err: &AgentError) -> Code {
         | AgentError::InvalidWwid(_) => Code::InvalidArgument,
         // "Volume does not exist": the LUN is not on this node, or not at
         // the path given (NodeGetVolumeStats, NodeExpandVolume).
-        AgentError::DeviceNotFound(_) | AgentError::VolumeNotAtPath { .. } => Code::NotFound,
+        AgentError::DeviceNotFound(_)
+        | AgentError::VolumeNotAtPath { .. }
+        | AgentError::NoSuchVolume { .. } => Code::NotFound,
         // "Volume published but is incompatible" (stage and publish).
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         // "Staging target path not set" (NodePublishVolume).
@@ -56,6 +58,7 @@ pub fn code(err: &AgentError) -> Code {
         | AgentError::DeviceInUse { .. }
         | AgentError::ForeignFilesystem { .. }
         | AgentError::DeviceReadOnly { .. }
+        | AgentError::PublishedReadOnlyBlank { .. }
         | AgentError::UnsupportedCapability(_)
         | AgentError::ForeignMount { .. }
         | AgentError::StillPublished { .. }

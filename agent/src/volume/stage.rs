@@ -63,14 +63,14 @@ async fn stage_filesystem(
         ));
     }
     ensure_unused(req, device, table)?;
-    let read_only = device_read_only(host, device)?;
-    if read_only && !req.capability.mode.read_only() {
-        return Err(AgentError::DeviceReadOnly {
-            device: device.node.clone(),
-        });
-    }
+    let read_only = read_only(host, req, device)?;
     match filesystem::probe(host, &device.node).await? {
         Signature::Filesystem(found) if found == fs.name() => {}
+        Signature::Blank if req.published_read_only => {
+            return Err(AgentError::PublishedReadOnlyBlank {
+                volume: req.volume.to_string(),
+            });
+        }
         Signature::Blank if read_only => {
             return Err(AgentError::DeviceReadOnly {
                 device: device.node.clone(),
@@ -124,12 +124,7 @@ fn stage_block(
         });
     }
     ensure_unused(req, device, table)?;
-    let read_only = device_read_only(host, device)?;
-    if read_only && !req.capability.mode.read_only() {
-        return Err(AgentError::DeviceReadOnly {
-            device: device.node.clone(),
-        });
-    }
+    read_only(host, req, device)?;
     BlockRecord {
         volume_id,
         wwid: req.volume.wwid.to_string(),
@@ -164,6 +159,19 @@ fn ensure_unused(
             ),
         }),
     }
+}
+
+/// Whether the volume is to be staged read-only: published read-only, or
+/// a device the kernel marks read-only (refused unless the capability or
+/// the publication is read-only).
+fn read_only(host: &Host, req: &StageRequest, device: &Device) -> Result<bool, AgentError> {
+    let device_read_only = device_read_only(host, device)?;
+    if device_read_only && !req.capability.mode.read_only() && !req.published_read_only {
+        return Err(AgentError::DeviceReadOnly {
+            device: device.node.clone(),
+        });
+    }
+    Ok(device_read_only || req.published_read_only)
 }
 
 /// Whether the kernel marks the device read-only.

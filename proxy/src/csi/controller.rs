@@ -183,7 +183,7 @@ impl Controller for ControllerService {
             let access = request::access(cap)?;
             let publish_context = self
                 .life
-                .publish(&req.volume_id, &req.node_id, &access, &rid)
+                .publish(&req.volume_id, &req.node_id, &access, req.readonly, &rid)
                 .await?;
             Ok(Response::new(ControllerPublishVolumeResponse {
                 publish_context,
@@ -286,7 +286,7 @@ impl Controller for ControllerService {
             .map(|v| list_volumes_response::Entry {
                 volume: Some(volume_of(v)),
                 status: Some(list_volumes_response::VolumeStatus {
-                    published_node_ids: v.device.published.clone(),
+                    published_node_ids: v.device.published_nodes(),
                     volume_condition: Some(condition(v)),
                 }),
             })
@@ -408,7 +408,7 @@ impl Controller for ControllerService {
         Ok(Response::new(ControllerGetVolumeResponse {
             volume: Some(volume_of(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: v.device.published.clone(),
+                published_node_ids: v.device.published_nodes(),
                 volume_condition: Some(condition(&v)),
             }),
         }))

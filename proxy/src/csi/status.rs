@@ -19,6 +19,8 @@ impl From<ProxyError> for Status {
             }
             ProxyError::CapacityOutOfRange(_) => Code::OutOfRange,
             ProxyError::PublishedElsewhere { .. } => Code::FailedPrecondition,
+            // ControllerPublishVolume: "Volume published but is incompatible".
+            ProxyError::PublishedIncompatibly { .. } => Code::AlreadyExists,
             ProxyError::DeviceState { .. } => Code::Unavailable,
             ProxyError::Busy(_) => Code::Aborted,
             ProxyError::Secret { .. } => Code::FailedPrecondition,

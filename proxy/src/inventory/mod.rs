@@ -13,7 +13,7 @@ pub use embedded::EmbeddedInventory;
 pub use kube::{KubeInventory, KubeInventoryConfig};
 pub use model::{
     BindRequest, Binding, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
-    LunReport, NodeView, Phase, ResizeRequest, SecretRef, Target,
+    LunReport, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
 };
 
 /// Why an inventory operation failed.

@@ -132,14 +132,66 @@ pub struct Device {
     pub binding: Option<Binding>,
     /// Where it is visible.
     pub nodes: Vec<NodeView>,
-    /// Nodes it is attached (ControllerPublished) to.
-    pub published: Vec<String>,
+    /// Where it is attached (ControllerPublished), and how.
+    pub published: Vec<Publication>,
     /// Unix seconds when a node last reported it.
     pub last_seen: i64,
     /// Why it is Failed or Lost.
     pub reason: String,
     /// Bumped on every write: the compare-and-swap token.
     pub generation: i64,
+}
+
+/// One ControllerPublish of a device: the node, and the capability and
+/// readonly flag it was published with (a second publish to that node must
+/// ask for the same, or it is ALREADY_EXISTS).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Publication {
+    /// Node name.
+    pub node: String,
+    /// The capability, canonical text (`Access::canonical`); empty in a
+    /// record written before publications kept it (then any capability
+    /// among the binding's is taken as the one).
+    pub access: String,
+    /// ControllerPublishVolume's `readonly`.
+    pub readonly: bool,
+}
+
+/// How a publication is stored: records written before publications kept
+/// their capability hold the node name alone.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredPublication {
+    NodeOnly(String),
+    Full {
+        node: String,
+        #[serde(default)]
+        access: String,
+        #[serde(default)]
+        readonly: bool,
+    },
+}
+
+impl<'de> Deserialize<'de> for Publication {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match StoredPublication::deserialize(d)? {
+            StoredPublication::NodeOnly(node) => Self {
+                node,
+                access: String::new(),
+                readonly: false,
+            },
+            StoredPublication::Full {
+                node,
+                access,
+                readonly,
+            } => Self {
+                node,
+                access,
+                readonly,
+            },
+        })
+    }
 }
 
 /// A LUN as one node reported it in one discovery round.
@@ -250,6 +302,16 @@ impl Device {
         names.sort();
         names.dedup();
         names
+    }
+
+    /// Names of the nodes it is published to, in publish order.
+    pub fn published_nodes(&self) -> Vec<String> {
+        self.published.iter().map(|p| p.node.clone()).collect()
+    }
+
+    /// Its publication on `node`, if it is published there.
+    pub fn publication(&self, node: &str) -> Option<&Publication> {
+        self.published.iter().find(|p| p.node == node)
     }
 
     /// The volume ID of the current binding.

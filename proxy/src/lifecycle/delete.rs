@@ -33,7 +33,7 @@ impl Lifecycle {
         if !dev.published.is_empty() {
             return Err(ProxyError::PublishedElsewhere {
                 volume: id.to_owned(),
-                nodes: dev.published.join(","),
+                nodes: dev.published_nodes().join(","),
                 reason: "unpublish it first",
             });
         }

@@ -4,22 +4,29 @@
 use std::collections::HashMap;
 
 use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
+use csi_scsi_proto::publish_context;
 
 use super::Lifecycle;
 use super::access::{Access, mount_fs};
 use crate::agents::{AgentOp, AgentReply};
 use crate::error::ProxyError;
-use crate::inventory::{Device, InventoryError, Phase};
+use crate::inventory::{Device, InventoryError, Phase, Publication};
 use crate::volume_id::VolumeRef;
+
+fn describe(access: &str, readonly: bool) -> String {
+    let access = if access.is_empty() { "(not recorded)" } else { access };
+    format!("{access}{}", if readonly { ", read-only" } else { "" })
+}
 
 impl Lifecycle {
     /// Attaches volume `id` on `node`; returns the publish context
-    /// (`devicePath`, `wwid`).
+    /// (`devicePath`, `wwid`, and `readonly` when published read-only).
     pub async fn publish(
         &self,
         id: &str,
         node: &str,
         access: &Access,
+        readonly: bool,
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
@@ -28,32 +35,52 @@ impl Lifecycle {
         }
         let _guard = self.lock(&vol.wwid).await?;
         let mut dev = self.bound(&vol).await?;
-        if let Some(b) = &dev.binding {
-            let wanted = access.canonical(mount_fs(&b.capabilities).unwrap_or("ext4"));
-            if !b.capabilities.contains(&wanted) {
-                return Err(ProxyError::InvalidArgument {
-                    field: "volume_capability",
-                    reason: format!(
-                        "{wanted} is not among the volume's capabilities {:?}",
-                        b.capabilities
-                    ),
+        let binding = dev
+            .binding
+            .as_ref()
+            .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let wanted = access.canonical(mount_fs(&binding.capabilities).unwrap_or("ext4"));
+        if !binding.capabilities.contains(&wanted) {
+            return Err(ProxyError::InvalidArgument {
+                field: "volume_capability",
+                reason: format!(
+                    "{wanted} is not among the volume's capabilities {:?}",
+                    binding.capabilities
+                ),
+            });
+        }
+        let already = match dev.publication(node) {
+            // Spec: published to this node "but is incompatible with the
+            // specified volume_capability or readonly flag".
+            Some(p) if p.readonly != readonly || !(p.access.is_empty() || p.access == wanted) => {
+                return Err(ProxyError::PublishedIncompatibly {
+                    volume: id.to_owned(),
+                    node: node.to_owned(),
+                    recorded: describe(&p.access, p.readonly),
+                    asked: describe(&wanted, readonly),
                 });
             }
-        }
-        let already = dev.published.iter().any(|n| n == node);
+            Some(_) => true,
+            None => false,
+        };
         if !already {
             if access.mode.single_node() && !dev.published.is_empty() {
                 return Err(ProxyError::PublishedElsewhere {
                     volume: id.to_owned(),
-                    nodes: dev.published.join(","),
+                    nodes: dev.published_nodes().join(","),
                     reason: "its access mode allows one node only",
                 });
             }
             // Record first, so a racing publish elsewhere sees this node.
+            let publication = Publication {
+                node: node.to_owned(),
+                access: wanted,
+                readonly,
+            };
             dev = self
                 .edit_published(dev, |p| {
-                    if !p.iter().any(|n| n == node) {
-                        p.push(node.to_owned());
+                    if !p.iter().any(|x| x.node == node) {
+                        p.push(publication.clone());
                     }
                 })
                 .await?;
@@ -65,10 +92,16 @@ impl Lifecycle {
             lun: dev.lun,
         });
         match self.call(node, op, request_id).await {
-            Ok(AgentReply::Attach(a)) => Ok(HashMap::from([
-                ("devicePath".to_owned(), a.device_path),
-                ("wwid".to_owned(), dev.wwid.clone()),
-            ])),
+            Ok(AgentReply::Attach(a)) => {
+                let mut context = HashMap::from([
+                    (publish_context::DEVICE_PATH.to_owned(), a.device_path),
+                    (publish_context::WWID.to_owned(), dev.wwid.clone()),
+                ]);
+                if readonly {
+                    context.insert(publish_context::READONLY.to_owned(), "true".to_owned());
+                }
+                Ok(context)
+            }
             Ok(_) => Err(ProxyError::AgentsUnavailable {
                 what: "attach".into(),
                 detail: "agent answered with the wrong message".into(),
@@ -76,7 +109,7 @@ impl Lifecycle {
             Err(e) => {
                 if !already {
                     // Undo the record: the LUN is not attached there.
-                    if let Err(undo) = self.edit_published(dev, |p| p.retain(|n| n != node)).await {
+                    if let Err(undo) = self.edit_published(dev, |p| p.retain(|x| x.node != node)).await {
                         tracing::warn!(error = %undo, "could not undo the publish record");
                     }
                 }
@@ -107,7 +140,7 @@ impl Lifecycle {
             return Ok(());
         }
         let nodes: Vec<String> = if node.is_empty() {
-            dev.published.clone()
+            dev.published_nodes()
         } else {
             vec![node.to_owned()]
         };
@@ -124,8 +157,8 @@ impl Lifecycle {
                 });
                 self.call(&n, op, request_id).await?;
             }
-            if dev.published.contains(&n) {
-                dev = self.edit_published(dev, |p| p.retain(|x| x != &n)).await?;
+            if dev.publication(&n).is_some() {
+                dev = self.edit_published(dev, |p| p.retain(|x| x.node != n)).await?;
             }
         }
         Ok(())
@@ -137,7 +170,7 @@ impl Lifecycle {
     async fn edit_published(
         &self,
         mut dev: Device,
-        change: impl Fn(&mut Vec<String>),
+        change: impl Fn(&mut Vec<Publication>),
     ) -> Result<Device, ProxyError> {
         for _ in 0..8 {
             change(&mut dev.published);

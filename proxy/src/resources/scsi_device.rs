@@ -14,7 +14,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::{Binding, Device, NodeView, Phase};
+use crate::inventory::{Binding, Device, NodeView, Phase, Publication};
 
 /// One LUN as discovery reported it.
 #[derive(
@@ -123,9 +123,9 @@ pub struct SCSIDeviceStatus {
     /// Node names that see it, sorted (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_names: Vec<String>,
-    /// Nodes it is attached (ControllerPublished) to.
+    /// Where it is attached (ControllerPublished), and how.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub published: Vec<String>,
+    pub published: Vec<DevicePublication>,
     /// When a node last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Time>,
@@ -173,6 +173,21 @@ pub struct DeviceNode {
     /// `/dev/disk/by-path` (or by-id) names on that node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+}
+
+/// One ControllerPublish of the device.
+#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DevicePublication {
+    /// Node name.
+    pub node: String,
+    /// The capability it was published with (`mount:<fs>:<MODE>` or
+    /// `block:<MODE>`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub access: String,
+    /// Published read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub readonly: bool,
 }
 
 /// Why a stored object cannot become an inventory device.
@@ -234,7 +249,15 @@ impl SCSIDevice {
                     paths: n.paths,
                 })
                 .collect(),
-            published: status.published,
+            published: status
+                .published
+                .into_iter()
+                .map(|p| Publication {
+                    node: p.node,
+                    access: p.access,
+                    readonly: p.readonly,
+                })
+                .collect(),
             last_seen: status.last_seen.map(|t| t.0.as_second()).unwrap_or(0),
             reason: status.reason,
             generation,
@@ -296,7 +319,15 @@ impl SCSIDeviceStatus {
                 })
                 .collect(),
             node_names: d.node_names(),
-            published: d.published.clone(),
+            published: d
+                .published
+                .iter()
+                .map(|p| DevicePublication {
+                    node: p.node.clone(),
+                    access: p.access.clone(),
+                    readonly: p.readonly,
+                })
+                .collect(),
             last_seen: (d.last_seen > 0)
                 .then(|| Timestamp::from_second(d.last_seen).ok().map(Time))
                 .flatten(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use csi_scsi_proxy::events::{ClaimRef, VolumeEvents};
 use csi_scsi_proxy::inventory::{
     BindRequest, Binding, DiscoveryRound, Inventory, InventoryError, KubeInventory,
-    KubeInventoryConfig, LunReport, Phase, ResizeRequest,
+    KubeInventoryConfig, LunReport, Phase, Publication, ResizeRequest,
 };
 use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::selector::Selector;
@@ -329,11 +329,11 @@ async fn a_stale_update_is_refused_as_a_conflict() {
         .await
         .unwrap();
     let mut first = d.clone();
-    first.published = vec!["node-a".into()];
+    first.published = vec![publication("node-a")];
     let written = inv.update(first).await.unwrap();
     assert!(written.generation > d.generation);
     let mut stale = d;
-    stale.published = vec!["node-b".into()];
+    stale.published = vec![publication("node-b")];
     let err = inv.update(stale).await.unwrap_err();
     assert!(matches!(err, InventoryError::Conflict(_)), "{err}");
     let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
@@ -350,7 +350,7 @@ async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
         "scsidevices",
         device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1")),
     );
-    d.published = vec!["node-a".into()];
+    d.published = vec![publication("node-a")];
     let err = inv.update(d).await.unwrap_err();
     assert!(matches!(err, InventoryError::Conflict(_)), "{err}");
     // The caller's re-read sees the winner.
@@ -358,7 +358,7 @@ async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     assert_eq!(fresh.node_names(), vec!["node-a", "node-b"]);
     assert!(fresh.published.is_empty());
     let mut retry = fresh;
-    retry.published = vec!["node-a".into()];
+    retry.published = vec![publication("node-a")];
     inv.update(retry).await.unwrap();
 }
 
@@ -670,4 +670,13 @@ async fn many_callers_waiting_for_the_first_list_all_get_through() {
         .expect("a waiter was never woken");
     assert!(all.into_iter().all(|r| r.unwrap().is_some()));
     assert!(inv.is_synced());
+}
+
+/// A publication on `node` (single-node writer, on a filesystem).
+fn publication(node: &str) -> Publication {
+    Publication {
+        node: node.to_owned(),
+        access: "mount:ext4:SINGLE_NODE_WRITER".to_owned(),
+        readonly: false,
+    }
 }

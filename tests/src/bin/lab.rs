@@ -1,6 +1,6 @@
 //! `lab`: the local multi-node lab (the README's main job).
 //!
-//! `lab up [--keep] [--dir DIR] [--nodes N]`: build a cluster of this
+//! `lab up [--keep] [--dir DIR] [--nodes N] [--pool N]`: build a cluster of this
 //! driver on this machine (as root) and play a whole volume life cycle
 //! through it; with `--keep`, leave it running and write `lab.json`.
 //! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
@@ -10,6 +10,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
+
+const USAGE: &str = "usage: lab up [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+  --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
+            (label tier=pool): devices for suites that create many volumes";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,8 +33,15 @@ fn main() -> ExitCode {
                     .unwrap_or(3)
                     .clamp(3, 8)
             }
+            "--pool" => {
+                config.pool_luns = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(16)
+                    .clamp(1, 64)
+            }
             "-h" | "--help" => {
-                println!("usage: lab up [--keep] [--dir DIR] [--nodes N] | lab down [--dir DIR]");
+                println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -59,7 +70,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("usage: lab up [--keep] [--dir DIR] [--nodes N] | lab down [--dir DIR]");
+            eprintln!("{USAGE}");
             ExitCode::from(64)
         }
     }

@@ -1,0 +1,95 @@
+//! `conformance`: the real csi-sanity against a fresh lab (see
+//! `docs/conformance.md`). Prints csi-sanity's tally, every failure and
+//! every skip with its reason; exits 1 on a failed spec or a skip that
+//! `docs/conformance.md` does not list.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use csi_scsi_tests::conformance::{self, Options};
+
+const USAGE: &str = "\
+usage: conformance --csi-sanity PATH [--dir DIR] [--pool N] [--focus REGEX]
+                   [--docs FILE] [--keep]
+
+Runs csi-sanity (build it with `tools/build csi-sanity`) against a fresh
+lab (needs root): Identity and Controller on the proxy, Node on node-a's
+agent, through a router socket.
+  --csi-sanity PATH  the csi-sanity binary (default: $CSI_SANITY)
+  --dir DIR          where the lab lives (default /tmp/csi-scsi-conformance)
+  --pool N           pool LUNs of 64 MiB for the suite's volumes (default 16)
+  --focus REGEX      only the specs that match (ginkgo focus)
+  --docs FILE        the skip list every skip must appear in
+                     (default docs/conformance.md; `-` for none)
+  --keep             leave the lab running afterwards";
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut opts = Options {
+        sanity: std::env::var_os("CSI_SANITY").map(PathBuf::from).unwrap_or_default(),
+        dir: PathBuf::from("/tmp/csi-scsi-conformance"),
+        pool: 16,
+        focus: None,
+        documented: Some(PathBuf::from("docs/conformance.md")),
+        keep: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--csi-sanity" => opts.sanity = value()?.into(),
+            "--dir" => opts.dir = value()?.into(),
+            "--pool" => {
+                opts.pool = value()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (4..=64).contains(n))
+                    .ok_or("--pool takes 4 to 64")?
+            }
+            "--focus" => opts.focus = Some(value()?),
+            "--docs" => {
+                let v = value()?;
+                opts.documented = (v != "-").then(|| PathBuf::from(v));
+            }
+            "--keep" => opts.keep = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if opts.sanity.as_os_str().is_empty() {
+        return Err("--csi-sanity PATH (or $CSI_SANITY) is required".into());
+    }
+    Ok(opts)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match parse(&argv) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("conformance: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(64);
+        }
+    };
+    csi_scsi_certs::install_crypto_provider();
+    match conformance::run(&opts, &mut |s: &str| println!("  - {s}")).await {
+        Ok(report) => {
+            print!("{}", report.render());
+            if report.passed() {
+                println!("conformance: PASSED");
+                ExitCode::SUCCESS
+            } else {
+                println!("conformance: FAILED (log: {}/csi-sanity.log)", opts.dir.display());
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("conformance: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
