@@ -147,7 +147,9 @@ pub enum AgentError {
     },
     /// A volume published read-only carries no filesystem: it cannot be
     /// formatted, so it cannot be staged as a filesystem.
-    #[error("volume {volume} was published read-only and carries no filesystem: it cannot be formatted read-only")]
+    #[error(
+        "volume {volume} was published read-only and carries no filesystem: it cannot be formatted read-only"
+    )]
     PublishedReadOnlyBlank {
         /// The volume.
         volume: String,

@@ -52,7 +52,9 @@ pub enum ProxyError {
     },
     /// Already published to that node with another capability or
     /// readonly flag.
-    #[error("volume {volume} is already published to node {node} as {recorded}, not as {asked}: unpublish it first")]
+    #[error(
+        "volume {volume} is already published to node {node} as {recorded}, not as {asked}: unpublish it first"
+    )]
     PublishedIncompatibly {
         /// The volume.
         volume: String,

@@ -30,9 +30,7 @@ pub fn to_status(e: AgentError) -> Status {
         }
         AgentError::DeviceReadOnly { .. }
         | AgentError::PublishedReadOnlyBlank { .. }
-        | AgentError::OnlineGrowRefused { .. } => {
-            Code::FailedPrecondition
-        }
+        | AgentError::OnlineGrowRefused { .. } => Code::FailedPrecondition,
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         AgentError::Busy(_) => Code::Aborted,

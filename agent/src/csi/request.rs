@@ -10,12 +10,12 @@ use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
-use csi_scsi_proto::publish_context;
 use csi_scsi_proto::csi::volume_capability::{AccessType as ProtoAccessType, access_mode::Mode};
 use csi_scsi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
+use csi_scsi_proto::publish_context;
 
 use crate::error::AgentError;
 use crate::host::Host;

@@ -321,3 +321,29 @@ impl Device {
             .map(|b| format!("{}:{}", self.wwid, b.uid))
     }
 }
+
+#[cfg(test)]
+mod publication_tests {
+    use super::Publication;
+
+    #[test]
+    fn a_publication_stored_as_a_bare_node_name_still_loads_with_its_capability_unrecorded() {
+        let old: Vec<Publication> = serde_json::from_str(r#"["node-a"]"#).expect("old record");
+        assert_eq!(
+            old,
+            vec![Publication {
+                node: "node-a".into(),
+                access: String::new(),
+                readonly: false,
+            }]
+        );
+        let new = Publication {
+            node: "node-b".into(),
+            access: "block:MULTI_NODE_MULTI_WRITER".into(),
+            readonly: true,
+        };
+        let text = serde_json::to_string(&vec![new.clone()]).expect("write");
+        let back: Vec<Publication> = serde_json::from_str(&text).expect("read");
+        assert_eq!(back, vec![new]);
+    }
+}

@@ -14,7 +14,11 @@ use crate::inventory::{Device, InventoryError, Phase, Publication};
 use crate::volume_id::VolumeRef;
 
 fn describe(access: &str, readonly: bool) -> String {
-    let access = if access.is_empty() { "(not recorded)" } else { access };
+    let access = if access.is_empty() {
+        "(not recorded)"
+    } else {
+        access
+    };
     format!("{access}{}", if readonly { ", read-only" } else { "" })
 }
 
@@ -109,7 +113,10 @@ impl Lifecycle {
             Err(e) => {
                 if !already {
                     // Undo the record: the LUN is not attached there.
-                    if let Err(undo) = self.edit_published(dev, |p| p.retain(|x| x.node != node)).await {
+                    if let Err(undo) = self
+                        .edit_published(dev, |p| p.retain(|x| x.node != node))
+                        .await
+                    {
                         tracing::warn!(error = %undo, "could not undo the publish record");
                     }
                 }
@@ -158,7 +165,9 @@ impl Lifecycle {
                 self.call(&n, op, request_id).await?;
             }
             if dev.publication(&n).is_some() {
-                dev = self.edit_published(dev, |p| p.retain(|x| x.node != n)).await?;
+                dev = self
+                    .edit_published(dev, |p| p.retain(|x| x.node != n))
+                    .await?;
             }
         }
         Ok(())

@@ -337,7 +337,10 @@ async fn a_stale_update_is_refused_as_a_conflict() {
     let err = inv.update(stale).await.unwrap_err();
     assert!(matches!(err, InventoryError::Conflict(_)), "{err}");
     let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
-    assert_eq!(stored["status"]["published"], json!(["node-a"]));
+    assert_eq!(
+        stored["status"]["published"],
+        json!([{"node": "node-a", "access": "mount:ext4:SINGLE_NODE_WRITER"}])
+    );
 }
 
 #[tokio::test]

@@ -26,7 +26,9 @@ agent, through a router socket.
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut opts = Options {
-        sanity: std::env::var_os("CSI_SANITY").map(PathBuf::from).unwrap_or_default(),
+        sanity: std::env::var_os("CSI_SANITY")
+            .map(PathBuf::from)
+            .unwrap_or_default(),
         dir: PathBuf::from("/tmp/csi-scsi-conformance"),
         pool: 16,
         focus: None,
@@ -83,7 +85,10 @@ async fn main() -> ExitCode {
                 println!("conformance: PASSED");
                 ExitCode::SUCCESS
             } else {
-                println!("conformance: FAILED (log: {}/csi-sanity.log)", opts.dir.display());
+                println!(
+                    "conformance: FAILED (log: {}/csi-sanity.log)",
+                    opts.dir.display()
+                );
                 ExitCode::FAILURE
             }
         }

@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str = "usage: lab up [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+const USAGE: &str =
+    "usage: lab up [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
             (label tier=pool): devices for suites that create many volumes";
 

@@ -92,7 +92,6 @@ const PASSES: [SanityPass; 2] = [
     },
 ];
 
-
 /// Runs csi-sanity against a fresh lab; the report of every spec.
 pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
     if !opts.sanity.is_file() {
@@ -131,15 +130,23 @@ pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Resu
 
     let router_socket = dir.join("csi-router.sock");
     let router = {
-        let (socket, proxy, agent) = (router_socket.clone(), lab.proxy_csi.clone(), node.csi.clone());
+        let (socket, proxy, agent) = (
+            router_socket.clone(),
+            lab.proxy_csi.clone(),
+            node.csi.clone(),
+        );
         tokio::spawn(async move { router::serve(&socket, &proxy, &agent).await })
     };
     wait_for_socket(&router_socket).await?;
 
     // Paths where kubelet would put them: csi-sanity creates the last
     // component itself (mkdir, not -p) and removes it afterwards.
-    let pods = node.kubelet.join("pods/csi-sanity/volumes/kubernetes.io~csi");
-    let plugins = node.kubelet.join("plugins/kubernetes.io/csi/csi-scsi.io/csi-sanity");
+    let pods = node
+        .kubelet
+        .join("pods/csi-sanity/volumes/kubernetes.io~csi");
+    let plugins = node
+        .kubelet
+        .join("plugins/kubernetes.io/csi/csi-scsi.io/csi-sanity");
     std::fs::create_dir_all(&pods)?;
     std::fs::create_dir_all(&plugins)?;
     let params = reports.join("csi-sanity-parameters.yaml");
@@ -174,7 +181,9 @@ pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Resu
             pass.name,
             pass.volume_bytes >> 20,
             pass.expand_bytes >> 20,
-            pass.focus.map(|f| format!(", only {f:?}")).unwrap_or_default(),
+            pass.focus
+                .map(|f| format!(", only {f:?}"))
+                .unwrap_or_default(),
             log.display()
         ));
         let out = std::fs::File::create(&log)?;
@@ -203,8 +212,8 @@ pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Resu
     router.abort();
 
     if let Some(doc) = &opts.documented {
-        let listed = std::fs::read_to_string(doc)
-            .with_context(|| format!("reading {}", doc.display()))?;
+        let listed =
+            std::fs::read_to_string(doc).with_context(|| format!("reading {}", doc.display()))?;
         report.undocumented_skips = report
             .specs
             .iter()

@@ -69,14 +69,14 @@ pub struct Report {
 #[serde(rename_all = "PascalCase")]
 struct SuiteJson {
     #[serde(default)]
-    spec_reports: Vec<SpecJson>,
+    spec_reports: Option<Vec<SpecJson>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct SpecJson {
     #[serde(default)]
-    container_hierarchy_texts: Vec<String>,
+    container_hierarchy_texts: Option<Vec<String>>,
     #[serde(default)]
     leaf_node_type: String,
     #[serde(default)]
@@ -100,14 +100,14 @@ impl Report {
             serde_json::from_slice(json).context("csi-sanity's JSON report")?;
         let mut specs = Vec::new();
         for suite in suites {
-            for s in suite.spec_reports {
+            for s in suite.spec_reports.unwrap_or_default() {
                 let state = SpecState::parse(&s.state);
                 // Suite set-up and tear-down nodes are reported too; they
                 // count only when they fail.
                 if s.leaf_node_type != "It" && state != SpecState::Failed {
                     continue;
                 }
-                let mut parts = s.container_hierarchy_texts;
+                let mut parts = s.container_hierarchy_texts.unwrap_or_default();
                 parts.push(if s.leaf_node_text.is_empty() {
                     s.leaf_node_type
                 } else {
@@ -183,10 +183,18 @@ impl Report {
             self.count(SpecState::Pending)
         ));
         for s in self.specs.iter().filter(|s| s.state == SpecState::Failed) {
-            out.push_str(&format!("FAILED  {}\n        {}\n", s.name, first_lines(&s.message, 6)));
+            out.push_str(&format!(
+                "FAILED  {}\n        {}\n",
+                s.name,
+                first_lines(&s.message, 6)
+            ));
         }
         for s in self.specs.iter().filter(|s| s.state == SpecState::Skipped) {
-            out.push_str(&format!("skipped {}\n        {}\n", s.name, first_lines(&s.message, 1)));
+            out.push_str(&format!(
+                "skipped {}\n        {}\n",
+                s.name,
+                first_lines(&s.message, 1)
+            ));
         }
         for name in &self.undocumented_skips {
             out.push_str(&format!(
@@ -246,7 +254,11 @@ mod tests {
         r.merge(second);
         assert_eq!(r.specs.len(), 3, "merged by name");
         assert_eq!(r.count(SpecState::Passed), 2);
-        assert_eq!(r.count(SpecState::Failed), 1, "a failure in one pass stands");
+        assert_eq!(
+            r.count(SpecState::Failed),
+            1,
+            "a failure in one pass stands"
+        );
         assert_eq!(r.count(SpecState::Skipped), 0);
     }
 

@@ -180,6 +180,19 @@ pub async fn attach_and_mount(
     block: bool,
     pod: &str,
 ) -> anyhow::Result<PathBuf> {
+    attach_and_mount_as(lab, cl, vol, node, block, pod, false).await
+}
+
+/// [`attach_and_mount`] with ControllerPublishVolume's `readonly` flag.
+pub async fn attach_and_mount_as(
+    lab: &Lab,
+    cl: &mut Clients,
+    vol: &Volume,
+    node: &str,
+    block: bool,
+    pod: &str,
+    readonly: bool,
+) -> anyhow::Result<PathBuf> {
     let cap = capability(
         block,
         if block { "" } else { "xfs" },
@@ -191,7 +204,7 @@ pub async fn attach_and_mount(
             volume_id: vol.volume_id.clone(),
             node_id: node.to_owned(),
             volume_capability: Some(cap.clone()),
-            readonly: false,
+            readonly,
             secrets: HashMap::new(),
             volume_context: vol.volume_context.clone(),
         })

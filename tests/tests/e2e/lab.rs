@@ -7,7 +7,7 @@ use std::time::Duration;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode;
 use csi_scsi_proto::csi::*;
 use csi_scsi_tests::lab::scenario::{
-    self, Clients, attach_and_mount, capability, create, unmount_and_detach,
+    self, Clients, attach_and_mount, attach_and_mount_as, capability, create, unmount_and_detach,
 };
 use csi_scsi_tests::lab::{Lab, LabConfig, down};
 use tempfile::TempDir;
@@ -93,6 +93,104 @@ async fn two_nodes_racing_to_publish_a_single_writer_volume_one_wins() {
         .expect("get")
         .into_inner();
     assert_eq!(v.status.expect("status").published_node_ids.len(), 1);
+}
+
+/// Whether the first MiB of the lab LUN `name` is all zeroes.
+fn lun_head_is_blank(lab: &Lab, name: &str) -> bool {
+    use std::io::Read;
+    let mut head = vec![0u8; 1 << 20];
+    std::fs::File::open(&lab.luns[name])
+        .and_then(|mut f| f.read_exact(&mut head))
+        .expect("read the LUN file");
+    head.iter().all(|&b| b == 0)
+}
+
+fn status_code(e: &anyhow::Error) -> Code {
+    e.downcast_ref::<tonic::Status>()
+        .map(|s| s.code())
+        .unwrap_or(Code::Unknown)
+}
+
+#[tokio::test]
+async fn a_volume_published_read_only_is_never_formatted_and_mounts_read_only() {
+    let (_dir, lab, mut cl) = lab().await;
+    let vol = create(
+        &mut cl,
+        "ro",
+        100 << 20,
+        false,
+        &[("deviceSelector", "array=a")],
+        "node-a",
+    )
+    .await
+    .expect("create");
+    // Published read-only while blank: NodeStage refuses to format it.
+    let err = attach_and_mount_as(&lab, &mut cl, &vol, "node-a", false, "pod-ro", true)
+        .await
+        .expect_err("a blank volume published read-only cannot be staged");
+    assert_eq!(status_code(&err), Code::FailedPrecondition, "{err:#}");
+    assert!(
+        ["a1", "a2", "mp"]
+            .iter()
+            .all(|l| lun_head_is_blank(&lab, l)),
+        "nothing may be written to a volume published read-only"
+    );
+    // Published there read-only: the same node with readonly=false is
+    // "published but incompatible".
+    let publish = |readonly| ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node-a".into(),
+        volume_capability: Some(capability(false, "xfs", Mode::SingleNodeWriter)),
+        readonly,
+        secrets: HashMap::new(),
+        volume_context: vol.volume_context.clone(),
+    };
+    let again = cl
+        .controller
+        .controller_publish_volume(publish(false))
+        .await;
+    assert_eq!(code(again), Code::AlreadyExists);
+    let same = cl.controller.controller_publish_volume(publish(true)).await;
+    assert_eq!(
+        same.expect("the same publish again is OK")
+            .into_inner()
+            .publish_context["readonly"],
+        "true"
+    );
+    cl.controller
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: "node-a".into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .expect("unpublish");
+    // Written once read-write, then published read-only: the data is there
+    // and the mount refuses writes.
+    let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "pod-rw")
+        .await
+        .expect("read-write publish");
+    std::fs::write(target.join("marker"), "written read-write").expect("write");
+    unmount_and_detach(&lab, &mut cl, &vol, "node-a", "pod-rw")
+        .await
+        .expect("detach");
+    let target = attach_and_mount_as(&lab, &mut cl, &vol, "node-a", false, "pod-ro2", true)
+        .await
+        .expect("read-only publish of a formatted volume");
+    assert_eq!(
+        std::fs::read_to_string(target.join("marker")).expect("read"),
+        "written read-write"
+    );
+    let refused = std::fs::write(target.join("other"), "x").expect_err("read-only");
+    assert_eq!(refused.raw_os_error(), Some(libc_erofs()), "{refused}");
+    unmount_and_detach(&lab, &mut cl, &vol, "node-a", "pod-ro2")
+        .await
+        .expect("detach");
+}
+
+/// EROFS.
+fn libc_erofs() -> i32 {
+    nix::errno::Errno::EROFS as i32
 }
 
 #[tokio::test]

@@ -442,3 +442,89 @@ fn access_modes_know_their_publication_rules() {
         "SINGLE_NODE_MULTI_WRITER"
     );
 }
+
+#[test]
+fn a_stats_or_expand_lookup_of_an_id_or_path_no_volume_can_have_is_not_found() {
+    let f = fixture();
+    let k = f.host.kubelet_dir.display().to_string();
+    let stats = |id: &str, path: &str| {
+        super::stats(
+            &f.host,
+            &NodeGetVolumeStatsRequest {
+                volume_id: id.to_owned(),
+                volume_path: path.to_owned(),
+                staging_target_path: String::new(),
+            },
+        )
+    };
+    let code =
+        |r: Result<StatsRequest, AgentError>| crate::csi::status::code(&r.expect_err("refused"));
+    // Missing fields stay INVALID_ARGUMENT (the spec's "missing field").
+    assert_eq!(code(stats("", "some/path")), tonic::Code::InvalidArgument);
+    assert_eq!(code(stats(VOLUME, "")), tonic::Code::InvalidArgument);
+    // An ID this driver never issues, a relative path, a path outside the
+    // kubelet directory: no volume can be there.
+    let pv = format!("{k}/plugins/pv1");
+    assert_eq!(code(stats("fake-vol-id-12ab", &pv)), tonic::Code::NotFound);
+    assert_eq!(code(stats(VOLUME, "some/path")), tonic::Code::NotFound);
+    let outside = f.root.join("outside").display().to_string();
+    assert_eq!(code(stats(VOLUME, &outside)), tonic::Code::NotFound);
+    let expand = super::expand(
+        &f.host,
+        &NodeExpandVolumeRequest {
+            volume_id: "fake-vol-id-12ab".to_owned(),
+            volume_path: "some/path".to_owned(),
+            capacity_range: None,
+            volume_capability: None,
+            staging_target_path: String::new(),
+            secrets: HashMap::new(),
+        },
+    );
+    assert_eq!(
+        crate::csi::status::code(&expand.expect_err("refused")),
+        tonic::Code::NotFound
+    );
+    assert!(
+        stats(VOLUME, &pv).is_ok(),
+        "a real path under kubelet parses"
+    );
+}
+
+#[test]
+fn a_read_only_publication_reaches_stage_and_publish_through_the_publish_context() {
+    let f = fixture();
+    let cap = mount_capability("ext4", &[], Mode::SingleNodeWriter);
+    let mut req = stage_request(&f, "<k>/plugins/pv1/g", Some(cap.clone()));
+    assert!(!stage(&f.host, &req).expect("parse").published_read_only);
+    req.publish_context.insert(
+        csi_scsi_proto::publish_context::READONLY.into(),
+        "true".into(),
+    );
+    assert!(stage(&f.host, &req).expect("parse").published_read_only);
+    req.publish_context.insert(
+        csi_scsi_proto::publish_context::READONLY.into(),
+        "yes".into(),
+    );
+    assert_eq!(
+        field_of(stage(&f.host, &req).expect_err("not a boolean")),
+        "publish_context.readonly"
+    );
+    let k = f.host.kubelet_dir.display().to_string();
+    let publish_req = NodePublishVolumeRequest {
+        volume_id: VOLUME.to_owned(),
+        publish_context: HashMap::from([(
+            csi_scsi_proto::publish_context::READONLY.to_owned(),
+            "true".to_owned(),
+        )]),
+        staging_target_path: format!("{k}/plugins/pv1/g"),
+        target_path: format!("{k}/pods/p1/mount"),
+        volume_capability: Some(cap),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    };
+    assert!(
+        publish(&f.host, &publish_req).expect("parse").read_only,
+        "published read-only by the controller: bound read-only whatever the node flag says"
+    );
+}

@@ -404,9 +404,13 @@ async fn expand(sw: &mut Sweep, n: &mut Client, cx: &Ctx<'_>) {
         .each("", bad_capabilities(), INVALID, |cap| {
             expand(fs_id, target, None, Some(cap))
         })
-        .each("a volume path: ", cx.fx.bad_paths(), INVALID, |path| {
-            expand(fs_id, &path, None, Some(fs_cap()))
-        })
+        // As for NodeGetVolumeStats: invalid, and no volume is there.
+        .each(
+            "a volume path: ",
+            cx.fx.bad_paths(),
+            INVALID_OR_NOT_FOUND,
+            |path| expand(fs_id, &path, None, Some(fs_cap())),
+        )
         .add(
             "control: to the size it has",
             expand(fs_id, target, None, Some(fs_cap())),

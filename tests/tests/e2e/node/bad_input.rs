@@ -9,7 +9,7 @@ use tonic::Code;
 use super::lab::{Lab, SMALL, assert_code, blkid, is_mounted, mount_cap};
 
 #[tokio::test]
-async fn staging_and_target_paths_outside_the_kubelet_dir_are_invalid_arguments() {
+async fn paths_outside_the_kubelet_dir_are_invalid_arguments_and_hold_no_volume_for_lookups() {
     let Some(lab) = Lab::start(&[SMALL]).await else {
         return;
     };
@@ -53,10 +53,12 @@ async fn staging_and_target_paths_outside_the_kubelet_dir_are_invalid_arguments(
         assert!(msg.contains("target_path"), "{}: {msg}", path.display());
         assert_code(lab.unstage(vol, path).await, Code::InvalidArgument);
         assert_code(lab.unpublish(vol, path).await, Code::InvalidArgument);
-        assert_code(lab.stats(vol, path).await, Code::InvalidArgument);
+        // The lookups answer "no such volume there": no volume can be at
+        // a path kubelet never uses (the spec's NOT_FOUND row).
+        assert_code(lab.stats(vol, path).await, Code::NotFound);
         assert_code(
             lab.expand(vol, path, Path::new(""), 0).await,
-            Code::InvalidArgument,
+            Code::NotFound,
         );
     }
     assert!(
