@@ -154,6 +154,16 @@ pub enum AgentError {
         /// The volume.
         volume: String,
     },
+    /// The node has as many LUNs attached as its limit allows.
+    #[error(
+        "cannot attach {wwid}: this node already has {limit} volumes attached, its limit (--max-volumes)"
+    )]
+    AttachLimit {
+        /// The LUN asked for.
+        wwid: String,
+        /// The limit.
+        limit: u64,
+    },
     /// The volume capability is valid but beyond what this volume supports.
     #[error("unsupported volume capability: {0}")]
     UnsupportedCapability(String),

@@ -88,7 +88,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let attachments = Arc::new(Attachments::load(&config.state_dir));
+    let attachments = Arc::new(Attachments::load(&config.state_dir).with_limit(config.max_volumes));
     let devices = Arc::new(Devices::new(
         config.host.clone(),
         attachments,

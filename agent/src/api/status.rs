@@ -34,6 +34,8 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         AgentError::Busy(_) => Code::Aborted,
+        // ControllerPublishVolume "Max volumes attached".
+        AgentError::AttachLimit { .. } => Code::ResourceExhausted,
         AgentError::LoginRefused { .. } => Code::Unauthenticated,
         AgentError::NoPortalAnswered { .. } => Code::Unavailable,
         AgentError::AttachTimeout { .. } => Code::DeadlineExceeded,

@@ -70,6 +70,9 @@ pub fn code(err: &AgentError) -> Code {
         AgentError::CapacityOutOfRange { .. } => Code::OutOfRange,
         // Error Scheme: "Operation pending for volume".
         AgentError::Busy(_) => Code::Aborted,
+        // An agent-API refusal (Attach); ControllerPublishVolume's "Max
+        // volumes attached".
+        AgentError::AttachLimit { .. } => Code::ResourceExhausted,
         AgentError::Tool(e) => match e {
             CommandError::Timeout { .. } => Code::DeadlineExceeded,
             CommandError::Spawn { .. } | CommandError::Failed { .. } => Code::Internal,

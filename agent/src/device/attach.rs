@@ -38,6 +38,8 @@ impl Devices {
         {
             return Ok(found);
         }
+        // The node's attach limit (NodeGetInfo's max_volumes_per_node).
+        let admission = self.attachments.admit(wwid.as_str())?;
         let _held = self.lock_targets(targets).await;
         let mut reached = 0;
         let mut last_err = None;
@@ -90,8 +92,7 @@ impl Devices {
                     .unwrap_or_else(|| "no WWID".into()),
             });
         }
-        self.attachments
-            .add(wwid.as_str(), targets.iter().map(|t| t.name.clone()));
+        admission.complete(targets.iter().map(|t| t.name.clone()));
         tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
         Ok((link.link, lun_info))
     }

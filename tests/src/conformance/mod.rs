@@ -50,6 +50,11 @@ csi.storage.k8s.io/pvc/namespace: conformance
 csi.storage.k8s.io/pv/name: pvc-csi-sanity
 ";
 
+/// The agents' attach limit (`--max-volumes`, reported by NodeGetInfo):
+/// set, so csi-sanity's attach-limit spec runs; above what any other spec
+/// publishes at once.
+const MAX_VOLUMES: u64 = 4;
+
 /// The pool's LUNs: the lab labels array-c's devices `tier=pool`.
 const POOL_SELECTOR: &str = "tier=pool";
 
@@ -103,10 +108,11 @@ pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Resu
     let start = Instant::now();
     let config = LabConfig {
         pool_luns: opts.pool,
+        agent_args: vec!["--max-volumes".into(), MAX_VOLUMES.to_string()],
         ..LabConfig::for_test(&opts.dir.join("lab"))
     };
     progress(&format!(
-        "lab: {} nodes, {} pool LUNs of {} MiB",
+        "lab: {} nodes, {} pool LUNs of {} MiB, agents attach at most {MAX_VOLUMES} volumes",
         config.nodes,
         config.pool_luns,
         POOL_LUN_BYTES >> 20

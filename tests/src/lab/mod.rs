@@ -61,6 +61,8 @@ pub struct LabConfig {
     pub pool_luns: usize,
     /// Extra environment of the proxy (e.g. `CSI_SCSI_FAULT`).
     pub proxy_env: Vec<(String, String)>,
+    /// Extra arguments of every agent (e.g. `--max-volumes 4`).
+    pub agent_args: Vec<String>,
 }
 
 /// One node of a running lab.
@@ -167,6 +169,7 @@ impl LabConfig {
             fc_scan_delay_ms: 0,
             pool_luns: 0,
             proxy_env: Vec::new(),
+            agent_args: Vec::new(),
         }
     }
 
@@ -188,6 +191,7 @@ impl LabConfig {
             fc_scan_delay_ms: 0,
             pool_luns: 0,
             proxy_env: Vec::new(),
+            agent_args: Vec::new(),
         }
     }
 }
@@ -671,6 +675,7 @@ async fn start_node(
         .iter()
         .map(|s| s.to_string()),
     );
+    agent_args.extend(config.agent_args.iter().cloned());
     let agent = Daemon::spawn_program(
         Path::new("nsenter"),
         &agent_args,

@@ -188,6 +188,85 @@ async fn a_volume_published_read_only_is_never_formatted_and_mounts_read_only() 
         .expect("detach");
 }
 
+#[tokio::test]
+async fn a_node_at_its_attach_limit_refuses_another_volume_until_one_detaches() {
+    let (_dir, _lab, mut cl) =
+        lab_with(|c| c.agent_args = vec!["--max-volumes".into(), "1".into()]).await;
+    let info = cl
+        .node("node-a")
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    assert_eq!(
+        info.max_volumes_per_node, 1,
+        "the limit is what kubelet hears"
+    );
+    let mut vols = Vec::new();
+    for name in ["limit-1", "limit-2"] {
+        vols.push(
+            create(
+                &mut cl,
+                name,
+                100 << 20,
+                true,
+                &[("deviceSelector", "array=a")],
+                "node-a",
+            )
+            .await
+            .expect("create"),
+        );
+    }
+    let publish = |id: &str| ControllerPublishVolumeRequest {
+        volume_id: id.to_owned(),
+        node_id: "node-a".into(),
+        volume_capability: Some(capability(true, "", Mode::SingleNodeWriter)),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    };
+    let published_on =
+        |v: ControllerGetVolumeResponse| v.status.expect("status").published_node_ids;
+    cl.controller
+        .controller_publish_volume(publish(&vols[0].volume_id))
+        .await
+        .expect("the first volume fits");
+    let refused = cl
+        .controller
+        .controller_publish_volume(publish(&vols[1].volume_id))
+        .await;
+    assert_eq!(code(refused), Code::ResourceExhausted);
+    let second = cl
+        .controller
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: vols[1].volume_id.clone(),
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert!(
+        published_on(second).is_empty(),
+        "a refused publish leaves no record"
+    );
+    // The first one again is fine: it is attached already.
+    cl.controller
+        .controller_publish_volume(publish(&vols[0].volume_id))
+        .await
+        .expect("idempotent");
+    cl.controller
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: vols[0].volume_id.clone(),
+            node_id: "node-a".into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .expect("unpublish");
+    cl.controller
+        .controller_publish_volume(publish(&vols[1].volume_id))
+        .await
+        .expect("room again after a detach");
+}
+
 /// EROFS.
 fn libc_erofs() -> i32 {
     nix::errno::Errno::EROFS as i32
