@@ -139,6 +139,8 @@ impl Args {
         if self.node_name.is_empty() {
             return Err("--node-name: must not be empty".into());
         }
+        csi_scsi_certs::validate_node_name(&self.node_name)
+            .map_err(|e| format!("--node-name: {e}"))?;
         let mut tools = BTreeMap::new();
         for spec in &self.tools {
             let (name, path) = spec

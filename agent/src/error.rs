@@ -154,6 +154,15 @@ pub enum AgentError {
         /// The volume.
         volume: String,
     },
+    /// A record the agent keeps (attachments, a raw block staging record)
+    /// could not be written durably; the call that needed it fails.
+    #[error("cannot save {}: {source}", path.display())]
+    RecordNotSaved {
+        /// The record's path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The node has as many LUNs attached as its limit allows.
     #[error(
         "cannot attach {wwid}: this node already has {limit} volumes attached, its limit (--max-volumes)"

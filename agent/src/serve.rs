@@ -88,7 +88,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let attachments = Arc::new(Attachments::load(&config.state_dir).with_limit(config.max_volumes));
+    // Sessions that cannot be listed may be live: doubt keeps them.
+    let sessions_live = crate::host::sysfs::iscsi_sessions(&config.host)
+        .map(|s| !s.is_empty())
+        .unwrap_or(true);
+    let attachments = Arc::new(
+        Attachments::load(&config.state_dir, sessions_live).with_limit(config.max_volumes),
+    );
     let devices = Arc::new(Devices::new(
         config.host.clone(),
         attachments,

@@ -95,6 +95,16 @@ pub fn validate_node_name(node: &str) -> Result<(), CertError> {
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
+    if node.parse::<std::net::IpAddr>().is_ok() {
+        // TLS checks an IP-shaped name against IP SANs, never a DNS SAN,
+        // so a certificate could not name such a node the way it names
+        // every other.
+        return Err(CertError::InvalidName {
+            what: "node name",
+            value: node.to_owned(),
+            reason: "it reads as an IP address; name nodes by host name (kubelet's --hostname-override, or the agents file)",
+        });
+    }
     if node.len() <= 253 && node.split('.').all(label_ok) {
         Ok(())
     } else {
@@ -170,7 +180,17 @@ mod tests {
         for ok in ["node-a", "ip-10-0-0-1.ec2.internal", "n1"] {
             assert!(validate_node_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Node", "-a", "a-", "a..b", "a/b", "a_b"] {
+        for bad in [
+            "",
+            "Node",
+            "-a",
+            "a-",
+            "a..b",
+            "a/b",
+            "a_b",
+            "10.0.0.1",
+            "198.18.0.7",
+        ] {
             assert!(validate_node_name(bad).is_err(), "{bad}");
         }
     }

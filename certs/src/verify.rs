@@ -89,7 +89,9 @@ impl ClientCertVerifier for ProxyClientVerifier {
             .client_verifier
             .verify_client_cert(end_entity, intermediates, now)
         {
-            Ok(verified) if ids.contains(&Identity::Proxy) => Ok(verified),
+            // Exactly the proxy: a certificate naming more than one
+            // identity is no one's.
+            Ok(verified) if raw.len() == 1 && ids == [Identity::Proxy] => Ok(verified),
             Ok(_) => Err(rejected()),
             // An agent certificate lacks the client-auth usage; say who it is.
             Err(rustls::Error::InvalidCertificate(
@@ -166,7 +168,9 @@ impl ServerCertVerifier for NodeServerVerifier {
             ocsp_response,
             now,
         ) {
-            Ok(verified) if ids.contains(&expected) => Ok(verified),
+            // Exactly the node dialled: a certificate naming several nodes
+            // would let one node answer for another.
+            Ok(verified) if raw.len() == 1 && ids == [expected.clone()] => Ok(verified),
             Ok(_) => Err(wrong_node()),
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },

@@ -552,3 +552,56 @@ fn material_whose_certificate_another_ca_signed_is_refused_as_untrusted() {
         other => panic!("expected Untrusted({cause:?}), got {other:?}"),
     }
 }
+
+/// A certificate the CA signed that names both `a` and `b` (as a careless
+/// or compromised issuer might), presented as `a`'s agent certificate.
+fn two_node_certificate(pki: &Pki, a: &str, b: &str) -> csi_scsi_certs::IssuedCertificate {
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::from_pem(pki.ca.key_pem()).expect("CA key");
+    let issuer = Issuer::from_ca_cert_pem(pki.ca.cert_pem(), ca_key).expect("issuer");
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec![a.to_owned()]).expect("params");
+    for n in [a, b] {
+        let uri = pki.uri(&node(n));
+        params
+            .subject_alt_names
+            .push(SanType::URI(uri.as_str().try_into().expect("uri")));
+    }
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer).expect("sign");
+    let mut issued = pki.issue(&node(a));
+    issued.cert_pem = cert.pem();
+    issued.key_pem = key.serialize_pem();
+    issued
+}
+
+#[tokio::test]
+async fn the_proxy_refuses_an_agent_certificate_that_names_more_than_one_node() {
+    let pki = Pki::new();
+    let both = two_node_certificate(&pki, "node-a", "node-b");
+    let mut server = Server::spawn(plain_server_config(pki.ca.cert_pem(), &both)).await;
+    // Dialling either node: the certificate names it, and another one too.
+    for dialled in ["node-a", "node-b"] {
+        let client =
+            client_config_for_node(pki.store(Role::Proxy), dialled).expect("client config");
+        let err = expect_err(connect(client, dialled, server.addr).await, "client");
+        assert!(
+            matches!(
+                identity_rejection(rustls_error(&err)),
+                IdentityRejected::WrongNode { .. }
+            ),
+            "{err}"
+        );
+        let _ = server.next_handshake().await;
+    }
+}
+
+#[test]
+fn a_node_name_that_reads_as_an_ip_address_is_refused_at_issue_time() {
+    let pki = Pki::new();
+    let err = pki
+        .ca
+        .issue(&node("198.18.0.7"), csi_scsi_certs::Validity::days(1))
+        .expect_err("an IP-shaped node name");
+    assert!(err.to_string().contains("IP address"), "{err}");
+}

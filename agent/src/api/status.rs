@@ -34,6 +34,8 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         AgentError::Busy(_) => Code::Aborted,
+        // The node's disk refused the record: transient, retry.
+        AgentError::RecordNotSaved { .. } => Code::Unavailable,
         // ControllerPublishVolume "Max volumes attached".
         AgentError::AttachLimit { .. } => Code::ResourceExhausted,
         AgentError::LoginRefused { .. } => Code::Unauthenticated,

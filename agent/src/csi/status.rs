@@ -70,6 +70,9 @@ pub fn code(err: &AgentError) -> Code {
         AgentError::CapacityOutOfRange { .. } => Code::OutOfRange,
         // Error Scheme: "Operation pending for volume".
         AgentError::Busy(_) => Code::Aborted,
+        // The node's disk refused a record the call needs: nothing was
+        // done that a retry would not redo; retry.
+        AgentError::RecordNotSaved { .. } => Code::Unavailable,
         // An agent-API refusal (Attach); ControllerPublishVolume's "Max
         // volumes attached".
         AgentError::AttachLimit { .. } => Code::ResourceExhausted,

@@ -92,7 +92,7 @@ impl Devices {
                     .unwrap_or_else(|| "no WWID".into()),
             });
         }
-        admission.complete(targets.iter().map(|t| t.name.clone()));
+        admission.complete(targets.iter().map(|t| t.name.clone()))?;
         tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
         Ok((link.link, lun_info))
     }

@@ -47,7 +47,7 @@ impl Devices {
             }
         };
         let names: Vec<String> = targets.iter().map(|t| t.name.clone()).collect();
-        let unused = self.attachments.remove(wwid.as_str(), &names);
+        let unused = self.attachments.remove(wwid.as_str(), &names)?;
         for t in targets.iter().filter(|t| unused.contains(&t.name)) {
             self.logout_if_idle(t).await;
         }

@@ -8,7 +8,6 @@
 //! The syscalls can block (journal replay, a busy device), so each runs on
 //! the blocking pool.
 
-use std::ffi::OsStr;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -379,11 +378,16 @@ impl BlockRecord {
     pub fn write(&self, staging: &Path) -> Result<(), AgentError> {
         create_dir(staging)?;
         let path = staging.join(BLOCK_RECORD);
-        let tmp = staging.join(OsStr::new(".csi-scsi-block.json.tmp"));
         let text = serde_json::to_vec_pretty(self)
             .map_err(|_| AgentError::Unreachable("a block record always serialises"))?;
-        std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
+        // Durably: a record lost to a power cut would make a staged raw
+        // block volume look unstaged.
+        csi_scsi_certs::write_durably(&path, &text, 0o644).map_err(|source| {
+            AgentError::RecordNotSaved {
+                path: path.clone(),
+                source,
+            }
+        })
     }
 
     /// Removes the record from `staging`; already gone is success.
