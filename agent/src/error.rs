@@ -154,6 +154,15 @@ pub enum AgentError {
         /// The volume.
         volume: String,
     },
+    /// The device cannot be judged now: it cannot be read, reads short,
+    /// or reports no size. Nothing was written.
+    #[error("device {} is not ready: {reason}; nothing was written to it", device.display())]
+    DeviceNotReady {
+        /// The device node.
+        device: PathBuf,
+        /// What failed.
+        reason: String,
+    },
     /// A record the agent keeps (attachments, a raw block staging record)
     /// could not be written durably; the call that needed it fails.
     #[error("cannot save {}: {source}", path.display())]

@@ -1,9 +1,10 @@
-//! Filesystems on block devices: probe for signatures (`blkid`), create
-//! (`mkfs.ext4`, `mkfs.xfs`, with options only from an allow-list), grow
-//! (`resize2fs`, `xfs_growfs`) and measure (`statvfs`). Formatting is only
-//! ever done by the caller after [`probe`] found no signature at all; the
-//! mkfs invocations never force (`-F`, `-f`), so the tools' own checks
-//! are a second line of defence.
+//! Filesystems on block devices: probe for signatures (`blkid`, after
+//! reading the probe areas ourselves), create (`mkfs.ext4`, `mkfs.xfs`,
+//! with options only from an allow-list), grow (`resize2fs`, `xfs_growfs`)
+//! and measure (`statvfs`). Formatting is only ever done by the caller
+//! after [`probe`] proved the device blank. The tools' own checks are no
+//! defence: mke2fs asks before overwriting a filesystem only on a
+//! terminal, and blkid answers "nothing found" when it cannot read.
 
 use std::fmt;
 use std::path::Path;
@@ -214,9 +215,36 @@ impl Value {
     }
 }
 
-/// Probes `device` for any signature with `blkid -p` (low-level probing,
-/// no cache): filesystems, partition tables, RAID and LVM members.
+/// How long one mkfs may run: longer than other tools (a large LUN on a
+/// slow array), but bounded.
+pub const MKFS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How much of each end of a device is read before calling it blank:
+/// every signature blkid knows of the kinds that matter here (filesystems,
+/// partition tables, RAID, LVM, LUKS) lies within the first or last MiB.
+pub const PROBE_AREA: u64 = 1 << 20;
+
+/// Probes `device` for any signature. A device is [`Signature::Blank`] only
+/// when both ends were read back whole (the first and last
+/// [`PROBE_AREA`]) and are all zeroes, and `blkid -p` (low-level probing,
+/// no cache: filesystems, partition tables, RAID and LVM members) found
+/// nothing. A device that cannot be read, reads short, or reports no size
+/// is not ready (UNAVAILABLE, retried); data that blkid does not explain
+/// is a signature of its own, never blank.
 pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> {
+    let owned = device.to_owned();
+    let ends = tokio::task::spawn_blocking(move || read_probe_areas(&owned))
+        .await
+        .map_err(|_| AgentError::Unreachable("the probe read does not panic"))?;
+    let ends_zero = match ends {
+        Ok(zero) => zero,
+        Err(reason) => {
+            return Err(AgentError::DeviceNotReady {
+                device: device.to_owned(),
+                reason,
+            });
+        }
+    };
     let tool = host.tool("blkid");
     let out = host
         .runner
@@ -227,8 +255,13 @@ pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> 
         .await?;
     match out.code {
         0 => Ok(parse_blkid_export(&out.stdout)),
-        // blkid(8): exit 2 means nothing was found on the device.
-        2 => Ok(Signature::Blank),
+        // blkid(8): exit 2 means nothing was found, which it also says
+        // when it could not read: blank only if the ends read as zeroes.
+        2 if ends_zero => Ok(Signature::Blank),
+        2 => Ok(Signature::Other(format!(
+            "data in its first or last {} KiB that no known signature explains",
+            PROBE_AREA >> 10
+        ))),
         // blkid(8): exit 8 means ambivalent low-level probing (several
         // signatures); never treat that as blank.
         8 => Ok(Signature::Other(
@@ -236,6 +269,29 @@ pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> 
         )),
         code => Err(failed(&tool, code, &out.stderr, &out.stdout)),
     }
+}
+
+/// Reads the first and last [`PROBE_AREA`] of `device`; whether both are
+/// all zeroes, or why the device is not ready to be judged.
+fn read_probe_areas(device: &Path) -> Result<bool, String> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    let mut file = std::fs::File::open(device).map_err(|e| format!("it cannot be opened: {e}"))?;
+    let size = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| format!("its size cannot be read: {e}"))?;
+    if size == 0 {
+        return Err("it reports a size of zero (a path in transition, or a LUN gone)".to_owned());
+    }
+    let area = PROBE_AREA.min(size);
+    let mut buf = vec![0u8; usize::try_from(area).unwrap_or(1 << 20)];
+    let mut zero = true;
+    for offset in [0, size - area] {
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| format!("reading {area} bytes at offset {offset} failed: {e}"))?;
+        zero &= buf.iter().all(|&b| b == 0);
+    }
+    Ok(zero)
 }
 
 fn parse_blkid_export(stdout: &str) -> Signature {
@@ -267,10 +323,16 @@ pub async fn format(
         FsType::Xfs => "mkfs.xfs",
     });
     let mut args: Vec<Arg> = vec!["-q".into()];
+    // Never discard the LUN while formatting: a discard of a whole LUN can
+    // take minutes on some arrays, and the wipe on delete already did it.
+    args.extend(match fs {
+        FsType::Ext4 => ["-E".into(), "nodiscard".into()].to_vec(),
+        FsType::Xfs => ["-K".into()].to_vec(),
+    });
     args.extend(options.args().iter().map(Arg::from));
     args.push(device.into());
     tracing::info!(device = %device.display(), %fs, "creating filesystem");
-    host.runner.run(&tool, &args).await?;
+    host.runner.run_within(&tool, &args, MKFS_TIMEOUT).await?;
     Ok(())
 }
 

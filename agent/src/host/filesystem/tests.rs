@@ -183,8 +183,9 @@ async fn a_blank_device_probes_blank_and_a_formatted_one_probes_its_type() {
 
 #[tokio::test]
 async fn mkfs_refuses_to_overwrite_a_filesystem_on_its_own() {
-    // The second line of defence: even if a caller skipped the probe, mkfs
-    // is never forced, so an existing xfs survives a mkfs.xfs attempt.
+    // mkfs is never forced: a caller that skipped the probe could not
+    // overwrite an xfs with mkfs.xfs (mke2fs gives no such guarantee off a
+    // terminal, which is why the probe, not the tools, decides).
     let Some(lun) = LoopDevice::create(320 << 20).await else {
         return;
     };
@@ -252,4 +253,62 @@ fn the_kernels_refusal_of_an_online_grow_is_reported_as_such() {
     )
     .expect_err("fails");
     assert!(matches!(other, AgentError::Tool(_)), "{other}");
+}
+
+#[tokio::test]
+async fn a_device_that_cannot_be_read_or_has_no_size_is_not_ready_never_blank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = host();
+    // No size: what a path in transition or a LUN just unmapped reports
+    // (the crash suite met it: mkfs was only stopped by its own check).
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").expect("empty");
+    match probe(&host, &empty).await {
+        Err(AgentError::DeviceNotReady { reason, .. }) => {
+            assert!(reason.contains("size of zero"), "{reason}")
+        }
+        other => panic!("a device of size zero must not be judged: {other:?}"),
+    }
+    // Cannot be opened at all.
+    let gone = dir.path().join("gone");
+    assert!(matches!(
+        probe(&host, &gone).await,
+        Err(AgentError::DeviceNotReady { .. })
+    ));
+    // Shorter than it claims (a read that fails part-way): a directory
+    // opens, seeks, and then refuses to be read.
+    assert!(matches!(
+        probe(&host, dir.path()).await,
+        Err(AgentError::DeviceNotReady { .. }) | Err(AgentError::Tool(_))
+    ));
+}
+
+#[tokio::test]
+async fn blkid_saying_nothing_found_over_data_is_not_blank() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // blkid exits 2 ("nothing found") when it could not read the device:
+    // a blkid that always says so stands in for one that hit a read error.
+    let liar = dir.path().join("blkid");
+    std::fs::write(&liar, "#!/bin/sh\nexit 2\n").expect("write");
+    std::fs::set_permissions(&liar, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let mut host = host();
+    host.tools.insert("blkid".into(), liar);
+    for (name, offset) in [("head", 1024u64), ("tail", (8 << 20) - 512)] {
+        let disk = dir.path().join(name);
+        let f = std::fs::File::create(&disk).expect("create");
+        f.set_len(8 << 20).expect("size");
+        std::os::unix::fs::FileExt::write_all_at(&f, b"\x53\xef not zero", offset).expect("data");
+        match probe(&host, &disk).await.expect("probe") {
+            Signature::Other(what) => assert!(what.contains("no known signature"), "{what}"),
+            other => panic!("data at {offset} was called {other:?}"),
+        }
+    }
+    // All zeroes and nothing found: blank.
+    let zero = dir.path().join("zero");
+    std::fs::File::create(&zero)
+        .expect("create")
+        .set_len(8 << 20)
+        .expect("size");
+    assert_eq!(probe(&host, &zero).await.expect("probe"), Signature::Blank);
 }

@@ -301,3 +301,97 @@ async fn mkfs_options_come_only_from_the_allow_list() {
         .await
         .expect("unstage");
 }
+
+/// Injects EIO into every read the agent (and what it spawns) makes of
+/// `paths`, with strace, until dropped.
+struct ReadErrors(std::process::Child);
+
+impl ReadErrors {
+    fn inject(pid: u32, paths: &[&std::path::Path]) -> Self {
+        let mut args: Vec<String> = vec![
+            "-f".into(),
+            "-p".into(),
+            pid.to_string(),
+            "-o".into(),
+            "/dev/null".into(),
+        ];
+        for p in paths {
+            args.push("-P".into());
+            args.push(p.display().to_string());
+        }
+        args.push("-e".into());
+        args.push("inject=read,pread64,readv,preadv,preadv2:error=EIO".into());
+        let mut child = std::process::Command::new("strace")
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("strace (install it: .ci/packages)");
+        // Wait until it is attached.
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        assert!(
+            lines.any(|l| l.is_ok_and(|l| l.contains("attached"))),
+            "strace did not attach to the agent"
+        );
+        std::thread::spawn(move || for _ in lines {});
+        Self(child)
+    }
+}
+
+impl Drop for ReadErrors {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_read_error_during_stage_is_unavailable_and_formats_nothing() {
+    let Some(lab) = Lab::start(&[SMALL]).await else {
+        return;
+    };
+    let lun = lab.lun(0);
+    // A volume that holds data: an ext4 made and filled outside the agent.
+    let dev = lun.backing.device.display().to_string();
+    run("mkfs.ext4", &["-q", &dev]);
+    let before = blkid(&lun.backing.device);
+    let node = std::fs::canonicalize(lab.tree.dev().join(&lun.name)).expect("node");
+    let staging = lab.staging("pv-eio");
+    {
+        let _eio = ReadErrors::inject(lab.agent.daemon.pid(), &[&node, &lun.backing.device]);
+        let msg = assert_code(
+            lab.stage(
+                &lun.volume_id,
+                &staging,
+                mount_cap("ext4", Mode::SingleNodeWriter),
+            )
+            .await,
+            Code::Unavailable,
+        );
+        assert!(
+            msg.contains("not ready") && msg.contains("nothing was written"),
+            "{msg}"
+        );
+    }
+    assert_eq!(
+        blkid(&lun.backing.device),
+        before,
+        "the filesystem is untouched"
+    );
+    assert_eq!(lab.mkfs_count(), 0, "nothing was formatted");
+    assert!(!is_mounted(&staging));
+    // Healed: the same call stages the volume that was there all along.
+    lab.stage(
+        &lun.volume_id,
+        &staging,
+        mount_cap("ext4", Mode::SingleNodeWriter),
+    )
+    .await
+    .expect("stage once the reads work");
+    assert_eq!(lab.mkfs_count(), 0);
+    lab.unstage(&lun.volume_id, &staging)
+        .await
+        .expect("unstage");
+}
