@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
 use crate::host::dev_links;
+use crate::host::mountinfo::MountTable;
 use crate::host::sysfs::{self, Lun, PathAtAddress};
 use crate::wwid::Wwid;
 
@@ -122,11 +123,19 @@ impl Devices {
     ) -> Result<(), AgentError> {
         let disks =
             sysfs::scsi_disks(&self.host).map_err(|e| AgentError::io(self.host.sys("block"), e))?;
+        let table =
+            MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))?;
+        // The full in-use check, as for a detach: never delete a path that
+        // is mounted, published or open, whatever WWID it reports.
+        let in_use = |name: &str| {
+            self.use_of(&table, name)
+                .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
+        };
         for d in disks
             .iter()
             .filter(|d| d.hctl.lun == lun && targets.iter().any(|t| came_through(d, t)))
         {
-            match sysfs::remove_stale_path_at(&self.host, d.hctl, wwid) {
+            match sysfs::remove_stale_path_at(&self.host, d.hctl, wwid, in_use) {
                 Ok(PathAtAddress::Removed { kernel_name, found }) => {
                     tracing::warn!(hctl = ?d.hctl, ?kernel_name, ?found, expected = %wwid, "removed a stale path at the LUN's address");
                 }
@@ -137,7 +146,13 @@ impl Devices {
                 }) => {
                     tracing::warn!(%kernel_name, ?holders, "stale path at the LUN's address is held; left alone");
                 }
-                Ok(_) => {}
+                Ok(PathAtAddress::Unreadable {
+                    kernel_name,
+                    reason,
+                }) => {
+                    tracing::warn!(hctl = ?d.hctl, ?kernel_name, %reason, "the path at the LUN's address reports no readable WWID; not stale, left alone");
+                }
+                Ok(PathAtAddress::Vacant | PathAtAddress::Current { .. }) => {}
                 Err(e) => {
                     tracing::warn!(hctl = ?d.hctl, error = %e, "cannot check the path at the LUN's address")
                 }

@@ -74,10 +74,31 @@ impl Devices {
     /// How the disk `name` is in use, if it is: mounted (in our mount
     /// table), published under the kubelet directory, or held open
     /// exclusively (by anyone, in any namespace).
-    fn use_of(&self, table: &MountTable, name: &str) -> Result<Option<String>, AgentError> {
+    pub(super) fn use_of(
+        &self,
+        table: &MountTable,
+        name: &str,
+    ) -> Result<Option<String>, AgentError> {
         let node = self.host.dev(name);
-        let Ok(number) = block::device_number(&node) else {
-            return Ok(None);
+        let number = match block::device_number(&node) {
+            Ok(n) => n,
+            // No node to look at is no proof of "unused": ask sysfs. A disk
+            // sysfs does not know is gone; one it knows but whose node is
+            // missing cannot be checked for exclusive holders: in use.
+            Err(stat) => {
+                return Ok(match sysfs::block_device_number(&self.host, name) {
+                    Ok(None) => None,
+                    Ok(Some(number)) => Some(match table.mounts_of(number).next() {
+                        Some(m) => format!("{name} is mounted at {}", m.mount_point.display()),
+                        None => format!(
+                            "{name} has no usable device node ({stat}), so whether it is open cannot be checked"
+                        ),
+                    }),
+                    Err(e) => Some(format!(
+                        "whether {name} is in use cannot be told: its device node: {stat}; sysfs: {e}"
+                    )),
+                });
+            }
         };
         if let Some(m) = table.mounts_of(number).next() {
             return Ok(Some(format!(
@@ -115,12 +136,22 @@ impl Devices {
 
     /// Logs out of `target` unless a disk seen through it is in use.
     async fn logout_if_idle(&self, target: &TargetSpec) {
-        let disks = sysfs::scsi_disks(&self.host).unwrap_or_default();
-        let table = MountTable::read(&self.host).unwrap_or_default();
+        // Whatever cannot be read keeps the session: a logout under a disk
+        // in use is an I/O error in a pod.
+        let (disks, table) = match (sysfs::scsi_disks(&self.host), MountTable::read(&self.host)) {
+            (Ok(d), Ok(t)) => (d, t),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(target = %target.name, error = %e, "not logging out: the node's disks or mounts cannot be read");
+                return;
+            }
+        };
         let busy = disks
             .iter()
             .filter(|d| came_through(d, target))
-            .find_map(|d| self.use_of(&table, &d.kernel_name).ok().flatten());
+            .find_map(|d| {
+                self.use_of(&table, &d.kernel_name)
+                    .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
+            });
         if let Some(why) = busy {
             tracing::warn!(target = %target.name, %why, "not logging out: a disk of this target is in use");
             return;

@@ -15,6 +15,7 @@ use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
+use super::block::DeviceNumber;
 use super::fc::{self, Wwpn};
 use super::iscsiadm::Portal;
 use super::{Host, dev_links};
@@ -179,15 +180,23 @@ pub enum PathAtAddress {
         /// Its kernel name, if it has a block device.
         kernel_name: Option<String>,
     },
-    /// A path with another (or no readable) WWID: deleted.
+    /// A path whose WWID cannot be read: it may be the LUN's own path in
+    /// transition, so it is not stale and is left alone.
+    Unreadable {
+        /// Its kernel name, if it has a block device.
+        kernel_name: Option<String>,
+        /// Why the WWID could not be read.
+        reason: String,
+    },
+    /// A path with another WWID: deleted.
     Removed {
         /// Its kernel name, if it had a block device.
         kernel_name: Option<String>,
         /// The identity it reported, if any.
         found: Option<Wwid>,
     },
-    /// A path with another WWID that something holds (a multipath map):
-    /// not deleted; remove the holder first.
+    /// A path with another WWID that is in use (a multipath map holds it,
+    /// it is mounted, published or open): not deleted; free it first.
     Held {
         /// Its kernel name.
         kernel_name: String,
@@ -553,35 +562,76 @@ pub fn remove_stale_path_at(
     host: &Host,
     hctl: Hctl,
     expected: &Wwid,
+    in_use: impl Fn(&str) -> Option<String>,
 ) -> std::io::Result<PathAtAddress> {
     let Some(dev_dir) = scsi_device_dir(host, hctl)? else {
         return Ok(PathAtAddress::Vacant);
     };
     let kernel_name = dir_names(&dev_dir.join("block"))?.into_iter().next();
-    let found = device_wwid(&dev_dir).unwrap_or_else(|e| {
-        tracing::warn!(%hctl, error = %e, "unreadable WWID at address; treating the path as stale");
-        None
-    });
-    if found.as_ref() == Some(expected) {
+    let found = match device_wwid(&dev_dir) {
+        Ok(Some(w)) => w,
+        Ok(None) => {
+            return Ok(PathAtAddress::Unreadable {
+                kernel_name,
+                reason: "it reports no WWID".to_owned(),
+            });
+        }
+        Err(e) => {
+            return Ok(PathAtAddress::Unreadable {
+                kernel_name,
+                reason: e.to_string(),
+            });
+        }
+    };
+    if &found == expected {
         return Ok(PathAtAddress::Current { kernel_name });
     }
     if let Some(name) = &kernel_name {
-        let holders = holders(host, name)?;
+        let mut holders = holders(host, name)?;
+        holders.extend(in_use(name));
         if !holders.is_empty() {
             return Ok(PathAtAddress::Held {
                 kernel_name: name.clone(),
-                found,
+                found: Some(found),
                 holders,
             });
         }
     }
-    tracing::info!(%hctl, disk = ?kernel_name, found = ?found.as_ref().map(Wwid::as_str), %expected, "deleting stale SCSI path before rescan");
+    tracing::info!(%hctl, disk = ?kernel_name, found = %found, %expected, "deleting stale SCSI path before rescan");
     match write_trigger(&dev_dir.join("delete"), "1") {
-        Ok(()) => Ok(PathAtAddress::Removed { kernel_name, found }),
+        Ok(()) => Ok(PathAtAddress::Removed {
+            kernel_name,
+            found: Some(found),
+        }),
         // Removed under us: the address is vacant, which is what we wanted.
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(PathAtAddress::Vacant),
         Err(e) => Err(e),
     }
+}
+
+/// The device number of disk `kernel_name` as sysfs reports it
+/// (`block/<name>/dev`), `None` when sysfs has no such disk.
+pub fn block_device_number(
+    host: &Host,
+    kernel_name: &str,
+) -> std::io::Result<Option<DeviceNumber>> {
+    check_plain_name(kernel_name)?;
+    let text = match std::fs::read_to_string(host.sys("block").join(kernel_name).join("dev")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let bad = || {
+        std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("dev is {:?}, not MAJOR:MINOR", text.trim()),
+        )
+    };
+    let (major, minor) = text.trim().split_once(':').ok_or_else(bad)?;
+    Ok(Some(DeviceNumber {
+        major: major.parse().map_err(|_| bad())?,
+        minor: minor.parse().map_err(|_| bad())?,
+    }))
 }
 
 /// The kernel names holding `kernel_name` open (`block/<name>/holders/*`),

@@ -422,3 +422,55 @@ async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes()
     .await
     .expect("detach once the wipe is done");
 }
+
+#[tokio::test]
+async fn detach_refuses_a_device_whose_node_cannot_be_checked_and_deletes_nothing() {
+    let (_d, lab, _cl) = lab().await;
+    let mut b = client(&lab, 1);
+    let detach = || DetachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+    };
+    let att = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    let dev = std::fs::canonicalize(&att.device_path).expect("device node");
+    let name = dev.file_name().expect("name").to_owned();
+    sh("mkfs.ext4", &["-q", &dev.display().to_string()]).expect("mkfs");
+    let mnt = lab.config.dir.join("mnt-hidden");
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    sh(
+        "mount",
+        &[&dev.display().to_string(), &mnt.display().to_string()],
+    )
+    .expect("mount");
+    // The node goes missing (udev in the middle of a change) while the
+    // disk is mounted (here in the host's namespace, which the agent's
+    // mount table does not show): no node to open is no proof of "unused".
+    let hidden = dev.with_extension("hidden");
+    std::fs::rename(&dev, &hidden).expect("hide the node");
+    let err = b.detach(detach()).await.expect_err("mounted");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.message().contains("cannot be checked"), "{err}");
+    // Unmounted, but with no node an exclusive open cannot be tried:
+    // still refused, and the path is still there.
+    sh("umount", &[&mnt.display().to_string()]).expect("umount");
+    let err = b.detach(detach()).await.expect_err("cannot be checked");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    let sys_block = lab.nodes[1].root.join("sys/block").join(&name);
+    assert!(sys_block.exists(), "the path was not deleted");
+    std::fs::rename(&hidden, &dev).expect("the node back");
+    assert!(
+        b.detach(detach())
+            .await
+            .expect("detach")
+            .into_inner()
+            .removed
+    );
+}

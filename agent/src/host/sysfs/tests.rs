@@ -675,7 +675,7 @@ fn stale_path_at_an_address_is_removed_unless_current_or_held() {
         .sys
         .join("devices/platform/host3/session1/target3:0:0/3:0:0:1");
     assert_eq!(
-        remove_stale_path_at(&host, hctl, &wwid(LAB_WWID)).expect("check"),
+        remove_stale_path_at(&host, hctl, &wwid(LAB_WWID), |_| None).expect("check"),
         PathAtAddress::Current {
             kernel_name: Some("sda".to_owned())
         }
@@ -686,14 +686,17 @@ fn stale_path_at_an_address_is_removed_unless_current_or_held() {
     );
     let other = wwid("naa.6001405bbbbbbbbbbbbbbbbbbbbbbbb2");
     assert_eq!(
-        remove_stale_path_at(&host, Hctl::parse("3:0:9:9").expect("hctl"), &other).expect("vacant"),
+        remove_stale_path_at(&host, Hctl::parse("3:0:9:9").expect("hctl"), &other, |_| {
+            None
+        })
+        .expect("vacant"),
         PathAtAddress::Vacant
     );
     // Held by a map: reported, not deleted.
     std::fs::create_dir_all(t.sys.join("block/sda/holders")).expect("mkdir");
     std::fs::write(t.sys.join("block/sda/holders/dm-0"), "").expect("holder");
     assert_eq!(
-        remove_stale_path_at(&host, hctl, &other).expect("held"),
+        remove_stale_path_at(&host, hctl, &other, |_| None).expect("held"),
         PathAtAddress::Held {
             kernel_name: "sda".to_owned(),
             found: Some(wwid(LAB_WWID)),
@@ -701,8 +704,25 @@ fn stale_path_at_an_address_is_removed_unless_current_or_held() {
         }
     );
     std::fs::remove_file(t.sys.join("block/sda/holders/dm-0")).expect("rm");
+    // In use by other means (mounted, published, open): not deleted either.
     assert_eq!(
-        remove_stale_path_at(&host, hctl, &other).expect("stale"),
+        remove_stale_path_at(&host, hctl, &other, |name| Some(format!(
+            "{name} is mounted at /x"
+        )))
+        .expect("in use"),
+        PathAtAddress::Held {
+            kernel_name: "sda".to_owned(),
+            found: Some(wwid(LAB_WWID)),
+            holders: vec!["sda is mounted at /x".to_owned()],
+        }
+    );
+    assert_eq!(
+        std::fs::read_to_string(dev_dir.join("delete")).expect("read"),
+        "",
+        "an in-use path is never deleted"
+    );
+    assert_eq!(
+        remove_stale_path_at(&host, hctl, &other, |_| None).expect("stale"),
         PathAtAddress::Removed {
             kernel_name: Some("sda".to_owned()),
             found: Some(wwid(LAB_WWID)),
@@ -723,7 +743,10 @@ fn stale_path_lookup_follows_a_real_sysfs_class_link() {
     let host = host_at(root.path(), Path::new("/nonexistent/dev"));
     let other = wwid("naa.6001405bbbbbbbbbbbbbbbbbbbbbbbb2");
     assert_eq!(
-        remove_stale_path_at(&host, Hctl::parse("6:0:0:0").expect("hctl"), &other).expect("stale"),
+        remove_stale_path_at(&host, Hctl::parse("6:0:0:0").expect("hctl"), &other, |_| {
+            None
+        })
+        .expect("stale"),
         PathAtAddress::Removed {
             kernel_name: Some("sdk".to_owned()),
             found: Some(wwid("naa.6001405d27e5d898829468b90ce4ef8c")),
@@ -838,5 +861,27 @@ fn hctl_and_scan_address_spellings() {
         }
         .to_string(),
         "0 - 3"
+    );
+}
+
+#[test]
+fn a_path_whose_wwid_cannot_be_read_is_not_stale() {
+    let t = lab_tree();
+    let host = t.host();
+    let hctl = Hctl::parse("3:0:0:1").expect("hctl");
+    let dev_dir = t
+        .sys
+        .join("devices/platform/host3/session1/target3:0:0/3:0:0:1");
+    // The attribute gone (a path in transition): no proof it is stale.
+    std::fs::remove_file(dev_dir.join("wwid")).expect("rm wwid");
+    let other = wwid("naa.6001405bbbbbbbbbbbbbbbbbbbbbbbb2");
+    assert!(matches!(
+        remove_stale_path_at(&host, hctl, &other, |_| None).expect("check"),
+        PathAtAddress::Unreadable { .. }
+    ));
+    assert_eq!(
+        std::fs::read_to_string(dev_dir.join("delete")).expect("read"),
+        "",
+        "not deleted"
     );
 }
