@@ -117,9 +117,29 @@ impl Devices {
         Ok(sysfs::group_luns(disks, maps))
     }
 
-    /// The LUN with `wwid`, if present.
+    /// The LUN with `wwid`, if present; refused (WWID mismatch) when its
+    /// multipath map holds a path that reports another WWID, so no attach,
+    /// detach, wipe or rescan acts on a LUN that is not provably `wwid`.
     pub fn lun(&self, wwid: &Wwid) -> Result<Option<Lun>, AgentError> {
-        Ok(self.luns()?.into_iter().find(|l| &l.wwid == wwid))
+        let Some(lun) = self.luns()?.into_iter().find(|l| &l.wwid == wwid) else {
+            return Ok(None);
+        };
+        consistent(&self.host, lun).map(Some)
+    }
+}
+
+/// `lun`, unless a path under its map reports another WWID (or none).
+pub(crate) fn consistent(host: &Host, lun: Lun) -> Result<Lun, AgentError> {
+    match (&lun.map, lun.foreign_paths.first()) {
+        (Some(map), Some(_)) => Err(AgentError::WwidMismatch {
+            device: host.dev(&map.kernel_name),
+            expected: lun.wwid.clone(),
+            found: format!(
+                "a multipath map holding {} that report(s) another WWID or none",
+                lun.foreign_paths.join(", ")
+            ),
+        }),
+        _ => Ok(lun),
     }
 }
 

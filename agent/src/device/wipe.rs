@@ -9,7 +9,6 @@ use super::Devices;
 use crate::error::AgentError;
 use crate::host::command::Arg;
 use crate::host::erase::{ClaimError, Eraser, expected_device};
-use crate::host::sysfs;
 use crate::wwid::Wwid;
 
 /// How thoroughly to erase.
@@ -67,18 +66,9 @@ impl Devices {
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
             .to_owned();
         let node = self.host.dev(&name);
-        // Never erase a device that is not provably the one asked for.
-        let reported =
-            sysfs::block_wwid(&self.host, &name).map_err(|e| AgentError::io(&node, e))?;
-        if reported.as_ref() != Some(wwid) {
-            return Err(AgentError::WwidMismatch {
-                device: node,
-                expected: wwid.clone(),
-                found: reported
-                    .map(|w| w.to_string())
-                    .unwrap_or_else(|| "no WWID".into()),
-            });
-        }
+        // Never erase a device that is not provably the one asked for: every
+        // path re-reads its identity from the array first.
+        crate::volume::device::reverify(&self.host, wwid, &node).await?;
         let mut all: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
         all.push(name.clone());
         self.check_unused(wwid, &all)?;

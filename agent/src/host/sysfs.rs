@@ -137,6 +137,10 @@ pub struct Lun {
     pub paths: Vec<ScsiDisk>,
     /// The multipath map whose uuid names this WWID.
     pub map: Option<MultipathMap>,
+    /// Paths under that map that do not report this WWID (another, or
+    /// none): an array that reused a LUN number. Such a LUN is not provably
+    /// the one asked for: nothing is staged, wiped or detached on it.
+    pub foreign_paths: Vec<String>,
 }
 
 /// An iSCSI session (`class/iscsi_session/sessionN`).
@@ -436,6 +440,7 @@ pub fn group_luns(disks: Vec<ScsiDisk>, maps: Vec<MultipathMap>) -> Vec<Lun> {
                 wwid: d.wwid.clone(),
                 paths: Vec::new(),
                 map: None,
+                foreign_paths: Vec::new(),
             })
             .paths
             .push(d);
@@ -445,10 +450,12 @@ pub fn group_luns(disks: Vec<ScsiDisk>, maps: Vec<MultipathMap>) -> Vec<Lun> {
             wwid: m.wwid.clone(),
             paths: Vec::new(),
             map: None,
+            foreign_paths: Vec::new(),
         });
         for slave in &m.slaves {
             if !lun.paths.iter().any(|p| &p.kernel_name == slave) {
-                tracing::warn!(map = %m.kernel_name, %slave, wwid = %m.wwid, "multipath map holds a path that does not report its WWID");
+                tracing::warn!(map = %m.kernel_name, %slave, wwid = %m.wwid, "multipath map holds a path that does not report its WWID; the LUN is refused");
+                lun.foreign_paths.push(slave.clone());
             }
         }
         if let Some(first) = &lun.map {
@@ -541,6 +548,16 @@ pub fn rescan_device(host: &Host, kernel_name: &str) -> std::io::Result<()> {
         &host.sys("block").join(kernel_name).join("device/rescan"),
         "1",
     )
+}
+
+/// Whether a rescan written to `kernel_name` is still pending: `None` when
+/// the trigger cannot be read back (a kernel's is write-only, and acts
+/// within the write), `Some(true)` while a stand-in has not consumed it.
+pub fn rescan_pending(host: &Host, kernel_name: &str) -> Option<bool> {
+    check_plain_name(kernel_name).ok()?;
+    std::fs::read_to_string(host.sys("block").join(kernel_name).join("device/rescan"))
+        .ok()
+        .map(|t| !t.trim().is_empty())
 }
 
 /// Scans SCSI host `host_no` for devices at `address` (`echo "C T L" >

@@ -80,6 +80,58 @@ pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
     }))
 }
 
+/// Proves, just before a write that destroys what is there (mkfs, wipe), that
+/// every path of `wwid` still is that LUN: asks the SCSI layer to re-read
+/// each path's INQUIRY data (`device/rescan`; synchronous in a kernel),
+/// then reads every path's WWID again. A path that now reports another
+/// WWID (an array that reused the LUN number) or none refuses the write;
+/// one that cannot be rescanned or read is not ready.
+pub async fn reverify(host: &Host, wwid: &Wwid, node: &Path) -> Result<(), AgentError> {
+    let io = |e| AgentError::io(host.sys("block"), e);
+    let maps = sysfs::multipath_maps(host).map_err(io)?;
+    let mut names: Vec<String> = sysfs::disks_with_wwid(host, wwid)
+        .map_err(io)?
+        .into_iter()
+        .map(|d| d.kernel_name)
+        .collect();
+    names.extend(
+        maps.into_iter()
+            .filter(|m| &m.wwid == wwid)
+            .flat_map(|m| m.slaves),
+    );
+    names.sort();
+    names.dedup();
+    let not_ready = |name: &str, e: std::io::Error| AgentError::DeviceNotReady {
+        device: node.to_owned(),
+        reason: format!("its path {name} could not be re-read: {e}"),
+    };
+    for name in &names {
+        sysfs::rescan_device(host, name).map_err(|e| not_ready(name, e))?;
+    }
+    // A kernel has re-read by the time the write returns; a stand-in that
+    // acts on the trigger takes a moment, and says so by clearing it.
+    for _ in 0..40 {
+        if names
+            .iter()
+            .all(|n| sysfs::rescan_pending(host, n).is_none_or(|p| !p))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    for name in &names {
+        let now = sysfs::block_wwid(host, name).map_err(|e| not_ready(name, e))?;
+        if now.as_ref() != Some(wwid) {
+            return Err(AgentError::WwidMismatch {
+                device: host.dev(name),
+                expected: wwid.clone(),
+                found: now.map_or_else(|| "no WWID".to_owned(), |w| w.to_string()),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The device numbers of every path of `wwid` and of its multipath map.
 pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, AgentError> {
     let io = |e| AgentError::io(host.sys("block"), e);
@@ -91,6 +143,8 @@ pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, Agent
     else {
         return Ok(Vec::new());
     };
+    // A map holding another LUN's path is not this volume's device.
+    let lun = crate::device::consistent(host, lun)?;
     Ok(lun
         .paths
         .iter()

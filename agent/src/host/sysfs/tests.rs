@@ -497,8 +497,24 @@ fn huawei_fixture_two_paths_under_one_map() {
             suspended: false,
         }]
     );
+    // An array that reused a LUN number: one path under the map now
+    // reports another LUN. The map's LUN records it, so it is refused.
+    let mut reused = disks.clone();
+    reused[0].wwid = wwid("naa.618cf24100f8f457014a764c000009f9");
+    let mixed = group_luns(reused, maps.clone());
+    let mapped = mixed
+        .iter()
+        .find(|l| l.map.is_some())
+        .expect("the map's LUN");
+    assert_eq!(mapped.foreign_paths, [disks[0].kernel_name.clone()]);
+    assert!(matches!(
+        crate::device::consistent(&host, mapped.clone()),
+        Err(crate::error::AgentError::WwidMismatch { .. })
+    ));
     let luns = group_luns(disks, maps);
     assert_eq!(luns.len(), 1);
+    assert!(luns[0].foreign_paths.is_empty());
+    assert!(crate::device::consistent(&host, luns[0].clone()).is_ok());
     assert_eq!(luns[0].paths.len(), 2);
     // Sorted by HCTL: host 38 first.
     assert_eq!(luns[0].paths[0].kernel_name, "sde");

@@ -395,3 +395,53 @@ async fn a_read_error_during_stage_is_unavailable_and_formats_nothing() {
         .await
         .expect("unstage");
 }
+
+#[tokio::test]
+async fn a_blank_lun_that_reports_another_wwid_when_rescanned_is_never_formatted() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(lab) = Lab::start(&[SMALL]).await else {
+        return;
+    };
+    let lun = lab.lun(0);
+    let device = lab.tree.sys().join("block").join(&lun.name).join("device");
+    // The kernel's part: a rescan re-reads INQUIRY, and the array now has
+    // another LUN at this number.
+    let stop = Arc::new(AtomicBool::new(false));
+    let kernel = {
+        let (device, stop) = (device.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let rescan = std::fs::read_to_string(device.join("rescan")).unwrap_or_default();
+                if !rescan.trim().is_empty() {
+                    std::fs::write(
+                        device.join("wwid"),
+                        "naa.6001405ffffffffffffffffffffffff1\n",
+                    )
+                    .expect("new identity");
+                    std::fs::write(device.join("rescan"), "").expect("consumed");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+    };
+    let staging = lab.staging("pv-reused");
+    let msg = assert_code(
+        lab.stage(
+            &lun.volume_id,
+            &staging,
+            mount_cap("ext4", Mode::SingleNodeWriter),
+        )
+        .await,
+        Code::FailedPrecondition,
+    );
+    stop.store(true, Ordering::Relaxed);
+    kernel.join().expect("kernel thread");
+    assert!(
+        msg.contains("naa.6001405ffffffffffffffffffffffff1"),
+        "{msg}"
+    );
+    assert_eq!(lab.mkfs_count(), 0, "never formatted");
+    assert!(blkid(&lun.backing.device).is_empty(), "still blank");
+    assert!(!is_mounted(&staging));
+}
