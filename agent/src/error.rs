@@ -163,6 +163,16 @@ pub enum AgentError {
         /// What failed.
         reason: String,
     },
+    /// A syscall on a device did not return in time (its I/O hangs).
+    #[error("{op} of {} did not return within {after:?}: the device's I/O hangs; nothing more was done", path.display())]
+    Stuck {
+        /// What was called.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// How long it was given.
+        after: std::time::Duration,
+    },
     /// A record the agent keeps (attachments, a raw block staging record)
     /// could not be written durably; the call that needed it fails.
     #[error("cannot save {}: {source}", path.display())]

@@ -34,6 +34,8 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         AgentError::Busy(_) => Code::Aborted,
+        // A device whose I/O hangs: retry once it answers.
+        AgentError::Stuck { .. } => Code::Unavailable,
         // Doubt about the device is never "blank": retry later.
         AgentError::DeviceNotReady { .. } => Code::Unavailable,
         // The node's disk refused the record: transient, retry.

@@ -70,6 +70,8 @@ pub fn code(err: &AgentError) -> Code {
         AgentError::CapacityOutOfRange { .. } => Code::OutOfRange,
         // Error Scheme: "Operation pending for volume".
         AgentError::Busy(_) => Code::Aborted,
+        // A device whose I/O hangs: retry once it answers.
+        AgentError::Stuck { .. } => Code::Unavailable,
         // Doubt about the device is never "blank": retry later.
         AgentError::DeviceNotReady { .. } => Code::Unavailable,
         // The node's disk refused a record the call needs: nothing was

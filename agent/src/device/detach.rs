@@ -8,7 +8,7 @@ use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
 use crate::host::block::{self, Holder};
 use crate::host::mountinfo::MountTable;
-use crate::host::{multipath, sysfs};
+use crate::host::{blocking, multipath, sysfs};
 use crate::volume::device::publications;
 use crate::wwid::Wwid;
 
@@ -26,8 +26,12 @@ impl Devices {
                     nodes.insert(0, m.kernel_name.clone());
                 }
                 self.check_unused(wwid, &nodes)?;
-                for name in &nodes {
-                    flush(&self.host.dev(name));
+                // With no path left a flush would queue forever (and there
+                // is nowhere to write to): skip it.
+                if !lun.paths.is_empty() {
+                    for name in &nodes {
+                        flush(&self.host.dev(name)).await?;
+                    }
                 }
                 if let Some(m) = &lun.map {
                     multipath::flush(&self.host, &m.name).await.map_err(|e| {
@@ -165,11 +169,22 @@ impl Devices {
     }
 }
 
-/// Flushes the device's buffers (fsync on the block device node).
-fn flush(node: &std::path::Path) {
-    if let Ok(f) = std::fs::OpenOptions::new().read(true).open(node)
-        && let Err(e) = f.sync_all()
-    {
-        tracing::warn!(node = %node.display(), error = %e, "flush failed");
-    }
+/// Flushes the device's buffers (fsync on the block device node), off the
+/// async workers and within [`blocking::FLUSH_TIMEOUT`]. A node already
+/// gone has nothing to flush; a flush that fails or hangs refuses the
+/// detach (its paths are not deleted under unwritten data).
+async fn flush(node: &std::path::Path) -> Result<(), AgentError> {
+    let path = node.to_owned();
+    let result = blocking::within("flush", node, blocking::FLUSH_TIMEOUT, move || {
+        match std::fs::OpenOptions::new().read(true).open(&path) {
+            Ok(f) => f.sync_all(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    })
+    .await?;
+    result.map_err(|source| AgentError::DeviceNotReady {
+        device: node.to_owned(),
+        reason: format!("its buffers could not be flushed: {source}"),
+    })
 }

@@ -5,6 +5,7 @@
 //! Domain code never builds a path from a literal `/sys`, `/dev` or `/proc`.
 
 pub mod block;
+pub mod blocking;
 pub mod command;
 pub mod dev_links;
 pub mod erase;

@@ -270,21 +270,19 @@ pub async fn unmount(target: &Path) -> Result<(), AgentError> {
     .await
 }
 
-/// Runs a mount syscall on the blocking pool, naming `op` and `path` in its error.
+/// Runs a mount syscall off the async workers, within
+/// [`blocking::MOUNT_TIMEOUT`], naming `op` and `path` in its error.
 async fn blocking<F>(op: &'static str, path: PathBuf, call: F) -> Result<(), AgentError>
 where
     F: FnOnce() -> nix::Result<()> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(call).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(errno)) => Err(AgentError::Mount {
+    match super::blocking::within(op, &path, super::blocking::MOUNT_TIMEOUT, call).await? {
+        Ok(()) => Ok(()),
+        Err(errno) => Err(AgentError::Mount {
             op,
             path,
             source: errno.into(),
         }),
-        Err(_) => Err(AgentError::Unreachable(
-            "a mount syscall task panicked or was cancelled",
-        )),
     }
 }
 
