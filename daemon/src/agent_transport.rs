@@ -46,7 +46,10 @@ pub fn tls_incoming(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic_tls::incoming_inner(
         incoming,
-        LoggingAcceptor(tokio_rustls::TlsAcceptor::from(config)),
+        LoggingAcceptor(
+            tokio_rustls::TlsAcceptor::from(config),
+            Arc::new(WarningBudget::default()),
+        ),
     )
 }
 
@@ -77,7 +80,38 @@ pub fn agent_channel(
 
 /// A TLS acceptor that says why a handshake failed.
 #[derive(Clone)]
-struct LoggingAcceptor(tokio_rustls::TlsAcceptor);
+struct LoggingAcceptor(tokio_rustls::TlsAcceptor, Arc<WarningBudget>);
+
+/// Most refused-handshake warnings logged a minute: a port scan or a
+/// misconfigured client retrying in a loop must not flood the log. The
+/// rest go to debug, and the next warning logged says how many there were.
+const MAX_WARNINGS_PER_MINUTE: u32 = 20;
+
+/// The budget of refused-handshake warnings (see
+/// [`MAX_WARNINGS_PER_MINUTE`]).
+#[derive(Default)]
+struct WarningBudget(std::sync::Mutex<Option<(std::time::Instant, u32, u64)>>);
+
+impl WarningBudget {
+    /// `Some(n)` when this warning may be logged (`n` were held back since
+    /// the last one), `None` when it is over budget.
+    fn take(&self) -> Option<u64> {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let (start, logged, held) = state.get_or_insert((now, 0, 0));
+        if now.duration_since(*start) >= Duration::from_secs(60) {
+            *start = now;
+            *logged = 0;
+        }
+        if *logged < MAX_WARNINGS_PER_MINUTE {
+            *logged += 1;
+            Some(std::mem::take(held))
+        } else {
+            *held += 1;
+            None
+        }
+    }
+}
 
 impl tonic_tls::TlsAcceptor<TcpStream> for LoggingAcceptor {
     type TlsStream = TlsStream<TcpStream>;
@@ -96,13 +130,44 @@ impl tonic_tls::TlsAcceptor<TcpStream> for LoggingAcceptor {
                 Err(e.into())
             }
             Ok(Err(e)) => {
-                tracing::warn!(%peer, error = %e, "agent API: TLS handshake refused");
+                match self.1.take() {
+                    Some(held_back) => {
+                        tracing::warn!(%peer, error = %e, held_back, "agent API: TLS handshake refused")
+                    }
+                    None => tracing::debug!(%peer, error = %e, "agent API: TLS handshake refused"),
+                }
                 Err(e.into())
             }
             Err(_) => {
-                tracing::warn!(%peer, "agent API: TLS handshake timed out");
+                match self.1.take() {
+                    Some(held_back) => {
+                        tracing::warn!(%peer, held_back, "agent API: TLS handshake timed out")
+                    }
+                    None => tracing::debug!(%peer, "agent API: TLS handshake timed out"),
+                }
                 Err("TLS handshake timed out".into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_handshake_warnings_are_bounded_and_the_held_back_ones_counted() {
+        let budget = WarningBudget::default();
+        for _ in 0..MAX_WARNINGS_PER_MINUTE {
+            assert_eq!(budget.take(), Some(0));
+        }
+        assert_eq!(budget.take(), None);
+        assert_eq!(budget.take(), None);
+        // A minute later the next one is logged and says two were held back.
+        if let Some((start, _, _)) = budget.0.lock().expect("lock").as_mut() {
+            *start -= Duration::from_secs(61);
+        }
+        assert_eq!(budget.take(), Some(2));
+        assert_eq!(budget.take(), Some(0));
     }
 }

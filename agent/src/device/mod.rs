@@ -40,6 +40,8 @@ pub struct Devices {
     /// for the same LUN is answered ABORTED (and retried) instead of
     /// running alongside it (a detach deleting the device under a wipe).
     in_flight: OpGuards<String>,
+    /// Login slots ([`sessions::MAX_CONCURRENT_LOGINS`]).
+    logins: tokio::sync::Semaphore,
 }
 
 impl Devices {
@@ -51,6 +53,7 @@ impl Devices {
             login_timeout,
             target_locks: std::sync::Mutex::new(HashMap::new()),
             in_flight: OpGuards::new(),
+            logins: tokio::sync::Semaphore::new(sessions::MAX_CONCURRENT_LOGINS),
         }
     }
 

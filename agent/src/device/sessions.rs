@@ -10,6 +10,12 @@ use crate::host::fc::{self, Wwpn};
 use crate::host::iscsiadm::{self, Chap, IscsiError, LoginOutcome, MutualChap, Portal, Secret};
 use crate::host::sysfs::{self, ScanAddress};
 
+/// Most portals one iSCSI target may list (real arrays have a few per
+/// controller; each is a login, and they are tried at once).
+pub const MAX_PORTALS: usize = 16;
+/// Most iSCSI logins this node runs at once: an attach storm still
+/// overlaps its logins, without hundreds of iscsiadm processes.
+pub const MAX_CONCURRENT_LOGINS: usize = 8;
 /// How a target is reached, parsed from the agent API request.
 #[derive(Clone, Debug)]
 pub enum Transport {
@@ -91,6 +97,12 @@ impl TargetSpec {
             return Err(AgentError::InvalidArgument {
                 field: "target.iscsi.portals",
                 reason: "at least one portal is required".into(),
+            });
+        }
+        if portals.len() > MAX_PORTALS {
+            return Err(AgentError::InvalidArgument {
+                field: "target.iscsi.portals",
+                reason: format!("{} portals; at most {MAX_PORTALS}", portals.len()),
             });
         }
         let chap = match chap {
@@ -366,6 +378,8 @@ impl Devices {
         portal: &Portal,
         chap: Option<&Chap>,
     ) -> Result<LoginOutcome, IscsiError> {
+        // Held for the whole login: a bounded number at a time.
+        let _slot = self.logins.acquire().await;
         iscsiadm::create_node(&self.host, iqn, portal).await?;
         match chap {
             Some(c) => iscsiadm::set_chap(&self.host, iqn, portal, c).await?,
@@ -564,5 +578,17 @@ mod tests {
         TargetSpec::fc("fc-1", &["0x500a098188888888".to_owned()]).expect("one WWPN");
         let (field, _) = refused_field(TargetSpec::iscsi("array-a", iqn, &[], None));
         assert_eq!(field, "target.iscsi.portals");
+    }
+
+    #[test]
+    fn a_target_lists_at_most_max_portals() {
+        let iqn = "iqn.2026-11.io.csi-scsi.lab:array-a";
+        let many: Vec<String> = (1..=MAX_PORTALS + 1)
+            .map(|i| format!("127.0.0.{i}:3260"))
+            .collect();
+        assert!(TargetSpec::iscsi("array-a", iqn, &many[..MAX_PORTALS], None).is_ok());
+        let (field, reason) = refused_field(TargetSpec::iscsi("array-a", iqn, &many, None));
+        assert_eq!(field, "target.iscsi.portals");
+        assert!(reason.contains("at most 16"), "{reason}");
     }
 }

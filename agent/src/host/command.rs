@@ -152,11 +152,17 @@ impl CommandRunner {
         .stderr(Stdio::piped())
         .env("LC_ALL", "C")
         .kill_on_drop(true);
-        let child = cmd.spawn().map_err(|source| CommandError::Spawn {
+        let mut child = cmd.spawn().map_err(|source| CommandError::Spawn {
             tool: tool.to_owned(),
             source,
         })?;
-        match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let run = async {
+            let (out, err) = tokio::join!(read_bounded(stdout), read_bounded(stderr));
+            let status = child.wait().await?;
+            Ok::<_, std::io::Error>((status, out?, err?))
+        };
+        match tokio::time::timeout(timeout, run).await {
             Err(_) => Err(CommandError::Timeout {
                 tool: tool.to_owned(),
                 after: timeout,
@@ -165,13 +171,45 @@ impl CommandRunner {
                 tool: tool.to_owned(),
                 source,
             }),
-            Ok(Ok(out)) => Ok(Output {
-                code: out.status.code().unwrap_or(-1),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            Ok(Ok((status, stdout, stderr))) => Ok(Output {
+                code: status.code().unwrap_or(-1),
+                stdout,
+                stderr,
             }),
         }
     }
+}
+
+/// Most bytes of one stream of a tool's output kept: beyond, the rest is
+/// read and dropped (a tool stuck printing cannot fill the agent's memory,
+/// and never blocks on a full pipe).
+pub const MAX_OUTPUT: usize = 4 << 20;
+
+/// Reads `stream` to its end, keeping the first [`MAX_OUTPUT`] bytes.
+async fn read_bounded(
+    stream: Option<impl tokio::io::AsyncRead + Unpin>,
+) -> std::io::Result<String> {
+    use tokio::io::AsyncReadExt;
+    let Some(mut stream) = stream else {
+        return Ok(String::new());
+    };
+    let mut kept = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut dropped = 0usize;
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        let room = MAX_OUTPUT.saturating_sub(kept.len()).min(n);
+        kept.extend_from_slice(&chunk[..room]);
+        dropped += n - room;
+    }
+    let mut text = String::from_utf8_lossy(&kept).into_owned();
+    if dropped > 0 {
+        text.push_str(&format!("\n…({dropped} more bytes dropped)"));
+    }
+    Ok(text)
 }
 
 /// The last few lines of a tool's output, bounded, for error messages.
@@ -215,6 +253,31 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_prints_without_end_is_kept_to_the_bound_and_finishes() {
+        let r = CommandRunner::new(Duration::from_secs(30));
+        // 12 MiB on stdout, more than the bound: read to the end (the tool is
+        // never blocked on a full pipe), kept to MAX_OUTPUT.
+        let out = r
+            .output(
+                Path::new("sh"),
+                &[
+                    "-c".into(),
+                    "head -c 12582912 /dev/zero | tr '\\0' x; echo done >&2".into(),
+                ],
+            )
+            .await
+            .expect("runs");
+        assert_eq!(out.code, 0);
+        assert!(out.stdout.len() < MAX_OUTPUT + 100, "{}", out.stdout.len());
+        assert!(
+            out.stdout.ends_with("(8388608 more bytes dropped)"),
+            "{}",
+            &out.stdout[out.stdout.len() - 60..]
+        );
+        assert_eq!(out.stderr.trim(), "done");
     }
 
     #[tokio::test]
