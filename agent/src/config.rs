@@ -77,6 +77,11 @@ pub struct Args {
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
 
+    /// open-iscsi's node record directory: CHAP settings are written into
+    /// the records there, never passed to iscsiadm on its command line.
+    #[arg(long, default_value = "/etc/iscsi/nodes")]
+    pub iscsi_node_dir: PathBuf,
+
     /// Use this path for a host tool instead of $PATH, e.g.
     /// --tool iscsiadm=/usr/sbin/iscsiadm (repeatable).
     #[arg(long = "tool", value_name = "NAME=PATH")]
@@ -156,6 +161,7 @@ impl Args {
             dev: self.dev_root,
             mountinfo: self.mountinfo,
             kubelet_dir,
+            iscsi_nodes: self.iscsi_node_dir,
             tools,
             runner: CommandRunner::new(Duration::from_secs(self.command_timeout.max(1))),
         };

@@ -378,6 +378,11 @@ impl Devices {
         portal: &Portal,
         chap: Option<&Chap>,
     ) -> Result<LoginOutcome, IscsiError> {
+        // A live session needs nothing: no record rewritten, no secret
+        // handled again (every Attach and Discover passes through here).
+        if self.has_session(iqn, portal) {
+            return Ok(LoginOutcome::AlreadyLoggedIn);
+        }
         // Held for the whole login: a bounded number at a time.
         let _slot = self.logins.acquire().await;
         iscsiadm::create_node(&self.host, iqn, portal).await?;
@@ -386,6 +391,16 @@ impl Devices {
             None => iscsiadm::clear_chap(&self.host, iqn, portal).await?,
         }
         iscsiadm::login(&self.host, iqn, portal, self.login_timeout).await
+    }
+
+    /// Whether a session to `iqn` through `portal` is listed in sysfs (an
+    /// unreadable list is "no": the login then finds out for itself).
+    fn has_session(&self, iqn: &str, portal: &Portal) -> bool {
+        sysfs::iscsi_sessions(&self.host).is_ok_and(|sessions| {
+            sessions
+                .iter()
+                .any(|s| s.target == iqn && s.portal.as_ref() == Some(portal))
+        })
     }
 
     /// Asks the SCSI layer to look for new LUNs of `target` (session rescan
@@ -409,6 +424,9 @@ impl Devices {
         if let Transport::Iscsi { iqn, portals, .. } = &target.transport {
             for p in portals {
                 iscsiadm::logout(&self.host, iqn, p).await?;
+                // The record (and the CHAP secret in it) goes with the
+                // session: nothing is left for a reboot to log in with.
+                iscsiadm::delete_node(&self.host, iqn, p).await?;
             }
         }
         Ok(())

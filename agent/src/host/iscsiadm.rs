@@ -5,10 +5,9 @@
 //!
 //! Exit codes are open-iscsi's (`include/iscsi_err.h`); each is turned into
 //! a typed [`IscsiError`], or into success where it means "already done".
-//! CHAP passwords travel only as [`Arg::Secret`], are scrubbed from any tool
-//! output quoted in an error, and never appear in `Debug`. (They are still
-//! visible in the child's argv to root on this node while `iscsiadm` runs:
-//! the CLI has no other way to take them.)
+//! CHAP settings are written into the node record file itself
+//! ([`record`]), never onto a command line; they never appear in `Debug`
+//! or in an error.
 
 use std::fmt;
 use std::time::Duration;
@@ -221,6 +220,14 @@ pub enum IscsiError {
         /// The portal.
         portal: String,
     },
+    /// A node record file could not be read or written.
+    #[error("iSCSI node record {}: {detail}", path.display())]
+    NodeRecordFile {
+        /// The record file.
+        path: std::path::PathBuf,
+        /// What failed.
+        detail: String,
+    },
     /// No such session (exit 2, ISCSI_ERR_SESS_NOT_FOUND, or 21).
     #[error("no iSCSI session {sid}")]
     SessionNotFound {
@@ -327,7 +334,9 @@ pub async fn create_node(host: &Host, target: &str, portal: &Portal) -> Result<(
         &[],
     )
     .await?;
-    Ok(())
+    // Only the agent logs in: a reboot must not log in to every target the
+    // node ever used.
+    update(host, target, portal, "node.startup", "manual".into(), &[]).await
 }
 
 /// Deletes the node record (`-o delete`). A missing record (exit 21) is
@@ -350,8 +359,8 @@ pub async fn delete_node(host: &Host, target: &str, portal: &Portal) -> Result<(
 }
 
 /// Sets CHAP (or mutual CHAP) on the node record: authmethod, username and
-/// password, and `username_in`/`password_in` for mutual CHAP. Passwords go
-/// as secrets and are scrubbed from errors.
+/// password, and `username_in`/`password_in` for mutual CHAP, written into
+/// the record file (see [`record`]): no secret is ever an argument.
 pub async fn set_chap(
     host: &Host,
     target: &str,
@@ -365,41 +374,14 @@ pub async fn set_chap(
         check_chap_text("mutual CHAP username", &m.username)?;
         check_chap_text("mutual CHAP password", m.password.expose())?;
     }
-    let mut secrets = vec![chap.password.expose()];
-    let mut settings: Vec<(&str, Arg)> = vec![
-        ("node.session.auth.authmethod", "CHAP".into()),
-        ("node.session.auth.username", chap.username.as_str().into()),
-        (
-            "node.session.auth.password",
-            Arg::secret(chap.password.expose()),
-        ),
-    ];
-    if let Some(m) = &chap.mutual {
-        secrets.push(m.password.expose());
-        settings.push(("node.session.auth.username_in", m.username.as_str().into()));
-        settings.push((
-            "node.session.auth.password_in",
-            Arg::secret(m.password.expose()),
-        ));
-    }
-    for (name, value) in settings {
-        update(host, target, portal, name, value, &secrets).await?;
-    }
-    Ok(())
+    record::write_auth(host, target, portal, Some(chap)).await
 }
 
-/// Turns CHAP off on the node record (`authmethod = None`).
+/// Turns CHAP off on the node record (`authmethod = None`, no names or
+/// secrets left in the file).
 pub async fn clear_chap(host: &Host, target: &str, portal: &Portal) -> Result<(), IscsiError> {
     check_target(target)?;
-    update(
-        host,
-        target,
-        portal,
-        "node.session.auth.authmethod",
-        "None".into(),
-        &[],
-    )
-    .await
+    record::write_auth(host, target, portal, None).await
 }
 
 /// Logs in to `target` at `portal`, giving up after about `timeout`: the node
@@ -811,6 +793,7 @@ impl IscsiError {
             Self::PortalUnreachable { .. } => "portal_unreachable",
             Self::LoginRefused { .. } => "login_refused",
             Self::NoNodeRecord { .. } => "no_node_record",
+            Self::NodeRecordFile { .. } => "node_record_file",
             Self::SessionNotFound { .. } => "session_not_found",
             Self::SessionBusy { .. } => "session_busy",
             Self::DaemonUnavailable { .. } => "daemon_unavailable",
@@ -1154,6 +1137,8 @@ fn parse_scsi_address_line(line: &str) -> Option<Hctl> {
         _ => None,
     }
 }
+
+pub mod record;
 
 #[cfg(test)]
 mod tests;

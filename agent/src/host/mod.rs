@@ -34,6 +34,9 @@ pub struct Host {
     /// kubelet's root directory (`/var/lib/kubelet`): staging and target
     /// paths must resolve under it.
     pub kubelet_dir: PathBuf,
+    /// open-iscsi's node records (`/etc/iscsi/nodes`): CHAP settings are
+    /// written there, never passed on a command line.
+    pub iscsi_nodes: PathBuf,
     /// Tool name -> path overrides (`--tool iscsiadm=/path`); others run from `$PATH`.
     pub tools: BTreeMap<String, PathBuf>,
     /// Runs the tools.

@@ -70,6 +70,7 @@ fn kubelet() -> &'static Kubelet {
             dev: root.join("dev"),
             mountinfo: root.join("mountinfo"),
             kubelet_dir: k,
+            iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
             tools: BTreeMap::new(),
             runner: CommandRunner::new(Duration::from_secs(5)),
         };

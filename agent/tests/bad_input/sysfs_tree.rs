@@ -281,6 +281,7 @@ fn host_at(root: &Path) -> Host {
         dev: root.join("dev"),
         mountinfo: root.join("mountinfo"),
         kubelet_dir: root.join("kubelet"),
+        iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
         tools: BTreeMap::new(),
         runner: CommandRunner::new(Duration::from_secs(5)),
     }

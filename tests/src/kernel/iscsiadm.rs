@@ -6,7 +6,8 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use super::state::{DiskRecord, NodeRecord, NodeState, SessionRecord};
+use super::records;
+use super::state::{DiskRecord, NodeState, SessionRecord};
 use super::{NodeContext, attach_loop, detach_loop, kernel_wwid, refresh_loop};
 use crate::fabric::Fabric;
 use crate::iscsi::{self, Chap, IscsiError, TYPE_DISK};
@@ -54,15 +55,16 @@ pub async fn run(ctx: &NodeContext, args: &[String]) -> Outcome {
     };
     match (mode.as_deref(), target, portal) {
         (Some("node"), Some(t), Some(p)) => {
-            let key = NodeState::key(&t, &p);
             if login {
                 login_node(ctx, locked, &t, &p).await
             } else if logout {
                 logout_node(ctx, locked, &t, &p)
             } else {
+                drop(locked);
                 node_op(
-                    locked,
-                    &key,
+                    ctx,
+                    &t,
+                    &p,
                     op.as_deref(),
                     name.as_deref(),
                     value.as_deref(),
@@ -70,11 +72,9 @@ pub async fn run(ctx: &NodeContext, args: &[String]) -> Outcome {
             }
         }
         (Some("node"), _, _) => {
-            let list: String = locked
-                .state
-                .nodes
-                .keys()
-                .filter_map(|k| k.split_once(' ').map(|(t, p)| format!("{p},1 {t}\n")))
+            let list: String = records::list(&ctx.root)
+                .into_iter()
+                .map(|(p, t)| format!("{p},1 {t}\n"))
                 .collect();
             if list.is_empty() {
                 fail(21, "No records found")
@@ -104,48 +104,28 @@ pub async fn run(ctx: &NodeContext, args: &[String]) -> Outcome {
 }
 
 fn node_op(
-    mut locked: super::state::Locked,
-    key: &str,
+    ctx: &NodeContext,
+    iqn: &str,
+    portal: &str,
     op: Option<&str>,
     name: Option<&str>,
     value: Option<&str>,
 ) -> Outcome {
-    match op {
-        Some("new") => {
-            locked
-                .state
-                .nodes
-                .entry(key.to_owned())
-                .or_insert_with(|| NodeRecord {
-                    authmethod: "None".into(),
-                    login_timeout: 15,
-                    ..Default::default()
-                });
-        }
-        Some("delete") => {
-            if locked.state.nodes.remove(key).is_none() {
-                return fail(21, "No records found");
-            }
-        }
-        Some("update") => {
-            let Some(rec) = locked.state.nodes.get_mut(key) else {
-                return fail(21, "No records found");
-            };
-            let v = value.unwrap_or_default().to_owned();
-            match name.unwrap_or_default() {
-                "node.session.auth.authmethod" => rec.authmethod = v,
-                "node.session.auth.username" => rec.username = v,
-                "node.session.auth.password" => rec.password = v,
-                "node.session.auth.username_in" => rec.username_in = v,
-                "node.session.auth.password_in" => rec.password_in = v,
-                "node.conn[0].timeo.login_timeout" => rec.login_timeout = v.parse().unwrap_or(15),
-                _ => {}
-            }
-        }
+    let done = match op {
+        Some("new") => records::create(&ctx.root, iqn, portal).map(|()| true),
+        Some("delete") => records::delete(&ctx.root, iqn, portal),
+        Some("update") => records::update(
+            &ctx.root,
+            iqn,
+            portal,
+            name.unwrap_or_default(),
+            value.unwrap_or_default(),
+        ),
         _ => return fail(7, "unsupported node operation"),
-    }
-    match locked.save() {
-        Ok(()) => ok(""),
+    };
+    match done {
+        Ok(true) => ok(""),
+        Ok(false) => fail(21, "No records found"),
         Err(e) => fail(12, format!("cannot save node record: {e}")),
     }
 }
@@ -189,9 +169,10 @@ async fn login_node(
     iqn: &str,
     portal: &str,
 ) -> Outcome {
-    let key = NodeState::key(iqn, portal);
-    let Some(rec) = locked.state.nodes.get(&key).cloned() else {
-        return fail(21, "No records found");
+    let rec = match records::read(&ctx.root, iqn, portal) {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return fail(21, "No records found"),
+        Err(e) => return fail(12, format!("cannot read node record: {e}")),
     };
     if locked
         .state
@@ -374,8 +355,10 @@ pub async fn rescan_session(
         return fail(21, "No session found.");
     };
     let mut record = locked.state.sessions[pos].clone();
-    let key = NodeState::key(&record.iqn, &record.portal);
-    let rec = locked.state.nodes.get(&key).cloned().unwrap_or_default();
+    let rec = records::read(&ctx.root, &record.iqn, &record.portal)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let chap = (rec.authmethod == "CHAP").then(|| Chap {
         username: rec.username.clone(),
         password: rec.password.clone(),

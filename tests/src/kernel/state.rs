@@ -1,16 +1,15 @@
-//! The stand-in's memory of one node: iSCSI node records (what iscsiadm
-//! keeps in /etc/iscsi/nodes) and live sessions with the loop devices it
-//! attached, in `<root>/iscsi/state.json`, guarded by a lock file so the
-//! `iscsiadm` stand-in and the watcher never interleave.
+//! The stand-in's memory of one node: live sessions with the loop devices
+//! it attached, in `<root>/iscsi/state.json`, guarded by a lock file so the
+//! `iscsiadm` stand-in and the watcher never interleave. Node records are
+//! files, as open-iscsi keeps them (see [`super::records`]).
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-/// One node record (`-m node -T <iqn> -p <portal>`).
+/// One node record (`-m node -T <iqn> -p <portal>`), as read from its file.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NodeRecord {
     /// `node.session.auth.authmethod`.
@@ -56,8 +55,6 @@ pub struct SessionRecord {
 /// Everything the stand-in remembers for one node.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeState {
-    /// `<iqn> <portal>` -> record.
-    pub nodes: BTreeMap<String, NodeRecord>,
     /// Live iSCSI sessions.
     pub sessions: Vec<SessionRecord>,
     /// FC disks (host number, wwpn, LUN) created by scans.
@@ -73,11 +70,6 @@ pub struct Locked {
 }
 
 impl NodeState {
-    /// The key of a node record.
-    pub fn key(iqn: &str, portal: &str) -> String {
-        format!("{iqn} {portal}")
-    }
-
     /// Locks and reads `<root>/iscsi/state.json`.
     pub fn lock(root: &Path) -> std::io::Result<Locked> {
         let dir = root.join("iscsi");

@@ -35,6 +35,9 @@ pub const AGENT_PORT: u16 = 9810;
 pub const AGENT_STATUS_PORT: u16 = 9811;
 /// Port of the proxy's status endpoints, on the lab's host address.
 pub const PROXY_STATUS_PORT: u16 = 9812;
+/// Every `iscsiadm` command line a node's agent ran, one a line, in the
+/// node's directory (`nodes/<name>/`).
+pub const ISCSIADM_ARGV_LOG: &str = "iscsiadm-argv.log";
 /// Size of each pool LUN (`LabConfig::pool_luns`).
 pub const POOL_LUN_BYTES: u64 = 64 << 20;
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
@@ -616,9 +619,10 @@ async fn start_node(
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\n# The lab's kernel stand-in plays iscsiadm for {name}.\nexec {} {} iscsiadm \"$@\"\n",
+            "#!/bin/sh\n# The lab's kernel stand-in plays iscsiadm for {name}; every\n# command line is kept in {argv} (tests check no secret is ever on one).\necho \"$*\" >> {argv}\nexec {} {} iscsiadm \"$@\"\n",
             kernel.display(),
-            ctx_args.join(" ")
+            ctx_args.join(" "),
+            argv = base.join(ISCSIADM_ARGV_LOG).display()
         ),
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
@@ -663,6 +667,10 @@ async fn start_node(
             &root.join("dev").display().to_string(),
             "--kubelet-dir",
             &k,
+            "--iscsi-node-dir",
+            &crate::kernel::records::nodes_dir(&root)
+                .display()
+                .to_string(),
             "--state-dir",
             &base.join("agent-state").display().to_string(),
             "--tool",

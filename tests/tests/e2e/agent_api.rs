@@ -474,3 +474,73 @@ async fn detach_refuses_a_device_whose_node_cannot_be_checked_and_deletes_nothin
             .removed
     );
 }
+
+#[tokio::test]
+async fn chap_secrets_never_reach_a_command_line_and_a_logout_deletes_the_record() {
+    let (_d, lab, _cl) = lab().await;
+    let secret = std::fs::read_to_string(lab.config.dir.join("secrets/chap-array-a/password"))
+        .expect("secret");
+    let node = &lab.nodes[0];
+    let argv_log = lab
+        .config
+        .dir
+        .join("nodes")
+        .join(&node.name)
+        .join(csi_scsi_tests::lab::ISCSIADM_ARGV_LOG);
+    // Discovery has logged in to array-a (CHAP) already.
+    let iqn = "iqn.2026-11.io.csi-scsi.lab:array-a";
+    let record = node
+        .root
+        .join("etc/iscsi/nodes")
+        .join(iqn)
+        .join(format!("{},3260,1/default", lab.net.host_ip()));
+    let text = std::fs::read_to_string(&record).expect("the node record");
+    assert!(
+        text.lines()
+            .any(|l| l == format!("node.session.auth.password = {secret}")),
+        "the secret is in the record:\n{text}"
+    );
+    assert!(text.contains("node.startup = manual"), "{text}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&record)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    // An attach and a detach through array-a (which then has no attached
+    // LUN: the agent logs out).
+    let mut a = client(&lab, 0);
+    let wwid = "naa.60014050000100000000000000000001";
+    let target = || vec![iscsi_target(&lab, "array-a", true)];
+    a.attach(AttachRequest {
+        wwid: wwid.into(),
+        targets: target(),
+        lun: 1,
+    })
+    .await
+    .expect("attach");
+    a.detach(DetachRequest {
+        wwid: wwid.into(),
+        targets: target(),
+    })
+    .await
+    .expect("detach");
+    let argv = std::fs::read_to_string(&argv_log).expect("argv log");
+    assert!(argv.contains("--login"), "the log is real:\n{argv}");
+    assert!(
+        !argv.contains(secret.trim()),
+        "a CHAP secret on a command line:\n{argv}"
+    );
+    let lines: Vec<&str> = argv.lines().collect();
+    let logout = lines
+        .iter()
+        .rposition(|l| l.contains(iqn) && l.contains("--logout"))
+        .expect("logged out of array-a");
+    assert!(
+        lines[logout..]
+            .iter()
+            .any(|l| l.contains(iqn) && l.contains("-o delete")),
+        "the record is deleted with the session:\n{argv}"
+    );
+}

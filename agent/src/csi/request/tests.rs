@@ -30,6 +30,7 @@ fn fixture() -> Fixture {
         dev: root.join("dev"),
         mountinfo: PathBuf::from("/proc/self/mountinfo"),
         kubelet_dir: kubelet,
+        iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
         tools: Default::default(),
         runner: CommandRunner::new(Duration::from_secs(5)),
     };

@@ -17,6 +17,7 @@ fn host_at(sysfs: &Path) -> Host {
         dev: PathBuf::from("/nonexistent/dev"),
         mountinfo: PathBuf::from("/nonexistent/mountinfo"),
         kubelet_dir: PathBuf::from("/nonexistent/kubelet"),
+        iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
         tools: BTreeMap::new(),
         runner: CommandRunner::new(Duration::from_secs(5)),
     }

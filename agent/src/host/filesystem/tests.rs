@@ -15,6 +15,7 @@ fn host() -> Host {
         dev: PathBuf::from("/nonexistent/dev"),
         mountinfo: PathBuf::from("/proc/self/mountinfo"),
         kubelet_dir: PathBuf::from("/nonexistent/kubelet"),
+        iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
         tools: Default::default(),
         runner: CommandRunner::new(Duration::from_secs(60)),
     }

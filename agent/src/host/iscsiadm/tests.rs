@@ -47,6 +47,7 @@ impl FakeTool {
             dev: PathBuf::from("/nonexistent/dev"),
             mountinfo: PathBuf::from("/nonexistent/mountinfo"),
             kubelet_dir: PathBuf::from("/nonexistent/kubelet"),
+            iscsi_nodes: self.dir.path().join("nodes"),
             tools: BTreeMap::from([("iscsiadm".to_owned(), self.dir.path().join("iscsiadm"))]),
             runner: CommandRunner::new(Duration::from_secs(5)),
         }
@@ -72,14 +73,25 @@ async fn node_create_and_delete_argv() {
         tool.calls(),
         [
             format!("-m node -T {IQN} -p 10.0.0.1:3260 -o new"),
+            // Only the agent logs in; never iscsid at boot.
+            format!("-m node -T {IQN} -p 10.0.0.1:3260 -o update -n node.startup -v manual"),
             format!("-m node -T {IQN} -p 10.0.0.1:3260 -o delete"),
         ]
     );
 }
 
 #[tokio::test]
-async fn mutual_chap_sets_five_fields_and_passes_the_secrets() {
+async fn chap_is_written_into_the_node_record_never_onto_a_command_line() {
     let tool = FakeTool::new("exit 0");
+    let host = tool.host();
+    // The record as `iscsiadm -o new` leaves it, with an old CHAP setting.
+    let record = host.iscsi_nodes.join(IQN).join("10.0.0.1,3260,1/default");
+    std::fs::create_dir_all(record.parent().expect("dir")).expect("mkdir");
+    std::fs::write(
+        &record,
+        "node.name = x\nnode.session.auth.authmethod = None\nnode.session.auth.password = old\nnode.conn[0].port = 3260\n",
+    )
+    .expect("record");
     let chap = Chap {
         username: "node-a".to_owned(),
         password: Secret::new("initiator-secret"),
@@ -88,46 +100,63 @@ async fn mutual_chap_sets_five_fields_and_passes_the_secrets() {
             password: Secret::new("target-secret!"),
         }),
     };
-    set_chap(&tool.host(), IQN, &portal(), &chap)
-        .await
-        .expect("chap");
-    let base = format!("-m node -T {IQN} -p 10.0.0.1:3260 -o update -n");
-    assert_eq!(
-        tool.calls(),
-        [
-            format!("{base} node.session.auth.authmethod -v CHAP"),
-            format!("{base} node.session.auth.username -v node-a"),
-            format!("{base} node.session.auth.password -v initiator-secret"),
-            format!("{base} node.session.auth.username_in -v array"),
-            format!("{base} node.session.auth.password_in -v target-secret!"),
-        ]
-    );
+    set_chap(&host, IQN, &portal(), &chap).await.expect("chap");
+    assert!(tool.calls().is_empty(), "no tool run: {:?}", tool.calls());
+    let text = std::fs::read_to_string(&record).expect("read");
+    for line in [
+        "node.name = x",
+        "node.conn[0].port = 3260",
+        "node.session.auth.authmethod = CHAP",
+        "node.session.auth.username = node-a",
+        "node.session.auth.password = initiator-secret",
+        "node.session.auth.username_in = array",
+        "node.session.auth.password_in = target-secret!",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from:\n{text}"
+        );
+    }
+    assert!(!text.contains("= old"), "the old secret is gone:\n{text}");
+    let mode = std::fs::metadata(&record)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "a record holding a secret is the owner's only");
     let shown = format!("{chap:?}");
     assert!(
         !shown.contains("initiator-secret") && !shown.contains("target-secret"),
         "{shown}"
     );
     assert!(shown.contains("<redacted>"));
+    clear_chap(&host, IQN, &portal()).await.expect("clear");
+    let text = std::fs::read_to_string(&record).expect("read");
+    assert!(
+        text.contains("node.session.auth.authmethod = None"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("secret") && !text.contains("username"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
 async fn chap_secrets_never_reach_errors() {
-    // A tool that quotes its argv back on failure.
-    let tool = FakeTool::new(
-        "case \"$*\" in *password*) echo \"iscsiadm: cannot set $*\" >&2; exit 6;; esac",
-    );
+    let tool = FakeTool::new("exit 0");
     let chap = Chap {
         username: "node-a".to_owned(),
         password: Secret::new("hunter2hunter2"),
         mutual: None,
     };
+    // No record to write into (create_node was not run).
     let err = set_chap(&tool.host(), IQN, &portal(), &chap)
         .await
-        .expect_err("update fails");
+        .expect_err("no record");
     let shown = format!("{err} / {err:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
-    assert!(shown.contains("<redacted>"), "{shown}");
-    assert!(matches!(err, IscsiError::Failed { code: 6, .. }), "{err:?}");
+    assert!(matches!(err, IscsiError::NoNodeRecord { .. }), "{err:?}");
     // The argv as the runner logs it is redacted too.
     let args = [Arg::from("-v"), Arg::secret(chap.password.expose())];
     assert!(!format!("{args:?}").contains("hunter2"));

@@ -343,6 +343,7 @@ fn fake_multipath(code: i32, stderr: &str) -> (tempfile::TempDir, Host) {
         dev: PathBuf::from("/nonexistent/dev"),
         mountinfo: PathBuf::from("/nonexistent/mountinfo"),
         kubelet_dir: PathBuf::from("/nonexistent/kubelet"),
+        iscsi_nodes: std::path::PathBuf::from("/nonexistent/iscsi/nodes"),
         tools: BTreeMap::from([("multipath".to_owned(), script)]),
         runner: CommandRunner::new(Duration::from_secs(5)),
     };
