@@ -41,7 +41,9 @@ pub struct Args {
 
     /// Address of the operators' HTTP endpoints (/healthz, /readyz,
     /// /metrics, /status); port 0 picks a free port (logged at start).
-    #[arg(long, env = "STATUS_LISTEN", default_value = "0.0.0.0:9811")]
+    /// Unauthenticated: the default is loopback; a DaemonSet binds the pod
+    /// IP (`$(POD_IP):9811`), never every interface of a hostNetwork pod.
+    #[arg(long, env = "STATUS_LISTEN", default_value = "127.0.0.1:9811")]
     pub status_listen: SocketAddr,
 
     /// Directory with tls.crt, tls.key and ca.crt (a mounted Secret).

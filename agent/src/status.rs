@@ -45,7 +45,6 @@ struct SessionView {
     target: String,
     portal: String,
     state: String,
-    initiator: String,
     /// Disk paths below this session.
     disks: usize,
 }
@@ -78,9 +77,8 @@ struct PathView {
 struct VolumeView {
     /// The PV (or kubelet's volume directory) name.
     volume: String,
-    /// The pod, for a publication under `pods/`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pod: Option<String>,
+    /// The mount point, with a pod's UID shown as `*` (the document is
+    /// unauthenticated).
     path: PathBuf,
     /// The LUN it shows, when the device is one this node sees.
     wwid: Option<String>,
@@ -181,7 +179,6 @@ fn snapshot(devices: &Devices) -> Snapshot {
                     target: s.target,
                     portal: s.portal.map(|p| p.to_string()).unwrap_or_default(),
                     state: s.state,
-                    initiator: s.initiator.unwrap_or_default(),
                 })
                 .collect();
         }
@@ -295,6 +292,23 @@ fn state_name(s: &DeviceState) -> String {
     }
 }
 
+/// `parts` (a path under the kubelet directory) with the pod's UID, in
+/// `pods/<uid>/...` or a raw block `.../volumeDevices/publish/<pv>/<uid>`,
+/// replaced by `*`.
+fn without_pod_uid(parts: &[String]) -> PathBuf {
+    let publish = parts.iter().position(|p| p == "publish");
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let uid = (i == 1 && parts[0] == "pods")
+                || publish
+                    .is_some_and(|at| at > 0 && i == at + 2 && parts[at - 1] == "volumeDevices");
+            if uid { "*" } else { p.as_str() }
+        })
+        .collect()
+}
+
 /// A pod's publication (`pods/<uid>/...`, or a raw block
 /// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`), as
 /// opposed to a staging mount.
@@ -325,14 +339,10 @@ fn volume_view(
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    let pod = (parts.first().map(String::as_str) == Some("pods"))
-        .then(|| parts.get(1).cloned())
-        .flatten();
     let volume = volume_name(&parts);
     Some(VolumeView {
         volume,
-        pod,
-        path: m.mount_point.clone(),
+        path: kubelet.join(without_pod_uid(&parts)),
         wwid,
         device: number,
         fs_type: m.fs_type.clone(),
@@ -383,6 +393,22 @@ mod tests {
                 "plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1"
             )),
             "pv-3"
+        );
+        assert_eq!(
+            without_pod_uid(&parts("pods/uid-1/volumes/kubernetes.io~csi/pv-2/mount")),
+            Path::new("pods/*/volumes/kubernetes.io~csi/pv-2/mount")
+        );
+        assert_eq!(
+            without_pod_uid(&parts(
+                "plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/uid-1"
+            )),
+            Path::new("plugins/kubernetes.io/csi/volumeDevices/publish/pv-3/*")
+        );
+        assert_eq!(
+            without_pod_uid(&parts(
+                "plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount"
+            )),
+            Path::new("plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount")
         );
         assert!(is_publication(Path::new("pods/uid-1/volumes/x")));
         assert!(is_publication(Path::new(

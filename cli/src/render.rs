@@ -311,15 +311,12 @@ pub fn proxy_devices(doc: &Value) -> String {
 
 /// An agent's staged and published volumes.
 pub fn agent_volumes(doc: &Value) -> String {
-    let mut t = Table::new(&[
-        "STATE", "VOLUME", "POD", "WWID", "DEVICE", "FS", "RO", "PATH",
-    ]);
+    let mut t = Table::new(&["STATE", "VOLUME", "WWID", "DEVICE", "FS", "RO", "PATH"]);
     for (state, key) in [("staged", "staged"), ("published", "published")] {
         for v in list(&doc["volumes"][key]) {
             t.row(vec![
                 state.to_owned(),
                 text(&v["volume"]),
-                text(&v["pod"]),
                 text(&v["wwid"]),
                 text(&v["device"]),
                 text(&v["fs_type"]),

@@ -32,6 +32,7 @@ pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use shutdown::Shutdown;
 pub use status_http::{
-    METRICS_CONTENT_TYPE, SocketCheck, StatusListener, StatusService, StatusSource,
+    CONNECTION_MAX_AGE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, METRICS_CONTENT_TYPE, SNAPSHOT_TTL,
+    SocketCheck, StatusListener, StatusService, StatusSource,
 };
 pub use unserved::{NameUnserved, NameUnservedLayer};

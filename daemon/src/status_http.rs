@@ -7,24 +7,42 @@
 //! - `GET /status`: a JSON document from the binary's [`StatusSource`].
 //!
 //! Plain HTTP/1.1 on its own port, never the mTLS agent API port: it serves
-//! nothing secret (the status sources never include credentials).
+//! nothing secret (the status sources never include credentials, initiator
+//! names or pod UIDs). Unauthenticated, so bounded: at most
+//! [`MAX_CONNECTIONS`] at once, [`HEADER_READ_TIMEOUT`] to send a request's
+//! headers, [`CONNECTION_MAX_AGE`] per connection, and the state behind
+//! `/status` and `/metrics` is read at most once per [`SNAPSHOT_TTL`]
+//! however often they are asked for.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::{Mutex, Semaphore};
 
 use crate::{Check, Metrics, Readiness};
 
 /// Content type of `/metrics` (OpenMetrics 1.0 text; Prometheus scrapes it).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Most connections served at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send a request's headers, the first or
+/// the next on a kept-alive connection.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may live.
+pub const CONNECTION_MAX_AGE: Duration = Duration::from_secs(60);
+/// How long a `/status` document or a metrics refresh is reused: each
+/// reads sysfs and the mount table.
+pub const SNAPSHOT_TTL: Duration = Duration::from_secs(1);
 
 /// What a binary shows on `/status`, and the gauges it computes from its
 /// own state before each scrape.
@@ -52,6 +70,10 @@ pub struct StatusService {
     readiness: Readiness,
     metrics: Metrics,
     source: Arc<dyn StatusSource>,
+    /// The last `/status` body and when it was made.
+    status_cache: Mutex<Option<(Instant, Bytes)>>,
+    /// When the metrics were last refreshed from state.
+    metrics_refreshed: Mutex<Option<Instant>>,
 }
 
 /// The CSI socket exists and is a socket (the process serves CSI).
@@ -80,6 +102,7 @@ impl StatusListener {
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let service = Arc::new(service);
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         tokio::pin!(shutdown);
         loop {
             let (stream, peer) = tokio::select! {
@@ -88,22 +111,32 @@ impl StatusListener {
                     Ok(a) => a,
                     Err(e) => {
                         tracing::warn!(error = %e, "status endpoint: accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 },
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, "status endpoint: {MAX_CONNECTIONS} connections open; closing this one");
+                continue;
+            };
             let service = service.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let handler = hyper::service::service_fn(move |req| {
                     let service = service.clone();
                     async move { Ok::<_, Infallible>(service.handle(req).await) }
                 });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), handler)
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "status endpoint: connection ended");
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), handler);
+                match tokio::time::timeout(CONNECTION_MAX_AGE, connection).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "status endpoint: connection ended")
+                    }
+                    Err(_) => tracing::debug!(%peer, "status endpoint: connection too old; closed"),
                 }
             });
         }
@@ -119,7 +152,38 @@ impl StatusService {
             readiness,
             metrics,
             source,
+            status_cache: Mutex::new(None),
+            metrics_refreshed: Mutex::new(None),
         }
+    }
+
+    /// The `/status` body, made at most once per [`SNAPSHOT_TTL`] (callers
+    /// that arrive while it is being made wait for it, then share it).
+    async fn status_body(&self) -> Bytes {
+        let mut cache = self.status_cache.lock().await;
+        if let Some((at, body)) = cache.as_ref()
+            && at.elapsed() < SNAPSHOT_TTL
+        {
+            return body.clone();
+        }
+        let doc = self.source.status().await;
+        let mut body = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
+            format!("{{\"error\":\"cannot encode the status: {e}\"}}").into_bytes()
+        });
+        body.push(b'\n');
+        let body = Bytes::from(body);
+        *cache = Some((Instant::now(), body.clone()));
+        body
+    }
+
+    /// Refreshes the state-read gauges, at most once per [`SNAPSHOT_TTL`].
+    async fn refresh_metrics(&self) {
+        let mut last = self.metrics_refreshed.lock().await;
+        if last.is_some_and(|at| at.elapsed() < SNAPSHOT_TTL) {
+            return;
+        }
+        self.source.refresh_metrics().await;
+        *last = Some(Instant::now());
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -141,21 +205,14 @@ impl StatusService {
                 }
             }
             "/metrics" => {
-                self.source.refresh_metrics().await;
+                self.refresh_metrics().await;
                 respond(
                     StatusCode::OK,
                     METRICS_CONTENT_TYPE,
                     self.metrics.encode().into(),
                 )
             }
-            "/status" => {
-                let doc = self.source.status().await;
-                let mut body = serde_json::to_vec_pretty(&doc).unwrap_or_else(|e| {
-                    format!("{{\"error\":\"cannot encode the status: {e}\"}}").into_bytes()
-                });
-                body.push(b'\n');
-                respond(StatusCode::OK, "application/json", body.into())
-            }
+            "/status" => respond(StatusCode::OK, "application/json", self.status_body().await),
             _ => text(
                 StatusCode::NOT_FOUND,
                 "not found: try /healthz, /readyz, /metrics or /status\n".into(),

@@ -90,6 +90,12 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str) -> Answer {
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    // `/status` and the state-read gauges of `/metrics` are snapshots of
+    // at most SNAPSHOT_TTL ago: a read that must see what the test just
+    // did waits that out.
+    if matches!(path, "/status" | "/metrics") {
+        tokio::time::sleep(csi_scsi_daemon::SNAPSHOT_TTL).await;
+    }
     http(addr, "GET", path).await
 }
 
@@ -691,9 +697,13 @@ async fn the_proxy_serves_health_readiness_metrics_and_status_with_every_agent()
         after.value("csi_scsi_devices", &[("phase", "Available")]),
         Some(0.0)
     );
-    assert_eq!(
-        after.value("csi_scsi_agent_calls_in_flight", &[]),
-        Some(0.0)
+    // The probe of node-b, which never answers, may be under way.
+    assert!(
+        after
+            .value("csi_scsi_agent_calls_in_flight", &[])
+            .is_some_and(|n| n <= 1.0),
+        "{:?}",
+        after.value("csi_scsi_agent_calls_in_flight", &[])
     );
     assert!(
         after
@@ -1027,11 +1037,22 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
     let published = node_a["volumes"]["published"]
         .as_array()
         .expect("published");
+    // The document is unauthenticated: a pod's UID (here the pod name the
+    // test used in its place) is shown as `*`, and no initiator name.
+    let shown = target
+        .display()
+        .to_string()
+        .replace("/pods/pod-obs/", "/pods/*/");
     assert!(
-        published.iter().any(|v| v["wwid"] == wwid
-            && v["pod"] == "pod-obs"
-            && v["path"] == target.display().to_string()),
+        published
+            .iter()
+            .any(|v| v["wwid"] == wwid && v["path"] == shown.as_str()),
         "{node_a}"
+    );
+    assert!(!node_a.to_string().contains("pod-obs"), "{node_a}");
+    assert!(
+        !node_a.to_string().contains(":node-a\""),
+        "no initiator name: {node_a}"
     );
     assert!(
         node_a["sessions"]
@@ -1050,7 +1071,7 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
     );
     let (ok, out, err) = cli(&format!("http://{}", lab.nodes[0].status), &["volumes"]).await;
     assert!(
-        ok && out.contains(wwid) && out.contains("pod-obs"),
+        ok && out.contains(wwid) && out.contains("/pods/*/") && !out.contains("pod-obs"),
         "{out}{err}"
     );
 
@@ -1145,33 +1166,14 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
         documents.iter().any(|(_, t)| t.contains("chap-array-a")),
         "the Secret is named, not shown"
     );
-    // The secrets did travel: node-b's initiator records (the stand-in
-    // keeps them as iscsiadm does) hold the wrong one it was given.
+    // The secrets did travel: the target refused node-b's login with the
+    // wrong one (the record that held it is deleted with the session).
     assert!(
-        tree_contains(&dir.join("nodes/node-b"), &wrong),
-        "the wrong secret reached node-b's initiator"
+        errors
+            .iter()
+            .any(|e| e.contains("failed authentication or authorization")),
+        "the wrong secret reached the target: {errors:?}"
     );
-}
-
-/// Whether a regular file under `dir` (symlinks and device nodes skipped)
-/// contains `needle`.
-fn tree_contains(dir: &Path, needle: &str) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
-            return false;
-        };
-        if meta.is_dir() {
-            tree_contains(&e.path(), needle)
-        } else {
-            meta.is_file()
-                && meta.len() < (1 << 20)
-                && std::fs::read(e.path())
-                    .is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
-        }
-    })
 }
 
 fn fastrand_suffix() -> String {
