@@ -23,9 +23,22 @@ pub enum ProxyError {
     /// No such volume.
     #[error("volume {0} does not exist")]
     VolumeNotFound(String),
-    /// No such node (no agent known for it).
-    #[error("node {0} is not known (no agent registered)")]
+    /// No such node: its Node object is deleted, or it is not in the
+    /// agents file.
+    #[error("node {0} does not exist (no Node object, or not in the agents file)")]
     NodeNotFound(String),
+    /// The node exists but no agent of it is listed (NotReady,
+    /// partitioned, agent restarting): it may still be using the volume,
+    /// so the request waits for the agent rather than take the node for gone.
+    #[error(
+        "node {node} exists but its agent is not ready (node NotReady or partitioned?): {consequence}"
+    )]
+    NodeUnreachable {
+        /// The node.
+        node: String,
+        /// What that means for this request.
+        consequence: String,
+    },
     /// A volume with this name exists with other parameters.
     #[error("volume {name} already exists with different parameters: {difference}")]
     NameConflict {

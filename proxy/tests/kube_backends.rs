@@ -1,8 +1,8 @@
 //! The Kubernetes backends against a local server that speaks the API's
 //! JSON (`kube_backends/fake_api.rs`): what each backend sends (method,
-//! path, resourceVersion precondition, body), and how it behaves on 409s,
-//! deleted Pods and expiring Leases. One test binary, submodules below, to
-//! link kube once.
+//! path, resourceVersion precondition, body), how it behaves on 409s,
+//! deleted Pods and expiring Leases, and ControllerUnpublish over them.
+//! One test binary, submodules below, to link kube once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![warn(clippy::assertions_on_result_states)]
 
@@ -16,6 +16,10 @@ mod fake_api;
 mod inventory;
 #[path = "kube_backends/leader.rs"]
 mod leader;
+#[path = "support/lifecycle.rs"]
+mod lifecycle_support;
+#[path = "kube_backends/unpublish.rs"]
+mod unpublish;
 
 use std::time::Duration;
 

@@ -25,6 +25,8 @@ impl From<ProxyError> for Status {
             ProxyError::Busy(_) => Code::Aborted,
             ProxyError::Secret { .. } => Code::FailedPrecondition,
             ProxyError::AgentsUnavailable { .. } => Code::Unavailable,
+            // The external-attacher retries: the agent may come back.
+            ProxyError::NodeUnreachable { .. } => Code::Unavailable,
             // The agent's answer is translated deliberately: its codes
             // describe the node, the caller asked about a volume.
             ProxyError::Agent { status, .. } => match status.code() {
@@ -56,7 +58,9 @@ impl From<ProxyError> for Status {
                 }
             },
             ProxyError::Pool(p) => match p {
-                PoolError::UnknownNode(_) => Code::NotFound,
+                // An agent missing from the directory says nothing about
+                // its node (the directory's `locate` decides "gone"): retry.
+                PoolError::UnknownNode(_) => Code::Unavailable,
                 PoolError::Channel { .. } => Code::Unavailable,
             },
         };

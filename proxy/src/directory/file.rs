@@ -1,6 +1,7 @@
 //! The file-backed agent directory: one agent per line,
 //! `<node> <host:port> [label=value,...]`, `#` comments. Edits are picked up
-//! through inotify and a slow poll; a bad file keeps the last good map.
+//! through inotify and a slow poll; a bad file keeps the last good map. The
+//! file is also the list of nodes: a node removed from it is gone.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,6 +117,11 @@ impl AgentDirectory for FileDirectory {
 
     fn subscribe(&self) -> watch::Receiver<Agents> {
         self.tx.subscribe()
+    }
+
+    /// The file is the list of nodes: a node removed from it is gone.
+    fn node_exists(&self, node: &str) -> bool {
+        self.tx.borrow().contains_key(node)
     }
 }
 

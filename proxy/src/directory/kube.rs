@@ -2,10 +2,11 @@
 //! reflector on the Pods (one namespace, a label selector) maps each Ready
 //! Pod's `spec.nodeName` to `status.podIP` and the agent port, and a
 //! metadata-only reflector on the Nodes supplies node labels for targets'
-//! node selectors. Objects are trimmed before they are cached (no
-//! managedFields, annotations, or unused spec), which is what keeps 5,000
-//! agent Pods cheap. A Pod that is deleted, terminating or not Ready drops
-//! out; the snapshot is republished only when it changes.
+//! node selectors and says which nodes still exist. Objects are trimmed
+//! before they are cached (no managedFields, annotations, or unused spec),
+//! which is what keeps 5,000 agent Pods cheap. A Pod that is deleted,
+//! terminating or not Ready drops out; the snapshot is republished only
+//! when it changes. Its node is gone only once its Node object is deleted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
@@ -41,6 +42,8 @@ pub struct PodDirectoryConfig {
 /// Agents found through their Pods.
 pub struct PodDirectory {
     tx: watch::Sender<Agents>,
+    /// The Node objects (metadata only): which nodes exist.
+    nodes: Store<PartialObjectMeta<Node>>,
     /// How many of the two watches have listed at least once.
     listed: watch::Sender<usize>,
     tasks: Vec<JoinHandle<()>>,
@@ -137,6 +140,7 @@ impl PodDirectory {
         };
         Arc::new(Self {
             tx,
+            nodes,
             listed,
             tasks: vec![pod_task, node_task, publisher],
         })
@@ -146,9 +150,18 @@ impl PodDirectory {
     pub async fn wait_until_ready(&self) {
         let mut rx = self.listed.subscribe();
         // The sender lives in `self`: the channel cannot close meanwhile.
-        let _ = rx.wait_for(|n| *n >= 2).await;
+        let _ = rx.wait_for(|n| *n >= WATCHES).await;
+    }
+
+    /// Whether both reflectors have listed once.
+    pub fn is_ready(&self) -> bool {
+        *self.listed.borrow() >= WATCHES
     }
 }
+
+/// The reflectors that must list before the directory is complete: Pods
+/// and Nodes.
+const WATCHES: usize = 2;
 
 impl Drop for PodDirectory {
     fn drop(&mut self) {
@@ -165,6 +178,12 @@ impl AgentDirectory for PodDirectory {
 
     fn subscribe(&self) -> watch::Receiver<Agents> {
         self.tx.subscribe()
+    }
+
+    /// A node exists until its Node object is deleted; before the lists
+    /// are in, none is known gone.
+    fn node_exists(&self, node: &str) -> bool {
+        !self.is_ready() || self.nodes.get(&ObjectRef::new(node)).is_some()
     }
 }
 

@@ -1,5 +1,6 @@
-//! The agent directory: node name -> agent address, watchable. Backends: a
-//! file (embedded mode; this module) and, later, the agent DaemonSet's Pods.
+//! The agent directory: node name -> agent address, watchable, and which
+//! nodes still exist. Backends: a file (embedded mode) and the agent
+//! DaemonSet's Pods with the Node objects (Kubernetes mode).
 
 mod file;
 mod kube;
@@ -30,4 +31,33 @@ pub trait AgentDirectory: Send + Sync {
     fn snapshot(&self) -> Agents;
     /// A receiver that sees every new snapshot.
     fn subscribe(&self) -> watch::Receiver<Agents>;
+    /// Whether `node` is still part of the cluster, whatever its agent's
+    /// state; `true` while the backend cannot tell yet.
+    fn node_exists(&self, node: &str) -> bool;
+}
+
+/// What the directory says about one node's agent (`locate`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeAgent {
+    /// The node's agent is listed: call it.
+    Listed(AgentEntry),
+    /// The node exists but no agent is listed for it (NotReady,
+    /// partitioned, agent restarting): it may still be using its volumes.
+    Unreachable,
+    /// The node left the cluster: nothing can be attached there any more.
+    Gone,
+}
+
+impl dyn AgentDirectory {
+    /// Where `node`'s agent stands. The one place that decides a node is
+    /// gone: a node whose agent is merely missing (not Ready, partitioned)
+    /// may still write to its volumes, so only a node the backend no longer
+    /// has (Node object deleted, line removed from the agents file) is.
+    pub fn locate(&self, node: &str) -> NodeAgent {
+        match self.snapshot().get(node) {
+            Some(entry) => NodeAgent::Listed(entry.clone()),
+            None if self.node_exists(node) => NodeAgent::Unreachable,
+            None => NodeAgent::Gone,
+        }
+    }
 }

@@ -9,6 +9,7 @@ use csi_scsi_proto::publish_context;
 use super::Lifecycle;
 use super::access::{Access, mount_fs};
 use crate::agents::{AgentOp, AgentReply};
+use crate::directory::NodeAgent;
 use crate::error::ProxyError;
 use crate::inventory::{Device, InventoryError, Phase, Publication};
 use crate::volume_id::VolumeRef;
@@ -34,8 +35,15 @@ impl Lifecycle {
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        if !self.agents.directory().snapshot().contains_key(node) {
-            return Err(ProxyError::NodeNotFound(node.to_owned()));
+        match self.agents.directory().locate(node) {
+            NodeAgent::Listed(_) => {}
+            NodeAgent::Unreachable => {
+                return Err(ProxyError::NodeUnreachable {
+                    node: node.to_owned(),
+                    consequence: format!("cannot attach volume {id} there now; retry"),
+                });
+            }
+            NodeAgent::Gone => return Err(ProxyError::NodeNotFound(node.to_owned())),
         }
         let _guard = self.lock(&vol.wwid).await?;
         let mut dev = self.bound(&vol).await?;
@@ -126,6 +134,8 @@ impl Lifecycle {
     }
 
     /// Detaches volume `id` from `node` (every node when `node` is empty).
+    /// A node that is gone needs no detach; one that exists without a
+    /// ready agent keeps its record and the call is UNAVAILABLE.
     pub async fn unpublish(
         &self,
         id: &str,
@@ -151,18 +161,32 @@ impl Lifecycle {
         } else {
             vec![node.to_owned()]
         };
-        let agents = self.agents.directory().snapshot();
+        let directory = self.agents.directory();
         for n in nodes {
-            if !agents.contains_key(&n) {
-                // The node left the cluster: nothing can be attached there.
-                tracing::warn!(node = %n, wwid = %dev.wwid, "node has no agent any more; dropping its publish record");
-            } else {
-                let targets = self.targets_for(&dev, &n).await?;
-                let op = AgentOp::Detach(DetachRequest {
-                    wwid: dev.wwid.clone(),
-                    targets,
-                });
-                self.call(&n, op, request_id).await?;
+            match directory.locate(&n) {
+                NodeAgent::Listed(_) => {
+                    let targets = self.targets_for(&dev, &n).await?;
+                    let op = AgentOp::Detach(DetachRequest {
+                        wwid: dev.wwid.clone(),
+                        targets,
+                    });
+                    self.call(&n, op, request_id).await?;
+                }
+                // It may still write to the LUN: keep the record, so the
+                // volume is neither attached elsewhere nor wiped meanwhile.
+                NodeAgent::Unreachable => {
+                    return Err(ProxyError::NodeUnreachable {
+                        node: n,
+                        consequence: format!(
+                            "volume {id} may still be in use there, so it stays published to it; \
+                             retry once the agent is back, or delete the Node object if the node \
+                             is gone for good"
+                        ),
+                    });
+                }
+                NodeAgent::Gone => {
+                    tracing::warn!(node = %n, wwid = %dev.wwid, "node is gone; dropping its publish record");
+                }
             }
             if dev.publication(&n).is_some() {
                 dev = self

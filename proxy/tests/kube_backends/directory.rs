@@ -1,14 +1,17 @@
-//! The agent directory from the agent DaemonSet's Pods.
+//! The agent directory from the agent DaemonSet's Pods, and which nodes
+//! still exist from the Node objects.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_proxy::directory::{AgentDirectory, PodDirectory, PodDirectoryConfig};
+use csi_scsi_proxy::directory::{AgentDirectory, NodeAgent, PodDirectory, PodDirectoryConfig};
 use serde_json::{Value, json};
 
 use crate::eventually;
 use crate::fake_api::FakeApi;
 
-fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
+/// An agent Pod on `node`, Ready or not.
+pub fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -33,8 +36,35 @@ fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
     })
 }
 
-fn node(name: &str, rack: &str) -> Value {
+/// A Node object.
+pub fn node(name: &str, rack: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"rack": rack}}})
+}
+
+/// The directory over `api`'s agent Pods, once both watches listed.
+pub async fn ready_directory(api: &FakeApi) -> Arc<PodDirectory> {
+    let dir = spawn(api);
+    tokio::time::timeout(crate::patience(), dir.wait_until_ready())
+        .await
+        .unwrap();
+    dir
+}
+
+fn spawn(api: &FakeApi) -> Arc<PodDirectory> {
+    PodDirectory::spawn(
+        api.client(),
+        PodDirectoryConfig {
+            namespace: "csi-scsi".into(),
+            selector: "app.kubernetes.io/name=csi-scsi-node".into(),
+            port: 9810,
+            settle: Duration::from_millis(10),
+        },
+    )
+}
+
+/// What the directory says about `node`.
+pub fn locate(dir: &PodDirectory, node: &str) -> NodeAgent {
+    (dir as &dyn AgentDirectory).locate(node)
 }
 
 #[tokio::test]
@@ -48,15 +78,7 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     let mut other = pod("other", "node-b", "10.0.0.9", true);
     other["metadata"]["labels"] = json!({"app": "other"});
     api.put("pods", other);
-    let dir = PodDirectory::spawn(
-        api.client(),
-        PodDirectoryConfig {
-            namespace: "csi-scsi".into(),
-            selector: "app.kubernetes.io/name=csi-scsi-node".into(),
-            port: 9810,
-            settle: Duration::from_millis(10),
-        },
-    );
+    let dir = spawn(&api);
     let mut rx = dir.subscribe();
     eventually("node-a's agent", || dir.snapshot().contains_key("node-a")).await;
     let snap = dir.snapshot();
@@ -116,15 +138,7 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
 async fn the_directory_is_ready_once_both_watches_listed() {
     let api = FakeApi::start().await;
     api.put("pods", pod("agent-a", "node-a", "fd00::1", true));
-    let dir = PodDirectory::spawn(
-        api.client(),
-        PodDirectoryConfig {
-            namespace: "csi-scsi".into(),
-            selector: "app.kubernetes.io/name=csi-scsi-node".into(),
-            port: 9810,
-            settle: Duration::from_millis(10),
-        },
-    );
+    let dir = spawn(&api);
     tokio::time::timeout(crate::patience(), dir.wait_until_ready())
         .await
         .unwrap();
@@ -134,4 +148,79 @@ async fn the_directory_is_ready_once_both_watches_listed() {
         "[fd00::1]:9811",
         "IPv6 addresses are bracketed"
     );
+}
+
+#[tokio::test]
+async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
+    let api = FakeApi::start().await;
+    api.put("nodes", node("node-a", "r1"));
+    api.put("nodes", node("node-b", "r1"));
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    let dir = ready_directory(&api).await;
+    eventually("node-a's agent", || {
+        matches!(locate(&dir, "node-a"), NodeAgent::Listed(_))
+    })
+    .await;
+    let NodeAgent::Listed(a) = locate(&dir, "node-a") else {
+        unreachable!()
+    };
+    assert_eq!(a.address, "10.0.0.1:9811");
+    assert_eq!(locate(&dir, "node-b"), NodeAgent::Unreachable);
+    assert_eq!(locate(&dir, "node-z"), NodeAgent::Gone, "no such Node");
+
+    // node-a goes NotReady (its kubelet stops): its agent Pod turns
+    // not Ready, the node stays.
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", false));
+    eventually("node-a's agent not ready", || {
+        !dir.snapshot().contains_key("node-a")
+    })
+    .await;
+    assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
+    // Its agent Pod deleted (evicted, drained): still not gone.
+    api.delete("pods", "csi-scsi", "agent-a");
+    api.delete("pods", "csi-scsi", "agent-b");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
+    assert_eq!(locate(&dir, "node-b"), NodeAgent::Unreachable);
+}
+
+#[tokio::test]
+async fn a_node_is_gone_once_its_node_object_is_deleted() {
+    let api = FakeApi::start().await;
+    api.put("nodes", node("node-a", "r1"));
+    api.put("nodes", node("node-b", "r1"));
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", false));
+    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", true));
+    let dir = ready_directory(&api).await;
+    eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
+    assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
+
+    api.delete("nodes", "", "node-a");
+    eventually("node-a gone", || locate(&dir, "node-a") == NodeAgent::Gone).await;
+    // A listed agent is called even when its Node object is deleted: only
+    // an agent can say what is attached there.
+    api.delete("nodes", "", "node-b");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(matches!(locate(&dir, "node-b"), NodeAgent::Listed(_)));
+    api.delete("pods", "csi-scsi", "agent-b");
+    eventually("node-b gone", || locate(&dir, "node-b") == NodeAgent::Gone).await;
+}
+
+#[tokio::test]
+async fn before_the_nodes_are_listed_no_node_is_gone() {
+    let api = FakeApi::start().await;
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    // The Node list fails (an RBAC rule missing, the API server busy).
+    api.rule(Box::new(|r| (r.path == "/api/v1/nodes").then_some(403)));
+    let dir = spawn(&api);
+    eventually("the Pod list", || {
+        api.requests()
+            .iter()
+            .any(|r| r.path == "/api/v1/namespaces/csi-scsi/pods")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!dir.is_ready());
+    assert_eq!(locate(&dir, "node-z"), NodeAgent::Unreachable);
 }

@@ -19,7 +19,7 @@ use crate::fake_api::{FakeApi, Logged};
 
 const DEVICES: &str = "/apis/csi-scsi.io/v1alpha1/scsidevices";
 
-fn wwid(i: u32) -> String {
+pub fn wwid(i: u32) -> String {
     format!("naa.6001405{i:025x}")
 }
 
@@ -66,7 +66,7 @@ fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
 }
 
 /// An SCSIDevice as the API server would hold it.
-fn device(i: u32, size: u64, nodes: &[&str], bound_to: Option<&str>) -> Value {
+pub fn device(i: u32, size: u64, nodes: &[&str], bound_to: Option<&str>) -> Value {
     let mut status = json!({
         "phase": if bound_to.is_some() { "Bound" } else { "Available" },
         "nodes": nodes.iter().map(|n| json!({"node": n, "target": "t1", "paths": ["p"]})).collect::<Vec<_>>(),
@@ -94,7 +94,8 @@ fn target(name: &str) -> Value {
     })
 }
 
-async fn start(api: &FakeApi, leader: Option<LeaderHandle>) -> KubeInventory {
+/// The inventory over `api`, once its caches listed.
+pub async fn start(api: &FakeApi, leader: Option<LeaderHandle>) -> KubeInventory {
     start_with(api, leader, None).await
 }
 

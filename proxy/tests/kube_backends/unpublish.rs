@@ -1,0 +1,101 @@
+//! ControllerUnpublish against the Kubernetes backends: a node that is only
+//! NotReady is not gone, so its publish record stays until its Node object
+//! is deleted.
+
+use std::sync::Arc;
+
+use csi_scsi_proxy::directory::NodeAgent;
+use csi_scsi_proxy::inventory::Inventory;
+use csi_scsi_proxy::lifecycle::access::{Access, Mode};
+use serde_json::json;
+use tonic::{Code, Status};
+
+use crate::directory::{locate, node, pod, ready_directory};
+use crate::eventually;
+use crate::fake_api::FakeApi;
+use crate::inventory::{device, start, wwid};
+use crate::lifecycle_support::lifecycle;
+
+#[tokio::test]
+async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is_deleted() {
+    let api = FakeApi::start().await;
+    api.put("nodes", node("node-a", "r1"));
+    api.put("nodes", node("node-b", "r1"));
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    // node-b is NotReady (its kubelet stopped): its agent Pod is not Ready.
+    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
+    published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
+    published["status"]["published"] =
+        json!([{"node": "node-b", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
+    api.put("scsidevices", published);
+    let inventory = start(&api, None).await;
+    let directory = ready_directory(&api).await;
+    eventually("node-a's agent", || {
+        matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
+    })
+    .await;
+    let scratch = tempfile::tempdir().unwrap();
+    let life = lifecycle(
+        Arc::new(inventory.clone()),
+        directory.clone(),
+        scratch.path(),
+    );
+    let id = format!("{}:uid-pv-1", wwid(1));
+    let published_to = || async {
+        inventory
+            .device(&wwid(1))
+            .await
+            .unwrap()
+            .unwrap()
+            .published_nodes()
+    };
+
+    let refused = Status::from(life.unpublish(&id, "node-b", "t").await.unwrap_err());
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("node node-b exists"),
+        "{refused:?}"
+    );
+    assert_eq!(published_to().await, ["node-b"], "the record is kept");
+    assert_eq!(
+        api.get("scsidevices", "", &wwid(1)).unwrap()["status"]["published"][0]["node"],
+        "node-b"
+    );
+    // Meanwhile the volume is neither attached elsewhere nor deleted (wiped).
+    let writer = Access {
+        block: false,
+        fs_type: None,
+        mode: Mode::SingleNodeWriter,
+    };
+    let elsewhere = Status::from(
+        life.publish(&id, "node-a", &writer, false, "t")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(elsewhere.code(), Code::FailedPrecondition, "{elsewhere:?}");
+    let delete = Status::from(life.delete(&id, "t").await.unwrap_err());
+    assert_eq!(delete.code(), Code::FailedPrecondition, "{delete:?}");
+    // Publishing to the NotReady node waits for it, too.
+    let to_b = Status::from(
+        life.publish(&id, "node-b", &writer, false, "t")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(to_b.code(), Code::Unavailable, "{to_b:?}");
+
+    // The Node object is deleted: node-b is gone, nothing is attached there.
+    api.delete("nodes", "", "node-b");
+    eventually("node-b gone", || {
+        locate(&directory, "node-b") == NodeAgent::Gone
+    })
+    .await;
+    life.unpublish(&id, "node-b", "t").await.unwrap();
+    assert!(published_to().await.is_empty(), "the record is dropped");
+    let gone = Status::from(
+        life.publish(&id, "node-b", &writer, false, "t")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+}
