@@ -20,6 +20,12 @@ use crate::config::Config;
 use crate::csi::node::NodeService;
 use crate::device::{Attachments, Devices};
 
+/// The longest an agent API connection lives before the agent asks the
+/// proxy to reconnect (HTTP/2 GOAWAY; the proxy's channel reconnects by
+/// itself, with a new handshake).
+pub const AGENT_API_CONNECTION_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+/// How long calls in flight on a connection past its age may finish.
+pub const AGENT_API_CONNECTION_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
 /// Serves CSI (Unix socket) and the agent API (mTLS) until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
@@ -102,8 +108,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     let status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
-    let agent_api = AgentApi::new(devices, &config.node_name, config.trust_domain.clone())
-        .with_metrics(metrics.clone());
+    let agent_api =
+        AgentApi::new(devices, &config.node_name, store.clone()).with_metrics(metrics.clone());
     let readiness = readiness.with(SocketCheck(socket.path().to_owned()));
     let stop = shutdown.clone();
     tokio::spawn(status_listener.serve(
@@ -111,6 +117,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         async move { stop.signaled().await },
     ));
     let api = Server::builder()
+        // A connection is re-established (a full handshake against the
+        // current trust material) at least this often.
+        .max_connection_age(AGENT_API_CONNECTION_MAX_AGE)
+        .max_connection_age_grace(AGENT_API_CONNECTION_GRACE)
         .layer(metrics.grpc_layer())
         .layer(NameUnservedLayer::new(
             "the csi-scsi agent API and gRPC health",

@@ -33,7 +33,7 @@ pub use pem_files::{
 pub use reload::MaterialStore;
 pub use secret::secret_manifest;
 pub use tls::{client_config_for_node, server_config};
-pub use verify::IdentityRejected;
+pub use verify::{IdentityRejected, verify_proxy_chain};
 
 /// Installs ring as the process-wide rustls crypto provider (idempotent).
 pub fn install_crypto_provider() {

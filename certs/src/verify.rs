@@ -46,6 +46,25 @@ impl std::fmt::Debug for IdentityRejected {
     }
 }
 
+/// Checks a client's certificate chain (leaf first) as the agent API's
+/// handshake does, against the trust material current *now*: from the CA,
+/// unexpired, naming exactly the proxy. The agent runs it on every request,
+/// so a proxy certificate rotated out (or expired) stops working on a
+/// connection opened before, not only on the next handshake.
+pub fn verify_proxy_chain(
+    store: &Arc<MaterialStore>,
+    chain: &[CertificateDer<'_>],
+) -> Result<(), rustls::Error> {
+    let (leaf, intermediates) = chain
+        .split_first()
+        .ok_or(rustls::Error::NoCertificatesPresented)?;
+    ProxyClientVerifier {
+        store: store.clone(),
+    }
+    .verify_client_cert(leaf, intermediates, UnixTime::now())
+    .map(|_| ())
+}
+
 /// Server side of the agent API: a client certificate from the CA that
 /// names the proxy, nothing else.
 #[derive(Debug)]

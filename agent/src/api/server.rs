@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_certs::TrustDomain;
+use csi_scsi_certs::MaterialStore;
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
 use futures::Stream;
@@ -33,17 +33,19 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 pub struct AgentApi {
     devices: Arc<Devices>,
     node: String,
-    domain: TrustDomain,
+    /// The trust material each request's client chain is checked against.
+    trust: Arc<MaterialStore>,
     metrics: Option<csi_scsi_daemon::Metrics>,
 }
 
 impl AgentApi {
-    /// The API of `node`, over `devices`, for callers of `domain`.
-    pub fn new(devices: Arc<Devices>, node: &str, domain: TrustDomain) -> Self {
+    /// The API of `node`, over `devices`, for the proxy as `trust` (the
+    /// agent's current TLS material) knows it.
+    pub fn new(devices: Arc<Devices>, node: &str, trust: Arc<MaterialStore>) -> Self {
         Self {
             devices,
             node: node.to_owned(),
-            domain,
+            trust,
             metrics: None,
         }
     }
@@ -193,7 +195,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<DiscoverRequest>,
     ) -> Result<Response<DiscoverResponse>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         let req = request.into_inner();
         let t = target(
@@ -224,7 +226,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         // Leave a margin to answer before the caller gives up.
         let wait = deadline(&request).saturating_sub(Duration::from_millis(500));
@@ -256,7 +258,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<DetachRequest>,
     ) -> Result<Response<DetachResponse>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         let req = request.into_inner();
         let span = span("Detach", &req.wwid, &rid);
@@ -280,7 +282,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<WipeRequest>,
     ) -> Result<Response<Self::WipeStream>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         let req = request.into_inner();
         let w = wwid(&req.wwid)?;
@@ -356,7 +358,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<RescanRequest>,
     ) -> Result<Response<RescanResponse>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         let req = request.into_inner();
         let span = span("Rescan", &req.wwid, &rid);
@@ -373,7 +375,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        require_proxy(&request, &self.domain)?;
+        require_proxy(&request, &self.trust)?;
         let host = self.devices.host();
         let sessions = sysfs::iscsi_sessions(host)
             .unwrap_or_default()

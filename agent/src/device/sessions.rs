@@ -378,13 +378,19 @@ impl Devices {
         portal: &Portal,
         chap: Option<&Chap>,
     ) -> Result<LoginOutcome, IscsiError> {
-        // A live session needs nothing: no record rewritten, no secret
-        // handled again (every Attach and Discover passes through here).
-        if self.has_session(iqn, portal) {
-            return Ok(LoginOutcome::AlreadyLoggedIn);
-        }
         // Held for the whole login: a bounded number at a time.
         let _slot = self.logins.acquire().await;
+        // A live session keeps its record: no secret is handled again
+        // (every Attach and Discover passes through here). iscsiadm still
+        // has the last word (it answers "already present", or logs in if
+        // the session went meanwhile); only a record gone sends us on to
+        // write it anew.
+        if self.has_session(iqn, portal) {
+            match iscsiadm::login(&self.host, iqn, portal, self.login_timeout).await {
+                Err(IscsiError::NoNodeRecord { .. }) => {}
+                done => return done,
+            }
+        }
         iscsiadm::create_node(&self.host, iqn, portal).await?;
         match chap {
             Some(c) => iscsiadm::set_chap(&self.host, iqn, portal, c).await?,

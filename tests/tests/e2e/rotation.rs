@@ -109,3 +109,51 @@ fn scopeguard_log(d: &csi_scsi_tests::daemon::Daemon) -> impl Drop + '_ {
     }
     G(d)
 }
+
+#[tokio::test]
+async fn a_proxy_certificate_rotated_out_stops_working_on_a_connection_opened_before() {
+    use csi_scsi_proto::agent::DiscoverRequest;
+    use csi_scsi_proto::agent::agent_client::AgentClient;
+    let env = Env::new();
+    let tls = env.pki.issue_agent("node-a", "node-a-tls");
+    as_secret_volume(&tls);
+    let agent = env.start_agent_with("node-a", &tls, &[]).await;
+    let proxy_tls = env.pki.issue_proxy("proxy-tls");
+    let store = MaterialStore::load(
+        MaterialPaths::in_dir(&proxy_tls),
+        Role::Proxy,
+        TrustDomain::new("csi-scsi.local").expect("domain"),
+    )
+    .expect("proxy material");
+    let mut api = AgentClient::new(
+        agent_channel(
+            &agent.api.to_string(),
+            "node-a",
+            store,
+            Duration::from_secs(5),
+        )
+        .expect("channel"),
+    );
+    // Authorised: the request itself is then judged (no targets: invalid).
+    let code = |r: Result<tonic::Response<_>, tonic::Status>| r.err().map(|s| s.code());
+    assert_eq!(
+        code(api.discover(DiscoverRequest::default()).await),
+        Some(tonic::Code::InvalidArgument)
+    );
+    // The cluster moves to a new CA: the agent's files now trust only it,
+    // and the proxy's certificate is from the old one.
+    let new_ca = csi_scsi_tests::pki::Pki::init(&env.dir.path().join("new-pki"));
+    let moved = new_ca.issue_agent("node-a", "node-a-new-ca");
+    rotate_secret_volume(&tls, &moved, 1);
+    let log_on_fail = scopeguard_log(&agent.daemon);
+    eventually("the open connection's next call to be refused", || {
+        let mut api = api.clone();
+        async move {
+            (code(api.discover(DiscoverRequest::default()).await)
+                == Some(tonic::Code::Unauthenticated))
+            .then_some(())
+        }
+    })
+    .await;
+    drop(log_on_fail);
+}
