@@ -73,10 +73,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION"),
         Some(store.clone()),
     );
+    // One operation per LUN across kubelet's calls and the proxy's.
+    let luns = csi_scsi_daemon::OpGuards::new();
     let node = NodeService::new(
         std::sync::Arc::new(config.host.clone()),
         config.node_name.clone(),
         config.max_volumes,
+        luns.clone(),
     );
     let csi = Server::builder()
         .layer(metrics.grpc_layer().with_request_span())
@@ -105,6 +108,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.host.clone(),
         attachments,
         config.login_timeout,
+        luns,
     ));
     let status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());

@@ -2,8 +2,8 @@
 //! request name) at a time. The CSI spec lets a plugin answer ABORTED to a
 //! second call for a volume that already has one in flight ("Operation
 //! pending for volume", Error Scheme), which is what callers do when
-//! [`OpGuards::try_begin`] says no. Owned by each service, never global, so
-//! every test gets a fresh set.
+//! [`OpGuards::try_begin`] says no. Owned by the services that share it
+//! (cloning shares the set), never global, so every test gets a fresh set.
 
 use std::collections::HashSet;
 use std::fmt;

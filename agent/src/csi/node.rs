@@ -54,24 +54,29 @@ pub struct NodeService {
     host: Arc<Host>,
     node_id: String,
     max_volumes: u64,
-    /// One operation at a time per LUN and per path. Keyed by WWID, not
-    /// volume ID, so that a stale call about an old binding of the LUN
-    /// cannot interleave with one about the current binding; and by path,
-    /// so that two volumes can never race for one staging or target path.
-    in_flight: OpGuards<InFlight>,
+    /// One operation at a time per LUN, shared with the agent API (so a
+    /// stage never runs beside an attach, detach or wipe of the same LUN).
+    /// Keyed by WWID, not volume ID, so that a stale call about an old
+    /// binding of the LUN cannot interleave with one about the current one.
+    luns: OpGuards<String>,
+    /// One operation at a time per path, so two volumes never race for one
+    /// staging or target path.
+    paths: OpGuards<PathBuf>,
 }
 
 // === impl NodeService ===
 
 impl NodeService {
     /// A Node service for node `node_id` on `host`, reporting at most
-    /// `max_volumes` volumes (0: no limit).
-    pub fn new(host: Arc<Host>, node_id: String, max_volumes: u64) -> Self {
+    /// `max_volumes` volumes (0: no limit), taking LUNs in `luns` (the agent
+    /// API's set).
+    pub fn new(host: Arc<Host>, node_id: String, max_volumes: u64, luns: OpGuards<String>) -> Self {
         Self {
             host,
             node_id,
             max_volumes,
-            in_flight: OpGuards::new(),
+            luns,
+            paths: OpGuards::new(),
         }
     }
 
@@ -81,26 +86,17 @@ impl NodeService {
         &self,
         volume: &VolumeId,
         path: &KubeletPath,
-    ) -> Result<[OpGuard<InFlight>; 2], AgentError> {
+    ) -> Result<(OpGuard<String>, OpGuard<PathBuf>), AgentError> {
         let lun = self
-            .in_flight
-            .try_begin(InFlight::Lun(volume.wwid.clone()))
+            .luns
+            .try_begin(volume.wwid.as_str().to_owned())
             .ok_or_else(|| AgentError::Busy(format!("volume {volume}")))?;
         let path = self
-            .in_flight
-            .try_begin(InFlight::Path(path.as_path().to_owned()))
+            .paths
+            .try_begin(path.as_path().to_owned())
             .ok_or_else(|| AgentError::Busy(path.as_path().display().to_string()))?;
-        Ok([lun, path])
+        Ok((lun, path))
     }
-}
-
-/// What an operation in flight holds.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum InFlight {
-    /// A LUN, whatever binding the call names.
-    Lun(Wwid),
-    /// A staging, target or volume path.
-    Path(PathBuf),
 }
 
 /// Runs one RPC's `work` in `span`, then logs its outcome and maps an error.

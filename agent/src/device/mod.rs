@@ -45,14 +45,20 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// Devices on `host`, with attachment records in `attachments`.
-    pub fn new(host: Host, attachments: Arc<Attachments>, login_timeout: Duration) -> Self {
+    /// Devices on `host`, with attachment records in `attachments`, taking
+    /// LUNs in `luns` (shared with the Node service).
+    pub fn new(
+        host: Host,
+        attachments: Arc<Attachments>,
+        login_timeout: Duration,
+        luns: OpGuards<String>,
+    ) -> Self {
         Self {
             host,
             attachments,
             login_timeout,
             target_locks: std::sync::Mutex::new(HashMap::new()),
-            in_flight: OpGuards::new(),
+            in_flight: luns,
             logins: tokio::sync::Semaphore::new(sessions::MAX_CONCURRENT_LOGINS),
         }
     }

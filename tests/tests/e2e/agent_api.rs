@@ -393,7 +393,7 @@ async fn a_dead_portal_is_reported_and_the_live_one_is_used() {
 
 #[tokio::test]
 async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes() {
-    let (_d, lab, _cl) = lab().await;
+    let (_d, lab, cl) = lab().await;
     let mut b = client(&lab, 1);
     b.attach(AttachRequest {
         wwid: FC_WWID.into(),
@@ -423,6 +423,25 @@ async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes()
         })
         .await;
     assert_eq!(detach.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
+    // kubelet's calls take the same per-LUN guard: no stage beside a wipe.
+    let staging = lab.nodes[1]
+        .kubelet
+        .join("plugins/kubernetes.io/csi/csi-scsi.io/pv-wiped/globalmount");
+    std::fs::create_dir_all(&staging).expect("staging dir");
+    let stage = cl
+        .node("node-b")
+        .node_stage_volume(csi_scsi_proto::csi::NodeStageVolumeRequest {
+            volume_id: format!("{FC_WWID}:b1"),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(csi_scsi_tests::lab::scenario::capability(
+                false,
+                "ext4",
+                csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+            )),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(stage.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
     let mut last = progress;
     while let Some(p) = first.message().await.expect("the first wipe goes on") {
         last = p;
