@@ -136,3 +136,26 @@ pub enum ProxyError {
     #[error(transparent)]
     Pool(#[from] PoolError),
 }
+
+impl ProxyError {
+    /// Whether this failure of an Attach call proves nothing was attached:
+    /// the agent answered with a refusal, or the call never left the proxy.
+    /// A timeout, a lost connection or a busy answer proves nothing.
+    pub fn attach_surely_refused(&self) -> bool {
+        match self {
+            Self::Agent { status, .. } => matches!(
+                status.code(),
+                tonic::Code::InvalidArgument
+                    | tonic::Code::NotFound
+                    | tonic::Code::AlreadyExists
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::FailedPrecondition
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::OutOfRange
+            ),
+            Self::NodeNotFound(_) | Self::NodeUnreachable { .. } | Self::Pool(_) => true,
+            _ => false,
+        }
+    }
+}

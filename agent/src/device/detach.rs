@@ -28,8 +28,14 @@ impl Devices {
                 self.check_unused(wwid, &nodes)?;
                 // With no path left a flush would queue forever (and there
                 // is nowhere to write to): skip it.
+                // Buffers live on the device that was used: the map when
+                // there is one (its paths hold none of their own).
                 if !lun.paths.is_empty() {
-                    for name in &nodes {
+                    let used = match &lun.map {
+                        Some(m) => std::slice::from_ref(&m.kernel_name),
+                        None => &nodes[..],
+                    };
+                    for name in used {
                         flush(&self.host.dev(name)).await?;
                     }
                 }
@@ -149,9 +155,30 @@ impl Devices {
                 return;
             }
         };
+        // A disk sysfs lists but whose attributes cannot be read, or whose
+        // target cannot be told, may be this target's and in use.
+        let listed: Vec<&str> = disks.iter().map(|d| d.kernel_name.as_str()).collect();
+        match sysfs::sd_names(&self.host) {
+            Ok(names) => {
+                if let Some(unread) = names.iter().find(|n| !listed.contains(&n.as_str())) {
+                    tracing::warn!(target = %target.name, disk = %unread, "not logging out: a disk's attributes cannot be read");
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(target = %target.name, error = %e, "not logging out: the node's disks cannot be listed");
+                return;
+            }
+        }
+        let unattributed = |d: &&crate::host::sysfs::ScsiDisk| {
+            matches!(
+                &d.transport,
+                crate::host::sysfs::Transport::Iscsi { target: None, .. }
+            )
+        };
         let busy = disks
             .iter()
-            .filter(|d| came_through(d, target))
+            .filter(|d| came_through(d, target) || unattributed(d))
             .find_map(|d| {
                 self.use_of(&table, &d.kernel_name)
                     .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
@@ -178,7 +205,14 @@ async fn flush(node: &std::path::Path) -> Result<(), AgentError> {
     let result = blocking::within("flush", node, blocking::FLUSH_TIMEOUT, move || {
         match std::fs::OpenOptions::new().read(true).open(&path) {
             Ok(f) => f.sync_all(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            // Gone, or a path with no device behind it any more (offline):
+            // nothing of ours is buffered there.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     })

@@ -68,7 +68,7 @@ impl Devices {
         let node = self.host.dev(&name);
         // Never erase a device that is not provably the one asked for: every
         // path re-reads its identity from the array first.
-        crate::volume::device::reverify(&self.host, wwid, &node).await?;
+        crate::volume::device::reverify(&self.host, wwid, &node, &name).await?;
         let mut all: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
         all.push(name.clone());
         self.check_unused(wwid, &all)?;
@@ -186,9 +186,19 @@ fn erase(
         }
         eraser.sync().map_err(|e| failed(format!("sync: {e}")))?;
     }
-    if method != "random" {
+    let edge = crate::host::filesystem::PROBE_AREA.min(size);
+    if method == "random" {
+        // Random data at the ends would read as "not blank" forever: zero
+        // the probe areas, so the next volume's stage can format the LUN.
+        for at in [0, size - edge] {
+            eraser
+                .zero(at, edge)
+                .map_err(|e| failed(format!("zero at byte {at}: {e}")))?;
+        }
+        eraser.sync().map_err(|e| failed(format!("sync: {e}")))?;
+    }
+    {
         // Cheap proof the erase took: both ends read back as zeroes.
-        let edge = (1u64 << 20).min(size);
         let ok = eraser
             .reads_zero(0, edge)
             .and_then(|a| Ok(a && eraser.reads_zero(size - edge, edge)?));

@@ -219,6 +219,9 @@ impl Value {
 /// slow array), but bounded.
 pub const MKFS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// How long reading the probe areas may take.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How much of each end of a device is read before calling it blank:
 /// every signature blkid knows of the kinds that matter here (filesystems,
 /// partition tables, RAID, LVM, LUKS) lies within the first or last MiB.
@@ -233,9 +236,11 @@ pub const PROBE_AREA: u64 = 1 << 20;
 /// is a signature of its own, never blank.
 pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> {
     let owned = device.to_owned();
-    let ends = tokio::task::spawn_blocking(move || read_probe_areas(&owned))
-        .await
-        .map_err(|_| AgentError::Unreachable("the probe read does not panic"))?;
+    // A device whose I/O hangs is not ready either: bounded, off the workers.
+    let ends = super::blocking::within("probe read", device, PROBE_TIMEOUT, move || {
+        read_probe_areas(&owned)
+    })
+    .await?;
     let ends_zero = match ends {
         Ok(zero) => zero,
         Err(reason) => {

@@ -550,6 +550,15 @@ pub fn rescan_device(host: &Host, kernel_name: &str) -> std::io::Result<()> {
     )
 }
 
+/// The SCSI disk names (`sd*`) sysfs lists under `block/`, readable or
+/// not: [`scsi_disks`] leaves out the ones whose attributes cannot be read.
+pub fn sd_names(host: &Host) -> std::io::Result<Vec<String>> {
+    Ok(dir_names(&host.sys("block"))?
+        .into_iter()
+        .filter(|n| n.starts_with("sd"))
+        .collect())
+}
+
 /// Whether a rescan written to `kernel_name` is still pending: `None` when
 /// the trigger cannot be read back (a kernel's is write-only, and acts
 /// within the write), `Some(true)` while a stand-in has not consumed it.

@@ -86,32 +86,49 @@ pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
 /// then reads every path's WWID again. A path that now reports another
 /// WWID (an array that reused the LUN number) or none refuses the write;
 /// one that cannot be rescanned or read is not ready.
-pub async fn reverify(host: &Host, wwid: &Wwid, node: &Path) -> Result<(), AgentError> {
+pub async fn reverify(
+    host: &Host,
+    wwid: &Wwid,
+    node: &Path,
+    kernel_name: &str,
+) -> Result<(), AgentError> {
     let io = |e| AgentError::io(host.sys("block"), e);
     let maps = sysfs::multipath_maps(host).map_err(io)?;
-    let mut names: Vec<String> = sysfs::disks_with_wwid(host, wwid)
+    // Every path of the LUN, and every path under its map, whatever WWID
+    // each reports now (a path that stopped reporting this one must fail
+    // the check, not drop out of it).
+    let mut paths: Vec<String> = sysfs::disks_with_wwid(host, wwid)
         .map_err(io)?
         .into_iter()
         .map(|d| d.kernel_name)
         .collect();
-    names.extend(
+    paths.extend(
         maps.into_iter()
             .filter(|m| &m.wwid == wwid)
             .flat_map(|m| m.slaves),
     );
-    names.sort();
-    names.dedup();
-    let not_ready = |name: &str, e: std::io::Error| AgentError::DeviceNotReady {
+    if !kernel_name.starts_with("dm-") {
+        paths.push(kernel_name.to_owned());
+    }
+    paths.sort();
+    paths.dedup();
+    let not_ready = |reason: String| AgentError::DeviceNotReady {
         device: node.to_owned(),
-        reason: format!("its path {name} could not be re-read: {e}"),
+        reason,
     };
-    for name in &names {
-        sysfs::rescan_device(host, name).map_err(|e| not_ready(name, e))?;
+    if paths.is_empty() {
+        return Err(not_ready(
+            "it has no path to re-read its identity from".to_owned(),
+        ));
+    }
+    for name in &paths {
+        sysfs::rescan_device(host, name)
+            .map_err(|e| not_ready(format!("its path {name} could not be rescanned: {e}")))?;
     }
     // A kernel has re-read by the time the write returns; a stand-in that
     // acts on the trigger takes a moment, and says so by clearing it.
     for _ in 0..40 {
-        if names
+        if paths
             .iter()
             .all(|n| sysfs::rescan_pending(host, n).is_none_or(|p| !p))
         {
@@ -119,8 +136,14 @@ pub async fn reverify(host: &Host, wwid: &Wwid, node: &Path) -> Result<(), Agent
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    for name in &names {
-        let now = sysfs::block_wwid(host, name).map_err(|e| not_ready(name, e))?;
+    // The paths, and the device written itself (a map reports its WWID
+    // through its uuid).
+    let mut checked = paths;
+    checked.push(kernel_name.to_owned());
+    checked.dedup();
+    for name in &checked {
+        let now = sysfs::block_wwid(host, name)
+            .map_err(|e| not_ready(format!("the WWID of {name} could not be read: {e}")))?;
         if now.as_ref() != Some(wwid) {
             return Err(AgentError::WwidMismatch {
                 device: host.dev(name),

@@ -78,7 +78,7 @@ async fn stage_filesystem(
         }
         Signature::Blank => {
             // The last look before the only write that destroys data.
-            device::reverify(host, &req.volume.wwid, &device.node).await?;
+            device::reverify(host, &req.volume.wwid, &device.node, &device.kernel_name).await?;
             filesystem::format(host, &device.node, fs, &req.mkfs).await?;
             // Trust, but verify: mount only what is now really there.
             let made = filesystem::probe(host, &device.node).await?;

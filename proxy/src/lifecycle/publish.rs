@@ -119,8 +119,11 @@ impl Lifecycle {
                 detail: "agent answered with the wrong message".into(),
             }),
             Err(e) => {
-                if !already {
-                    // Undo the record: the LUN is not attached there.
+                // Undo the record only when the agent surely did not attach:
+                // an answer lost to a timeout or a cut connection may follow
+                // an attach that happened, and a record dropped then would
+                // let the volume be published elsewhere or deleted.
+                if !already && e.attach_surely_refused() {
                     if let Err(undo) = self
                         .edit_published(dev, |p| p.retain(|x| x.node != node))
                         .await

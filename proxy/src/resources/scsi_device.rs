@@ -176,7 +176,7 @@ pub struct DeviceNode {
 }
 
 /// One ControllerPublish of the device.
-#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DevicePublication {
     /// Node name.
@@ -188,6 +188,43 @@ pub struct DevicePublication {
     /// Published read-only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub readonly: bool,
+}
+
+/// How a publication may be stored: statuses written before publications
+/// kept their capability hold the node name alone (an upgrade must still
+/// read them; the API server does not rewrite stored objects).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredDevicePublication {
+    NodeOnly(String),
+    #[serde(rename_all = "camelCase")]
+    Full {
+        node: String,
+        #[serde(default)]
+        access: String,
+        #[serde(default)]
+        readonly: bool,
+    },
+}
+
+impl<'de> Deserialize<'de> for DevicePublication {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match StoredDevicePublication::deserialize(d)? {
+            StoredDevicePublication::NodeOnly(node) => Self {
+                node,
+                ..Self::default()
+            },
+            StoredDevicePublication::Full {
+                node,
+                access,
+                readonly,
+            } => Self {
+                node,
+                access,
+                readonly,
+            },
+        })
+    }
 }
 
 /// Why a stored object cannot become an inventory device.
@@ -397,5 +434,30 @@ impl From<DeviceBinding> for Binding {
             parameters: b.parameters,
             cleanup: b.cleanup,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_written_before_publications_kept_their_capability_still_reads() {
+        let old: SCSIDeviceStatus =
+            serde_json::from_str(r#"{"phase":"Bound","published":["node-a"]}"#).expect("old");
+        assert_eq!(
+            old.published,
+            [DevicePublication {
+                node: "node-a".into(),
+                access: String::new(),
+                readonly: false,
+            }]
+        );
+        let new: SCSIDeviceStatus = serde_json::from_str(
+            r#"{"phase":"Bound","published":[{"node":"node-b","access":"block:MULTI_NODE_MULTI_WRITER","readonly":true}]}"#,
+        )
+        .expect("new");
+        assert_eq!(new.published[0].access, "block:MULTI_NODE_MULTI_WRITER");
+        assert!(new.published[0].readonly);
     }
 }

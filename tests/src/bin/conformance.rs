@@ -19,7 +19,8 @@ agent, through a router socket.
   --csi-sanity PATH  the csi-sanity binary (default: $CSI_SANITY)
   --dir DIR          where the lab lives (default /tmp/csi-scsi-conformance)
   --pool N           pool LUNs of 64 MiB for the suite's volumes (default 16)
-  --focus REGEX      only the specs that match (ginkgo focus)
+  --focus REGEX      only the specs that match (ginkgo focus), in the
+                     half-LUN pass only
   --docs FILE        the skip list every skip must appear in
                      (default docs/conformance.md; `-` for none)
   --keep             leave the lab running afterwards";
