@@ -123,13 +123,13 @@ impl Lifecycle {
                 // an answer lost to a timeout or a cut connection may follow
                 // an attach that happened, and a record dropped then would
                 // let the volume be published elsewhere or deleted.
-                if !already && e.attach_surely_refused() {
-                    if let Err(undo) = self
+                if !already
+                    && e.attach_surely_refused()
+                    && let Err(undo) = self
                         .edit_published(dev, |p| p.retain(|x| x.node != node))
                         .await
-                    {
-                        tracing::warn!(error = %undo, "could not undo the publish record");
-                    }
+                {
+                    tracing::warn!(error = %undo, "could not undo the publish record");
                 }
                 Err(e)
             }
