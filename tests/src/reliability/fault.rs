@@ -698,8 +698,9 @@ impl Suite {
                 )
             });
         }
-        // The failed publish undid its record (the proxy answered before the
-        // caller gave up); the failed unpublish kept its own.
+        // Both failed calls kept their records: an attach whose answer was
+        // lost may have happened (doubt is not "not attached"), and a
+        // detach that did not happen leaves the LUN attached.
         let published = |me: &mut Self, vol: &Vol| {
             let mut c = me.cl.controller.clone();
             let id = vol.id.clone();
@@ -718,7 +719,7 @@ impl Suite {
         let on_x = published(self, &vx).await;
         let log = self.lab.config.dir.join("proxy.log");
         self.report.check(
-            matches!(&on_x, Ok(nodes) if !nodes.contains(&xname)),
+            matches!(&on_x, Ok(nodes) if nodes.contains(&xname)),
             || {
                 let undo = std::fs::read_to_string(&log)
                     .unwrap_or_default()
@@ -727,7 +728,7 @@ impl Suite {
                     .map(|l| format!("; the proxy logged: {}", l.trim()))
                     .unwrap_or_default();
                 format!(
-                    "round {round}: after the failed publish, {} is recorded as published on {on_x:?}{undo}",
+                    "round {round}: after the publish whose answer was lost, {} is recorded as published on {on_x:?} (want {xname} kept: the attach may have happened){undo}",
                     vx.spec.name
                 )
             },
