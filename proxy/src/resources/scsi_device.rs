@@ -190,39 +190,17 @@ pub struct DevicePublication {
     pub readonly: bool,
 }
 
-/// How a publication may be stored: statuses written before publications
-/// kept their capability hold the node name alone (an upgrade must still
-/// read them; the API server does not rewrite stored objects).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum StoredDevicePublication {
-    NodeOnly(String),
-    #[serde(rename_all = "camelCase")]
-    Full {
-        node: String,
-        #[serde(default)]
-        access: String,
-        #[serde(default)]
-        readonly: bool,
-    },
-}
-
+/// Reads a publication as the inventory model does: statuses written before
+/// publications kept their capability hold the node name alone, and an
+/// upgrade must still read them (the API server does not rewrite stored
+/// objects).
 impl<'de> Deserialize<'de> for DevicePublication {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match StoredDevicePublication::deserialize(d)? {
-            StoredDevicePublication::NodeOnly(node) => Self {
-                node,
-                ..Self::default()
-            },
-            StoredDevicePublication::Full {
-                node,
-                access,
-                readonly,
-            } => Self {
-                node,
-                access,
-                readonly,
-            },
+        let p = Publication::deserialize(d)?;
+        Ok(Self {
+            node: p.node,
+            access: p.access,
+            readonly: p.readonly,
         })
     }
 }

@@ -495,6 +495,36 @@ impl Lab {
         Ok(())
     }
 
+    /// Logs node `i` out of array `array` (`array-a`, ...) through its
+    /// `iscsiadm`, as an operator or a lost session would, behind the
+    /// agent's back.
+    pub fn logout_iscsi(&self, i: usize, array: &str) -> anyhow::Result<()> {
+        let out = std::process::Command::new(
+            self.config
+                .dir
+                .join("nodes")
+                .join(&self.nodes[i].name)
+                .join("bin/iscsiadm"),
+        )
+        .args([
+            "-m",
+            "node",
+            "-T",
+            &format!("iqn.2026-11.io.csi-scsi.lab:{array}"),
+            "-p",
+            &format!("{}:3260", self.net.host_ip()),
+            "--logout",
+        ])
+        .output()?;
+        if !out.status.success() {
+            bail!(
+                "iscsiadm --logout: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
     /// The lab's `lab.json`.
     pub fn manifest(&self) -> Manifest {
         Manifest {

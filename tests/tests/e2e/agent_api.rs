@@ -113,19 +113,7 @@ async fn a_wrong_chap_secret_or_an_acl_is_refused_as_unauthenticated() {
     }
     // node-c's session to array-a (discovery made it) ends: the next login
     // presents the secret (a live session is reused without one).
-    let logout = std::process::Command::new(lab.config.dir.join("nodes/node-c/bin/iscsiadm"))
-        .args([
-            "-m",
-            "node",
-            "-T",
-            "iqn.2026-11.io.csi-scsi.lab:array-a",
-            "-p",
-            &format!("{}:3260", lab.net.host_ip()),
-            "--logout",
-        ])
-        .output()
-        .expect("iscsiadm");
-    assert!(logout.status.success(), "{logout:?}");
+    lab.logout_iscsi(2, "array-a").expect("logout");
     let err = c
         .discover(DiscoverRequest { target: Some(t) })
         .await

@@ -1077,24 +1077,7 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
 
     // A wrong secret: node-b's session to array-a ends and has to log in again.
     std::fs::write(&secret_file, &wrong).expect("wrong secret");
-    let portal = format!("{}:3260", lab.net.host_ip());
-    let logout = std::process::Command::new(dir.join("nodes/node-b/bin/iscsiadm"))
-        .args([
-            "-m",
-            "node",
-            "-T",
-            "iqn.2026-11.io.csi-scsi.lab:array-a",
-            "-p",
-            &portal,
-            "--logout",
-        ])
-        .output()
-        .expect("iscsiadm");
-    assert!(
-        logout.status.success(),
-        "{}",
-        String::from_utf8_lossy(&logout.stderr)
-    );
+    lab.logout_iscsi(1, "array-a").expect("logout");
     let rid_b = format!("obs-wrong-chap-{}", fastrand_suffix());
     let err = cl
         .controller
