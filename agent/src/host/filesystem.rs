@@ -227,29 +227,14 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 /// partition tables, RAID, LVM, LUKS) lies within the first or last MiB.
 pub const PROBE_AREA: u64 = 1 << 20;
 
-/// Probes `device` for any signature. A device is [`Signature::Blank`] only
-/// when both ends were read back whole (the first and last
-/// [`PROBE_AREA`]) and are all zeroes, and `blkid -p` (low-level probing,
-/// no cache: filesystems, partition tables, RAID and LVM members) found
-/// nothing. A device that cannot be read, reads short, or reports no size
+/// Probes `device` for any signature with `blkid -p` (low-level probing,
+/// no cache: filesystems, partition tables, RAID and LVM members). A device
+/// is [`Signature::Blank`] only when blkid found nothing AND both ends were
+/// then read back whole (the first and last [`PROBE_AREA`]) and are all
+/// zeroes. A device that cannot be read, reads short, or reports no size
 /// is not ready (UNAVAILABLE, retried); data that blkid does not explain
 /// is a signature of its own, never blank.
 pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> {
-    let owned = device.to_owned();
-    // A device whose I/O hangs is not ready either: bounded, off the workers.
-    let ends = super::blocking::within("probe read", device, PROBE_TIMEOUT, move || {
-        read_probe_areas(&owned)
-    })
-    .await?;
-    let ends_zero = match ends {
-        Ok(zero) => zero,
-        Err(reason) => {
-            return Err(AgentError::DeviceNotReady {
-                device: device.to_owned(),
-                reason,
-            });
-        }
-    };
     let tool = host.tool("blkid");
     let out = host
         .runner
@@ -259,14 +244,31 @@ pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> 
         )
         .await?;
     match out.code {
+        // A signature found is never blank, whatever else: nothing to prove.
         0 => Ok(parse_blkid_export(&out.stdout)),
         // blkid(8): exit 2 means nothing was found, which it also says
-        // when it could not read: blank only if the ends read as zeroes.
-        2 if ends_zero => Ok(Signature::Blank),
-        2 => Ok(Signature::Other(format!(
-            "data in its first or last {} KiB that no known signature explains",
-            PROBE_AREA >> 10
-        ))),
+        // when it could not read: blank only if both ends read back whole
+        // and all zero.
+        2 => {
+            let owned = device.to_owned();
+            // A device whose I/O hangs is not ready either: bounded, off
+            // the workers.
+            let ends = super::blocking::within("probe read", device, PROBE_TIMEOUT, move || {
+                read_probe_areas(&owned)
+            })
+            .await?;
+            match ends {
+                Ok(true) => Ok(Signature::Blank),
+                Ok(false) => Ok(Signature::Other(format!(
+                    "data in its first or last {} KiB that no known signature explains",
+                    PROBE_AREA >> 10
+                ))),
+                Err(reason) => Err(AgentError::DeviceNotReady {
+                    device: device.to_owned(),
+                    reason,
+                }),
+            }
+        }
         // blkid(8): exit 8 means ambivalent low-level probing (several
         // signatures); never treat that as blank.
         8 => Ok(Signature::Other(
