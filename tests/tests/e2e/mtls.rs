@@ -3,21 +3,10 @@
 
 use std::time::Duration;
 
-use csi_scsi_certs::{MaterialPaths, MaterialStore, Role, TrustDomain};
 use csi_scsi_daemon::agent_channel;
 use csi_scsi_tests::patience::eventually;
 
-use crate::support::{Env, check_channel, client_config, health_check};
-
-fn proxy_store(env: &Env) -> std::sync::Arc<MaterialStore> {
-    let dir = env.pki.issue_proxy("proxy-tls");
-    MaterialStore::load(
-        MaterialPaths::in_dir(&dir),
-        Role::Proxy,
-        TrustDomain::new("csi-scsi.local").expect("domain"),
-    )
-    .expect("proxy material")
-}
+use crate::support::{Env, check_channel, client_config, health_check, proxy_store};
 
 #[tokio::test]
 async fn proxy_reaches_the_agent_of_the_node_it_dials() {

@@ -118,13 +118,7 @@ async fn a_proxy_certificate_rotated_out_stops_working_on_a_connection_opened_be
     let tls = env.pki.issue_agent("node-a", "node-a-tls");
     as_secret_volume(&tls);
     let agent = env.start_agent_with("node-a", &tls, &[]).await;
-    let proxy_tls = env.pki.issue_proxy("proxy-tls");
-    let store = MaterialStore::load(
-        MaterialPaths::in_dir(&proxy_tls),
-        Role::Proxy,
-        TrustDomain::new("csi-scsi.local").expect("domain"),
-    )
-    .expect("proxy material");
+    let store = crate::support::proxy_store(&env);
     let mut api = AgentClient::new(
         agent_channel(
             &agent.api.to_string(),

@@ -127,6 +127,17 @@ async fn wait_for_sockets(daemon: &Daemon, csi: &Path, api: Option<SocketAddr>) 
 }
 
 /// Reads the first certificate of a PEM file.
+/// The proxy's TLS material: a certificate freshly issued by `env`'s CA.
+pub fn proxy_store(env: &Env) -> Arc<csi_scsi_certs::MaterialStore> {
+    let dir = env.pki.issue_proxy("proxy-tls");
+    csi_scsi_certs::MaterialStore::load(
+        csi_scsi_certs::MaterialPaths::in_dir(&dir),
+        csi_scsi_certs::Role::Proxy,
+        csi_scsi_certs::TrustDomain::new("csi-scsi.local").expect("domain"),
+    )
+    .expect("proxy material")
+}
+
 pub fn cert_der(path: &Path) -> CertificateDer<'static> {
     CertificateDer::from_pem_file(path).expect("certificate")
 }
