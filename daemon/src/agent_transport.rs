@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Channel, Endpoint};
 use tonic_tls::rustls::TlsStream;
 
+use crate::agent_tcp::{AgentTcp, Severance};
+
 /// How long a peer may take to complete its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -61,6 +63,18 @@ pub fn agent_channel(
     store: Arc<MaterialStore>,
     connect_timeout: Duration,
 ) -> Result<Channel, TransportError> {
+    severable_agent_channel(addr, node, store, connect_timeout).map(|(channel, _)| channel)
+}
+
+/// [`agent_channel`], with the [`Severance`] that cuts its connections: a
+/// caller that gives up on a call severs the channel, so nothing it sent is
+/// delivered later (see [`crate::agent_tcp`]).
+pub fn severable_agent_channel(
+    addr: &str,
+    node: &str,
+    store: Arc<MaterialStore>,
+    connect_timeout: Duration,
+) -> Result<(Channel, Severance), TransportError> {
     let config = client_config_for_node(store, node)?;
     let endpoint = Endpoint::from_shared(format!("https://{addr}"))
         .map_err(|source| TransportError::BadAddress {
@@ -73,9 +87,13 @@ pub fn agent_channel(
         .keep_alive_while_idle(true);
     let server_name = ServerName::try_from(node.to_owned())
         .map_err(|_| TransportError::BadNodeName(node.to_owned()))?;
-    let transport = tonic_tls::TcpTransport::from_endpoint(&endpoint);
+    let severance = Severance::default();
+    let transport = AgentTcp {
+        inner: tonic_tls::TcpTransport::from_endpoint(&endpoint),
+        severance: severance.clone(),
+    };
     let connector = tonic_tls::rustls::TlsConnector::new(transport, config, server_name);
-    Ok(endpoint.connect_with_connector_lazy(connector))
+    Ok((endpoint.connect_with_connector_lazy(connector), severance))
 }
 
 /// A TLS acceptor that says why a handshake failed.

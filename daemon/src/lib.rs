@@ -5,6 +5,7 @@
 //! guards. No CSI domain logic.
 #![forbid(unsafe_code)]
 
+pub mod agent_tcp;
 mod agent_transport;
 mod csi_identity;
 mod csi_socket;
@@ -18,7 +19,8 @@ mod shutdown;
 mod status_http;
 mod unserved;
 
-pub use agent_transport::{TransportError, agent_channel, tls_incoming};
+pub use agent_tcp::{Severance, UNACKED_LIMIT};
+pub use agent_transport::{TransportError, agent_channel, severable_agent_channel, tls_incoming};
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};

@@ -33,6 +33,10 @@ pub struct LunDef {
     pub lun: u32,
     /// Backing file.
     pub file: PathBuf,
+    /// The file the kernel stand-in attaches instead of `file`, when the
+    /// lab serves it through its failing disks ([`crate::disks`]).
+    #[serde(default)]
+    pub data: Option<PathBuf>,
     /// Kernel `wwid` text (FC only; iSCSI identities come from the wire).
     #[serde(default)]
     pub wwid: String,
@@ -71,7 +75,7 @@ impl Fabric {
         std::fs::write(path, text)
     }
 
-    /// The backing file of `lun` on iSCSI target `iqn`.
+    /// The file behind `lun` on iSCSI target `iqn` (see [`LunDef::data_file`]).
     pub fn iscsi_file(&self, iqn: &str, lun: u32) -> Option<&Path> {
         self.iscsi
             .iter()
@@ -79,6 +83,22 @@ impl Fabric {
             .luns
             .iter()
             .find(|l| l.lun == lun)
-            .map(|l| l.file.as_path())
+            .map(LunDef::data_file)
+    }
+
+    /// Every LUN definition, iSCSI and FC.
+    pub fn luns_mut(&mut self) -> impl Iterator<Item = &mut LunDef> {
+        self.iscsi
+            .iter_mut()
+            .flat_map(|t| t.luns.iter_mut())
+            .chain(self.fc.iter_mut().flat_map(|t| t.luns.iter_mut()))
+    }
+}
+
+impl LunDef {
+    /// What the kernel stand-in attaches to the LUN's loop device: the
+    /// failing-disk file when there is one, else the backing file.
+    pub fn data_file(&self) -> &Path {
+        self.data.as_deref().unwrap_or(&self.file)
     }
 }

@@ -7,6 +7,7 @@ pub mod binaries;
 pub mod conformance;
 pub mod csi_client;
 pub mod daemon;
+pub mod disks;
 pub mod fabric;
 pub mod iscsi;
 pub mod kernel;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
+use csi_scsi_daemon::Severance;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -59,14 +60,23 @@ pub enum PoolError {
     },
 }
 
+/// One agent's channel in the pool.
+struct Pooled {
+    address: String,
+    id: u64,
+    channel: Channel,
+    /// Cuts the channel's connections when a call over it is given up.
+    severance: Severance,
+}
+
 /// The agents' channels.
 pub struct AgentPool {
     directory: Arc<dyn AgentDirectory>,
     tls: Arc<MaterialStore>,
     config: CallConfig,
     limit: Arc<Semaphore>,
-    /// Node -> (address, channel ID, channel).
-    channels: Mutex<HashMap<String, (String, u64, Channel)>>,
+    /// Node -> its channel.
+    channels: Mutex<HashMap<String, Pooled>>,
     next_channel: AtomicU64,
     metrics: std::sync::OnceLock<csi_scsi_daemon::Metrics>,
 }
@@ -95,8 +105,8 @@ impl AgentPool {
                 let agents = rx.borrow_and_update().clone();
                 let Some(pool) = weak.upgrade() else { return };
                 let mut channels = pool.channels.lock().unwrap_or_else(|p| p.into_inner());
-                channels.retain(|node, (addr, _, _)| {
-                    let keep = agents.get(node).is_some_and(|a| &a.address == addr);
+                channels.retain(|node, p| {
+                    let keep = agents.get(node).is_some_and(|a| a.address == p.address);
                     if !keep {
                         tracing::info!(%node, "agent left or moved; dropping its channel");
                     }
@@ -135,12 +145,12 @@ impl AgentPool {
             .get(node)
             .ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((addr, id, ch)) = channels.get(node)
-            && addr == &entry.address
+        if let Some(p) = channels.get(node)
+            && p.address == entry.address
         {
-            return Ok((*id, ch.clone()));
+            return Ok((p.id, p.channel.clone()));
         }
-        let ch = csi_scsi_daemon::agent_channel(
+        let (ch, severance) = csi_scsi_daemon::severable_agent_channel(
             &entry.address,
             node,
             self.tls.clone(),
@@ -151,17 +161,29 @@ impl AgentPool {
             reason: e.to_string(),
         })?;
         let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
-        channels.insert(node.to_owned(), (entry.address.clone(), id, ch.clone()));
+        channels.insert(
+            node.to_owned(),
+            Pooled {
+                address: entry.address.clone(),
+                id,
+                channel: ch.clone(),
+                severance,
+            },
+        );
         Ok((id, ch))
     }
 
-    /// Drops `node`'s channel if it is still channel `id`; the next call
-    /// dials afresh. Calls in flight keep their clone.
+    /// Drops `node`'s channel if it is still channel `id`, and cuts its
+    /// connections at once: what was sent over them and not yet delivered
+    /// (the node's link may be down) is discarded, never delivered after
+    /// the caller gave up. The next call dials afresh.
     fn forget(&self, node: &str, id: u64) {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if channels.get(node).is_some_and(|(_, have, _)| *have == id) {
-            channels.remove(node);
-            tracing::info!(%node, "agent left a call unanswered; its next call dials afresh");
+        if channels.get(node).is_some_and(|p| p.id == id)
+            && let Some(p) = channels.remove(node)
+        {
+            p.severance.sever();
+            tracing::info!(%node, "agent left a call unanswered; its connection is cut and its next call dials afresh");
         }
     }
 

@@ -170,7 +170,7 @@ fn fc_scan(
             }
             // Slow fabrics answer late: the lab can delay FC scans.
             std::thread::sleep(ctx.scan_delay);
-            let loop_device = attach_loop(&l.file)?;
+            let loop_device = attach_loop(l.data_file())?;
             let disk = DiskPath {
                 transport: PathTransport::Fc {
                     host,

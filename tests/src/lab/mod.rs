@@ -24,6 +24,7 @@ use self::net::{Network, sh, sh_quiet};
 use crate::binaries::binary;
 use crate::csi_client::csi_channel;
 use crate::daemon::Daemon;
+use crate::disks::FaultyDisks;
 use crate::fabric::{Fabric, FcTargetDef, IscsiTargetDef, LunDef};
 use crate::node_tree::NodeTree;
 use crate::pki::Pki;
@@ -66,6 +67,9 @@ pub struct LabConfig {
     pub proxy_env: Vec<(String, String)>,
     /// Extra arguments of every agent (e.g. `--max-volumes 4`).
     pub agent_args: Vec<String>,
+    /// Serve every LUN through the failing disks ([`crate::disks`]), so a
+    /// test can make them fail ([`Lab::disks`]). Off: plain loop devices.
+    pub faulty_disks: bool,
 }
 
 /// One node of a running lab.
@@ -111,6 +115,8 @@ pub struct Lab {
     pub pki: Pki,
     /// LUN backing files by name (`a1`, `mp`, ...).
     pub luns: BTreeMap<String, PathBuf>,
+    /// The failing disks, by the same names, when `faulty_disks` is set.
+    pub disks: Option<FaultyDisks>,
     proxy_args: Vec<String>,
     record: Record,
 }
@@ -173,6 +179,7 @@ impl LabConfig {
             pool_luns: 0,
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
+            faulty_disks: false,
         }
     }
 
@@ -195,6 +202,7 @@ impl LabConfig {
             pool_luns: 0,
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
+            faulty_disks: false,
         }
     }
 }
@@ -321,6 +329,7 @@ impl Lab {
                 luns: vec![LunDef {
                     lun: 0,
                     file: luns["fc1"].clone(),
+                    data: None,
                     wwid: "naa.600a098038303053453f463045727031".into(),
                     vendor: "NETAPP".into(),
                     model: "LUN C-Mode".into(),
@@ -334,6 +343,21 @@ impl Lab {
                 luns: pool,
             });
         }
+        let disks = match config.faulty_disks {
+            true => {
+                progress("disks: every LUN served through FUSE, so tests can make it fail");
+                let named: Vec<(String, PathBuf)> =
+                    luns.iter().map(|(n, p)| (n.clone(), p.clone())).collect();
+                let disks = FaultyDisks::mount(&dir.join("disks"), &named)?;
+                for def in fabric.luns_mut() {
+                    if let Some((name, _)) = named.iter().find(|(_, p)| *p == def.file) {
+                        def.data = Some(disks.path(name));
+                    }
+                }
+                Some(disks)
+            }
+            false => None,
+        };
         let fabric_path = dir.join("fabric.json");
         fabric.save(&fabric_path)?;
 
@@ -399,6 +423,7 @@ impl Lab {
             proxy_status,
             pki,
             luns,
+            disks,
             proxy_args: Vec::new(),
             record,
         };
@@ -550,7 +575,9 @@ impl Lab {
         }
     }
 
-    /// Leaves every process running after this handle is dropped.
+    /// Leaves every process running after this handle is dropped. Failing
+    /// disks (`faulty_disks`) live in this process, so they cannot stay:
+    /// keep a lab without them.
     pub fn keep(mut self) -> Manifest {
         let m = self.manifest();
         if let Some(p) = self.proxy.take() {
@@ -575,6 +602,11 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        // Nothing may stay blocked on a stalled disk while the lab goes
+        // (the disks themselves go after `down`, as fields drop).
+        if let Some(disks) = &self.disks {
+            disks.heal_all();
+        }
         self.proxy.take();
         for n in &mut self.nodes {
             n.agent.take();
@@ -602,6 +634,7 @@ fn lun_def(lun: u32, file: &Path) -> LunDef {
     LunDef {
         lun,
         file: file.to_owned(),
+        data: None,
         wwid: String::new(),
         vendor: String::new(),
         model: String::new(),
@@ -824,6 +857,20 @@ pub fn down(dir: &Path) {
         sh_quiet("kill", &["-KILL", &pid.to_string()]);
     }
     sh_quiet("pkill", &["-KILL", "-f", &dir.display().to_string()]);
+    // Loop devices over the lab's files, before the mounts: a loop over a
+    // failing disk names its file by a path under the lab only while the
+    // disks' FUSE mount is there. A loop still mounted is freed at its
+    // unmount (losetup -d sets autoclear).
+    if let Ok(list) = sh("losetup", &["-l", "-n", "-O", "NAME,BACK-FILE"]) {
+        for line in list.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(dev), Some(file)) = (it.next(), it.next())
+                && Path::new(file).starts_with(&dir)
+            {
+                sh_quiet("losetup", &["-d", dev]);
+            }
+        }
+    }
     // Mounts under the lab, deepest first.
     let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
@@ -834,17 +881,6 @@ pub fn down(dir: &Path) {
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
     for m in mounts {
         sh_quiet("umount", &["-l", &m]);
-    }
-    // Loop devices over the lab's files.
-    if let Ok(list) = sh("losetup", &["-l", "-n", "-O", "NAME,BACK-FILE"]) {
-        for line in list.lines() {
-            let mut it = line.split_whitespace();
-            if let (Some(dev), Some(file)) = (it.next(), it.next())
-                && Path::new(file).starts_with(&dir)
-            {
-                sh_quiet("losetup", &["-d", dev]);
-            }
-        }
     }
     if !record.prefix.is_empty() {
         Network::new(&record.prefix, record.subnet).destroy(record.nodes);

@@ -112,6 +112,18 @@ impl Network {
         Ok(())
     }
 
+    /// Cuts (`up` false) or restores node `i`'s link to the bridge: its
+    /// host end of the veth pair goes down or up, and every packet between
+    /// the node and the rest of the lab is dropped meanwhile.
+    pub fn set_node_link(&self, i: usize, up: bool) -> anyhow::Result<()> {
+        let host_end = format!("{}h{i}", self.prefix);
+        sh(
+            "ip",
+            &["link", "set", &host_end, if up { "up" } else { "down" }],
+        )?;
+        Ok(())
+    }
+
     /// Removes every namespace, veth and the bridge (missing ones are fine).
     pub fn destroy(&self, nodes: usize) {
         for i in 0..nodes.max(8) {

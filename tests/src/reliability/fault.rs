@@ -565,7 +565,6 @@ impl Suite {
         let xname = node_name(x);
         let y = (x + 1 + self.rng.usize(..n - 1)) % n;
         let yname = node_name(y);
-        let host_end = format!("{}h{x}", self.lab.net.prefix);
         // p: published on x before the cut; x: to publish on x during it;
         // y: published elsewhere during it; d: deleted during it.
         let vp = self
@@ -596,7 +595,7 @@ impl Suite {
             vp.spec.name
         );
 
-        sh("ip", &["link", "set", &host_end, "down"])?;
+        self.lab.net.set_node_link(x, false)?;
         self.report.fault();
         let mut about_x = vec![
             Op::Publish(vx.clone(), xname.clone()),
@@ -739,7 +738,7 @@ impl Suite {
             || format!("round {round}: after the failed unpublish, {} is recorded as published on {on_p:?}", vp.spec.name),
         );
 
-        sh("ip", &["link", "set", &host_end, "up"])?;
+        self.lab.net.set_node_link(x, true)?;
         let (o, resumed) = self
             .until_ok(&Op::Publish(vx.clone(), xname.clone()), RESUME_BOUND)
             .await;

@@ -517,3 +517,90 @@ async fn a_lun_that_vanishes_while_bound_goes_lost_and_keeps_its_binding() {
         .expect_err("a Lost LUN cannot be wiped");
     assert_eq!(err.code(), Code::Unavailable, "{err}");
 }
+
+/// A call the proxy gave up on while a node's link was down is never
+/// delivered once the link is back. TCP would retransmit it (the timer
+/// doubles from 200 ms, so a segment first sent at the start of an 8 s cut
+/// goes out again about 13 s later), and the agent would start a Detach
+/// behind the publish record's back (or an Attach that makes a
+/// single-writer volume visible on a second node). The proxy's connections
+/// are closed abortively instead: nothing queued is sent after it gave up.
+#[tokio::test]
+async fn a_detach_abandoned_while_the_link_was_down_never_reaches_the_agent_later() {
+    let (_dir, lab, mut cl) = lab().await;
+    let vol = create(
+        &mut cl,
+        "late",
+        100 << 20,
+        true,
+        &[("deviceSelector", "array=a")],
+        "node-a",
+    )
+    .await
+    .expect("create");
+    let wwid = vol.volume_context["wwid"].clone();
+    cl.controller
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: "node-a".into(),
+            volume_capability: Some(capability(true, "", Mode::SingleNodeWriter)),
+            readonly: false,
+            secrets: HashMap::new(),
+            volume_context: vol.volume_context.clone(),
+        })
+        .await
+        .expect("publish");
+    let link = lab.nodes[0].root.join(format!(
+        "dev/disk/by-id/wwn-0x{}",
+        wwid.strip_prefix("naa.").expect("an NAA WWID")
+    ));
+    assert!(link.exists(), "attached: {}", link.display());
+    let unpublish = ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node-a".into(),
+        secrets: HashMap::new(),
+    };
+
+    lab.net.set_node_link(0, false).expect("cut");
+    let mut request = tonic::Request::new(unpublish.clone());
+    request.set_timeout(Duration::from_secs(8));
+    let err = cl
+        .controller
+        .controller_unpublish_volume(request)
+        .await
+        .expect_err("node-a cannot answer");
+    lab.net.set_node_link(0, true).expect("restore");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+
+    // Past the first retransmission after the cut, short of the next.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let metrics = crate::observability::get(lab.nodes[0].status, "/metrics").await;
+    let detaches: u64 = metrics
+        .body
+        .lines()
+        .filter(|l| l.contains("_count{") && l.contains("method=\"Detach\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(
+        detaches, 0,
+        "node-a's agent got the Detach the proxy gave up on after its link came back"
+    );
+    assert!(link.exists(), "still attached");
+    let published = cl
+        .controller
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .status
+        .expect("status")
+        .published_node_ids;
+    assert_eq!(published, vec!["node-a".to_owned()], "the record is kept");
+    cl.controller
+        .controller_unpublish_volume(unpublish)
+        .await
+        .expect("a fresh unpublish works");
+    assert!(!link.exists(), "detached now");
+}
