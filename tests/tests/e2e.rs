@@ -9,6 +9,8 @@ mod agent_api;
 mod controller;
 #[path = "e2e/crash.rs"]
 mod crash;
+#[path = "e2e/disks.rs"]
+mod disks;
 #[path = "e2e/fault.rs"]
 mod fault;
 #[path = "e2e/identity.rs"]

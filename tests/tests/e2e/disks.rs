@@ -1,0 +1,238 @@
+//! The data-safety rules with disks that fail (`csi_scsi_tests::disks`):
+//! a read error or a stall while staging never formats, and a wipe that
+//! meets write errors fails retryably and completes after the disk heals.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use csi_scsi_proto::csi::*;
+use csi_scsi_tests::disks::Fault;
+use csi_scsi_tests::lab::scenario::{
+    self, Clients, attach_and_mount, create, lun_file, unmount_and_detach,
+};
+use csi_scsi_tests::lab::{Lab, LabConfig};
+use tempfile::TempDir;
+use tonic::Code;
+
+use crate::lab::lab_with;
+
+/// The first MiB, where XFS keeps its superblock (what the probe reads).
+const HEAD: u64 = 1 << 20;
+
+/// A lab whose LUNs can fail; host tools time out after 5 s (a probe
+/// stuck on a stalled disk answers in time).
+async fn failing_lab() -> (TempDir, Lab, Clients) {
+    lab_with(|c: &mut LabConfig| {
+        c.faulty_disks = true;
+        c.agent_args = vec!["--command-timeout".into(), "5".into()];
+    })
+    .await
+}
+
+/// The disk behind `vol`, and its backing file.
+fn disk_of(lab: &Lab, vol: &Volume) -> (String, std::path::PathBuf) {
+    lun_file(lab, &vol.volume_context["wwid"]).expect("a lab LUN")
+}
+
+/// The first 4 MiB and the last MiB of `file`.
+fn ends(file: &Path) -> (Vec<u8>, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file).expect("open");
+    let len = f.metadata().expect("stat").len();
+    let mut head = vec![0u8; 4 << 20];
+    let mut tail = vec![0u8; 1 << 20];
+    f.read_exact_at(&mut head, 0).expect("head");
+    f.read_exact_at(&mut tail, len - (1 << 20)).expect("tail");
+    (head, tail)
+}
+
+fn status_code(e: &anyhow::Error) -> Code {
+    e.downcast_ref::<tonic::Status>()
+        .map(|s| s.code())
+        .unwrap_or(Code::Unknown)
+}
+
+/// A volume on array-a (XFS needs 300 MB: its LUNs are 512 MiB and up),
+/// formatted and holding `marker`, detached again.
+async fn volume_with_marker(lab: &Lab, cl: &mut Clients, name: &str) -> Volume {
+    let vol = create(
+        cl,
+        name,
+        100 << 20,
+        false,
+        &[("deviceSelector", "array=a"), ("cleanup", "discard")],
+        "node-a",
+    )
+    .await
+    .expect("create");
+    let target = attach_and_mount(lab, cl, &vol, "node-a", false, "writer")
+        .await
+        .expect("first publish");
+    std::fs::write(target.join("marker"), name).expect("write the marker");
+    unmount_and_detach(lab, cl, &vol, "node-a", "writer")
+        .await
+        .expect("detach");
+    vol
+}
+
+#[tokio::test]
+async fn the_failing_disks_pass_data_unchanged_until_told_to_fail() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "plain").await;
+    let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "reader")
+        .await
+        .expect("publish again");
+    assert_eq!(
+        std::fs::read_to_string(target.join("marker")).expect("read"),
+        "plain"
+    );
+    let (disk, _) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    assert_eq!(disks.state(&disk).expect("state").failed, 0);
+    unmount_and_detach(&lab, &mut cl, &vol, "node-a", "reader")
+        .await
+        .expect("detach");
+}
+
+#[tokio::test]
+async fn a_read_error_while_staging_a_volume_with_data_formats_nothing() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "eio").await;
+    let (disk, file) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    let before = ends(&file);
+
+    disks
+        .inject(&disk, Fault::ReadError(0..HEAD))
+        .expect("inject");
+    let err = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "reader")
+        .await
+        .expect_err("the probe cannot read the head");
+    assert!(
+        disks.state(&disk).expect("state").failed > 0,
+        "the fault was hit"
+    );
+    assert_eq!(status_code(&err), Code::Unavailable, "{err:#}");
+    assert!(ends(&file) == before, "nothing was written to {disk}");
+
+    disks.heal(&disk).expect("heal");
+    let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "reader")
+        .await
+        .expect("staged once the disk reads again");
+    assert_eq!(
+        std::fs::read_to_string(target.join("marker")).expect("the data survived"),
+        "eio"
+    );
+    unmount_and_detach(&lab, &mut cl, &vol, "node-a", "reader")
+        .await
+        .expect("detach");
+}
+
+#[tokio::test]
+async fn a_stalled_disk_makes_stage_fail_in_time_and_the_stage_succeeds_once_it_heals() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = create(
+        &mut cl,
+        "stall",
+        100 << 20,
+        false,
+        &[("deviceSelector", "array=a")],
+        "node-a",
+    )
+    .await
+    .expect("create");
+    let (disk, file) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    disks.inject(&disk, Fault::Stall).expect("inject");
+
+    let started = Instant::now();
+    let (staged, stalled) = tokio::join!(
+        attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "pod"),
+        disks.until_stalled(&disk, Duration::from_secs(30)),
+    );
+    stalled.expect("the stage reached the disk");
+    let err = staged.expect_err("nothing can be read");
+    assert!(
+        matches!(
+            status_code(&err),
+            Code::Unavailable | Code::DeadlineExceeded
+        ),
+        "a retryable code: {err:#}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(45),
+        "answered in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        scenario::all_zero(&file).expect("read"),
+        "a blank LUN whose probe stalled is not formatted"
+    );
+
+    disks.heal(&disk).expect("heal");
+    let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "pod")
+        .await
+        .expect("staged once the disk answers");
+    std::fs::write(target.join("after"), "ok").expect("writable");
+    unmount_and_detach(&lab, &mut cl, &vol, "node-a", "pod")
+        .await
+        .expect("detach");
+}
+
+#[tokio::test]
+async fn a_wipe_that_meets_write_errors_fails_retryably_and_completes_after_a_heal() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "wipe").await;
+    let (disk, file) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    disks
+        .inject(&disk, Fault::WriteError(0..u64::MAX))
+        .expect("inject");
+    let delete = DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        secrets: HashMap::new(),
+    };
+    let err = cl
+        .controller
+        .delete_volume(delete.clone())
+        .await
+        .expect_err("the wipe cannot write");
+    assert!(
+        disks.state(&disk).expect("state").failed > 0,
+        "the fault was hit"
+    );
+    assert!(
+        matches!(
+            err.code(),
+            Code::Unavailable | Code::Internal | Code::Aborted
+        ),
+        "a retryable code: {err}"
+    );
+    assert!(
+        !scenario::all_zero(&file).expect("read"),
+        "the data is still there"
+    );
+    // Not available for a new volume while its wipe has not happened.
+    let rebind = create(
+        &mut cl,
+        "wipe-rebind",
+        100 << 20,
+        false,
+        &[("deviceSelector", "array=a")],
+        "node-a",
+    )
+    .await
+    .expect("another LUN of array-a");
+    assert_ne!(
+        rebind.volume_context["wwid"], vol.volume_context["wwid"],
+        "a LUN whose wipe failed was bound again"
+    );
+
+    disks.heal(&disk).expect("heal");
+    cl.controller
+        .delete_volume(delete)
+        .await
+        .expect("the retried delete wipes");
+    assert!(scenario::all_zero(&file).expect("read"), "wiped");
+}
