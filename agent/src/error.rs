@@ -273,6 +273,20 @@ pub enum AgentError {
     /// An iSCSI session operation failed.
     #[error(transparent)]
     Iscsi(#[from] crate::host::iscsiadm::IscsiError),
+    /// The device failed a read or write part-way through a wipe (a
+    /// medium error, a path down): retryable, nothing reported wiped.
+    #[error(
+        "wiping {wwid} met an I/O error ({during}): {source}; it is not wiped, retry once the device answers"
+    )]
+    WipeIo {
+        /// The device.
+        wwid: Wwid,
+        /// What the wipe was doing.
+        during: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Erasing the device failed part-way.
     #[error("wiping {wwid} failed: {reason}")]
     WipeFailed {

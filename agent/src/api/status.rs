@@ -40,6 +40,8 @@ pub fn to_status(e: AgentError) -> Status {
         AgentError::DeviceNotReady { .. } => Code::Unavailable,
         // The node's disk refused the record: transient, retry.
         AgentError::RecordNotSaved { .. } => Code::Unavailable,
+        // The device failed I/O: not wiped, retry once it answers.
+        AgentError::WipeIo { .. } => Code::Unavailable,
         // ControllerPublishVolume "Max volumes attached".
         AgentError::AttachLimit { .. } => Code::ResourceExhausted,
         AgentError::LoginRefused { .. } => Code::Unauthenticated,

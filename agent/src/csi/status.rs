@@ -93,6 +93,7 @@ pub fn code(err: &AgentError) -> Code {
         | AgentError::NoPortalAnswered { .. }
         | AgentError::AttachTimeout { .. }
         | AgentError::Iscsi(_)
+        | AgentError::WipeIo { .. }
         | AgentError::WipeFailed { .. } => Code::Internal,
     }
 }

@@ -180,11 +180,19 @@ fn erase(
                 "zero" => eraser.zero(off, len),
                 _ => eraser.randomize(off, len),
             };
-            r.map_err(|e| failed(format!("{method} at byte {off}: {e}")))?;
+            r.map_err(|source| AgentError::WipeIo {
+                wwid: wwid.clone(),
+                during: format!("{method} at byte {off}"),
+                source,
+            })?;
             off += len;
             let _ = tx.blocking_send(step(off, size, pass, passes, method, false));
         }
-        eraser.sync().map_err(|e| failed(format!("sync: {e}")))?;
+        eraser.sync().map_err(|source| AgentError::WipeIo {
+            wwid: wwid.clone(),
+            during: "sync".to_owned(),
+            source,
+        })?;
     }
     let edge = crate::host::filesystem::PROBE_AREA.min(size);
     if method == "random" {
@@ -195,7 +203,11 @@ fn erase(
                 .zero(at, edge)
                 .map_err(|e| failed(format!("zero at byte {at}: {e}")))?;
         }
-        eraser.sync().map_err(|e| failed(format!("sync: {e}")))?;
+        eraser.sync().map_err(|source| AgentError::WipeIo {
+            wwid: wwid.clone(),
+            during: "sync".to_owned(),
+            source,
+        })?;
     }
     {
         // Cheap proof the erase took: both ends read back as zeroes.

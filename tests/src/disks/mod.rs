@@ -158,3 +158,19 @@ impl Drop for FaultyDisks {
         drop(self.session.take());
     }
 }
+
+/// The first 4 MiB and the last MiB of `file`, where every signature and
+/// the start of every filesystem this driver makes lie: equal before and
+/// after a call that failed means that call wrote nothing that matters.
+pub fn ends_of(file: &Path) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    let head = (4u64 << 20).min(len);
+    let tail = (1u64 << 20).min(len);
+    let mut out = vec![0u8; usize::try_from(head + tail).map_err(std::io::Error::other)?];
+    let (h, t) = out.split_at_mut(head as usize);
+    f.read_exact_at(h, 0)?;
+    f.read_exact_at(t, len - tail)?;
+    Ok(out)
+}

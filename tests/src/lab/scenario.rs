@@ -193,11 +193,23 @@ pub async fn attach_and_mount_as(
     pod: &str,
     readonly: bool,
 ) -> anyhow::Result<PathBuf> {
-    let cap = capability(
-        block,
-        if block { "" } else { "xfs" },
-        Mode::SingleNodeWriter,
-    );
+    let fs = if block { "" } else { "xfs" };
+    attach_and_mount_fs(lab, cl, vol, node, block, fs, pod, readonly).await
+}
+
+/// [`attach_and_mount_as`] with filesystem `fs` (`""` for raw block).
+#[allow(clippy::too_many_arguments)]
+pub async fn attach_and_mount_fs(
+    lab: &Lab,
+    cl: &mut Clients,
+    vol: &Volume,
+    node: &str,
+    block: bool,
+    fs: &str,
+    pod: &str,
+    readonly: bool,
+) -> anyhow::Result<PathBuf> {
+    let cap = capability(block, fs, Mode::SingleNodeWriter);
     let ctx = cl
         .controller
         .controller_publish_volume(ControllerPublishVolumeRequest {
@@ -255,6 +267,26 @@ pub async fn unmount_and_detach(
     node: &str,
     pod: &str,
 ) -> anyhow::Result<()> {
+    unmount(lab, cl, vol, node, pod).await?;
+    cl.controller
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: node.to_owned(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("ControllerUnpublishVolume")?;
+    Ok(())
+}
+
+/// Unpublishes and unstages `vol` on `node` (the node's side only).
+pub async fn unmount(
+    lab: &Lab,
+    cl: &mut Clients,
+    vol: &Volume,
+    node: &str,
+    pod: &str,
+) -> anyhow::Result<()> {
     let kubelet = &lab
         .nodes
         .iter()
@@ -275,14 +307,6 @@ pub async fn unmount_and_detach(
     })
     .await
     .context("NodeUnstageVolume")?;
-    cl.controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            node_id: node.to_owned(),
-            secrets: HashMap::new(),
-        })
-        .await
-        .context("ControllerUnpublishVolume")?;
     Ok(())
 }
 

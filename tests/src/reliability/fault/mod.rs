@@ -18,6 +18,9 @@
 //!    once the fault clears, calls succeed again without a restart, every
 //!    acknowledged volume is still there (a repeated CreateVolume answers
 //!    the same ID) and `PRAGMA integrity_check` says ok.
+//! 4. **Disks that fail.** EIO and stalls on a LUN during stage, detach and
+//!    wipe (see [`io_errors`]): refused retryably, nothing written, and
+//!    the data (a marker) is there once the disk heals.
 //!
 //! A tmpfs cannot be remounted read-only while the proxy holds its store
 //! open for writing (the kernel answers EBUSY), and an ext4 that turns
@@ -56,6 +59,8 @@ use crate::lab::scenario::{Clients, NODE_KEY, capability, prefer};
 use crate::lab::{Lab, LabConfig, POOL_LUN_BYTES, node_name};
 use crate::pki::{as_secret_volume, rotate_secret_volume};
 
+mod io_errors;
+
 /// The client deadline of every call about a node whose link is cut.
 const DEADLINE: Duration = Duration::from_secs(8);
 /// The client deadline of a call queued behind another on its volume.
@@ -88,6 +93,11 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
     let started = Instant::now();
     let mut config = LabConfig::for_test(dir);
     config.pool_luns = POOL_LUNS;
+    config.faulty_disks = true;
+    config.agent_args = vec![
+        "--command-timeout".into(),
+        io_errors::TOOL_TIMEOUT_SECS.into(),
+    ];
     let lab = Lab::up(config, &mut |_| {}).await.context("lab up")?;
     let cl = Clients::connect(&lab).await?;
     let work = lab.config.dir.join("fault");
@@ -108,7 +118,8 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
             .link_down(scale.pick(2, 6), scale == Scale::Full)
             .await?;
         suite.rotation(scale.pick(3, 10)).await?;
-        suite.store(scale.pick(1, 3)).await
+        suite.store(scale.pick(1, 3)).await?;
+        suite.io_errors(scale.pick(1, 3)).await
     }
     .await;
     if let Err(e) = &result {
