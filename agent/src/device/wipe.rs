@@ -199,9 +199,11 @@ fn erase(
         // Random data at the ends would read as "not blank" forever: zero
         // the probe areas, so the next volume's stage can format the LUN.
         for at in [0, size - edge] {
-            eraser
-                .zero(at, edge)
-                .map_err(|e| failed(format!("zero at byte {at}: {e}")))?;
+            eraser.zero(at, edge).map_err(|source| AgentError::WipeIo {
+                wwid: wwid.clone(),
+                during: format!("zero at byte {at}"),
+                source,
+            })?;
         }
         eraser.sync().map_err(|source| AgentError::WipeIo {
             wwid: wwid.clone(),
@@ -217,7 +219,13 @@ fn erase(
         match ok {
             Ok(true) => {}
             Ok(false) => return Err(failed("data still present after erase".into())),
-            Err(e) => return Err(failed(format!("read-back: {e}"))),
+            Err(source) => {
+                return Err(AgentError::WipeIo {
+                    wwid: wwid.clone(),
+                    during: "read-back".to_owned(),
+                    source,
+                });
+            }
         }
     }
     let _ = tx.blocking_send(step(size, size, passes, passes, method, true));

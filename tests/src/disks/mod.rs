@@ -21,11 +21,17 @@ use std::time::{Duration, Instant};
 pub use self::fault::{Fault, Io, Verdict, judge};
 use self::fs::{Disk, DiskFs, DiskState, Shared};
 
-/// The mounted disks and their fault control.
+/// The mounted disks; their fault control is [`DiskControl`] (deref).
 pub struct FaultyDisks {
+    control: DiskControl,
+    session: Option<fuser::BackgroundSession>,
+}
+
+/// The fault control of the mounted disks: a handle, cheap to clone.
+#[derive(Clone)]
+pub struct DiskControl {
     mount: PathBuf,
     shared: Arc<Shared>,
-    session: Option<fuser::BackgroundSession>,
 }
 
 /// What `FaultyDisks::state` reports about one disk.
@@ -78,12 +84,24 @@ impl FaultyDisks {
             .and_then(fuser::Session::spawn)
             .with_context(|| format!("mounting the lab's disks (FUSE) at {}", mount.display()))?;
         Ok(Self {
-            mount: mount.to_owned(),
-            shared,
+            control: DiskControl {
+                mount: mount.to_owned(),
+                shared,
+            },
             session: Some(session),
         })
     }
+}
 
+impl std::ops::Deref for FaultyDisks {
+    type Target = DiskControl;
+
+    fn deref(&self) -> &DiskControl {
+        &self.control
+    }
+}
+
+impl DiskControl {
     /// The file the kernel stand-in attaches for disk `name`.
     pub fn path(&self, name: &str) -> PathBuf {
         self.mount.join(name)

@@ -14,7 +14,15 @@
 //!   for `zero` or `discard`);
 //! - every step converges within its window, and in the end every LUN is
 //!   Available again, no mount is left and the store passes
-//!   `PRAGMA integrity_check`.
+//!   `PRAGMA integrity_check`;
+//! - no volume with data was formatted: every volume is staged a second
+//!   time after its marker was written, often while its disk fails for a
+//!   moment (EIO on reads of its head; see [`crate::disks`]), and the
+//!   marker must read back. Its wipe sometimes meets EIO on every write
+//!   for a moment too, and must still converge. (Stalls are the fault
+//!   suite's: in this lab a stalled loop device holds the loop driver's
+//!   configuration lock, so every node's attaches would wait behind it,
+//!   which a real SCSI layer does not do.)
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -35,8 +43,10 @@ use tonic::{Code, Status};
 use super::ledger::Ledger;
 use super::{Scale, SuiteReport, store};
 use crate::csi_client::csi_channel;
+use crate::disks::{DiskControl, Fault};
 use crate::lab::scenario::{capability, kubelet_paths, prefer};
 use crate::lab::{Lab, LabConfig, POOL_LUN_BYTES};
+use crate::tgt::LunIdentity;
 
 /// The target whose LUNs the workload uses.
 const POOL_TARGET: &str = "array-c";
@@ -44,6 +54,9 @@ const POOL_TARGET: &str = "array-c";
 const CONVERGE: Duration = Duration::from_secs(90);
 /// The client deadline of one attempt: a hang shows up as a retry.
 const ATTEMPT: Duration = Duration::from_secs(30);
+/// A LUN's head, where the probe reads first and filesystems keep their
+/// superblocks.
+const HEAD: u64 = 1 << 20;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -93,6 +106,8 @@ pub async fn run_with(opts: CrashOptions) -> anyhow::Result<SuiteReport> {
     let mut config = LabConfig::for_test(&opts.dir);
     config.pool_luns = pool;
     config.proxy_env = opts.proxy_env.clone();
+    config.faulty_disks = true;
+    config.agent_args = vec!["--command-timeout".into(), "10".into()];
     let lab = Lab::up(config, &mut |_| {}).await.context("lab up")?;
     let suite = Arc::new(Suite::new(lab, &opts, ops).await);
     suite.wait_for_pool(pool).await?;
@@ -149,6 +164,11 @@ pub async fn run_with(opts: CrashOptions) -> anyhow::Result<SuiteReport> {
     report.note(format!(
         "kills: proxy {}, agents {}; with a call in flight: CreateVolume {}, ControllerPublish {}, ControllerUnpublish {}, DeleteVolume {}, Node* {}",
         kills.proxy, kills.agent, kills.during[0], kills.during[1], kills.during[2], kills.during[3], kills.during[4]
+    ));
+    let io = locked(&suite.io).clone();
+    report.note(format!(
+        "failing disks: re-stages of a volume with data {} (with EIO on its head {}), markers intact {}; wipes meeting write EIO {}",
+        io.restages, io.head_eio, io.intact, io.wipe_eio
     ));
     report.note(format!(
         "targeted strikes landing mid-call (agent killed before the call returned): Attach {}/{}, Detach {}/{}, Wipe {}/{}",
@@ -265,8 +285,21 @@ enum Answer {
     Done,
 }
 
+/// What the failing-disk leg did, for the report.
+#[derive(Clone, Debug, Default)]
+struct IoFaults {
+    restages: u64,
+    head_eio: u64,
+    intact: u64,
+    wipe_eio: u64,
+}
+
 struct Suite {
     lab: tokio::sync::Mutex<Lab>,
+    /// The lab's failing disks, and each pool LUN's disk name by WWID.
+    disks: Option<DiskControl>,
+    disk_names: HashMap<String, String>,
+    io: Mutex<IoFaults>,
     proxy_csi: PathBuf,
     nodes: Vec<NodePaths>,
     report: Mutex<SuiteReport>,
@@ -300,9 +333,21 @@ impl Suite {
                 kubelet: n.kubelet.clone(),
             })
             .collect();
+        let disks = lab.disks.as_ref().map(|d| DiskControl::clone(d));
+        let disk_names = (1..=lab.config.pool_luns as u64)
+            .map(|n| {
+                (
+                    format!("naa.{}", LunIdentity::lab(3, n).scsi_id),
+                    format!("c{n}"),
+                )
+            })
+            .collect();
         Self {
             proxy_csi: lab.proxy_csi.clone(),
             lab: tokio::sync::Mutex::new(lab),
+            disks,
+            disk_names,
+            io: Mutex::new(IoFaults::default()),
             nodes,
             report: Mutex::new(SuiteReport::new("crash", opts.seed)),
             ledger: Mutex::new(Ledger::default()),
@@ -619,6 +664,7 @@ impl Suite {
             return false;
         }
         let wrote = write_marker(&vol, rng);
+        let marker = wrote.as_ref().ok().cloned();
         self.check(wrote.is_ok(), || {
             format!(
                 "writing through {} of {name} failed: {:#}",
@@ -634,6 +680,11 @@ impl Suite {
             if self.converge(kind, &vol, rng).await.is_none() {
                 return false;
             }
+        }
+        if let Some(marker) = marker
+            && !self.restage(&vol, &marker, rng).await
+        {
+            return false;
         }
         let unpublished = if strike == Some(StrikeAt::Detach) {
             self.strike(StrikeAt::Detach, Kind::Unpublish, &vol, rng)
@@ -659,6 +710,12 @@ impl Suite {
         }
 
         locked(&self.ledger).dying(name);
+        if strike.is_none() {
+            if rng.u8(..3) == 0 {
+                self.fail_for(&vol, Fault::WriteError(0..u64::MAX), rng);
+                locked(&self.io).wipe_eio += 1;
+            }
+        }
         let deleted = if strike == Some(StrikeAt::Wipe) {
             self.strike(StrikeAt::Wipe, Kind::Delete, &vol, rng).await
         } else {
@@ -669,6 +726,66 @@ impl Suite {
         }
         locked(&self.ledger).deleted(name);
         true
+    }
+
+    /// Stages `vol` again (its disk failing for a moment, often) and reads
+    /// its marker back: a volume with data must never be formatted. False
+    /// when a step did not converge.
+    async fn restage(&self, vol: &Vol<'_>, marker: &[u8], rng: &mut Rng) -> bool {
+        if rng.bool() {
+            self.fail_for(vol, Fault::ReadError(0..HEAD), rng);
+            locked(&self.io).head_eio += 1;
+        }
+        locked(&self.io).restages += 1;
+        for kind in [Kind::Stage, Kind::NodePublish] {
+            if self.converge(kind, vol, rng).await.is_none() {
+                return false;
+            }
+        }
+        let read = read_marker(vol, marker.len());
+        let intact = read.as_ref().is_ok_and(|r| r == marker);
+        if intact {
+            locked(&self.io).intact += 1;
+        }
+        self.check(intact, || {
+            format!(
+                "{}: staged again, its marker {}: a volume with data was formatted",
+                vol.name,
+                match &read {
+                    Ok(_) => "differs".to_owned(),
+                    Err(e) => format!("cannot be read ({e:#})"),
+                }
+            )
+        });
+        for kind in [Kind::NodeUnpublish, Kind::Unstage] {
+            if self.converge(kind, vol, rng).await.is_none() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Gives `vol`'s disk `fault` for a moment (healed by a task of its
+    /// own, so the calls meet it and then converge).
+    fn fail_for(&self, vol: &Vol<'_>, fault: Fault, rng: &mut Rng) {
+        let (Some(disks), Some(name)) = (
+            &self.disks,
+            vol.context.get("wwid").and_then(|w| self.disk_names.get(w)),
+        ) else {
+            return;
+        };
+        if disks.inject(name, fault).is_err() {
+            return;
+        }
+        self.report().fault();
+        let (disks, name) = (disks.clone(), name.clone());
+        // Healed from a thread of its own, never a runtime task: a worker
+        // blocked reaping a killed agent must not hold up the heal.
+        let hold = Duration::from_millis(rng.u64(200..800));
+        std::thread::spawn(move || {
+            std::thread::sleep(hold);
+            let _ = disks.heal(&name);
+        });
     }
 
     /// Starts one attempt of `kind`, kills the agent(s) that serve it at a
@@ -939,13 +1056,9 @@ fn create_request(vol: &Vol<'_>, node: &str) -> CreateVolumeRequest {
 
 /// Writes 4 KiB of random data through the published volume and reads it
 /// back (a file on a mount; an offset on a raw block device).
-fn write_marker(vol: &Vol<'_>, rng: &mut Rng) -> anyhow::Result<()> {
+fn write_marker(vol: &Vol<'_>, rng: &mut Rng) -> anyhow::Result<Vec<u8>> {
     let data: Vec<u8> = (0..4096).map(|_| rng.u8(1..)).collect();
-    let (path, offset) = if vol.block {
-        (vol.target.clone(), 1u64 << 20)
-    } else {
-        (vol.target.join("marker"), 0)
-    };
+    let (path, offset) = marker_at(vol);
     let mut f = std::fs::OpenOptions::new()
         .create(!vol.block)
         .truncate(false)
@@ -960,7 +1073,26 @@ fn write_marker(vol: &Vol<'_>, rng: &mut Rng) -> anyhow::Result<()> {
     f.seek(SeekFrom::Start(offset))?;
     f.read_exact(&mut back)?;
     anyhow::ensure!(back == data, "read back differs");
-    Ok(())
+    Ok(data)
+}
+
+/// Reads `len` bytes of the marker [`write_marker`] wrote.
+fn read_marker(vol: &Vol<'_>, len: usize) -> anyhow::Result<Vec<u8>> {
+    let (path, offset) = marker_at(vol);
+    let mut f = std::fs::File::open(&path).with_context(|| path.display().to_string())?;
+    f.seek(SeekFrom::Start(offset))?;
+    let mut back = vec![0u8; len];
+    f.read_exact(&mut back)?;
+    Ok(back)
+}
+
+/// Where a volume's marker lives: a file, or 1 MiB into a raw device.
+fn marker_at(vol: &Vol<'_>) -> (PathBuf, u64) {
+    if vol.block {
+        (vol.target.clone(), 1u64 << 20)
+    } else {
+        (vol.target.join("marker"), 0)
+    }
 }
 
 /// `m` locked; a panic elsewhere while it was held leaves plain counters
