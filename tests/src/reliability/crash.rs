@@ -710,11 +710,9 @@ impl Suite {
         }
 
         locked(&self.ledger).dying(name);
-        if strike.is_none() {
-            if rng.u8(..3) == 0 {
-                self.fail_for(&vol, Fault::WriteError(0..u64::MAX), rng);
-                locked(&self.io).wipe_eio += 1;
-            }
+        if strike.is_none() && rng.u8(..3) == 0 {
+            self.fail_for(&vol, Fault::WriteError(0..u64::MAX), rng);
+            locked(&self.io).wipe_eio += 1;
         }
         let deleted = if strike == Some(StrikeAt::Wipe) {
             self.strike(StrikeAt::Wipe, Kind::Delete, &vol, rng).await

@@ -1,11 +1,12 @@
-//! 4. **Disks that fail.** The lab's LUNs are served through its failing
-//! disks ([`crate::disks`]). Per round, a volume is formatted and given a
-//! marker, then, on its LUN: EIO on reads of the head during a stage, a
-//! stall during a stage, a stall during a detach, EIO on every write during
-//! the wipe of a delete. Each call fails with a retryable code, in bounded
-//! time, writing nothing (the LUN's first 4 MiB and last MiB read back the
-//! same); once healed, the same call succeeds, and the marker reads back
-//! (no volume with data was formatted), or the wipe completes.
+//! Leg 4 of the fault suite, disks that fail. The lab's LUNs are served
+//! through its failing disks ([`crate::disks`]). Per round, a volume is
+//! formatted and given a marker, then, on its LUN: EIO on reads of the
+//! head during a stage, a stall during a stage, a stall during a detach,
+//! EIO on every write during the wipe of a delete. Each call fails with a
+//! retryable code, in bounded time, writing nothing (the LUN's first 4 MiB
+//! and last MiB read back the same); once healed, the same call succeeds,
+//! and the marker reads back (no volume with data was formatted), or the
+//! wipe completes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
