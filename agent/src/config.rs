@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "blkid,mkfs.ext4,mkfs.xfs,mount,umount,resize2fs,xfs_growfs"
+        default_value = "mkfs.ext4,mkfs.xfs,mount,umount,resize2fs,xfs_growfs"
     )]
     pub required_tools: Vec<PathBuf>,
 

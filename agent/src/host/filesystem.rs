@@ -1,10 +1,11 @@
-//! Filesystems on block devices: probe for signatures (`blkid`, after
-//! reading the probe areas ourselves), create (`mkfs.ext4`, `mkfs.xfs`,
-//! with options only from an allow-list), grow (`resize2fs`, `xfs_growfs`)
-//! and measure (`statvfs`). Formatting is only ever done by the caller
-//! after [`probe`] proved the device blank. The tools' own checks are no
-//! defence: mke2fs asks before overwriting a filesystem only on a
-//! terminal, and blkid answers "nothing found" when it cannot read.
+//! Filesystems on block devices: probe for signatures (libblkid's safe
+//! probe in process, then the probe areas read ourselves), create
+//! (`mkfs.ext4`, `mkfs.xfs`, with options only from an allow-list), grow
+//! (`resize2fs`, `xfs_growfs`) and measure (`statvfs`). Formatting is only
+//! ever done by the caller after [`probe`] proved the device blank. The
+//! tools' own checks are no defence: mke2fs asks before overwriting a
+//! filesystem only on a terminal, and the `blkid` tool answers "nothing
+//! found" with the same exit code when it cannot read.
 
 use std::fmt;
 use std::path::Path;
@@ -220,61 +221,91 @@ impl Value {
 pub const MKFS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How long reading the probe areas may take.
-pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// How much of each end of a device is read before calling it blank:
 /// every signature blkid knows of the kinds that matter here (filesystems,
 /// partition tables, RAID, LVM, LUKS) lies within the first or last MiB.
 pub const PROBE_AREA: u64 = 1 << 20;
 
-/// Probes `device` for any signature with `blkid -p` (low-level probing,
-/// no cache: filesystems, partition tables, RAID and LVM members). A device
-/// is [`Signature::Blank`] only when blkid found nothing AND both ends were
-/// then read back whole (the first and last [`PROBE_AREA`]) and are all
-/// zeroes. A device that cannot be read, reads short, or reports no size
-/// is not ready (UNAVAILABLE, retried); data that blkid does not explain
-/// is a signature of its own, never blank.
-pub async fn probe(host: &Host, device: &Path) -> Result<Signature, AgentError> {
-    let tool = host.tool("blkid");
-    let out = host
-        .runner
-        .output(
-            &tool,
-            &["-p".into(), "-o".into(), "export".into(), device.into()],
-        )
-        .await?;
-    match out.code {
-        // A signature found is never blank, whatever else: nothing to prove.
-        0 => Ok(parse_blkid_export(&out.stdout)),
-        // blkid(8): exit 2 means nothing was found, which it also says
-        // when it could not read: blank only if both ends read back whole
-        // and all zero.
-        2 => {
-            let owned = device.to_owned();
-            // A device whose I/O hangs is not ready either: bounded, off
-            // the workers.
-            let ends = super::blocking::within("probe read", device, PROBE_TIMEOUT, move || {
-                read_probe_areas(&owned)
-            })
-            .await?;
-            match ends {
-                Ok(true) => Ok(Signature::Blank),
-                Ok(false) => Ok(Signature::Other(format!(
-                    "data in its first or last {} KiB that no known signature explains",
-                    PROBE_AREA >> 10
-                ))),
-                Err(reason) => Err(AgentError::DeviceNotReady {
-                    device: device.to_owned(),
-                    reason,
-                }),
-            }
-        }
-        // blkid(8): exit 8 means ambivalent low-level probing (several
-        // signatures); never treat that as blank.
-        8 => Ok(Signature::Other(
+/// Probes `device` for any signature, in process with libblkid's safe
+/// probe (superblocks and partition tables: filesystems, RAID, LVM, LUKS,
+/// swap), as udev does, off the async workers and within
+/// [`PROBE_TIMEOUT`]. A device is [`Signature::Blank`] only when the probe
+/// found nothing AND both ends were then read back whole (the first and
+/// last [`PROBE_AREA`]) and are all zeroes. A probe that fails (a read
+/// error), a device that cannot be read, reads short, reports no size or
+/// does not answer in time is not ready (UNAVAILABLE, retried), never
+/// blank; data the probe does not explain is a signature of its own.
+pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
+    let owned = device.to_owned();
+    super::blocking::within("probe", device, PROBE_TIMEOUT, move || {
+        probe_now(&owned)
+    })
+    .await?
+    .map_err(|reason| AgentError::DeviceNotReady {
+        device: device.to_owned(),
+        reason,
+    })
+}
+
+/// [`probe`]'s work, on a blocking thread: the signature, or why the
+/// device cannot be judged.
+fn probe_now(device: &Path) -> Result<Signature, String> {
+    match safe_probe(device)? {
+        Probed::Found(signature) => Ok(signature),
+        // Ambivalent low-level probing (several signatures): never blank.
+        Probed::Ambivalent => Ok(Signature::Other(
             "several conflicting signatures".to_owned(),
         )),
-        code => Err(failed(&tool, code, &out.stderr, &out.stdout)),
+        Probed::Nothing => match read_probe_areas(device)? {
+            true => Ok(Signature::Blank),
+            false => Ok(Signature::Other(format!(
+                "data in its first or last {} KiB that no known signature explains",
+                PROBE_AREA >> 10
+            ))),
+        },
+    }
+}
+
+/// What libblkid's safe probe answered.
+enum Probed {
+    /// One signature.
+    Found(Signature),
+    /// Nothing at all.
+    Nothing,
+    /// Several signatures that contradict each other.
+    Ambivalent,
+}
+
+/// `blkid_do_safeprobe` over superblocks and partition tables. Its error
+/// (-1, an I/O error among others) is kept apart from "nothing found",
+/// which the `blkid` tool reports with the same exit code.
+fn safe_probe(device: &Path) -> Result<Probed, String> {
+    use libblkid_rs::{BlkidProbe, BlkidSafeprobeRet, BlkidSublks, BlkidSublksFlags};
+    let mut probe = BlkidProbe::new_from_filename(device)
+        .map_err(|e| format!("it cannot be opened for probing: {e}"))?;
+    let setup = |p: &mut BlkidProbe| -> libblkid_rs::Result<()> {
+        p.enable_superblocks(true)?;
+        p.set_superblock_flags(BlkidSublksFlags::new(vec![
+            BlkidSublks::Type,
+            BlkidSublks::Usage,
+        ]))?;
+        p.enable_partitions(true)
+    };
+    setup(&mut probe).map_err(|e| format!("the probe could not be set up: {e}"))?;
+    match probe.do_safeprobe() {
+        Ok(BlkidSafeprobeRet::Success) => {
+            let value = |name: &str| probe.lookup_value(name).ok().filter(|v| !v.is_empty());
+            Ok(Probed::Found(signature_of(
+                value("TYPE").as_deref(),
+                value("USAGE").as_deref(),
+                value("PTTYPE").as_deref(),
+            )))
+        }
+        Ok(BlkidSafeprobeRet::None) => Ok(Probed::Nothing),
+        Ok(BlkidSafeprobeRet::Ambiguous) => Ok(Probed::Ambivalent),
+        Err(e) => Err(format!("probing it failed (a read error, or a device in transition): {e}")),
     }
 }
 
@@ -301,15 +332,9 @@ fn read_probe_areas(device: &Path) -> Result<bool, String> {
     Ok(zero)
 }
 
-fn parse_blkid_export(stdout: &str) -> Signature {
-    let value = |key: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    };
-    match (value("TYPE"), value("USAGE"), value("PTTYPE")) {
+/// The signature the probe's values describe.
+fn signature_of(kind: Option<&str>, usage: Option<&str>, table: Option<&str>) -> Signature {
+    match (kind, usage, table) {
         (Some(t), Some("filesystem"), _) => Signature::Filesystem(t.to_owned()),
         (Some(t), _, _) => Signature::Other(format!("a {t} signature")),
         (None, _, Some(pt)) => Signature::Other(format!("a {pt} partition table")),

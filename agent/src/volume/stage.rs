@@ -64,7 +64,7 @@ async fn stage_filesystem(
     }
     ensure_unused(req, device, table)?;
     let read_only = read_only(host, req, device)?;
-    match filesystem::probe(host, &device.node).await? {
+    match filesystem::probe(&device.node).await? {
         Signature::Filesystem(found) if found == fs.name() => {}
         Signature::Blank if req.published_read_only => {
             return Err(AgentError::PublishedReadOnlyBlank {
@@ -81,7 +81,7 @@ async fn stage_filesystem(
             device::reverify(host, &req.volume.wwid, &device.node, &device.kernel_name).await?;
             filesystem::format(host, &device.node, fs, &req.mkfs).await?;
             // Trust, but verify: mount only what is now really there.
-            let made = filesystem::probe(host, &device.node).await?;
+            let made = filesystem::probe(&device.node).await?;
             if made != Signature::Filesystem(fs.name().to_owned()) {
                 return Err(foreign(device, fs, &made));
             }

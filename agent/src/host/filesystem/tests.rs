@@ -141,24 +141,25 @@ fn mkfs_options_outside_the_allow_list_are_refused_by_name() {
 }
 
 #[test]
-fn blkid_export_output_is_classified() {
-    let ext4 = "DEVNAME=/dev/sdb\nUUID=73083fc7\nBLOCK_SIZE=1024\nTYPE=ext4\nUSAGE=filesystem\n";
+fn the_probes_values_are_classified() {
     assert_eq!(
-        parse_blkid_export(ext4),
+        signature_of(Some("ext4"), Some("filesystem"), None),
         Signature::Filesystem("ext4".into())
     );
-    let swap = "DEVNAME=/dev/sdb\nUUID=5107\nVERSION=1\nTYPE=swap\nUSAGE=other\n";
     assert_eq!(
-        parse_blkid_export(swap),
+        signature_of(Some("swap"), Some("other"), None),
         Signature::Other("a swap signature".into())
     );
-    let table = "DEVNAME=/dev/sdb\nPTUUID=1234\nPTTYPE=gpt\n";
     assert_eq!(
-        parse_blkid_export(table),
+        signature_of(Some("LVM2_member"), Some("raid"), None),
+        Signature::Other("a LVM2_member signature".into())
+    );
+    assert_eq!(
+        signature_of(None, None, Some("gpt")),
         Signature::Other("a gpt partition table".into())
     );
     assert_eq!(
-        parse_blkid_export("DEVNAME=/dev/sdb\n"),
+        signature_of(None, None, None),
         Signature::Other("an unrecognised signature".into())
     );
 }
@@ -170,14 +171,14 @@ async fn a_blank_device_probes_blank_and_a_formatted_one_probes_its_type() {
     };
     let host = host();
     assert_eq!(
-        probe(&host, &lun.device).await.expect("probe"),
+        probe(&lun.device).await.expect("probe"),
         Signature::Blank
     );
     format(&host, &lun.device, FsType::Ext4, &MkfsOptions::default())
         .await
         .expect("mkfs");
     assert_eq!(
-        probe(&host, &lun.device).await.expect("probe"),
+        probe(&lun.device).await.expect("probe"),
         Signature::Filesystem("ext4".into())
     );
 }
@@ -259,12 +260,11 @@ fn the_kernels_refusal_of_an_online_grow_is_reported_as_such() {
 #[tokio::test]
 async fn a_device_that_cannot_be_read_or_has_no_size_is_not_ready_never_blank() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = host();
     // No size: what a path in transition or a LUN just unmapped reports
     // (the crash suite met it: mkfs was only stopped by its own check).
     let empty = dir.path().join("empty");
     std::fs::write(&empty, b"").expect("empty");
-    match probe(&host, &empty).await {
+    match probe(&empty).await {
         Err(AgentError::DeviceNotReady { reason, .. }) => {
             assert!(reason.contains("size of zero"), "{reason}")
         }
@@ -273,34 +273,28 @@ async fn a_device_that_cannot_be_read_or_has_no_size_is_not_ready_never_blank() 
     // Cannot be opened at all.
     let gone = dir.path().join("gone");
     assert!(matches!(
-        probe(&host, &gone).await,
+        probe(&gone).await,
         Err(AgentError::DeviceNotReady { .. })
     ));
     // Shorter than it claims (a read that fails part-way): a directory
     // opens, seeks, and then refuses to be read.
     assert!(matches!(
-        probe(&host, dir.path()).await,
+        probe(dir.path()).await,
         Err(AgentError::DeviceNotReady { .. }) | Err(AgentError::Tool(_))
     ));
 }
 
 #[tokio::test]
-async fn blkid_saying_nothing_found_over_data_is_not_blank() {
+async fn data_no_known_signature_explains_is_not_blank() {
+    // The probe finds nothing over these (no magic where any filesystem
+    // keeps one), yet they hold data: the probe areas decide.
     let dir = tempfile::tempdir().expect("tempdir");
-    // blkid exits 2 ("nothing found") when it could not read the device:
-    // a blkid that always says so stands in for one that hit a read error.
-    let liar = dir.path().join("blkid");
-    std::fs::write(&liar, "#!/bin/sh\nexit 2\n").expect("write");
-    std::fs::set_permissions(&liar, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let mut host = host();
-    host.tools.insert("blkid".into(), liar);
     for (name, offset) in [("head", 1024u64), ("tail", (8 << 20) - 512)] {
         let disk = dir.path().join(name);
         let f = std::fs::File::create(&disk).expect("create");
         f.set_len(8 << 20).expect("size");
         std::os::unix::fs::FileExt::write_all_at(&f, b"\x53\xef not zero", offset).expect("data");
-        match probe(&host, &disk).await.expect("probe") {
+        match probe(&disk).await.expect("probe") {
             Signature::Other(what) => assert!(what.contains("no known signature"), "{what}"),
             other => panic!("data at {offset} was called {other:?}"),
         }
@@ -311,5 +305,44 @@ async fn blkid_saying_nothing_found_over_data_is_not_blank() {
         .expect("create")
         .set_len(8 << 20)
         .expect("size");
-    assert_eq!(probe(&host, &zero).await.expect("probe"), Signature::Blank);
+    assert_eq!(probe(&zero).await.expect("probe"), Signature::Blank);
+}
+
+#[tokio::test]
+async fn two_conflicting_signatures_are_ambivalent_never_one_of_them() {
+    // An ext4 with an XFS superblock written over its first sector (the
+    // two do not overlap): what `blkid -p` calls ambivalent (exit 8); the
+    // safe probe must not pick one.
+    let Some(lun) = LoopDevice::create(64 << 20).await else {
+        return;
+    };
+    format(&host(), &lun.device, FsType::Ext4, &MkfsOptions::default())
+        .await
+        .expect("mkfs");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let xfs = dir.path().join("xfs");
+    std::fs::File::create(&xfs)
+        .and_then(|f| f.set_len(400 << 20))
+        .expect("an XFS image");
+    let made = std::process::Command::new("mkfs.xfs")
+        .arg("-q")
+        .arg(&xfs)
+        .status()
+        .expect("mkfs.xfs");
+    assert!(made.success());
+    let mut sector = vec![0u8; 512];
+    std::fs::File::open(&xfs)
+        .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut sector, 0))
+        .expect("its superblock");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lun.device)
+        .expect("open");
+    std::os::unix::fs::FileExt::write_all_at(&f, &sector, 0).expect("superblock");
+    f.sync_all().expect("sync");
+    drop(f);
+    match probe(&lun.device).await.expect("probe") {
+        Signature::Other(what) => assert!(what.contains("conflicting"), "{what}"),
+        other => panic!("an ext4 with an XFS superblock was called {other:?}"),
+    }
 }
