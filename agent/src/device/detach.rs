@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
-use crate::host::block::{self, Holder};
+use crate::host::block;
 use crate::host::mountinfo::MountTable;
 use crate::host::{blocking, multipath, sysfs};
 use crate::volume::device::publications;
@@ -20,39 +20,7 @@ impl Devices {
         let removed = match self.lun(wwid)? {
             None => false,
             Some(lun) => {
-                let mut nodes: Vec<String> =
-                    lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
-                if let Some(m) = &lun.map {
-                    nodes.insert(0, m.kernel_name.clone());
-                }
-                self.check_unused(wwid, &nodes)?;
-                // With no path left a flush would queue forever (and there
-                // is nowhere to write to): skip it.
-                // Buffers live on the device that was used: the map when
-                // there is one (its paths hold none of their own).
-                if !lun.paths.is_empty() {
-                    let used = match &lun.map {
-                        Some(m) => std::slice::from_ref(&m.kernel_name),
-                        None => &nodes[..],
-                    };
-                    for name in used {
-                        flush(&self.host.dev(name)).await?;
-                    }
-                }
-                if let Some(m) = &lun.map {
-                    multipath::flush(&self.host, &m.name).await.map_err(|e| {
-                        AgentError::DeviceInUse {
-                            wwid: wwid.clone(),
-                            holder: format!("multipath map {}: {e}", m.name),
-                        }
-                    })?;
-                }
-                for p in &lun.paths {
-                    sysfs::delete_path(&self.host, &p.kernel_name).map_err(|e| {
-                        AgentError::io(self.host.sys("block").join(&p.kernel_name), e)
-                    })?;
-                }
-                self.wait_gone(wwid, Duration::from_secs(10)).await?;
+                self.remove(wwid, &lun).await?;
                 true
             }
         };
@@ -65,20 +33,103 @@ impl Devices {
         Ok(removed)
     }
 
+    /// Flushes, removes the map and deletes every path of `lun`. The
+    /// in-use check claims what it found unused (O_EXCL) and holds the
+    /// claims until the paths are deleted: nothing can mount or claim the
+    /// device between the check and the deletion.
+    async fn remove(&self, wwid: &Wwid, lun: &sysfs::Lun) -> Result<(), AgentError> {
+        let paths: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
+        let table = self.mount_table()?;
+        let claims = match &lun.map {
+            // The map's paths are held by the map, not by a user: their
+            // mounts and publications are checked, the map is claimed.
+            Some(m) => {
+                for name in &paths {
+                    self.refuse_if_used(wwid, &table, name, Exclusive::No)?;
+                }
+                self.claim_unused(wwid, &table, std::slice::from_ref(&m.kernel_name))?
+            }
+            None => self.claim_unused(wwid, &table, &paths)?,
+        };
+        // With no path left a flush would queue forever (and there is
+        // nowhere to write to): skip it. Buffers live on the device that
+        // was used: the map when there is one (its paths hold none).
+        if !paths.is_empty() {
+            for (name, claim) in &claims {
+                flush(&self.host.dev(name), claim).await?;
+            }
+        }
+        let claims = match &lun.map {
+            Some(m) => {
+                // The map cannot be removed while open, even by us; a map
+                // opened meanwhile makes the removal fail, so nothing is
+                // lost. Then its paths are free to claim.
+                drop(claims);
+                multipath::flush(&self.host, &m.name).await.map_err(|e| {
+                    AgentError::DeviceInUse {
+                        wwid: wwid.clone(),
+                        holder: format!("multipath map {}: {e}", m.name),
+                    }
+                })?;
+                self.claim_unused(wwid, &self.mount_table()?, &paths)?
+            }
+            None => claims,
+        };
+        for p in &lun.paths {
+            sysfs::delete_path(&self.host, &p.kernel_name)
+                .map_err(|e| AgentError::io(self.host.sys("block").join(&p.kernel_name), e))?;
+        }
+        self.wait_gone(wwid, Duration::from_secs(10)).await?;
+        drop(claims);
+        Ok(())
+    }
+
+    fn mount_table(&self) -> Result<MountTable, AgentError> {
+        MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))
+    }
+
     /// Refuses when any of `nodes` (kernel names) is in use (see
     /// [`Self::use_of`]).
     pub(crate) fn check_unused(&self, wwid: &Wwid, nodes: &[String]) -> Result<(), AgentError> {
-        let table =
-            MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))?;
+        let table = self.mount_table()?;
         for name in nodes {
-            if let Some(holder) = self.use_of(&table, name)? {
-                return Err(AgentError::DeviceInUse {
-                    wwid: wwid.clone(),
-                    holder,
-                });
-            }
+            // Checked and let go at once: `nodes` may name a disk twice.
+            self.refuse_if_used(wwid, &table, name, Exclusive::Claim)?;
         }
         Ok(())
+    }
+
+    /// Refuses when any of `nodes` is in use; otherwise claims each one
+    /// exclusively (`None` for a disk already gone), in the order given.
+    fn claim_unused(
+        &self,
+        wwid: &Wwid,
+        table: &MountTable,
+        nodes: &[String],
+    ) -> Result<Vec<(String, Option<block::Claim>)>, AgentError> {
+        nodes
+            .iter()
+            .map(|name| {
+                let claim = self.refuse_if_used(wwid, table, name, Exclusive::Claim)?;
+                Ok((name.clone(), claim))
+            })
+            .collect()
+    }
+
+    fn refuse_if_used(
+        &self,
+        wwid: &Wwid,
+        table: &MountTable,
+        name: &str,
+        exclusive: Exclusive,
+    ) -> Result<Option<block::Claim>, AgentError> {
+        match self.examine(table, name, exclusive)? {
+            Use::Busy(holder) => Err(AgentError::DeviceInUse {
+                wwid: wwid.clone(),
+                holder,
+            }),
+            Use::Free(claim) => Ok(claim),
+        }
     }
 
     /// How the disk `name` is in use, if it is: mounted (in our mount
@@ -89,6 +140,20 @@ impl Devices {
         table: &MountTable,
         name: &str,
     ) -> Result<Option<String>, AgentError> {
+        Ok(match self.examine(table, name, Exclusive::Claim)? {
+            Use::Busy(holder) => Some(holder),
+            Use::Free(_) => None,
+        })
+    }
+
+    /// [`Self::use_of`], keeping the exclusive claim that proved the disk
+    /// unused when `exclusive` asks for one.
+    fn examine(
+        &self,
+        table: &MountTable,
+        name: &str,
+        exclusive: Exclusive,
+    ) -> Result<Use, AgentError> {
         let node = self.host.dev(name);
         let number = match block::device_number(&node) {
             Ok(n) => n,
@@ -97,21 +162,21 @@ impl Devices {
             // missing cannot be checked for exclusive holders: in use.
             Err(stat) => {
                 return Ok(match sysfs::block_device_number(&self.host, name) {
-                    Ok(None) => None,
-                    Ok(Some(number)) => Some(match table.mounts_of(number).next() {
+                    Ok(None) => Use::Free(None),
+                    Ok(Some(number)) => Use::Busy(match table.mounts_of(number).next() {
                         Some(m) => format!("{name} is mounted at {}", m.mount_point.display()),
                         None => format!(
                             "{name} has no usable device node ({stat}), so whether it is open cannot be checked"
                         ),
                     }),
-                    Err(e) => Some(format!(
+                    Err(e) => Use::Busy(format!(
                         "whether {name} is in use cannot be told: its device node: {stat}; sysfs: {e}"
                     )),
                 });
             }
         };
         if let Some(m) = table.mounts_of(number).next() {
-            return Ok(Some(format!(
+            return Ok(Use::Busy(format!(
                 "{name} is mounted at {}",
                 m.mount_point.display()
             )));
@@ -120,14 +185,20 @@ impl Devices {
         // neither the device's mounts nor an exclusive open show, yet a
         // pod is using it.
         if let Some(at) = publications(&self.host, table, number, &[]).first() {
-            return Ok(Some(format!("{name} is published at {}", at.display())));
-        }
-        if block::holder(&node).map_err(|e| AgentError::io(&node, e))? == Holder::Busy {
-            return Ok(Some(format!(
-                "{name} is held open (mounted in another namespace, or claimed)"
+            return Ok(Use::Busy(format!(
+                "{name} is published at {}",
+                at.display()
             )));
         }
-        Ok(None)
+        if exclusive == Exclusive::No {
+            return Ok(Use::Free(None));
+        }
+        match block::claim(&node).map_err(|e| AgentError::io(&node, e))? {
+            Some(claim) => Ok(Use::Free(Some(claim))),
+            None => Ok(Use::Busy(format!(
+                "{name} is held open (mounted in another namespace, or claimed)"
+            ))),
+        }
     }
 
     async fn wait_gone(&self, wwid: &Wwid, within: Duration) -> Result<(), AgentError> {
@@ -196,29 +267,45 @@ impl Devices {
     }
 }
 
-/// Flushes the device's buffers (fsync on the block device node), off the
-/// async workers and within [`blocking::FLUSH_TIMEOUT`]. A node already
-/// gone has nothing to flush; a flush that fails or hangs refuses the
-/// detach (its paths are not deleted under unwritten data).
-async fn flush(node: &std::path::Path) -> Result<(), AgentError> {
-    let path = node.to_owned();
-    let result = blocking::within("flush", node, blocking::FLUSH_TIMEOUT, move || {
-        match std::fs::OpenOptions::new().read(true).open(&path) {
-            Ok(f) => f.sync_all(),
-            // Gone, or a path with no device behind it any more (offline):
-            // nothing of ours is buffered there.
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    || matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    })
-    .await?;
-    result.map_err(|source| AgentError::DeviceNotReady {
+/// Flushes the device's buffers (fsync through the detach's own claim on
+/// it), off the async workers and within [`blocking::FLUSH_TIMEOUT`]. A
+/// disk already gone (no claim) has nothing to flush; a flush that fails
+/// or hangs refuses the detach (its paths are not deleted under unwritten
+/// data).
+async fn flush(node: &std::path::Path, claim: &Option<block::Claim>) -> Result<(), AgentError> {
+    let Some(claim) = claim else {
+        return Ok(());
+    };
+    let not_flushed = |source: std::io::Error| AgentError::DeviceNotReady {
         device: node.to_owned(),
         reason: format!("its buffers could not be flushed: {source}"),
+    };
+    let file = claim.descriptor().map_err(not_flushed)?;
+    blocking::within("flush", node, blocking::FLUSH_TIMEOUT, move || {
+        match file.sync_all() {
+            // A path with no device behind it any more (offline): nothing
+            // of ours is buffered there.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => Ok(()),
+            other => other,
+        }
     })
+    .await?
+    .map_err(not_flushed)
+}
+
+/// Whether an in-use check ends with an exclusive claim of the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exclusive {
+    /// Claim it (O_EXCL), which is also what proves it is not held open.
+    Claim,
+    /// Do not: a path held by its multipath map (the map is claimed).
+    No,
+}
+
+/// What the in-use check found for one disk.
+enum Use {
+    /// In use: how.
+    Busy(String),
+    /// Unused; claimed when asked to (`None` also for a disk already gone).
+    Free(Option<block::Claim>),
 }

@@ -89,15 +89,42 @@ pub fn read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> {
 /// opened it exclusively (mkfs does). The probe opens read-only and closes
 /// at once, so it never changes the device.
 pub fn holder(node: &Path) -> std::io::Result<Holder> {
+    Ok(match claim(node)? {
+        Some(_) => Holder::Free,
+        None => Holder::Busy,
+    })
+}
+
+/// An exclusive claim on a block device, held until dropped: while it is,
+/// nobody can mount the device or claim it (mkfs, another detach), in any
+/// namespace. What a check of "unused" keeps until the act it allowed.
+#[derive(Debug)]
+pub struct Claim {
+    file: File,
+}
+
+/// Claims `node` exclusively (read-only; nothing is written). `None` when
+/// something holds it already (EBUSY).
+pub fn claim(node: &Path) -> std::io::Result<Option<Claim>> {
     // O_EXCL without O_CREAT on a block device means "claim it exclusively".
     match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_EXCL)
         .open(node)
     {
-        Ok(_) => Ok(Holder::Free),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(Holder::Busy),
+        Ok(file) => Ok(Some(Claim { file })),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+// === impl Claim ===
+
+impl Claim {
+    /// A second descriptor of the claimed device, for work done on another
+    /// thread (a flush); the claim stays with `self`.
+    pub fn descriptor(&self) -> std::io::Result<File> {
+        self.file.try_clone()
     }
 }
 

@@ -239,14 +239,12 @@ pub const PROBE_AREA: u64 = 1 << 20;
 /// blank; data the probe does not explain is a signature of its own.
 pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
     let owned = device.to_owned();
-    super::blocking::within("probe", device, PROBE_TIMEOUT, move || {
-        probe_now(&owned)
-    })
-    .await?
-    .map_err(|reason| AgentError::DeviceNotReady {
-        device: device.to_owned(),
-        reason,
-    })
+    super::blocking::within("probe", device, PROBE_TIMEOUT, move || probe_now(&owned))
+        .await?
+        .map_err(|reason| AgentError::DeviceNotReady {
+            device: device.to_owned(),
+            reason,
+        })
 }
 
 /// [`probe`]'s work, on a blocking thread: the signature, or why the
@@ -305,7 +303,9 @@ fn safe_probe(device: &Path) -> Result<Probed, String> {
         }
         Ok(BlkidSafeprobeRet::None) => Ok(Probed::Nothing),
         Ok(BlkidSafeprobeRet::Ambiguous) => Ok(Probed::Ambivalent),
-        Err(e) => Err(format!("probing it failed (a read error, or a device in transition): {e}")),
+        Err(e) => Err(format!(
+            "probing it failed (a read error, or a device in transition): {e}"
+        )),
     }
 }
 

@@ -229,7 +229,10 @@ pub fn fixtures_in(rel: &str) -> Vec<String> {
 
 /// A Kubernetes node name (DNS-1123 subdomain), the independent oracle.
 pub fn is_node_name(n: &str) -> bool {
-    n.len() <= 253
+    // A name that reads as an address would be checked against IP SANs,
+    // never the node's DNS SAN: refused.
+    n.parse::<std::net::IpAddr>().is_err()
+        && n.len() <= 253
         && n.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63

@@ -1,8 +1,10 @@
 //! The data-safety rules with disks that fail (`csi_scsi_tests::disks`):
-//! a read error or a stall while staging never formats, and a wipe that
-//! meets write errors fails retryably and completes after the disk heals.
+//! a read error or a stall while staging never formats, a wipe that meets
+//! write errors fails retryably and completes after the disk heals, and a
+//! detach keeps the disk claimed from its in-use check to the deletion.
 
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use csi_scsi_proto::csi::*;
@@ -219,4 +221,57 @@ async fn a_wipe_that_meets_write_errors_fails_retryably_and_completes_after_a_he
         .await
         .expect("the retried delete wipes");
     assert!(scenario::all_zero(&file).expect("read"), "wiped");
+}
+
+#[tokio::test]
+async fn a_detach_holds_its_claim_on_the_disk_from_its_check_until_the_paths_are_deleted() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "claimed").await;
+    attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "writer")
+        .await
+        .expect("publish");
+    scenario::unmount(&lab, &mut cl, &vol, "node-a", "writer")
+        .await
+        .expect("the node's side");
+    let wwid = &vol.volume_context["wwid"];
+    let link = lab.nodes[0].root.join(format!(
+        "dev/disk/by-id/wwn-0x{}",
+        wwid.strip_prefix("naa.").expect("an NAA WWID")
+    ));
+    let node = std::fs::canonicalize(&link).expect("attached");
+    let (disk, _) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+
+    // The detach checks the disk is unused, then flushes it: the flush
+    // waits on the stalled disk, between the check and the deletion.
+    disks.inject(&disk, Fault::Stall).expect("inject");
+    let mut controller = cl.controller.clone();
+    let mut request = tonic::Request::new(ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node-a".into(),
+        secrets: HashMap::new(),
+    });
+    request.set_timeout(Duration::from_secs(60));
+    let detach = tokio::spawn(async move { controller.controller_unpublish_volume(request).await });
+    disks
+        .until_stalled(&disk, Duration::from_secs(30))
+        .await
+        .expect("the detach reached the disk");
+
+    // Meanwhile nothing else can claim the disk: not a mount, not mkfs.
+    let claim = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_EXCL)
+        .open(&node);
+    let held = matches!(&claim, Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY));
+    drop(claim);
+    disks.heal(&disk).expect("heal");
+    let answer = detach.await.expect("joined");
+    assert!(
+        held,
+        "{} could be claimed while the detach that found it unused was still running",
+        node.display()
+    );
+    answer.expect("the detach completes once the disk answers");
+    assert!(!link.exists(), "the paths were deleted");
 }

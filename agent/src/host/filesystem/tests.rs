@@ -170,10 +170,7 @@ async fn a_blank_device_probes_blank_and_a_formatted_one_probes_its_type() {
         return;
     };
     let host = host();
-    assert_eq!(
-        probe(&lun.device).await.expect("probe"),
-        Signature::Blank
-    );
+    assert_eq!(probe(&lun.device).await.expect("probe"), Signature::Blank);
     format(&host, &lun.device, FsType::Ext4, &MkfsOptions::default())
         .await
         .expect("mkfs");
