@@ -98,12 +98,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     // Sessions that cannot be listed may be live: doubt keeps them.
-    let sessions_live = crate::host::sysfs::iscsi_sessions(&config.host)
-        .map(|s| !s.is_empty())
-        .unwrap_or(true);
-    let attachments = Arc::new(
-        Attachments::load(&config.state_dir, sessions_live).with_limit(config.max_volumes),
-    );
+    let live = crate::host::sysfs::iscsi_sessions(&config.host)
+        .map(|s| s.into_iter().map(|s| s.target).collect())
+        .map_err(|e| e.to_string());
+    let attachments =
+        Arc::new(Attachments::load(&config.state_dir, live).with_limit(config.max_volumes));
     let devices = Arc::new(Devices::new(
         config.host.clone(),
         attachments,

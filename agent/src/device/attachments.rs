@@ -31,40 +31,85 @@ pub struct Admission<'a> {
     reserved: bool,
 }
 
+/// The marker a lost record leaves (`<dir>/attachments.lost.json`): the
+/// iSCSI targets whose sessions were live when the record was found
+/// missing or unreadable, which are then never logged out while any LUN
+/// still shows through them. An operator may delete it once the node's
+/// sessions are known to match the record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Lost {
+    /// Why the record was lost.
+    reason: String,
+    /// The targets (IQNs) with live sessions then; `None` when they could
+    /// not be listed, which holds every target back.
+    sessions: Option<BTreeSet<String>>,
+}
+
+/// Whether a detach may log out of an iSCSI target (see [`Attachments::may_log_out`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Logout {
+    /// Yes: no lost record is in the way.
+    Allowed,
+    /// Yes, and the target leaves the lost record's list once it has.
+    AllowedReleasing,
+    /// No: why.
+    HeldBack(String),
+}
+
 impl Attachments {
-    /// Loads `<dir>/attachments.json`. Missing on a node with no iSCSI
-    /// session (`sessions_live` false) is a node with nothing attached yet,
-    /// and the empty record is written at once, so that from then on a
-    /// missing record means a lost one. An unreadable record (a power cut
-    /// can leave a renamed file empty), or a missing one while sessions are
-    /// live, leaves `attachments.json.bad` behind: while that file exists
-    /// the agent does not know which LUNs share a session and never logs
-    /// out of a target on detach (an operator removes it once the node's
-    /// sessions are known to match the record).
-    pub fn load(dir: &std::path::Path, sessions_live: bool) -> Self {
+    /// Loads `<dir>/attachments.json`. `live` lists the iSCSI targets with
+    /// a live session on this node (or why they cannot be listed). Missing
+    /// on a node with no session is a node with nothing attached yet, and
+    /// the empty record is written at once, so that from then on a missing
+    /// record means a lost one. An unreadable record (a power cut can leave
+    /// a renamed file empty) is kept aside as `attachments.json.bad`; it,
+    /// or a missing record while sessions are live, is never taken for
+    /// "nothing attached": the targets live now are written to
+    /// `attachments.lost.json` and held back from logout while any LUN
+    /// shows through them (see [`Self::may_log_out`]).
+    pub fn load(dir: &std::path::Path, live: Result<BTreeSet<String>, String>) -> Self {
         let path = dir.join("attachments.json");
-        let bad = path.with_extension("json.bad");
-        let state = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
-                tracing::error!(path = %path.display(), error = %e, kept = %bad.display(), "attachment records unreadable: no target is logged out until the kept copy is removed");
-                let _ = std::fs::rename(&path, &bad);
-                BTreeMap::new()
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !sessions_live => BTreeMap::new(),
-            Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, sessions_live, kept = %bad.display(), "attachment records missing or unreadable while iSCSI sessions are live: no target is logged out until the marker is removed");
-                let _ = std::fs::write(
-                    &bad,
-                    format!("attachments.json could not be read at start ({e}) while iSCSI sessions were live\n"),
-                );
-                BTreeMap::new()
-            }
-        };
         let this = Self {
-            path,
-            state: Mutex::new(state),
+            path: path.clone(),
+            state: Mutex::new(BTreeMap::new()),
             limit: 0,
         };
+        let lost = match std::fs::read_to_string(&path) {
+            Ok(text) => match serde_json::from_str(&text) {
+                Ok(state) => {
+                    *this.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+                    None
+                }
+                Err(e) => {
+                    let _ = std::fs::rename(&path, path.with_extension("json.bad"));
+                    Some(format!(
+                        "attachments.json was unreadable at start ({e}); kept as attachments.json.bad"
+                    ))
+                }
+            },
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && live.as_ref().is_ok_and(BTreeSet::is_empty) =>
+            {
+                None
+            }
+            Err(e) => Some(format!(
+                "attachments.json could not be read at start ({e}) while iSCSI sessions may be live"
+            )),
+        };
+        if let Some(reason) = lost {
+            let lost = Lost {
+                sessions: live.as_ref().ok().cloned(),
+                reason: match &live {
+                    Ok(_) => reason,
+                    Err(why) => format!("{reason}; the live sessions cannot be listed: {why}"),
+                },
+            };
+            tracing::error!(reason = %lost.reason, held_back = ?lost.sessions, marker = %this.lost_path().display(), "attachment record lost: targets with a live session are not logged out while a LUN shows through them");
+            if let Err(e) = this.save_lost(&lost) {
+                tracing::error!(error = %e, "cannot write the lost-record marker");
+            }
+        }
         if !this.path.exists() {
             let s = this.state.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if let Err(e) = this.save(&s) {
@@ -72,6 +117,75 @@ impl Attachments {
             }
         }
         this
+    }
+
+    fn lost_path(&self) -> PathBuf {
+        self.path.with_file_name("attachments.lost.json")
+    }
+
+    /// The lost-record marker, read at each decision so that an operator's
+    /// deletion takes effect at once. A marker that cannot be read holds
+    /// every target back.
+    fn lost(&self) -> Option<Lost> {
+        match std::fs::read(self.lost_path()) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Ok(bytes) => Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| Lost {
+                reason: format!("the lost-record marker is unreadable: {e}"),
+                sessions: None,
+            })),
+            Err(e) => Some(Lost {
+                reason: format!("the lost-record marker cannot be read: {e}"),
+                sessions: None,
+            }),
+        }
+    }
+
+    fn save_lost(&self, lost: &Lost) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(lost)?;
+        csi_scsi_certs::write_durably(&self.lost_path(), &bytes, 0o600)
+    }
+
+    /// Whether a detach may log out of the iSCSI target `iqn`, no attached
+    /// LUN recorded through it any more. With the record lost at start, a
+    /// target whose session was live then is held back while any LUN
+    /// (`luns_showing`) still shows through it: which of them were attached
+    /// is not known.
+    pub fn may_log_out(&self, iqn: &str, luns_showing: usize) -> Logout {
+        let Some(lost) = self.lost() else {
+            return Logout::Allowed;
+        };
+        match &lost.sessions {
+            Some(held) if !held.contains(iqn) => Logout::Allowed,
+            Some(_) if luns_showing == 0 => Logout::AllowedReleasing,
+            Some(_) => Logout::HeldBack(format!(
+                "{luns_showing} LUN(s) still show through it, and the attachment record was lost ({})",
+                lost.reason
+            )),
+            None => Logout::HeldBack(format!(
+                "the attachment record was lost and the sessions live then are not known ({})",
+                lost.reason
+            )),
+        }
+    }
+
+    /// Drops `iqn` from the lost record's list (logged out); the marker
+    /// goes when the list is empty.
+    pub fn release(&self, iqn: &str) {
+        let Some(mut lost) = self.lost() else {
+            return;
+        };
+        let Some(held) = lost.sessions.as_mut() else {
+            return;
+        };
+        held.remove(iqn);
+        let result = if held.is_empty() {
+            std::fs::remove_file(self.lost_path())
+        } else {
+            self.save_lost(&lost)
+        };
+        if let Err(e) = result {
+            tracing::warn!(%iqn, error = %e, "cannot update the lost-record marker; the target stays held back");
+        }
     }
 
     /// The same, admitting at most `limit` attached LUNs (0: no limit).
@@ -139,8 +253,8 @@ impl Attachments {
             .is_some_and(|ts| targets.iter().all(|t| ts.contains(t)))
     }
 
-    /// Forgets `wwid`; returns the targets no other attached LUN uses (none
-    /// while an unreadable record is kept aside: then it cannot be known).
+    /// Forgets `wwid`; returns the targets no other attached LUN uses
+    /// (whether one may be logged out is [`Self::may_log_out`]'s to say).
     /// Fails, forgetting nothing, when the record cannot be saved.
     pub fn remove(&self, wwid: &str, targets: &[String]) -> Result<Vec<String>, AgentError> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -155,10 +269,6 @@ impl Attachments {
     }
 
     fn unused(&self, s: &BTreeMap<String, BTreeSet<String>>, targets: &[String]) -> Vec<String> {
-        if self.path.with_extension("json.bad").exists() {
-            tracing::warn!(path = %self.path.display(), "an unreadable attachment record is kept aside: no target is logged out");
-            return Vec::new();
-        }
         targets
             .iter()
             .filter(|t| !s.values().any(|ts| ts.contains(*t)))
@@ -216,7 +326,7 @@ mod tests {
     #[test]
     fn the_limit_admits_attached_luns_and_new_ones_only_while_there_is_room() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let a = Attachments::load(dir.path(), false).with_limit(2);
+        let a = Attachments::load(dir.path(), Ok(BTreeSet::new())).with_limit(2);
         a.admit("naa.1")
             .expect("first")
             .complete(["t".to_owned()])
@@ -254,7 +364,7 @@ mod tests {
     #[test]
     fn an_attachment_that_cannot_be_saved_fails_and_is_not_recorded() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let a = Attachments::load(dir.path(), false);
+        let a = Attachments::load(dir.path(), Ok(BTreeSet::new()));
         a.add("naa.1", ["t1".to_owned()]).expect("saved");
         // The record's place taken by a directory: every durable write fails.
         let record = dir.path().join("attachments.json");
@@ -276,56 +386,87 @@ mod tests {
         assert!(a.covers("naa.1", &["t1".to_owned()]));
     }
 
+    fn live(iqns: &[&str]) -> Result<BTreeSet<String>, String> {
+        Ok(iqns.iter().map(|s| (*s).to_owned()).collect())
+    }
+
     #[test]
-    fn an_unreadable_record_is_kept_aside_and_no_target_is_logged_out_while_it_is() {
+    fn an_unreadable_record_is_kept_aside_and_live_targets_are_held_back_while_luns_show() {
         let dir = tempfile::tempdir().expect("tempdir");
         // What a power cut can leave: the renamed file, empty.
         std::fs::write(dir.path().join("attachments.json"), "").expect("write");
-        let a = Attachments::load(dir.path(), false);
+        let a = Attachments::load(dir.path(), live(&["iqn.a"]));
         assert!(
             dir.path().join("attachments.json.bad").exists(),
             "kept aside"
         );
+        assert!(dir.path().join("attachments.lost.json").exists(), "marked");
         a.add("naa.1", ["t1".to_owned()]).expect("saved");
         assert_eq!(
             a.remove("naa.1", &["t1".to_owned()]).expect("saved"),
-            Vec::<String>::new(),
-            "which LUNs share t1 is unknown: never log out"
+            vec!["t1".to_owned()],
+            "nothing recorded uses t1 any more"
         );
-        std::fs::remove_file(dir.path().join("attachments.json.bad")).expect("operator");
-        a.add("naa.1", ["t1".to_owned()]).expect("saved");
-        assert_eq!(
-            a.remove("naa.1", &["t1".to_owned()]).expect("saved"),
-            vec!["t1".to_owned()]
-        );
+        // But its session was live when the record was lost: while any LUN
+        // shows through it, which of them were attached is not known.
+        assert!(matches!(a.may_log_out("iqn.a", 1), Logout::HeldBack(why) if why.contains("lost")));
+        // A target logged in to since is not held back.
+        assert_eq!(a.may_log_out("iqn.b", 3), Logout::Allowed);
+        // No LUN left: logged out, and released from the marker, which
+        // goes with its last target.
+        assert_eq!(a.may_log_out("iqn.a", 0), Logout::AllowedReleasing);
+        a.release("iqn.a");
+        assert!(!dir.path().join("attachments.lost.json").exists());
+        assert_eq!(a.may_log_out("iqn.a", 1), Logout::Allowed);
     }
 
     #[test]
     fn a_record_missing_while_sessions_are_live_is_not_taken_for_nothing_attached() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let a = Attachments::load(dir.path(), true);
-        assert!(dir.path().join("attachments.json.bad").exists(), "marked");
+        let a = Attachments::load(dir.path(), live(&["iqn.a", "iqn.b"]));
+        assert!(dir.path().join("attachments.lost.json").exists(), "marked");
         a.add("naa.1", ["t1".to_owned()]).expect("saved");
-        assert!(
-            a.remove("naa.1", &["t1".to_owned()])
-                .expect("saved")
-                .is_empty(),
-            "never log out on a guess"
-        );
+        a.remove("naa.1", &["t1".to_owned()]).expect("saved");
+        for iqn in ["iqn.a", "iqn.b"] {
+            assert!(
+                matches!(a.may_log_out(iqn, 2), Logout::HeldBack(_)),
+                "never log out on a guess"
+            );
+        }
+        // Releasing one keeps the other held back.
+        a.release("iqn.a");
+        assert!(matches!(a.may_log_out("iqn.b", 1), Logout::HeldBack(_)));
+        // The operator deletes the marker: at once, nothing is held back.
+        std::fs::remove_file(dir.path().join("attachments.lost.json")).expect("operator");
+        assert_eq!(a.may_log_out("iqn.b", 1), Logout::Allowed);
+
         // A fresh node (no session) writes its empty record at once.
         let fresh = tempfile::tempdir().expect("tempdir");
-        let _ = Attachments::load(fresh.path(), false);
+        let _ = Attachments::load(fresh.path(), Ok(BTreeSet::new()));
         assert_eq!(
             std::fs::read_to_string(fresh.path().join("attachments.json")).expect("written"),
             "{}"
         );
-        assert!(!fresh.path().join("attachments.json.bad").exists());
+        assert!(!fresh.path().join("attachments.lost.json").exists());
+    }
+
+    #[test]
+    fn sessions_that_cannot_be_listed_hold_every_target_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = Attachments::load(dir.path(), Err("sysfs: permission denied".into()));
+        assert!(
+            matches!(a.may_log_out("iqn.any", 0), Logout::HeldBack(why) if why.contains("not known")),
+            "a missing record with unknown sessions is no proof of anything"
+        );
+        // A garbled marker holds everything back too.
+        std::fs::write(dir.path().join("attachments.lost.json"), "{").expect("garble");
+        assert!(matches!(a.may_log_out("iqn.any", 0), Logout::HeldBack(_)));
     }
 
     #[test]
     fn no_limit_admits_everything() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let a = Attachments::load(dir.path(), false);
+        let a = Attachments::load(dir.path(), Ok(BTreeSet::new()));
         let held: Vec<_> = (0..100)
             .map(|i| a.admit(&format!("naa.{i}")).expect("admit"))
             .collect();

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::attachments::Logout;
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
 use crate::host::block;
@@ -247,20 +248,37 @@ impl Devices {
                 crate::host::sysfs::Transport::Iscsi { target: None, .. }
             )
         };
-        let busy = disks
+        let showing: Vec<_> = disks
             .iter()
             .filter(|d| came_through(d, target) || unattributed(d))
-            .find_map(|d| {
-                self.use_of(&table, &d.kernel_name)
-                    .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
-            });
+            .collect();
+        // A target whose session was live when the record was lost may
+        // carry LUNs attached then: held back while any shows through it.
+        let mut releasing = None;
+        if let super::Transport::Iscsi { iqn, .. } = &target.transport {
+            match self.attachments.may_log_out(iqn, showing.len()) {
+                Logout::Allowed => {}
+                Logout::AllowedReleasing => releasing = Some(iqn),
+                Logout::HeldBack(why) => {
+                    tracing::warn!(target = %target.name, %why, "not logging out: the attachment record was lost");
+                    return;
+                }
+            }
+        }
+        let busy = showing.iter().find_map(|d| {
+            self.use_of(&table, &d.kernel_name)
+                .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
+        });
         if let Some(why) = busy {
             tracing::warn!(target = %target.name, %why, "not logging out: a disk of this target is in use");
             return;
         }
         match self.logout(target).await {
             Ok(()) => {
-                tracing::info!(target = %target.name, "logged out: no attached LUN uses this target")
+                tracing::info!(target = %target.name, "logged out: no attached LUN uses this target");
+                if let Some(iqn) = releasing {
+                    self.attachments.release(iqn);
+                }
             }
             Err(e) => tracing::warn!(target = %target.name, error = %e, "logout failed"),
         }
