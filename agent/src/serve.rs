@@ -74,7 +74,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(store.clone()),
     );
     // One operation per LUN across kubelet's calls and the proxy's.
-    let luns = csi_scsi_daemon::OpGuards::new();
+    let luns = csi_scsi_daemon::KeyedLocks::new();
     let node = NodeService::new(
         std::sync::Arc::new(config.host.clone()),
         config.node_name.clone(),

@@ -10,6 +10,8 @@
 
 use std::fmt;
 
+use csi_scsi_daemon::text;
+
 /// A LUN's WWID in canonical form.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Wwid(String);
@@ -25,8 +27,8 @@ const MAX_INPUT_LEN: usize = MAX_LEN + 16;
 // The refusal below spells the limit out.
 const _: () = assert!(MAX_INPUT_LEN == 272);
 
-/// How many characters of a rejected input an error quotes.
-const EXCERPT_CHARS: usize = 96;
+/// How many bytes of a rejected input an error quotes.
+const EXCERPT_MAX: usize = 96;
 
 /// Why a string is not a WWID.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -223,14 +225,11 @@ impl Wwid {
     }
 }
 
-/// At most the first 96 characters of `s`, marked with its full length when
-/// cut: what an error quotes of a rejected input, so hostile input of any
-/// size is never echoed whole into logs and gRPC statuses.
+/// `s` cut to [`EXCERPT_MAX`] bytes: what an error quotes of a rejected
+/// input, so hostile input of any size is never echoed whole into logs and
+/// gRPC statuses.
 pub(crate) fn excerpt(s: &str) -> String {
-    match s.char_indices().nth(EXCERPT_CHARS) {
-        None => s.to_owned(),
-        Some((cut, _)) => format!("{}…({} bytes)", &s[..cut], s.len()),
-    }
+    text::bounded(s, EXCERPT_MAX).into_owned()
 }
 
 impl fmt::Display for Wwid {

@@ -1,8 +1,8 @@
 //! What every long-running csi-scsi process needs, shared by the proxy and
 //! the agent: the CSI Unix socket, the mutual-TLS transport of the agent
 //! API, readiness checks behind CSI `Probe`, the Identity service, signal
-//! handling with a bounded drain, logging set-up, and per-key in-flight
-//! guards. No CSI domain logic.
+//! handling with a bounded drain, logging set-up, and per-key locks. No CSI
+//! domain logic.
 #![forbid(unsafe_code)]
 
 pub mod agent_tcp;
@@ -10,13 +10,15 @@ mod agent_transport;
 mod csi_identity;
 mod csi_socket;
 mod endpoint;
+pub mod grpc_timeout;
+mod keyed_lock;
 mod logging;
 mod metrics;
-mod op_guard;
 mod process;
 mod readiness;
 mod shutdown;
 mod status_http;
+pub mod text;
 mod unserved;
 
 pub use agent_tcp::{Severance, UNACKED_LIMIT};
@@ -24,12 +26,12 @@ pub use agent_transport::{TransportError, agent_channel, severable_agent_channel
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};
+pub use keyed_lock::{KeyGuard, KeyedLocks, TimedOut};
 pub use logging::{LogFormat, init_logging};
 pub use metrics::{
     AgentCallTimer, Component, ErrorRecord, GrpcMetricsLayer, GrpcMetricsService, MeteredBody,
     Metrics, RECENT_ERRORS, code_name, rfc3339,
 };
-pub use op_guard::{OpGuard, OpGuards};
 pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use shutdown::Shutdown;

@@ -26,13 +26,19 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
-use tonic::Code;
+use tonic::{Code, Status};
+
+use crate::text;
 
 /// How many failed calls `/status` keeps.
 pub const RECENT_ERRORS: usize = 50;
 
 /// Longest error message kept (the rest is cut).
 const MAX_MESSAGE: usize = 1024;
+/// Longest request ID kept in an error record.
+const MAX_REQUEST_ID: usize = 128;
+/// Longest service or method label (an invented path is not echoed whole).
+const MAX_LABEL: usize = 64;
 
 /// Which binary the metrics describe; each registers only its own series.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -421,8 +427,8 @@ impl Metrics {
             source: source.to_owned(),
             method: method.to_owned(),
             code: code_name(code).to_owned(),
-            message: truncate(message, MAX_MESSAGE),
-            request_id: truncate(rid, 128),
+            message: text::bounded(message, MAX_MESSAGE).into_owned(),
+            request_id: text::bounded(rid, MAX_REQUEST_ID).into_owned(),
         };
         let mut errors = self.inner.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errors.len() == RECENT_ERRORS {
@@ -483,17 +489,6 @@ fn set_family<'a, L>(
     for (l, n) in values {
         family.get_or_create(&l).set(n);
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
 }
 
 // === impl AgentCallTimer ===
@@ -584,7 +579,7 @@ fn new_request_id() -> String {
 /// accept: 1 to 128 visible ASCII characters).
 fn usable_request_id(headers: &http::HeaderMap) -> Option<String> {
     let v = headers.get("x-request-id")?.to_str().ok()?;
-    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+    (!v.is_empty() && v.len() <= MAX_REQUEST_ID && v.bytes().all(|b| b.is_ascii_graphic()))
         .then(|| v.to_owned())
 }
 
@@ -636,9 +631,9 @@ where
                     let (parts, body) = response.into_parts();
                     // A trailers-only response carries its status in the
                     // headers: the call is over.
-                    let call = match status_of(&parts.headers) {
-                        Some((code, message)) => {
-                            call.finish(code, &message);
+                    let call = match Status::from_header_map(&parts.headers) {
+                        Some(status) => {
+                            call.finish(status.code(), status.message());
                             None
                         }
                         None => Some(call),
@@ -665,44 +660,13 @@ where
 fn split_path(path: &str) -> (String, String) {
     let trimmed = path.trim_start_matches('/');
     match trimmed.split_once('/') {
-        Some((service, method)) if !service.is_empty() && !method.contains('/') => {
-            (truncate(service, 64), truncate(method, 64))
-        }
+        Some((service, method)) if !service.is_empty() && !method.contains('/') => (
+            text::bounded(service, MAX_LABEL).into_owned(),
+            text::bounded(method, MAX_LABEL).into_owned(),
+        ),
         // Not a gRPC path: one series for all of them, not one per path.
         _ => ("unknown".to_owned(), "unknown".to_owned()),
     }
-}
-
-/// The `grpc-status` (and decoded `grpc-message`) in a header map.
-fn status_of(headers: &http::HeaderMap) -> Option<(Code, String)> {
-    let code = headers.get("grpc-status")?;
-    let code = Code::from_bytes(code.as_bytes());
-    let message = headers
-        .get("grpc-message")
-        .map(|m| percent_decode(m.as_bytes()))
-        .unwrap_or_default();
-    Some((code, message))
-}
-
-/// gRPC's percent-encoding of `grpc-message`.
-fn percent_decode(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(b) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 // === impl CallRecord ===
@@ -765,8 +729,10 @@ where
                 if let Some(trailers) = frame.trailers_ref()
                     && let Some(mut call) = this.call.take()
                 {
-                    match status_of(trailers) {
-                        Some((code, message)) => call.finish(code, &message),
+                    // tonic's own decoder of `grpc-status` and the
+                    // percent-encoded `grpc-message`.
+                    match Status::from_header_map(trailers) {
+                        Some(status) => call.finish(status.code(), status.message()),
                         None => call.finish(Code::Unknown, "trailers without grpc-status"),
                     }
                 }
@@ -831,11 +797,57 @@ mod tests {
         );
     }
 
-    #[test]
-    fn grpc_messages_are_percent_decoded() {
-        assert_eq!(percent_decode(b"no%20device%3A x"), "no device: x");
-        assert_eq!(percent_decode(b"100%"), "100%");
-        assert_eq!(percent_decode(b"%zz"), "%zz");
+    #[tokio::test]
+    async fn the_status_comes_from_the_headers_or_the_trailers_decoded() {
+        use http_body_util::{BodyExt, Empty, StreamBody};
+        use hyper::body::Bytes;
+        use tower::{Layer, Service};
+
+        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        let req = || {
+            http::Request::builder()
+                .uri("/csi.v1.Node/NodeStageVolume")
+                .body(())
+                .expect("request")
+        };
+        // Trailers-only: the status is in the headers.
+        let mut svc = m.grpc_layer().layer(tower::service_fn(|_| async {
+            http::Response::builder()
+                .header("grpc-status", "5")
+                .header("grpc-message", "no%20device%3A%20%C3%A9")
+                .body(Empty::<Bytes>::new())
+        }));
+        svc.call(req()).await.expect("response");
+        let e = &m.recent_errors()[0];
+        assert_eq!(
+            (e.code.as_str(), e.message.as_str()),
+            ("NotFound", "no device: é")
+        );
+
+        // A body, then the status in the trailers.
+        let mut svc = m.grpc_layer().layer(tower::service_fn(|_| async {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("9"));
+            trailers.insert(
+                "grpc-message",
+                http::HeaderValue::from_static("100%25 full"),
+            );
+            let frames = [
+                Frame::data(Bytes::from_static(b"x")),
+                Frame::trailers(trailers),
+            ];
+            let body = StreamBody::new(futures::stream::iter(
+                frames.map(Ok::<_, std::convert::Infallible>),
+            ));
+            http::Response::builder().body(body)
+        }));
+        let body = svc.call(req()).await.expect("response").into_body();
+        body.collect().await.expect("body");
+        let e = &m.recent_errors()[0];
+        assert_eq!(
+            (e.code.as_str(), e.message.as_str()),
+            ("FailedPrecondition", "100% full")
+        );
     }
 
     #[test]

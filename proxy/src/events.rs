@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use csi_scsi_daemon::text;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
@@ -20,6 +21,9 @@ use crate::resources::{GROUP, VERSION, object_name};
 pub const PVC_NAME_PARAMETER: &str = "csi.storage.k8s.io/pvc/name";
 /// CreateVolume parameter naming the PVC's namespace.
 pub const PVC_NAMESPACE_PARAMETER: &str = "csi.storage.k8s.io/pvc/namespace";
+
+/// Most bytes of an Event's note: the API refuses longer ones.
+const MAX_NOTE: usize = 1000;
 
 /// A PersistentVolumeClaim by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,15 +203,7 @@ impl VolumeEvents {
         regarding: &ObjectReference,
         related: Option<ObjectReference>,
     ) {
-        let mut note = note;
-        // The API refuses notes over 1 kB.
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
+        let note = text::bounded(&note, MAX_NOTE).into_owned();
         let event = Event {
             type_,
             reason: reason.to_owned(),

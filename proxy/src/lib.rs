@@ -14,7 +14,6 @@ pub mod inventory;
 pub mod kube_wiring;
 pub mod leader;
 pub mod lifecycle;
-pub mod locks;
 pub mod parameters;
 pub mod reconcile;
 pub mod resources;

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_daemon::text;
+
 /// A parsed selector: every requirement must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector(Vec<Requirement>);
@@ -19,8 +21,8 @@ enum Requirement {
     NotExists(String),
 }
 
-/// How many characters of a rejected text an error quotes.
-const EXCERPT_CHARS: usize = 64;
+/// How many bytes of a rejected text an error quotes.
+const EXCERPT_MAX: usize = 64;
 
 /// Why a selector does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -150,14 +152,11 @@ fn value_of(v: &str) -> Result<String, String> {
     }
 }
 
-/// At most the first 64 characters of `s`, marked with its full length when
-/// cut: what an error quotes of a rejected text, so a parameter of any size
-/// is never echoed whole into a gRPC status or an event.
+/// `s` cut to [`EXCERPT_MAX`] bytes: what an error quotes of a rejected
+/// text, so a parameter of any size is never echoed whole into a gRPC
+/// status or an event.
 pub(crate) fn excerpt(s: &str) -> String {
-    match s.char_indices().nth(EXCERPT_CHARS) {
-        None => s.to_owned(),
-        Some((cut, _)) => format!("{}…({} bytes)", &s[..cut], s.len()),
-    }
+    text::bounded(s, EXCERPT_MAX).into_owned()
 }
 
 #[cfg(test)]

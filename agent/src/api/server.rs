@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
+use csi_scsi_daemon::grpc_timeout;
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
 use futures::Stream;
@@ -94,30 +95,6 @@ fn request_id<T>(req: &Request<T>) -> String {
         .chars()
         .take(128)
         .collect()
-}
-
-/// The caller's deadline from `grpc-timeout` (`<n><unit>`), or the default.
-fn deadline<T>(req: &Request<T>) -> Duration {
-    let Some(v) = req
-        .metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-    else {
-        return DEFAULT_DEADLINE;
-    };
-    let (n, unit) = v.split_at(v.len().saturating_sub(1));
-    let Ok(n) = n.parse::<u64>() else {
-        return DEFAULT_DEADLINE;
-    };
-    match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => DEFAULT_DEADLINE,
-    }
 }
 
 /// A WWID as agent.proto names devices: canonical form only. The other
@@ -229,7 +206,8 @@ impl Agent for AgentApi {
         require_proxy(&request, &self.trust)?;
         let rid = request_id(&request);
         // Leave a margin to answer before the caller gives up.
-        let wait = deadline(&request).saturating_sub(Duration::from_millis(500));
+        let timeout = grpc_timeout::from_metadata(request.metadata()).unwrap_or(DEFAULT_DEADLINE);
+        let wait = grpc_timeout::budget(timeout);
         let req = request.into_inner();
         let span = span("Attach", &req.wwid, &rid);
         async move {
@@ -474,6 +452,11 @@ mod tests {
         ))
         .expect("valid");
         assert_eq!(t.name, "array-a");
-        assert_eq!(t.lock_key(), "iscsi:iqn.2026-11.io.csi-scsi.lab:array-a");
+        assert_eq!(
+            t.lock_keys(),
+            [crate::device::TargetKey::Iscsi(
+                "iqn.2026-11.io.csi-scsi.lab:array-a".to_owned()
+            )]
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use csi_scsi_daemon::{OpGuard, OpGuards};
+use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::csi::node_server::Node;
 use csi_scsi_proto::csi::node_service_capability::{
     Rpc, Type as CapabilityType, rpc::Type as RpcType,
@@ -58,10 +58,10 @@ pub struct NodeService {
     /// stage never runs beside an attach, detach or wipe of the same LUN).
     /// Keyed by WWID, not volume ID, so that a stale call about an old
     /// binding of the LUN cannot interleave with one about the current one.
-    luns: OpGuards<String>,
+    luns: KeyedLocks<String>,
     /// One operation at a time per path, so two volumes never race for one
     /// staging or target path.
-    paths: OpGuards<PathBuf>,
+    paths: KeyedLocks<PathBuf>,
 }
 
 // === impl NodeService ===
@@ -70,13 +70,18 @@ impl NodeService {
     /// A Node service for node `node_id` on `host`, reporting at most
     /// `max_volumes` volumes (0: no limit), taking LUNs in `luns` (the agent
     /// API's set).
-    pub fn new(host: Arc<Host>, node_id: String, max_volumes: u64, luns: OpGuards<String>) -> Self {
+    pub fn new(
+        host: Arc<Host>,
+        node_id: String,
+        max_volumes: u64,
+        luns: KeyedLocks<String>,
+    ) -> Self {
         Self {
             host,
             node_id,
             max_volumes,
             luns,
-            paths: OpGuards::new(),
+            paths: KeyedLocks::new(),
         }
     }
 
@@ -86,14 +91,14 @@ impl NodeService {
         &self,
         volume: &VolumeId,
         path: &KubeletPath,
-    ) -> Result<(OpGuard<String>, OpGuard<PathBuf>), AgentError> {
+    ) -> Result<(KeyGuard<String>, KeyGuard<PathBuf>), AgentError> {
         let lun = self
             .luns
-            .try_begin(volume.wwid.as_str().to_owned())
+            .try_lock(volume.wwid.as_str().to_owned())
             .ok_or_else(|| AgentError::Busy(format!("volume {volume}")))?;
         let path = self
             .paths
-            .try_begin(path.as_path().to_owned())
+            .try_lock(path.as_path().to_owned())
             .ok_or_else(|| AgentError::Busy(path.as_path().display().to_string()))?;
         Ok((lun, path))
     }

@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
+use csi_scsi_daemon::text;
 use csi_scsi_proto::csi::volume_capability::{AccessType as ProtoAccessType, access_mode::Mode};
 use csi_scsi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
@@ -39,13 +40,13 @@ const MAX_OPTIONS: usize = 4096;
 /// The longest filesystem type name worth quoting back.
 const MAX_FS_TYPE: usize = 64;
 
-/// `s` quoted for a message: at most its first 96 characters, with its
-/// length when cut, so hostile input is never echoed whole.
+/// Most bytes of a request value quoted back in a message.
+const QUOTE_MAX: usize = 96;
+
+/// `s` quoted for a message, cut to [`QUOTE_MAX`] bytes, so hostile input
+/// is never echoed whole.
 pub(crate) fn quote(s: &str) -> String {
-    match s.char_indices().nth(96) {
-        None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}…({} bytes)", &s[..cut], s.len()),
-    }
+    text::quote(s, QUOTE_MAX)
 }
 
 /// A path that resolved (symlinks and `..` included) strictly under the

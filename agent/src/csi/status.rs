@@ -4,6 +4,7 @@
 //! spec's Error Scheme and the per-RPC error tables of the Node service;
 //! messages name volumes and paths, never secrets.
 
+use csi_scsi_daemon::text;
 use tonic::{Code, Status};
 
 use crate::error::AgentError;
@@ -20,17 +21,9 @@ pub fn status(err: &AgentError) -> Status {
     Status::new(code(err), bounded(err.to_string()))
 }
 
-/// `message`, cut at a character boundary to at most [`MAX_MESSAGE`] bytes,
-/// with its full length noted when cut.
+/// `message`, cut to at most [`MAX_MESSAGE`] bytes.
 pub fn bounded(message: String) -> String {
-    if message.len() <= MAX_MESSAGE {
-        return message;
-    }
-    let mut cut = MAX_MESSAGE - 32;
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…({} bytes)", &message[..cut], message.len())
+    text::bounded(&message, MAX_MESSAGE).into_owned()
 }
 
 /// The CSI code of `err`.

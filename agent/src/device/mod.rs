@@ -9,7 +9,6 @@ mod rescan;
 mod sessions;
 mod wipe;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,8 @@ pub use attachments::Attachments;
 pub use sessions::{PortalReport, TargetSpec, Transport};
 pub use wipe::{WipeMode, WipeStep};
 
-use csi_scsi_daemon::{OpGuard, OpGuards};
+use csi_scsi_daemon::{KeyGuard, KeyedLocks};
+pub(crate) use sessions::TargetKey;
 
 use crate::error::AgentError;
 use crate::host::Host;
@@ -34,12 +34,12 @@ pub struct Devices {
     /// login-and-wait and a detach's delete-and-logout each see the
     /// target's sessions and paths hold still (a logout mid-discover made
     /// every LUN of the target vanish from the node's report).
-    target_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    target_locks: KeyedLocks<TargetKey>,
     /// One Attach, Detach, Wipe or Rescan per WWID at a time. A proxy
     /// killed mid-call leaves its call running here; its successor's call
     /// for the same LUN is answered ABORTED (and retried) instead of
     /// running alongside it (a detach deleting the device under a wipe).
-    in_flight: OpGuards<String>,
+    in_flight: KeyedLocks<String>,
     /// Login slots ([`sessions::MAX_CONCURRENT_LOGINS`]).
     logins: tokio::sync::Semaphore,
 }
@@ -51,66 +51,42 @@ impl Devices {
         host: Host,
         attachments: Arc<Attachments>,
         login_timeout: Duration,
-        luns: OpGuards<String>,
+        luns: KeyedLocks<String>,
     ) -> Self {
         Self {
             host,
             attachments,
             login_timeout,
-            target_locks: std::sync::Mutex::new(HashMap::new()),
+            target_locks: KeyedLocks::new(),
             in_flight: luns,
             logins: tokio::sync::Semaphore::new(sessions::MAX_CONCURRENT_LOGINS),
         }
     }
 
     /// Marks an operation on `wwid` in flight, or Busy when one already is.
-    pub(crate) fn begin(&self, wwid: &Wwid) -> Result<OpGuard<String>, AgentError> {
+    pub(crate) fn begin(&self, wwid: &Wwid) -> Result<KeyGuard<String>, AgentError> {
         self.in_flight
-            .try_begin(wwid.as_str().to_owned())
+            .try_lock(wwid.as_str().to_owned())
             .ok_or_else(|| AgentError::Busy(wwid.to_string()))
     }
 
-    /// Holds every target of `targets` (in name order, so two callers
-    /// never wait on each other crosswise) until the guards drop.
-    pub(crate) async fn lock_targets(
-        &self,
-        targets: &[TargetSpec],
-    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        self.lock_keys(targets.iter().map(TargetSpec::lock_key).collect())
+    /// Holds every target of `targets` until the guards drop.
+    pub(crate) async fn lock_targets(&self, targets: &[TargetSpec]) -> Vec<KeyGuard<TargetKey>> {
+        self.target_locks
+            .lock_many(targets.iter().flat_map(TargetSpec::lock_keys))
             .await
     }
 
     /// Holds the targets `lun`'s paths came through (a wipe must not see
     /// its device vanish under an idle-target logout).
-    pub(crate) async fn lock_paths_of(&self, lun: &Lun) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        let keys = lun
-            .paths
-            .iter()
-            .filter_map(|p| match &p.transport {
-                sysfs::Transport::Iscsi {
-                    target: Some(iqn), ..
-                } => Some(format!("iscsi:{iqn}")),
-                _ => None,
-            })
-            .collect();
-        self.lock_keys(keys).await
-    }
-
-    async fn lock_keys(&self, mut names: Vec<String>) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
-        names.sort_unstable();
-        names.dedup();
-        let locks: Vec<Arc<tokio::sync::Mutex<()>>> = {
-            let mut map = self.target_locks.lock().unwrap_or_else(|p| p.into_inner());
-            names
-                .iter()
-                .map(|n| map.entry(n.clone()).or_default().clone())
-                .collect()
-        };
-        let mut guards = Vec::with_capacity(locks.len());
-        for l in locks {
-            guards.push(l.lock_owned().await);
-        }
-        guards
+    pub(crate) async fn lock_paths_of(&self, lun: &Lun) -> Vec<KeyGuard<TargetKey>> {
+        self.target_locks
+            .lock_many(
+                lun.paths
+                    .iter()
+                    .filter_map(|p| TargetKey::of_path(&p.transport)),
+            )
+            .await
     }
 
     /// The host layer.

@@ -1,6 +1,7 @@
 //! Ensuring the node can see a target: an iSCSI login on every portal (each
 //! with its own timeout, the dead ones reported), or an FC host rescan.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::Devices;
@@ -44,17 +45,50 @@ pub struct TargetSpec {
     pub transport: Transport,
 }
 
+/// What the agent's per-target locks are keyed by: what a path knows of
+/// the target it came through, so a caller that only knows a device's
+/// paths finds the same locks as one that knows the target.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum TargetKey {
+    /// An iSCSI target, by IQN.
+    Iscsi(String),
+    /// One FC target port, by WWPN (a path comes through one port only).
+    Fc(Wwpn),
+}
+
 impl TargetSpec {
-    /// What the per-target lock is keyed by: the IQN, or the WWPNs, so a
-    /// caller that only knows a device's paths finds the same lock.
-    pub(crate) fn lock_key(&self) -> String {
+    /// The per-target locks an operation on this target holds: its IQN,
+    /// or each of its ports.
+    pub(crate) fn lock_keys(&self) -> Vec<TargetKey> {
         match &self.transport {
-            Transport::Iscsi { iqn, .. } => format!("iscsi:{iqn}"),
-            Transport::Fc { wwpns } => {
-                let mut w: Vec<String> = wwpns.iter().map(ToString::to_string).collect();
-                w.sort();
-                format!("fc:{}", w.join(","))
-            }
+            Transport::Iscsi { iqn, .. } => vec![TargetKey::Iscsi(iqn.clone())],
+            Transport::Fc { wwpns } => wwpns.iter().copied().map(TargetKey::Fc).collect(),
+        }
+    }
+}
+
+// === impl TargetKey ===
+
+impl TargetKey {
+    /// The lock of the target a path came through, when it names one.
+    pub(crate) fn of_path(transport: &sysfs::Transport) -> Option<Self> {
+        match transport {
+            sysfs::Transport::Iscsi {
+                target: Some(iqn), ..
+            } => Some(Self::Iscsi(iqn.clone())),
+            sysfs::Transport::Fc {
+                target_wwpn: Some(w),
+            } => Some(Self::Fc(*w)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for TargetKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Iscsi(iqn) => write!(f, "iscsi:{iqn}"),
+            Self::Fc(wwpn) => write!(f, "fc:{wwpn}"),
         }
     }
 }
@@ -614,5 +648,34 @@ mod tests {
         let (field, reason) = refused_field(TargetSpec::iscsi("array-a", iqn, &many, None));
         assert_eq!(field, "target.iscsi.portals");
         assert!(reason.contains("at most 16"), "{reason}");
+    }
+
+    #[test]
+    fn a_path_finds_the_lock_of_the_target_it_came_through() {
+        let iqn = "iqn.2026-11.io.csi-scsi.lab:array-a";
+        let t = TargetSpec::iscsi("array-a", iqn, &portals(), None).expect("iSCSI");
+        let path = sysfs::Transport::Iscsi {
+            session: Some(1),
+            target: Some(iqn.to_owned()),
+            portal: None,
+        };
+        assert_eq!(t.lock_keys(), [TargetKey::of_path(&path).expect("named")]);
+
+        // FC: a path knows only its own port, so each port is a key.
+        let wwpns = [
+            "0x500a098188888888".to_owned(),
+            "0x500a098199999999".to_owned(),
+        ];
+        let t = TargetSpec::fc("fc-1", &wwpns).expect("FC");
+        let second = Wwpn::parse(&wwpns[1]).expect("WWPN");
+        let path = sysfs::Transport::Fc {
+            target_wwpn: Some(second),
+        };
+        let key = TargetKey::of_path(&path).expect("named");
+        assert!(t.lock_keys().contains(&key), "{key}");
+        assert_eq!(key.to_string(), "fc:500a098199999999");
+
+        let unnamed = sysfs::Transport::Fc { target_wwpn: None };
+        assert_eq!(TargetKey::of_path(&unnamed), None);
     }
 }

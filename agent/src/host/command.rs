@@ -212,22 +212,14 @@ async fn read_bounded(
     Ok(text)
 }
 
+/// Most bytes of a tool's output an error message quotes.
+const TAIL_MAX: usize = 600;
+
 /// The last few lines of a tool's output, bounded, for error messages.
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.trim().lines().collect();
     let start = lines.len().saturating_sub(4);
-    let mut s = lines[start..].join(" | ");
-    if s.len() > 600 {
-        let cut = s
-            .char_indices()
-            .map(|(i, _)| i)
-            .take_while(|&i| i <= 600)
-            .last()
-            .unwrap_or(0);
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
+    csi_scsi_daemon::text::bounded(&lines[start..].join(" | "), TAIL_MAX).into_owned()
 }
 
 #[cfg(test)]

@@ -1015,6 +1015,9 @@ fn subject<'a>(target: &'a str, portal: &Portal) -> Subject<'a> {
     }
 }
 
+/// Most bytes of iscsiadm's output an error quotes.
+const TAIL_MAX: usize = 400;
+
 /// The last lines of the tool's stderr (stdout when stderr is empty), bounded.
 fn tail(out: &Output) -> String {
     let text = if out.stderr.trim().is_empty() {
@@ -1023,18 +1026,8 @@ fn tail(out: &Output) -> String {
         &out.stderr
     };
     let lines: Vec<&str> = text.trim().lines().collect();
-    let mut s = lines[lines.len().saturating_sub(3)..].join(" | ");
-    if s.len() > 400 {
-        let cut = s
-            .char_indices()
-            .map(|(i, _)| i)
-            .take_while(|&i| i <= 400)
-            .last()
-            .unwrap_or(0);
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
+    let s = lines[lines.len().saturating_sub(3)..].join(" | ");
+    csi_scsi_daemon::text::bounded(&s, TAIL_MAX).into_owned()
 }
 
 /// `text` with every non-empty secret replaced by `<redacted>`.

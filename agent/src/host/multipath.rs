@@ -368,6 +368,9 @@ fn parse_path_line(rest: &str) -> Option<(Hctl, String, Option<String>, Vec<Stri
     Some((hctl, devnode.to_owned(), dev_t, states))
 }
 
+/// Most bytes of multipath's output an error quotes.
+const TAIL_MAX: usize = 400;
+
 /// The last lines of stderr (or stdout), bounded.
 fn tail(stderr: &str, stdout: &str) -> String {
     let text = if stderr.trim().is_empty() {
@@ -376,18 +379,8 @@ fn tail(stderr: &str, stdout: &str) -> String {
         stderr
     };
     let lines: Vec<&str> = text.trim().lines().collect();
-    let mut s = lines[lines.len().saturating_sub(3)..].join(" | ");
-    if s.len() > 400 {
-        let cut = s
-            .char_indices()
-            .map(|(i, _)| i)
-            .take_while(|&i| i <= 400)
-            .last()
-            .unwrap_or(0);
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
+    let s = lines[lines.len().saturating_sub(3)..].join(" | ");
+    csi_scsi_daemon::text::bounded(&s, TAIL_MAX).into_owned()
 }
 
 #[cfg(test)]

@@ -7,56 +7,22 @@
 use std::future::Future;
 use std::time::Duration;
 
+use csi_scsi_daemon::grpc_timeout;
 use tokio::time::Instant;
-
-/// The gRPC metadata key of the caller's timeout.
-pub const GRPC_TIMEOUT_HEADER: &str = "grpc-timeout";
-
-/// The least kept back from a caller's timeout (unless that is under 0.5 s).
-const MIN_MARGIN: Duration = Duration::from_millis(250);
-/// The most kept back from a caller's timeout.
-const MAX_MARGIN: Duration = Duration::from_secs(2);
 
 tokio::task_local! {
     static CALLER_DEADLINE: Option<Instant>;
 }
 
-/// Parses a `grpc-timeout` value: at most 8 digits, then `H`, `M`, `S`,
-/// `m`, `u` or `n` (gRPC over HTTP/2).
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-/// What the proxy keeps back from a caller's `timeout` to send its answer:
-/// a tenth of it, within 250 ms..2 s, and never more than half of it.
-pub fn margin(timeout: Duration) -> Duration {
-    (timeout / 10)
-        .clamp(MIN_MARGIN, MAX_MARGIN)
-        .min(timeout / 2)
-}
-
 /// The proxy's deadline for a call received at `received` with
-/// `metadata`: the caller's timeout minus [`margin`]. `None` when the
-/// caller sent no (valid) `grpc-timeout`.
+/// `metadata`: the caller's timeout less its margin
+/// ([`grpc_timeout::budget`]). `None` when the caller sent no (valid)
+/// `grpc-timeout`.
 pub fn from_metadata(
     metadata: &tonic::metadata::MetadataMap,
     received: Instant,
 ) -> Option<Instant> {
-    let timeout = parse_grpc_timeout(metadata.get(GRPC_TIMEOUT_HEADER)?.to_str().ok()?)?;
-    Some(received + timeout.saturating_sub(margin(timeout)))
+    Some(received + grpc_timeout::budget(grpc_timeout::from_metadata(metadata)?))
 }
 
 /// Runs `f` with `deadline` as the caller's deadline of everything it does
@@ -81,64 +47,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grpc_timeouts_parse_in_every_unit() {
-        let cases = [
-            ("3H", Duration::from_secs(3 * 3600)),
-            ("2M", Duration::from_secs(120)),
-            ("8S", Duration::from_secs(8)),
-            ("7999m", Duration::from_millis(7999)),
-            ("15u", Duration::from_micros(15)),
-            ("99999999n", Duration::from_nanos(99_999_999)),
-            ("0S", Duration::ZERO),
-        ];
-        for (value, want) in cases {
-            assert_eq!(parse_grpc_timeout(value), Some(want), "{value}");
-        }
-    }
-
-    #[test]
-    fn malformed_grpc_timeouts_are_ignored() {
-        for value in [
-            "",
-            "S",
-            "8",
-            "8s",
-            "123456789S",
-            "-1S",
-            "1.5S",
-            "+1S",
-            "8 S",
-            "٣S",
-        ] {
-            assert_eq!(parse_grpc_timeout(value), None, "{value:?}");
-        }
-    }
-
-    #[test]
-    fn the_margin_is_a_tenth_within_its_bounds_and_at_most_half() {
-        let ms = Duration::from_millis;
-        assert_eq!(margin(ms(8000)), ms(800));
-        assert_eq!(margin(ms(60_000)), ms(2000), "capped at 2 s");
-        assert_eq!(margin(ms(1000)), ms(250), "at least 250 ms");
-        assert_eq!(margin(ms(300)), ms(150), "never more than half");
-        assert_eq!(margin(Duration::ZERO), Duration::ZERO);
-        for t in (0..120_000).step_by(997).map(ms) {
-            let m = margin(t);
-            assert!(m <= t / 2 && m <= MAX_MARGIN, "{t:?}: {m:?}");
-        }
-    }
-
-    #[test]
     fn the_deadline_comes_from_the_callers_header_less_the_margin() {
         let now = Instant::now();
         let mut md = tonic::metadata::MetadataMap::new();
         assert_eq!(from_metadata(&md, now), None, "no header, no deadline");
-        md.insert(GRPC_TIMEOUT_HEADER, "8S".parse().expect("value"));
+        md.insert(
+            grpc_timeout::GRPC_TIMEOUT_HEADER,
+            "8S".parse().expect("value"),
+        );
         assert_eq!(
             from_metadata(&md, now),
             Some(now + Duration::from_millis(7200))
         );
-        md.insert(GRPC_TIMEOUT_HEADER, "soon".parse().expect("value"));
+        md.insert(
+            grpc_timeout::GRPC_TIMEOUT_HEADER,
+            "soon".parse().expect("value"),
+        );
         assert_eq!(from_metadata(&md, now), None, "a bad header is ignored");
     }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use csi_scsi_daemon::text;
 use csi_scsi_proto::csi::controller_server::Controller;
 use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
 use csi_scsi_proto::csi::controller_service_capability::{Rpc as RpcCap, Type as CapType};
@@ -32,6 +33,9 @@ const CAPABILITIES: [Rpc; 10] = [
     Rpc::GetVolume,
     Rpc::SingleNodeMultiWriter,
 ];
+
+/// Most bytes of a refused `starting_token` quoted back.
+const MAX_TOKEN_QUOTE: usize = 64;
 
 /// The Controller service.
 pub struct ControllerService {
@@ -269,14 +273,9 @@ impl Controller for ControllerService {
         let (views, next) = match self.life.volumes(&req.starting_token, max).await {
             Ok(page) => page,
             Err(None) => {
-                let token: String = req.starting_token.chars().take(64).collect();
                 return Err(Status::aborted(format!(
-                    "starting_token {token:?}{} is not valid",
-                    if token.len() < req.starting_token.len() {
-                        format!("... ({} bytes)", req.starting_token.len())
-                    } else {
-                        String::new()
-                    }
+                    "starting_token {} is not valid",
+                    text::quote(&req.starting_token, MAX_TOKEN_QUOTE)
                 )));
             }
             Err(Some(e)) => return Err(e.into()),

@@ -1,6 +1,7 @@
 //! Raw CSI messages into typed values: capabilities, topology, capacity,
 //! request IDs. A failure names the field.
 
+use csi_scsi_daemon::text;
 use csi_scsi_proto::csi::volume_capability::AccessType;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
@@ -42,13 +43,13 @@ fn max_len(field: &str) -> usize {
     }
 }
 
-/// `s` quoted for a message: at most its first 96 characters, with its
-/// length when cut, so hostile input is never echoed whole.
+/// Most bytes of a request value quoted back in a message.
+const QUOTE_MAX: usize = 96;
+
+/// `s` quoted for a message, cut to [`QUOTE_MAX`] bytes, so hostile input
+/// is never echoed whole.
 fn quote(s: &str) -> String {
-    match s.char_indices().nth(96) {
-        None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}…({} bytes)", &s[..cut], s.len()),
-    }
+    text::quote(s, QUOTE_MAX)
 }
 
 /// A required non-empty string field, no longer than its limit.

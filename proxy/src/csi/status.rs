@@ -2,6 +2,7 @@
 //! following the spec's error tables. Exhaustive on purpose: a new variant
 //! must choose its code here.
 
+use csi_scsi_daemon::text;
 use tonic::{Code, Status};
 
 use crate::agents::PoolError;
@@ -73,16 +74,9 @@ impl From<ProxyError> for Status {
 /// transport error instead of its code.
 const MAX_MESSAGE: usize = 2048;
 
-/// `message`, cut at a character boundary to [`MAX_MESSAGE`] bytes.
+/// `message`, cut to at most [`MAX_MESSAGE`] bytes.
 fn bounded(message: String) -> String {
-    if message.len() <= MAX_MESSAGE {
-        return message;
-    }
-    let mut cut = MAX_MESSAGE - 64;
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}... ({} bytes in all)", &message[..cut], message.len())
+    text::bounded(&message, MAX_MESSAGE).into_owned()
 }
 
 #[cfg(test)]
@@ -94,8 +88,8 @@ mod tests {
         let s = Status::from(ProxyError::VolumeNotFound("é".repeat(1 << 20)));
         assert_eq!(s.code(), Code::NotFound);
         assert!(s.message().len() <= MAX_MESSAGE, "{}", s.message().len());
-        assert!(s.message().ends_with(" bytes in all)"));
+        assert!(s.message().ends_with(" bytes)"), "{}", s.message());
         let small = Status::from(ProxyError::VolumeNotFound("v".into()));
-        assert!(!small.message().contains("bytes in all"));
+        assert!(!small.message().contains("bytes)"));
     }
 }

@@ -45,9 +45,9 @@ impl Lifecycle {
     /// never wipe at once. `Ok(false)`: nothing to resume.
     pub async fn resume_release(&self, wwid: &str, request_id: &str) -> Result<bool, ProxyError> {
         // Held: a DeleteVolume is at it right now; the pass moves on.
-        let Some(_guard) = self
+        let Ok(_guard) = self
             .locks
-            .lock(wwid, std::time::Duration::from_millis(10))
+            .lock_timeout(wwid.to_owned(), std::time::Duration::from_millis(10))
             .await
         else {
             return Ok(false);

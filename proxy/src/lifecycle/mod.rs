@@ -13,12 +13,12 @@ mod query;
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
 use crate::agents::{AgentOp, AgentPool, AgentReply, deadline};
 use crate::error::ProxyError;
 use crate::inventory::{Device, Inventory, Target};
-use crate::locks::{KeyGuard, KeyedLocks};
 use crate::secrets::SecretSource;
 
 pub use create::CreateRequest;
@@ -35,7 +35,9 @@ pub struct Lifecycle {
     inventory: Arc<dyn Inventory>,
     agents: Arc<AgentPool>,
     secrets: Arc<dyn SecretSource>,
-    locks: KeyedLocks,
+    /// Operations on one volume (or one request name) run one at a time;
+    /// different keys run in parallel.
+    locks: KeyedLocks<String>,
 }
 
 impl Lifecycle {
@@ -65,13 +67,13 @@ impl Lifecycle {
 
     /// Waits for `key` up to [`LOCK_WAIT`], or until the CSI caller's
     /// deadline: an answer of ABORTED still reaches the caller.
-    async fn lock(&self, key: &str) -> Result<KeyGuard, ProxyError> {
+    async fn lock(&self, key: &str) -> Result<KeyGuard<String>, ProxyError> {
         let now = tokio::time::Instant::now();
         let wait = deadline::effective(LOCK_WAIT, now).saturating_duration_since(now);
         self.locks
-            .lock(key, wait)
+            .lock_timeout(key.to_owned(), wait)
             .await
-            .ok_or_else(|| ProxyError::Busy(key.to_owned()))
+            .map_err(|_| ProxyError::Busy(key.to_owned()))
     }
 
     /// The agent API's description of the targets `device` is reachable
