@@ -16,6 +16,7 @@ mod logging;
 mod metrics;
 mod process;
 mod readiness;
+pub mod request_id;
 mod shutdown;
 mod status_http;
 pub mod text;
@@ -34,6 +35,7 @@ pub use metrics::{
 };
 pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
+pub use request_id::RequestId;
 pub use shutdown::Shutdown;
 pub use status_http::{
     CONNECTION_MAX_AGE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, METRICS_CONTENT_TYPE, SNAPSHOT_TTL,

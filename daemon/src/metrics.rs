@@ -28,6 +28,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 use tonic::{Code, Status};
 
+use crate::request_id::RequestId;
 use crate::text;
 
 /// How many failed calls `/status` keeps.
@@ -35,8 +36,6 @@ pub const RECENT_ERRORS: usize = 50;
 
 /// Longest error message kept (the rest is cut).
 const MAX_MESSAGE: usize = 1024;
-/// Longest request ID kept in an error record.
-const MAX_REQUEST_ID: usize = 128;
 /// Longest service or method label (an invented path is not echoed whole).
 const MAX_LABEL: usize = 64;
 
@@ -336,7 +335,8 @@ impl Metrics {
     /// `Server::builder().layer(metrics.grpc_layer())`.
     ///
     /// Every call leaves it with an `x-request-id`: the caller's, or a new
-    /// one when it sent none (or an unusable one), so that the handler's
+    /// one when it sent none (or an unusable one), also put in the
+    /// request's extensions ([`RequestId::of`]), so that the handler's
     /// span, the recent errors and the logs all name the same ID.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
         GrpcMetricsLayer {
@@ -428,7 +428,7 @@ impl Metrics {
             method: method.to_owned(),
             code: code_name(code).to_owned(),
             message: text::bounded(message, MAX_MESSAGE).into_owned(),
-            request_id: text::bounded(rid, MAX_REQUEST_ID).into_owned(),
+            request_id: text::bounded(rid, crate::request_id::MAX_LEN).into_owned(),
         };
         let mut errors = self.inner.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errors.len() == RECENT_ERRORS {
@@ -563,26 +563,6 @@ impl<S> tower::Layer<S> for GrpcMetricsLayer {
     }
 }
 
-/// A fresh request ID: 16 hex digits, random per process and call.
-fn new_request_id() -> String {
-    use std::hash::BuildHasher;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:016x}",
-        std::collections::hash_map::RandomState::new().hash_one(n)
-    )
-}
-
-/// The caller's request ID if it is usable as is (what both binaries
-/// accept: 1 to 128 visible ASCII characters).
-fn usable_request_id(headers: &http::HeaderMap) -> Option<String> {
-    let v = headers.get("x-request-id")?.to_str().ok()?;
-    (!v.is_empty() && v.len() <= MAX_REQUEST_ID && v.bytes().all(|b| b.is_ascii_graphic()))
-        .then(|| v.to_owned())
-}
-
 impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for GrpcMetricsService<S>
 where
     S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
@@ -600,16 +580,16 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let (service, method) = self.metrics.method_labels(split_path(req.uri().path()));
-        let request_id = match usable_request_id(req.headers()) {
-            Some(id) => id,
-            None => {
-                let id = new_request_id();
-                if let Ok(v) = http::HeaderValue::from_str(&id) {
-                    req.headers_mut().insert("x-request-id", v);
-                }
-                id
+        let id = RequestId::from_headers(req.headers()).unwrap_or_else(|| {
+            let id = RequestId::fresh();
+            if let Ok(v) = http::HeaderValue::from_str(id.as_str()) {
+                req.headers_mut().insert(crate::request_id::HEADER, v);
             }
-        };
+            id
+        });
+        let request_id = id.to_string();
+        // Handlers read it from here (`RequestId::of`), not the header.
+        req.extensions_mut().insert(id);
         let span = self
             .span
             .then(|| tracing::info_span!("rpc", method = %method, request_id = %request_id));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
-use csi_scsi_daemon::grpc_timeout;
+use csi_scsi_daemon::{RequestId, grpc_timeout};
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
 use futures::Stream;
@@ -87,16 +87,6 @@ impl AgentApi {
     }
 }
 
-fn request_id<T>(req: &Request<T>) -> String {
-    req.metadata()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .chars()
-        .take(128)
-        .collect()
-}
-
 /// A WWID as agent.proto names devices: canonical form only. The other
 /// spellings `Wwid::parse` reads are what the kernel and udev print; a
 /// caller that sends one (or pads it with blanks or NULs) is not the proxy.
@@ -173,7 +163,7 @@ impl Agent for AgentApi {
         request: Request<DiscoverRequest>,
     ) -> Result<Response<DiscoverResponse>, Status> {
         require_proxy(&request, &self.trust)?;
-        let rid = request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let t = target(
             req.target
@@ -204,7 +194,7 @@ impl Agent for AgentApi {
         request: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
         require_proxy(&request, &self.trust)?;
-        let rid = request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         // Leave a margin to answer before the caller gives up.
         let timeout = grpc_timeout::from_metadata(request.metadata()).unwrap_or(DEFAULT_DEADLINE);
         let wait = grpc_timeout::budget(timeout);
@@ -237,7 +227,7 @@ impl Agent for AgentApi {
         request: Request<DetachRequest>,
     ) -> Result<Response<DetachResponse>, Status> {
         require_proxy(&request, &self.trust)?;
-        let rid = request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Detach", &req.wwid, &rid);
         async move {
@@ -261,7 +251,7 @@ impl Agent for AgentApi {
         request: Request<WipeRequest>,
     ) -> Result<Response<Self::WipeStream>, Status> {
         require_proxy(&request, &self.trust)?;
-        let rid = request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let w = wwid(&req.wwid)?;
         let mode = match WipeMode::try_from(req.mode) {
@@ -337,7 +327,7 @@ impl Agent for AgentApi {
         request: Request<RescanRequest>,
     ) -> Result<Response<RescanResponse>, Status> {
         require_proxy(&request, &self.trust)?;
-        let rid = request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Rescan", &req.wwid, &rid);
         async move {

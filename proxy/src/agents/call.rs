@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 /// gRPC metadata key carrying the request ID from proxy to agent.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const REQUEST_ID_HEADER: &str = csi_scsi_daemon::request_id::HEADER;
 
 /// One call to one agent.
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use csi_scsi_daemon::text;
+use csi_scsi_daemon::{RequestId, text};
 use csi_scsi_proto::csi::controller_server::Controller;
 use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
 use csi_scsi_proto::csi::controller_service_capability::{Rpc as RpcCap, Type as CapType};
@@ -103,7 +103,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        let rid = request::request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("CreateVolume", &req.name, &rid);
@@ -155,7 +155,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        let rid = request::request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("DeleteVolume", &req.volume_id, &rid);
@@ -171,7 +171,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        let rid = request::request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerPublishVolume", &req.volume_id, &rid);
@@ -200,7 +200,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        let rid = request::request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerUnpublishVolume", &req.volume_id, &rid);
@@ -369,7 +369,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        let rid = request::request_id(&request);
+        let rid = RequestId::of(&request).to_string();
         let until = caller_deadline(&request);
         let req = request.into_inner();
         let span = span("ControllerExpandVolume", &req.volume_id, &rid);

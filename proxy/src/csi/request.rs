@@ -185,16 +185,6 @@ pub fn capacity(
     Ok((required, limit))
 }
 
-/// The caller's request ID (`x-request-id`), or a new one.
-pub fn request_id<T>(req: &tonic::Request<T>) -> String {
-    req.metadata()
-        .get(crate::agents::REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map(str::to_owned)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use csi_scsi_proto::csi::volume_capability::{AccessMode, MountVolume};
