@@ -37,9 +37,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.trust_domain.clone(),
     )
     .context("loading TLS material")?;
-    store
-        .watch(config.tls_poll_interval)
-        .context("watching TLS material")?;
+    store.watch(config.tls_poll_interval);
 
     let mut socket = CsiSocket::bind(&config.csi_socket).await?;
     let listener = TcpListener::bind(config.agent_listen)

@@ -68,13 +68,4 @@ pub enum CertError {
         /// The key file.
         key: PathBuf,
     },
-    /// A file watcher could not be set up.
-    #[error("cannot watch {path}: {source}")]
-    Watch {
-        /// The watched directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: notify::Error,
-    },
 }

@@ -7,11 +7,12 @@
 //! - files are reloaded when they change; there is never a plaintext fallback.
 //!
 //! This crate issues certificates (rcgen) and builds the rustls configs; it
-//! never opens sockets.
+//! never opens sockets. [`file_watch`] is the workspace's one file watcher.
 #![forbid(unsafe_code)]
 
 mod authority;
 mod error;
+pub mod file_watch;
 mod identity;
 mod issue;
 mod material;

@@ -2,16 +2,17 @@
 //! volume swaps its `..data` symlink), keep the old material when the new
 //! files are bad, and publish each change.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
+use crate::file_watch;
 use crate::{CertError, Material, MaterialPaths, Role, TrustDomain};
+
+/// Lets the several files of one rotation (a symlink swap) land together.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// The current trust material of one process, swapped atomically on reload.
 /// Handshakes read it through the resolvers and verifiers in [`crate::tls`],
@@ -98,53 +99,30 @@ impl MaterialStore {
         Ok(true)
     }
 
-    /// Watches the files' directories and polls every `poll` as a fallback;
-    /// reloads on change. Stops when the store is dropped. Needs a Tokio
-    /// runtime.
-    pub fn watch(self: &Arc<Self>, poll: Duration) -> Result<(), CertError> {
-        let (tx, mut rx) = mpsc::channel::<()>(1);
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok() {
-                    // A full channel already holds a pending wake-up.
-                    let _ = tx.try_send(());
-                }
-            })
-            .map_err(|source| CertError::Watch {
-                path: self.paths.cert.clone(),
-                source,
-            })?;
-        for dir in watched_dirs(&self.paths) {
-            watcher
-                .watch(&dir, RecursiveMode::NonRecursive)
-                .map_err(|source| CertError::Watch { path: dir, source })?;
-        }
+    /// Reloads whenever the files change ([`crate::file_watch`], polling
+    /// every `poll` as the fallback). Stops when the store is dropped. Needs
+    /// a Tokio runtime.
+    pub fn watch(self: &Arc<Self>, poll: Duration) {
+        let paths = [&self.paths.cert, &self.paths.key, &self.paths.ca];
+        let mut changes = file_watch::watch_paths(paths, poll, SETTLE);
+        // Ends when the store, which owns the sender, is dropped.
+        let mut alive = self.generation.subscribe();
         let store: Weak<Self> = Arc::downgrade(self);
         tokio::spawn(async move {
-            // The watcher lives as long as this task.
-            let _watcher = watcher;
-            let mut ticker = tokio::time::interval(poll);
-            ticker.tick().await;
             loop {
-                tokio::select! {
-                    woke = rx.recv() => {
-                        if woke.is_none() {
-                            return;
-                        }
-                        // Let a burst of events (several files, a symlink
-                        // swap) settle before reading.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        while rx.try_recv().is_ok() {}
-                    }
-                    _ = ticker.tick() => {}
-                }
+                // The first pass catches a change between load and watch.
                 let Some(store) = store.upgrade() else { return };
                 if let Err(e) = store.reload() {
                     tracing::warn!(error = %e, "new TLS material rejected; keeping the current one");
                 }
+                drop(store);
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    // Our own reloads bump the generation; only its end counts.
+                    () = async { while alive.changed().await.is_ok() {} } => return,
+                }
             }
         });
-        Ok(())
     }
 }
 
@@ -156,18 +134,4 @@ impl std::fmt::Debug for MaterialStore {
             .field("current", &self.current.load())
             .finish()
     }
-}
-
-fn watched_dirs(paths: &MaterialPaths) -> BTreeSet<PathBuf> {
-    [&paths.cert, &paths.key, &paths.ca]
-        .into_iter()
-        .map(|p| p.parent().unwrap_or(Path::new(".")).to_path_buf())
-        .map(|p| {
-            if p.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                p
-            }
-        })
-        .collect()
 }

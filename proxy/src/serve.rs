@@ -55,8 +55,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
     let tls = MaterialStore::load(config.tls.clone(), Role::Proxy, config.trust_domain.clone())
         .context("loading TLS material")?;
-    tls.watch(config.tls_poll_interval)
-        .context("watching TLS material")?;
+    tls.watch(config.tls_poll_interval);
     let backends = backends(&config).await?;
     let directory = backends.directory.clone();
     let inventory = backends.inventory.clone();
@@ -201,9 +200,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
             let store =
                 EmbeddedInventory::open(&config.store).context("opening the inventory store")?;
             let directory = FileDirectory::load(agents_file).context("reading the agents file")?;
-            directory
-                .watch(std::time::Duration::from_secs(30))
-                .context("watching the agents file")?;
+            directory.watch(std::time::Duration::from_secs(30));
             Ok(Backends {
                 inventory: Arc::new(store.clone()),
                 directory,

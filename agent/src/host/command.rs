@@ -157,21 +157,31 @@ impl CommandRunner {
             source,
         })?;
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        let run = async {
+        let run = async move {
             let (out, err) = tokio::join!(read_bounded(stdout), read_bounded(stderr));
             let status = child.wait().await?;
             Ok::<_, std::io::Error>((status, out?, err?))
         };
-        match tokio::time::timeout(timeout, run).await {
-            Err(_) => Err(CommandError::Timeout {
+        // A tool that changes the host (a login, a scan, mkfs) runs to its
+        // end or its timeout, never cut off because the call that started
+        // it went away (a client gave up, a connection dropped): a killed
+        // mkfs leaves a half-written signature, a killed scan half a disk.
+        // Only the timeout kills it (the child is dropped with the task).
+        let finished = tokio::spawn(tokio::time::timeout(timeout, run)).await;
+        match finished {
+            Err(join) => Err(CommandError::Spawn {
+                tool: tool.to_owned(),
+                source: std::io::Error::other(join),
+            }),
+            Ok(Err(_)) => Err(CommandError::Timeout {
                 tool: tool.to_owned(),
                 after: timeout,
             }),
-            Ok(Err(source)) => Err(CommandError::Spawn {
+            Ok(Ok(Err(source))) => Err(CommandError::Spawn {
                 tool: tool.to_owned(),
                 source,
             }),
-            Ok(Ok((status, stdout, stderr))) => Ok(Output {
+            Ok(Ok(Ok((status, stdout, stderr)))) => Ok(Output {
                 code: status.code().unwrap_or(-1),
                 stdout,
                 stderr,
@@ -270,6 +280,29 @@ mod tests {
             &out.stdout[out.stdout.len() - 60..]
         );
         assert_eq!(out.stderr.trim(), "done");
+    }
+
+    #[tokio::test]
+    async fn a_tool_runs_to_its_end_when_its_caller_goes_away() {
+        // A gRPC call dropped mid-scan (the proxy restarted, the client gave
+        // up) must not kill the tool halfway through changing the host.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let done = dir.path().join("done");
+        let r = CommandRunner::new(Duration::from_secs(10));
+        let script = format!("sleep 0.5; touch {}", done.display());
+        let args: [Arg; 2] = ["-c".into(), script.into()];
+        let caller = r.run(Path::new("sh"), &args);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), caller)
+                .await
+                .is_err(),
+            "the caller gave up first"
+        );
+        let start = std::time::Instant::now();
+        while !done.exists() && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(done.exists(), "the tool was killed with its caller");
     }
 
     #[tokio::test]

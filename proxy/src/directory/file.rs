@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::{mpsc, watch};
+use csi_scsi_certs::file_watch;
+use tokio::sync::watch;
 
 use super::{AgentDirectory, AgentEntry, Agents};
 use crate::selector::excerpt;
+
+/// Lets an editor's save (write, rename) land before rereading.
+const SETTLE: Duration = Duration::from_millis(50);
 
 /// Agents listed in a file.
 pub struct FileDirectory {
@@ -43,9 +46,6 @@ pub enum DirectoryError {
         /// What is wrong.
         reason: String,
     },
-    /// The watcher could not start.
-    #[error("cannot watch {0}: {1}")]
-    Watch(PathBuf, notify::Error),
 }
 
 impl FileDirectory {
@@ -69,44 +69,29 @@ impl FileDirectory {
         Ok(changed)
     }
 
-    /// Watches the file's directory (and polls every `poll`) until dropped.
-    pub fn watch(self: &Arc<Self>, poll: Duration) -> Result<(), DirectoryError> {
-        let (tx, mut rx) = mpsc::channel::<()>(1);
-        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-            if e.is_ok() {
-                let _ = tx.try_send(());
-            }
-        })
-        .map_err(|e| DirectoryError::Watch(self.path.clone(), e))?;
-        let dir = self
-            .path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        watcher
-            .watch(dir, RecursiveMode::NonRecursive)
-            .map_err(|e| DirectoryError::Watch(dir.to_owned(), e))?;
+    /// Rereads the file whenever it changes ([`file_watch`], polling every
+    /// `poll` as the fallback) until the directory is dropped. Needs a Tokio
+    /// runtime.
+    pub fn watch(self: &Arc<Self>, poll: Duration) {
+        let mut changes = file_watch::watch_paths([&self.path], poll, SETTLE);
+        // Ends when the directory, which owns the sender, is dropped.
+        let mut alive = self.tx.subscribe();
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
-            let _watcher = watcher;
-            let mut tick = tokio::time::interval(poll);
-            tick.tick().await;
             loop {
-                tokio::select! {
-                    woke = rx.recv() => {
-                        if woke.is_none() { return; }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        while rx.try_recv().is_ok() {}
-                    }
-                    _ = tick.tick() => {}
-                }
+                // The first pass catches an edit between load and watch.
                 let Some(me) = me.upgrade() else { return };
                 if let Err(e) = me.reload() {
                     tracing::warn!(error = %e, "agent directory file rejected; keeping the last good one");
                 }
+                drop(me);
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    // Our own reloads publish snapshots; only its end counts.
+                    () = async { while alive.changed().await.is_ok() {} } => return,
+                }
             }
         });
-        Ok(())
     }
 }
 
@@ -270,6 +255,30 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("Node_B"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn an_edit_is_picked_up_and_a_bad_edit_keeps_the_last_good_map() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("agents");
+        std::fs::write(&path, "node-a 198.18.0.2:9810\n").expect("write");
+        let directory = FileDirectory::load(&path).expect("load");
+        let mut agents = directory.subscribe();
+        // An hour: only the notify side can explain a prompt reload.
+        directory.watch(Duration::from_secs(3600));
+
+        let tmp = dir.path().join(".agents.tmp");
+        std::fs::write(&tmp, "node-a 198.18.0.2:9810\nnode-b 198.18.0.3:9810\n").expect("write");
+        std::fs::rename(&tmp, &path).expect("rename over");
+        tokio::time::timeout(Duration::from_secs(10), agents.changed())
+            .await
+            .expect("reloaded within 10 s")
+            .expect("directory alive");
+        assert!(directory.node_exists("node-b"));
+
+        std::fs::write(&path, "not a valid line\n").expect("write");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(directory.node_exists("node-b"), "the last good map stays");
     }
 
     #[test]

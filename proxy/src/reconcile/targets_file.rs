@@ -6,10 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
+use csi_scsi_certs::file_watch;
 use tokio::sync::Notify;
 
 use crate::inventory::{Inventory, Target};
+
+/// Lets an editor's save (write, rename) land before rereading.
+const SETTLE: Duration = Duration::from_millis(50);
 
 /// Reads and validates the file.
 pub fn read(path: &Path) -> Result<Vec<Target>, String> {
@@ -59,37 +62,19 @@ pub async fn sync(inventory: &dyn Inventory, targets: Vec<Target>) -> Result<boo
     Ok(changed)
 }
 
-/// Syncs now, then on every change of the file (and every `poll`);
-/// notifies `changed` after each sync that changed something.
+/// Syncs now, then on every change of the file ([`file_watch`], polling
+/// every `poll` as the fallback); notifies `changed` after each sync that
+/// changed something. A sync the store refused is retried every `poll`.
 pub async fn watch(
     path: std::path::PathBuf,
     inventory: Arc<dyn Inventory>,
     changed: Arc<Notify>,
     poll: Duration,
 ) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-    let watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-        if e.is_ok() {
-            let _ = tx.try_send(());
-        }
-    });
-    let _watcher = match watcher {
-        Ok(mut w) => {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
-                tracing::warn!(error = %e, "cannot watch the targets file; polling only");
-            }
-            Some(w)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the targets file; polling only");
-            None
-        }
-    };
+    // Started before the first read, so no edit falls in between.
+    let mut changes = file_watch::watch_paths([&path], poll, SETTLE);
     loop {
+        let mut store_failed = false;
         match read(&path) {
             Ok(targets) => match sync(inventory.as_ref(), targets).await {
                 Ok(true) => {
@@ -97,16 +82,67 @@ pub async fn watch(
                     changed.notify_one();
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot store targets"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot store targets");
+                    store_failed = true;
+                }
             },
             Err(e) => {
                 tracing::warn!(error = %e, "targets file rejected; keeping the stored targets")
             }
         }
         tokio::select! {
-            _ = rx.recv() => tokio::time::sleep(Duration::from_millis(50)).await,
-            _ = tokio::time::sleep(poll) => {}
+            woke = changes.changed() => if woke.is_err() { return },
+            _ = tokio::time::sleep(poll), if store_failed => {}
         }
-        while rx.try_recv().is_ok() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::EmbeddedInventory;
+
+    fn target(name: &str) -> String {
+        format!(
+            r#"{{"name":"{name}","iscsi":{{"portals":["198.18.0.9:3260"],"iqn":"iqn.2026-01.test:{name}"}}}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn the_file_is_synced_at_start_and_again_after_an_edit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("targets.json");
+        std::fs::write(&path, format!("[{}]", target("t1"))).expect("write");
+        let inventory: Arc<dyn Inventory> =
+            Arc::new(EmbeddedInventory::open(&dir.path().join("store.db")).expect("store"));
+        let changed = Arc::new(Notify::new());
+        // An hour: only the notify side can explain a prompt sync.
+        let task = tokio::spawn(watch(
+            path.clone(),
+            inventory.clone(),
+            changed.clone(),
+            Duration::from_secs(3600),
+        ));
+        let within = Duration::from_secs(10);
+        tokio::time::timeout(within, changed.notified())
+            .await
+            .expect("first sync");
+
+        let tmp = dir.path().join(".targets.tmp");
+        std::fs::write(&tmp, format!("[{},{}]", target("t1"), target("t2"))).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename over");
+        tokio::time::timeout(within, changed.notified())
+            .await
+            .expect("sync after the edit");
+        let names: Vec<String> = inventory
+            .targets()
+            .await
+            .expect("targets")
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(names, ["t1", "t2"]);
+        task.abort();
     }
 }

@@ -90,6 +90,16 @@ impl NodeState {
         })
     }
 
+    /// Every loop device the stand-in attached on this node.
+    pub fn loop_devices(&self) -> Vec<PathBuf> {
+        self.sessions
+            .iter()
+            .flat_map(|s| s.disks.iter())
+            .chain(self.fc_disks.iter().map(|(_, _, d)| d))
+            .map(|d| d.loop_device.clone())
+            .collect()
+    }
+
     /// The lowest free session id (from 1) and SCSI host number (from 10:
     /// below that are the FC HBAs).
     pub fn next_ids(&self) -> (u32, u32) {

@@ -861,13 +861,27 @@ pub fn down(dir: &Path) {
     // failing disk names its file by a path under the lab only while the
     // disks' FUSE mount is there. A loop still mounted is freed at its
     // unmount (losetup -d sets autoclear).
+    // The stand-in attaches loops inside the nodes' mount namespaces,
+    // where a failing disk's file has a path the host cannot resolve
+    // (`/a1`): those are found through the nodes' own records.
+    let recorded: Vec<String> = std::fs::read_dir(dir.join("nodes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|n| std::fs::read_to_string(n.path().join("tree/iscsi/state.json")).ok())
+        .filter_map(|t| serde_json::from_str::<crate::kernel::state::NodeState>(&t).ok())
+        .flat_map(|s| s.loop_devices())
+        .map(|p| p.display().to_string())
+        .collect();
     if let Ok(list) = sh("losetup", &["-l", "-n", "-O", "NAME,BACK-FILE"]) {
         for line in list.lines() {
             let mut it = line.split_whitespace();
-            if let (Some(dev), Some(file)) = (it.next(), it.next())
-                && Path::new(file).starts_with(&dir)
-            {
-                sh_quiet("losetup", &["-d", dev]);
+            if let (Some(dev), Some(file)) = (it.next(), it.next()) {
+                let ours = Path::new(file).starts_with(&dir)
+                    || (recorded.iter().any(|r| r == dev) && !Path::new(file).exists());
+                if ours {
+                    sh_quiet("losetup", &["-d", dev]);
+                }
             }
         }
     }

@@ -839,7 +839,7 @@ impl Suite {
                 Role::Proxy,
                 domain.clone(),
             )?;
-            store.watch(Duration::from_secs(1))?;
+            store.watch(Duration::from_secs(1));
             tasks.push(tokio::spawn(status_loop(
                 node.clone(),
                 *api,
