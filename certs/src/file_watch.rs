@@ -299,15 +299,21 @@ mod tests {
             .expect("watch task alive");
     }
 
+    /// A scratch directory holding an `agents` file.
+    fn agents_file() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("agents");
+        std::fs::write(&file, "one\n").expect("write");
+        (dir, file)
+    }
+
     async fn quiet_for(rx: &mut watch::Receiver<()>, d: Duration) -> bool {
         tokio::time::timeout(d, rx.changed()).await.is_err()
     }
 
     #[tokio::test]
     async fn a_write_wakes_the_receiver() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("agents");
-        std::fs::write(&file, "one\n").expect("write");
+        let (_dir, file) = agents_file();
         let mut rx = watch_paths([&file], NO_POLL, SETTLE);
         std::fs::write(&file, "two\n").expect("write");
         woken(&mut rx, "write").await;
@@ -315,9 +321,7 @@ mod tests {
 
     #[tokio::test]
     async fn other_files_in_the_directory_do_not_wake_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("agents");
-        std::fs::write(&file, "one\n").expect("write");
+        let (dir, file) = agents_file();
         let mut rx = watch_paths([&file], NO_POLL, SETTLE);
         std::fs::write(dir.path().join("store.db-wal"), "x").expect("write");
         assert!(quiet_for(&mut rx, Duration::from_millis(500)).await);
@@ -348,9 +352,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_file_replaced_by_rename_wakes_it() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("agents");
-        std::fs::write(&file, "one\n").expect("write");
+        let (dir, file) = agents_file();
         let mut rx = watch_paths([&file], NO_POLL, SETTLE);
         let tmp = dir.path().join(".agents.tmp");
         std::fs::write(&tmp, "two\n").expect("write");
@@ -381,9 +383,7 @@ mod tests {
 
     #[tokio::test]
     async fn polling_alone_sees_a_change() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("agents");
-        std::fs::write(&file, "one\n").expect("write");
+        let (_dir, file) = agents_file();
         let mut rx = poll_paths([&file], Duration::from_millis(100), SETTLE);
         assert!(
             quiet_for(&mut rx, Duration::from_millis(500)).await,
@@ -397,9 +397,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_watcher_error_falls_back_to_polling() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("agents");
-        std::fs::write(&file, "one\n").expect("write");
+        let (_dir, file) = agents_file();
         // A stand-in watcher whose errors the test injects.
         let shared = Arc::new(Shared::default());
         let (tx, events) = mpsc::channel(1);

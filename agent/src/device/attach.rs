@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
 use crate::host::dev_links;
-use crate::host::mountinfo::MountTable;
 use crate::host::sysfs::{self, Lun, PathAtAddress};
 use crate::wwid::Wwid;
 
@@ -123,8 +122,7 @@ impl Devices {
     ) -> Result<(), AgentError> {
         let disks =
             sysfs::scsi_disks(&self.host).map_err(|e| AgentError::io(self.host.sys("block"), e))?;
-        let table =
-            MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))?;
+        let table = crate::volume::mount_table(&self.host)?;
         // The full in-use check, as for a detach: never delete a path that
         // is mounted, published or open, whatever WWID it reports.
         let in_use = |name: &str| {

@@ -20,6 +20,9 @@ pub struct Attachments {
     state: Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// Most LUNs attached at once (0: no limit).
     limit: u64,
+    /// The lost-record marker when it could not be written at start: kept
+    /// here, so a marker that failed to save still holds targets back.
+    unsaved: Mutex<Option<Lost>>,
 }
 
 /// A LUN's place under the attach limit, held while it attaches: given up
@@ -73,6 +76,7 @@ impl Attachments {
             path: path.clone(),
             state: Mutex::new(BTreeMap::new()),
             limit: 0,
+            unsaved: Mutex::new(None),
         };
         let lost = match std::fs::read_to_string(&path) {
             Ok(text) => match serde_json::from_str(&text) {
@@ -107,7 +111,8 @@ impl Attachments {
             };
             tracing::error!(reason = %lost.reason, held_back = ?lost.sessions, marker = %this.lost_path().display(), "attachment record lost: targets with a live session are not logged out while a LUN shows through them");
             if let Err(e) = this.save_lost(&lost) {
-                tracing::error!(error = %e, "cannot write the lost-record marker");
+                tracing::error!(error = %e, "cannot write the lost-record marker; it is kept in memory until the agent restarts");
+                *this.unsaved.lock().unwrap_or_else(|p| p.into_inner()) = Some(lost);
             }
         }
         if !this.path.exists() {
@@ -124,11 +129,16 @@ impl Attachments {
     }
 
     /// The lost-record marker, read at each decision so that an operator's
-    /// deletion takes effect at once. A marker that cannot be read holds
-    /// every target back.
+    /// deletion takes effect at once (or the one kept in memory when it
+    /// could not be written). A marker that cannot be read holds every
+    /// target back.
     fn lost(&self) -> Option<Lost> {
         match std::fs::read(self.lost_path()) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self
+                .unsaved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             Ok(bytes) => Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| Lost {
                 reason: format!("the lost-record marker is unreadable: {e}"),
                 sessions: None,
@@ -178,6 +188,11 @@ impl Attachments {
             return;
         };
         held.remove(iqn);
+        let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+        if unsaved.is_some() {
+            *unsaved = (!held.is_empty()).then_some(lost);
+            return;
+        }
         let result = if held.is_empty() {
             std::fs::remove_file(self.lost_path())
         } else {

@@ -11,6 +11,7 @@ use crate::host::block;
 use crate::host::mountinfo::MountTable;
 use crate::host::{blocking, multipath, sysfs};
 use crate::volume::device::publications;
+use crate::volume::mount_table;
 use crate::wwid::Wwid;
 
 impl Devices {
@@ -40,7 +41,7 @@ impl Devices {
     /// device between the check and the deletion.
     async fn remove(&self, wwid: &Wwid, lun: &sysfs::Lun) -> Result<(), AgentError> {
         let paths: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
-        let table = self.mount_table()?;
+        let table = mount_table(&self.host)?;
         let claims = match &lun.map {
             // The map's paths are held by the map, not by a user: their
             // mounts and publications are checked, the map is claimed.
@@ -72,7 +73,7 @@ impl Devices {
                         holder: format!("multipath map {}: {e}", m.name),
                     }
                 })?;
-                self.claim_unused(wwid, &self.mount_table()?, &paths)?
+                self.claim_unused(wwid, &mount_table(&self.host)?, &paths)?
             }
             None => claims,
         };
@@ -85,14 +86,10 @@ impl Devices {
         Ok(())
     }
 
-    fn mount_table(&self) -> Result<MountTable, AgentError> {
-        MountTable::read(&self.host).map_err(|e| AgentError::io(&self.host.mountinfo, e))
-    }
-
     /// Refuses when any of `nodes` (kernel names) is in use (see
     /// [`Self::use_of`]).
     pub(crate) fn check_unused(&self, wwid: &Wwid, nodes: &[String]) -> Result<(), AgentError> {
-        let table = self.mount_table()?;
+        let table = mount_table(&self.host)?;
         for name in nodes {
             // Checked and let go at once: `nodes` may name a disk twice.
             self.refuse_if_used(wwid, &table, name, Exclusive::Claim)?;

@@ -130,19 +130,5 @@ pub(crate) fn consistent(host: &Host, lun: Lun) -> Result<Lun, AgentError> {
 
 /// Whether `disk` came through `target`.
 pub(crate) fn came_through(disk: &ScsiDisk, target: &TargetSpec) -> bool {
-    match (&disk.transport, &target.transport) {
-        (
-            sysfs::Transport::Iscsi {
-                target: Some(iqn), ..
-            },
-            Transport::Iscsi { iqn: want, .. },
-        ) => iqn == want,
-        (
-            sysfs::Transport::Fc {
-                target_wwpn: Some(w),
-            },
-            Transport::Fc { wwpns },
-        ) => wwpns.contains(w),
-        _ => false,
-    }
+    TargetKey::of_path(&disk.transport).is_some_and(|k| target.lock_keys().contains(&k))
 }

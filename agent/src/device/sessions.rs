@@ -45,9 +45,10 @@ pub struct TargetSpec {
     pub transport: Transport,
 }
 
-/// What the agent's per-target locks are keyed by: what a path knows of
-/// the target it came through, so a caller that only knows a device's
-/// paths finds the same locks as one that knows the target.
+/// What a path knows of the target it came through: the key of the
+/// agent's per-target locks (a caller that only knows a device's paths
+/// finds the same locks as one that knows the target), and how a disk is
+/// matched to its target.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum TargetKey {
     /// An iSCSI target, by IQN.

@@ -123,11 +123,7 @@ impl CommandRunner {
             Err(CommandError::Failed {
                 tool: tool.to_owned(),
                 code: out.code,
-                stderr_tail: tail(if out.stderr.trim().is_empty() {
-                    &out.stdout
-                } else {
-                    &out.stderr
-                }),
+                stderr_tail: out.error_tail(4, TAIL_MAX),
             })
         }
     }
@@ -225,11 +221,22 @@ async fn read_bounded(
 /// Most bytes of a tool's output an error message quotes.
 const TAIL_MAX: usize = 600;
 
-/// The last few lines of a tool's output, bounded, for error messages.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.trim().lines().collect();
-    let start = lines.len().saturating_sub(4);
-    csi_scsi_daemon::text::bounded(&lines[start..].join(" | "), TAIL_MAX).into_owned()
+// === impl Output ===
+
+impl Output {
+    /// What an error quotes of a tool: the last `lines` lines of stderr
+    /// (stdout when stderr is empty), joined with ` | `, at most `max`
+    /// bytes.
+    pub fn error_tail(&self, lines: usize, max: usize) -> String {
+        let text = if self.stderr.trim().is_empty() {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        let all: Vec<&str> = text.trim().lines().collect();
+        let start = all.len().saturating_sub(lines);
+        csi_scsi_daemon::text::bounded(&all[start..].join(" | "), max).into_owned()
+    }
 }
 
 #[cfg(test)]

@@ -957,7 +957,7 @@ async fn run(
 
 /// Turns a non-zero exit into an [`IscsiError`] (codes: include/iscsi_err.h).
 fn classify(op: Op, code: i32, out: &Output, who: &Subject<'_>, secrets: &[&str]) -> IscsiError {
-    let detail = scrub(&tail(out), secrets);
+    let detail = scrub(&out.error_tail(3, TAIL_MAX), secrets);
     let target = who.target.to_owned();
     let portal = who.portal.clone();
     match code {
@@ -1017,18 +1017,6 @@ fn subject<'a>(target: &'a str, portal: &Portal) -> Subject<'a> {
 
 /// Most bytes of iscsiadm's output an error quotes.
 const TAIL_MAX: usize = 400;
-
-/// The last lines of the tool's stderr (stdout when stderr is empty), bounded.
-fn tail(out: &Output) -> String {
-    let text = if out.stderr.trim().is_empty() {
-        &out.stdout
-    } else {
-        &out.stderr
-    };
-    let lines: Vec<&str> = text.trim().lines().collect();
-    let s = lines[lines.len().saturating_sub(3)..].join(" | ");
-    csi_scsi_daemon::text::bounded(&s, TAIL_MAX).into_owned()
-}
 
 /// `text` with every non-empty secret replaced by `<redacted>`.
 fn scrub(text: &str, secrets: &[&str]) -> String {

@@ -103,7 +103,7 @@ pub async fn topology(host: &Host) -> Result<Vec<TopologyMap>, MultipathError> {
         return Err(MultipathError::Failed {
             operation: "-ll",
             code: out.code,
-            detail: tail(&out.stderr, &out.stdout),
+            detail: out.error_tail(3, TAIL_MAX),
         });
     }
     Ok(parse_topology(&out.stdout))
@@ -123,7 +123,7 @@ pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathErro
         return Ok(FlushOutcome::Flushed);
     }
     // multipath -f exits 1 for every failure; its message says which.
-    let detail = tail(&out.stderr, &out.stdout);
+    let detail = out.error_tail(3, TAIL_MAX);
     let lower = detail.to_ascii_lowercase();
     if lower.contains("in use") || lower.contains("busy") {
         Err(MultipathError::MapInUse {
@@ -370,18 +370,6 @@ fn parse_path_line(rest: &str) -> Option<(Hctl, String, Option<String>, Vec<Stri
 
 /// Most bytes of multipath's output an error quotes.
 const TAIL_MAX: usize = 400;
-
-/// The last lines of stderr (or stdout), bounded.
-fn tail(stderr: &str, stdout: &str) -> String {
-    let text = if stderr.trim().is_empty() {
-        stdout
-    } else {
-        stderr
-    };
-    let lines: Vec<&str> = text.trim().lines().collect();
-    let s = lines[lines.len().saturating_sub(3)..].join(" | ");
-    csi_scsi_daemon::text::bounded(&s, TAIL_MAX).into_owned()
-}
 
 #[cfg(test)]
 mod tests;
