@@ -27,9 +27,6 @@ const MAX_INPUT_LEN: usize = MAX_LEN + 16;
 // The refusal below spells the limit out.
 const _: () = assert!(MAX_INPUT_LEN == 272);
 
-/// How many bytes of a rejected input an error quotes.
-const EXCERPT_MAX: usize = 96;
-
 /// Why a string is not a WWID.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid WWID {input:?}: {reason}")]
@@ -225,11 +222,11 @@ impl Wwid {
     }
 }
 
-/// `s` cut to [`EXCERPT_MAX`] bytes: what an error quotes of a rejected
+/// `s` cut to [`text::INPUT_MAX`] bytes: what an error quotes of a rejected
 /// input, so hostile input of any size is never echoed whole into logs and
 /// gRPC statuses.
 pub(crate) fn excerpt(s: &str) -> String {
-    text::bounded(s, EXCERPT_MAX).into_owned()
+    text::bounded(s, text::INPUT_MAX).into_owned()
 }
 
 impl fmt::Display for Wwid {

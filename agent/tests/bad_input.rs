@@ -20,9 +20,6 @@ mod vpd;
 #[path = "bad_input/mountinfo.rs"]
 mod mountinfo;
 
-#[path = "bad_input/tools.rs"]
-mod tools;
-
 #[path = "bad_input/requests.rs"]
 mod requests;
 

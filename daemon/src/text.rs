@@ -6,6 +6,17 @@
 
 use std::borrow::Cow;
 
+/// Most bytes of one outside value (a request field, a name or flag read
+/// from the host) that an error quotes back: enough to recognise it, never
+/// a whole hostile input.
+pub const INPUT_MAX: usize = 96;
+
+/// Most bytes of a gRPC status message. It travels in an HTTP/2 trailer
+/// that clients cap (hyper at 16 KiB, percent-encoded at up to 3 bytes a
+/// byte), so a message quoting a huge request field would reach the caller
+/// as a transport error instead of its code.
+pub const STATUS_MAX: usize = 2048;
+
 /// `s` unchanged when it is at most `max` bytes long. Otherwise its head,
 /// cut at a character boundary, then `…(N bytes)` with N = `s.len()`: at
 /// most `max` bytes in all (just the marker when `max` is shorter).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
-use csi_scsi_daemon::{RequestId, grpc_timeout};
+use csi_scsi_daemon::{RequestId, grpc_timeout, text};
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
 use futures::Stream;
@@ -18,13 +18,8 @@ use tracing::Instrument;
 
 use super::auth::require_proxy;
 use super::status::to_status;
-use crate::csi::request::quote;
-use crate::csi::status::bounded;
-use crate::device::{Devices, TargetSpec, WipeMode as Mode, came_through};
-use crate::error::AgentError;
-use crate::host::block;
-use crate::host::sysfs::{self, Lun as HostLun, Transport as PathTransport};
-use crate::volume::{device::publications, mount_table};
+use crate::device::{Devices, TargetSpec, WipeMode as Mode};
+use crate::host::sysfs::{Lun as HostLun, Transport as PathTransport};
 use crate::wwid::Wwid;
 
 /// Default deadline when the proxy sends none.
@@ -58,44 +53,15 @@ impl AgentApi {
     }
 }
 
-impl AgentApi {
-    /// The LUN-number hint of an Attach, unless a disk at that address
-    /// through these targets is in use: the hint lets the attach remove a
-    /// stale path there, and a path that is mounted, held or published is
-    /// never stale.
-    fn safe_hint(&self, targets: &[TargetSpec], lun: u32) -> Result<Option<u64>, Status> {
-        let host = self.devices.host();
-        let disks =
-            sysfs::scsi_disks(host).map_err(|e| to_status(AgentError::io(host.sys("block"), e)))?;
-        let table = mount_table(host).map_err(to_status)?;
-        let at_address = disks
-            .iter()
-            .filter(|d| d.hctl.lun == u64::from(lun) && targets.iter().any(|t| came_through(d, t)));
-        for d in at_address {
-            let Ok(number) = block::device_number(&host.dev(&d.kernel_name)) else {
-                continue;
-            };
-            if !d.holders.is_empty()
-                || table.mounts_of(number).next().is_some()
-                || !publications(host, &table, number, &[]).is_empty()
-            {
-                tracing::warn!(disk = %d.kernel_name, wwid = %d.wwid, lun, "the disk at the hinted address is in use; not treating it as stale");
-                return Ok(None);
-            }
-        }
-        Ok(Some(u64::from(lun)))
-    }
-}
-
 /// A WWID as agent.proto names devices: canonical form only. The other
 /// spellings `Wwid::parse` reads are what the kernel and udev print; a
 /// caller that sends one (or pads it with blanks or NULs) is not the proxy.
 fn wwid(s: &str) -> Result<Wwid, Status> {
-    let w = Wwid::parse(s).map_err(|e| Status::invalid_argument(bounded(e.to_string())))?;
+    let w = Wwid::parse(s).map_err(|e| to_status(e.into()))?;
     if w.as_str() != s {
         return Err(Status::invalid_argument(format!(
             "WWID {} is not in canonical form ({w})",
-            quote(s)
+            text::quote(s, text::INPUT_MAX)
         )));
     }
     Ok(w)
@@ -207,10 +173,9 @@ impl Agent for AgentApi {
                 .iter()
                 .map(target)
                 .collect::<Result<Vec<_>, _>>()?;
-            let hint = self.safe_hint(&targets, req.lun)?;
             let (path, lun) = self
                 .devices
-                .attach(&w, &targets, hint, wait)
+                .attach(&w, &targets, req.lun, wait)
                 .await
                 .map_err(to_status)?;
             Ok(Response::new(AttachResponse {
@@ -344,9 +309,9 @@ impl Agent for AgentApi {
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         require_proxy(&request, &self.trust)?;
-        let host = self.devices.host();
-        let sessions = sysfs::iscsi_sessions(host)
-            .unwrap_or_default()
+        let sessions = self
+            .devices
+            .iscsi_sessions()
             .into_iter()
             .map(|s| Session {
                 attached_luns: 0,

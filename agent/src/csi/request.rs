@@ -40,15 +40,6 @@ const MAX_OPTIONS: usize = 4096;
 /// The longest filesystem type name worth quoting back.
 const MAX_FS_TYPE: usize = 64;
 
-/// Most bytes of a request value quoted back in a message.
-const QUOTE_MAX: usize = 96;
-
-/// `s` quoted for a message, cut to [`QUOTE_MAX`] bytes, so hostile input
-/// is never echoed whole.
-pub(crate) fn quote(s: &str) -> String {
-    text::quote(s, QUOTE_MAX)
-}
-
 /// A path that resolved (symlinks and `..` included) strictly under the
 /// kubelet directory. Holds the resolved path, which is what mountinfo shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,7 +184,7 @@ impl KubeletPath {
         if raw.len() >= PATH_MAX {
             return Err(bad(format!(
                 "{} is {} bytes long; paths are shorter than {PATH_MAX}",
-                quote(raw),
+                text::quote(raw, text::INPUT_MAX),
                 raw.len()
             )));
         }
@@ -203,22 +194,29 @@ impl KubeletPath {
         {
             return Err(bad(format!(
                 "{} has a {} byte component; names are at most {NAME_MAX}",
-                quote(raw),
+                text::quote(raw, text::INPUT_MAX),
                 c.as_os_str().len()
             )));
         }
         let path = Path::new(raw);
         if !path.is_absolute() {
-            return Err(bad(format!("{} is not an absolute path", quote(raw))));
+            return Err(bad(format!(
+                "{} is not an absolute path",
+                text::quote(raw, text::INPUT_MAX)
+            )));
         }
         let kubelet = mount::kubelet_root(host);
-        let resolved =
-            resolve(path).map_err(|e| bad(format!("{} cannot be resolved: {e}", quote(raw))))?;
+        let resolved = resolve(path).map_err(|e| {
+            bad(format!(
+                "{} cannot be resolved: {e}",
+                text::quote(raw, text::INPUT_MAX)
+            ))
+        })?;
         if resolved == kubelet || !resolved.starts_with(&kubelet) {
             return Err(bad(format!(
                 "{} resolves to {}, which is not under the kubelet directory {}",
-                quote(raw),
-                quote(&resolved.display().to_string()),
+                text::quote(raw, text::INPUT_MAX),
+                text::quote(&resolved.display().to_string(), text::INPUT_MAX),
                 kubelet.display()
             )));
         }
@@ -477,7 +475,7 @@ fn published_read_only(context: &HashMap<String, String>) -> Result<bool, AgentE
         Some("true") => Ok(true),
         Some(other) => Err(AgentError::InvalidArgument {
             field: "publish_context.readonly",
-            reason: format!("is {}; true or false", quote(other)),
+            reason: format!("is {}; true or false", text::quote(other, text::INPUT_MAX)),
         }),
     }
 }
@@ -501,7 +499,7 @@ fn volume_at_path(
         }
     }
     let volume = VolumeId::parse(raw_id).map_err(|e| AgentError::NoSuchVolume {
-        volume: quote(raw_id),
+        volume: text::quote(raw_id, text::INPUT_MAX),
         reason: e.to_string(),
     })?;
     let path = KubeletPath::parse(host, "volume_path", raw_path).map_err(|e| {

@@ -10,20 +10,13 @@ use tonic::{Code, Status};
 use crate::error::AgentError;
 use crate::host::command::CommandError;
 
-/// The longest status message sent. It travels in an HTTP/2 trailer that
-/// clients cap (hyper at 16 KiB, percent-encoded at up to 3 bytes a byte),
-/// so a message quoting a huge request field would reach the caller as a
-/// transport error instead of its code.
-pub const MAX_MESSAGE: usize = 2048;
-
-/// The status for `err`, with its message for people.
+/// The status for `err`, with its message for people, cut to
+/// [`text::STATUS_MAX`] bytes.
 pub fn status(err: &AgentError) -> Status {
-    Status::new(code(err), bounded(err.to_string()))
-}
-
-/// `message`, cut to at most [`MAX_MESSAGE`] bytes.
-pub fn bounded(message: String) -> String {
-    text::bounded(&message, MAX_MESSAGE).into_owned()
+    Status::new(
+        code(err),
+        text::bounded(&err.to_string(), text::STATUS_MAX).into_owned(),
+    )
 }
 
 /// The CSI code of `err`.
@@ -159,7 +152,7 @@ mod tests {
             reason: "é".repeat(1 << 20),
         };
         let m = status(&err).message().to_owned();
-        assert!(m.len() <= MAX_MESSAGE, "{} bytes", m.len());
+        assert!(m.len() <= text::STATUS_MAX, "{} bytes", m.len());
         assert!(m.starts_with("invalid volume_id: éé"), "{m}");
         assert!(
             m.ends_with(&format!("({} bytes)", err.to_string().len())),

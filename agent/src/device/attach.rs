@@ -7,18 +7,21 @@ use std::time::{Duration, Instant};
 
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
-use crate::host::dev_links;
 use crate::host::sysfs::{self, Lun, PathAtAddress};
+use crate::host::{block, dev_links};
+use crate::volume::device::publications;
+use crate::volume::mount_table;
 use crate::wwid::Wwid;
 
 impl Devices {
     /// Attaches `wwid` through `targets`; `lun` is the inventory's hint of
-    /// its LUN number. Waits until `deadline` for the device.
+    /// its LUN number (see [`Self::stale_path_hint`]). Waits until
+    /// `deadline` for the device.
     pub async fn attach(
         &self,
         wwid: &Wwid,
         targets: &[TargetSpec],
-        lun: Option<u64>,
+        lun: u32,
         deadline: Duration,
     ) -> Result<(PathBuf, Lun), AgentError> {
         let start = Instant::now();
@@ -28,6 +31,7 @@ impl Devices {
                 reason: "at least one target is required".into(),
             });
         }
+        let lun = self.stale_path_hint(targets, lun)?;
         let _op = self.begin(wwid)?;
         // Attach is asked again and again (every ControllerPublish retry):
         // a device already attached through these targets is answered from
@@ -97,6 +101,31 @@ impl Devices {
         Ok((link.link, lun_info))
     }
 
+    /// The LUN-number hint `lun`, unless a disk at that address through
+    /// `targets` is in use: the hint lets the attach remove a stale path
+    /// there, and a path that is mounted, held or published is never stale.
+    fn stale_path_hint(&self, targets: &[TargetSpec], lun: u32) -> Result<Option<u64>, AgentError> {
+        let host = &self.host;
+        let disks = sysfs::scsi_disks(host).map_err(|e| AgentError::io(host.sys("block"), e))?;
+        let table = mount_table(host)?;
+        let at_address = disks
+            .iter()
+            .filter(|d| d.hctl.lun == u64::from(lun) && targets.iter().any(|t| came_through(d, t)));
+        for d in at_address {
+            let Ok(number) = block::device_number(&host.dev(&d.kernel_name)) else {
+                continue;
+            };
+            if !d.holders.is_empty()
+                || table.mounts_of(number).next().is_some()
+                || !publications(host, &table, number, &[]).is_empty()
+            {
+                tracing::warn!(disk = %d.kernel_name, wwid = %d.wwid, lun, "the disk at the hinted address is in use; not treating it as stale");
+                return Ok(None);
+            }
+        }
+        Ok(Some(u64::from(lun)))
+    }
+
     /// The device of `wwid` and its path, if present and verified.
     fn present(&self, wwid: &Wwid) -> Result<Option<(PathBuf, Lun)>, AgentError> {
         let Some(l) = self.lun(wwid)? else {
@@ -122,7 +151,7 @@ impl Devices {
     ) -> Result<(), AgentError> {
         let disks =
             sysfs::scsi_disks(&self.host).map_err(|e| AgentError::io(self.host.sys("block"), e))?;
-        let table = crate::volume::mount_table(&self.host)?;
+        let table = mount_table(&self.host)?;
         // The full in-use check, as for a detach: never delete a path that
         // is mounted, published or open, whatever WWID it reports.
         let in_use = |name: &str| {

@@ -21,7 +21,7 @@ pub(crate) use sessions::TargetKey;
 
 use crate::error::AgentError;
 use crate::host::Host;
-use crate::host::sysfs::{self, Lun, ScsiDisk};
+use crate::host::sysfs::{self, IscsiSession, Lun, ScsiDisk};
 use crate::wwid::Wwid;
 
 /// The node's devices and sessions.
@@ -92,6 +92,11 @@ impl Devices {
     /// The host layer.
     pub fn host(&self) -> &Host {
         &self.host
+    }
+
+    /// The iSCSI sessions the node has now; none when sysfs cannot be read.
+    pub fn iscsi_sessions(&self) -> Vec<IscsiSession> {
+        sysfs::iscsi_sessions(&self.host).unwrap_or_default()
     }
 
     /// Every LUN the node sees now, grouped by WWID.

@@ -4,8 +4,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use csi_scsi_daemon::text;
+
 use super::Devices;
-use crate::csi::request::quote;
 use crate::error::AgentError;
 use crate::host::fc::{self, Wwpn};
 use crate::host::iscsiadm::{self, Chap, IscsiError, LoginOutcome, MutualChap, Portal, Secret};
@@ -265,7 +266,9 @@ fn check_text(
         return Ok(());
     };
     let reason = match shown {
-        Shown::Value if !value.is_empty() => format!("{} {problem}", quote(value)),
+        Shown::Value if !value.is_empty() => {
+            format!("{} {problem}", text::quote(value, text::INPUT_MAX))
+        }
         Shown::Value | Shown::Secret => problem,
     };
     Err(AgentError::InvalidArgument { field, reason })
@@ -309,7 +312,7 @@ fn check_iqn(iqn: &str) -> Result<(), AgentError> {
     };
     Err(AgentError::InvalidArgument {
         field: FIELD,
-        reason: format!("{} {problem}", quote(iqn)),
+        reason: format!("{} {problem}", text::quote(iqn, text::INPUT_MAX)),
     })
 }
 

@@ -1,7 +1,7 @@
 //! `iscsiadm`, open-iscsi's CLI, run through the host's command runner:
-//! node records, CHAP, login and logout with a per-portal timeout, session
-//! rescans, sendtargets discovery, and parsers for its listings (`-m
-//! session` at `-P 0`, `-P 1` and `-P 3`, `-m node`, discovery output).
+//! node records, CHAP, login and logout with a per-portal timeout, and
+//! session rescans. Sessions are read from sysfs
+//! ([`super::sysfs`]), not from the tool's listings.
 //!
 //! Exit codes are open-iscsi's (`include/iscsi_err.h`); each is turned into
 //! a typed [`IscsiError`], or into success where it means "already done".
@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use super::Host;
 use super::command::{Arg, CommandError, Output};
-use super::sysfs::Hctl;
 use crate::wwid::excerpt;
 
 /// The iSCSI well-known port.
@@ -70,72 +69,6 @@ pub struct MutualChap {
     pub username: String,
     /// `node.session.auth.password_in`.
     pub password: Secret,
-}
-
-/// One line of `iscsiadm -m node` or of sendtargets discovery:
-/// `<portal>,<tpgt> <target>`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeRecord {
-    /// The portal.
-    pub portal: Portal,
-    /// Target portal group tag (`-1` when unknown).
-    pub tpgt: i32,
-    /// The target name (IQN or EUI).
-    pub target: String,
-}
-
-/// One line of `iscsiadm -m session` (`-P 0`):
-/// `tcp: [<sid>] <portal>,<tpgt> <target> (non-flash)`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionEntry {
-    /// Transport (`tcp`, `iser`, an offload driver name).
-    pub transport: String,
-    /// Session id (the `N` of `/sys/class/iscsi_session/sessionN`).
-    pub sid: u32,
-    /// The portal.
-    pub portal: Portal,
-    /// Target portal group tag.
-    pub tpgt: i32,
-    /// The target name.
-    pub target: String,
-}
-
-/// One session of `iscsiadm -m session -P 1` or `-P 3`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionDetail {
-    /// The target name.
-    pub target: String,
-    /// The portal the session is connected to.
-    pub current_portal: Portal,
-    /// The portal from the node record.
-    pub persistent_portal: Option<Portal>,
-    /// Target portal group tag of the current portal.
-    pub tpgt: i32,
-    /// Session id.
-    pub sid: u32,
-    /// `Iface Name`.
-    pub iface: Option<String>,
-    /// `Iface Initiatorname`.
-    pub initiator: Option<String>,
-    /// `iSCSI Connection State` (`LOGGED IN`, `Unknown`, ...).
-    pub connection_state: Option<String>,
-    /// `iSCSI Session State` (`LOGGED_IN`, `FAILED`, ...).
-    pub session_state: Option<String>,
-    /// `Host Number` (`-P 3` only).
-    pub scsi_host: Option<u32>,
-    /// `Attached scsi disk` lines (`-P 3` only).
-    pub disks: Vec<AttachedDisk>,
-}
-
-/// A disk listed under a session by `-P 3`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttachedDisk {
-    /// Its SCSI address.
-    pub hctl: Hctl,
-    /// Kernel name (`sdb`).
-    pub kernel_name: String,
-    /// Device state (`running`).
-    pub state: Option<String>,
 }
 
 /// What a login did.
@@ -278,9 +211,6 @@ enum Op {
     Login,
     Logout,
     Rescan,
-    Discovery,
-    ListSessions,
-    ListNodes,
 }
 
 /// The node a command is about, for errors.
@@ -474,189 +404,6 @@ pub async fn rescan_session(host: &Host, sid: u32) -> Result<(), IscsiError> {
     Ok(())
 }
 
-/// SendTargets discovery at `portal` (`-m discovery -t sendtargets -p`),
-/// within `timeout`. Returns the targets and portals the array reports (and,
-/// as iscsiadm does, records them as node records). A portal that reports
-/// nothing (exit 21) is an empty list.
-pub async fn discover_sendtargets(
-    host: &Host,
-    portal: &Portal,
-    timeout: Duration,
-) -> Result<Vec<NodeRecord>, IscsiError> {
-    let args: Vec<Arg> = vec![
-        "-m".into(),
-        "discovery".into(),
-        "-t".into(),
-        "sendtargets".into(),
-        "-p".into(),
-        portal.to_string().into(),
-    ];
-    let who = subject("", portal);
-    let out = output(host, Op::Discovery, &args, Some(timeout), &who).await?;
-    match out.code {
-        0 => Ok(parse_node_list(&out.stdout)),
-        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
-        code => Err(classify(Op::Discovery, code, &out, &who, &[])),
-    }
-}
-
-/// The sessions iscsid knows (`-m session`). None (exit 21) is an empty list.
-pub async fn sessions(host: &Host) -> Result<Vec<SessionEntry>, IscsiError> {
-    let args: Vec<Arg> = vec!["-m".into(), "session".into()];
-    let who = subject("", &Portal::unspecified());
-    let out = output(host, Op::ListSessions, &args, None, &who).await?;
-    match out.code {
-        0 => Ok(parse_session_list(&out.stdout)),
-        // ISCSI_ERR_NO_OBJS_FOUND: "No active sessions."
-        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
-        code => Err(classify(Op::ListSessions, code, &out, &who, &[])),
-    }
-}
-
-/// The node records (`-m node`). None (exit 21) is an empty list.
-pub async fn nodes(host: &Host) -> Result<Vec<NodeRecord>, IscsiError> {
-    let args: Vec<Arg> = vec!["-m".into(), "node".into()];
-    let who = subject("", &Portal::unspecified());
-    let out = output(host, Op::ListNodes, &args, None, &who).await?;
-    match out.code {
-        0 => Ok(parse_node_list(&out.stdout)),
-        // ISCSI_ERR_NO_OBJS_FOUND: "No records found".
-        ERR_NO_OBJS_FOUND => Ok(Vec::new()),
-        code => Err(classify(Op::ListNodes, code, &out, &who, &[])),
-    }
-}
-
-/// Parses `-m node` or sendtargets discovery output, one
-/// `<portal>,<tpgt> <target>` per line; other lines are skipped with a
-/// warning.
-pub fn parse_node_list(text: &str) -> Vec<NodeRecord> {
-    let mut out = Vec::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let mut words = line.split_whitespace();
-        let parsed = match (words.next(), words.next(), words.next()) {
-            (Some(portal_tpgt), Some(target), None) => parse_portal_tpgt(portal_tpgt)
-                .and_then(|(portal, tpgt)| valid_name(target).then_some((portal, tpgt, target))),
-            _ => None,
-        };
-        match parsed {
-            Some((portal, tpgt, target)) => out.push(NodeRecord {
-                portal,
-                tpgt,
-                target: target.to_owned(),
-            }),
-            None => {
-                tracing::warn!(line = %line.escape_debug(), "skipping unrecognised iscsiadm node line")
-            }
-        }
-    }
-    out
-}
-
-/// Parses `-m session` (`-P 0`) output, new (`tcp: [1] ... (non-flash)`) and
-/// old (`tcp [1] ...`) forms; other lines are skipped with a warning.
-pub fn parse_session_list(text: &str) -> Vec<SessionEntry> {
-    let mut out = Vec::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        match parse_session_line(line) {
-            Some(s) => out.push(s),
-            None => {
-                tracing::warn!(line = %line.escape_debug(), "skipping unrecognised iscsiadm session line")
-            }
-        }
-    }
-    out
-}
-
-/// Parses `-m session -P 1` or `-P 3` output into one entry per session
-/// (per `Current Portal:` under a `Target:`). A session without a parsable
-/// portal or SID is skipped with a warning.
-pub fn parse_session_detail(text: &str) -> Vec<SessionDetail> {
-    let mut out = Vec::new();
-    let mut target: Option<String> = None;
-    let mut current: Option<DetailBuilder> = None;
-    let mut pending_hctl: Option<Hctl> = None;
-    for raw in text.lines() {
-        let line = raw.trim();
-        if let Some(rest) = line.strip_prefix("Target:") {
-            flush_detail(&mut current, &mut out);
-            // "Target: <name> (non-flash)"; names have no blanks.
-            let mut words = rest.split_whitespace();
-            let name = words.next().unwrap_or_default();
-            let tail_ok = matches!(words.next(), None | Some("(non-flash)" | "(flash)"))
-                && words.next().is_none();
-            target = (tail_ok && valid_name(name)).then(|| name.to_owned());
-            if target.is_none() {
-                tracing::warn!(line = %line.escape_debug(), "skipping iscsiadm target with an invalid name");
-            }
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("Current Portal:") {
-            flush_detail(&mut current, &mut out);
-            pending_hctl = None;
-            current = target.clone().map(|t| DetailBuilder::new(t, rest.trim()));
-            continue;
-        }
-        let Some(b) = current.as_mut() else { continue };
-        let value = |prefix: &str| {
-            line.strip_prefix(prefix)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        if let Some(v) = value("Persistent Portal:") {
-            b.persistent = parse_portal_tpgt(&v).map(|(p, _)| p);
-        } else if let Some(v) = value("Iface Name:") {
-            b.iface = Some(v);
-        } else if let Some(v) = value("Iface Initiatorname:") {
-            b.initiator = Some(v);
-        } else if let Some(v) = value("SID:") {
-            b.sid = v.parse().ok();
-        } else if let Some(v) = value("iSCSI Connection State:") {
-            b.connection_state = Some(v);
-        } else if let Some(v) = value("iSCSI Session State:") {
-            b.session_state = Some(v);
-        } else if let Some(v) = value("Host Number:") {
-            // "Host Number: 1  State: running"
-            b.scsi_host = v.split_whitespace().next().and_then(|n| n.parse().ok());
-        } else if line.starts_with("scsi") && line.contains("Channel") {
-            pending_hctl = parse_scsi_address_line(line);
-        } else if let Some(v) = value("Attached scsi disk") {
-            // "Attached scsi disk sdb          State: running"
-            let mut words = v.split_whitespace();
-            let name = words.next().unwrap_or_default();
-            let state = v
-                .split_once("State:")
-                .map(|(_, s)| s.trim().to_owned())
-                .filter(|s| !s.is_empty());
-            match pending_hctl.take() {
-                Some(hctl) if is_kernel_name(name) => b.disks.push(AttachedDisk {
-                    hctl,
-                    kernel_name: name.to_owned(),
-                    state,
-                }),
-                _ => {
-                    tracing::warn!(line = %line.escape_debug(), "skipping iscsiadm attached disk without an address")
-                }
-            }
-        }
-    }
-    flush_detail(&mut current, &mut out);
-    out
-}
-
-/// A session being assembled by [`parse_session_detail`].
-struct DetailBuilder {
-    target: String,
-    current: String,
-    persistent: Option<Portal>,
-    sid: Option<u32>,
-    iface: Option<String>,
-    initiator: Option<String>,
-    connection_state: Option<String>,
-    session_state: Option<String>,
-    scsi_host: Option<u32>,
-    disks: Vec<AttachedDisk>,
-}
-
 // === impl Portal ===
 
 impl Portal {
@@ -734,14 +481,6 @@ impl Portal {
     pub fn port(&self) -> u16 {
         self.port
     }
-
-    /// An empty placeholder for errors about commands that name no portal.
-    fn unspecified() -> Self {
-        Self {
-            address: String::new(),
-            port: DEFAULT_PORT,
-        }
-    }
 }
 
 impl fmt::Display for Portal {
@@ -814,59 +553,7 @@ impl Op {
             Self::Login => "login",
             Self::Logout => "logout",
             Self::Rescan => "session rescan",
-            Self::Discovery => "sendtargets discovery",
-            Self::ListSessions => "session list",
-            Self::ListNodes => "node list",
         }
-    }
-}
-
-// === impl DetailBuilder ===
-
-impl DetailBuilder {
-    fn new(target: String, current: &str) -> Self {
-        Self {
-            target,
-            current: current.to_owned(),
-            persistent: None,
-            sid: None,
-            iface: None,
-            initiator: None,
-            connection_state: None,
-            session_state: None,
-            scsi_host: None,
-            disks: Vec::new(),
-        }
-    }
-
-    fn build(self) -> Option<SessionDetail> {
-        let Some((current_portal, tpgt)) = parse_portal_tpgt(&self.current) else {
-            tracing::warn!(portal = %self.current.escape_debug(), target = %self.target, "skipping iscsiadm session with an unparsable portal");
-            return None;
-        };
-        let Some(sid) = self.sid else {
-            tracing::warn!(target = %self.target, "skipping iscsiadm session without a SID");
-            return None;
-        };
-        Some(SessionDetail {
-            target: self.target,
-            current_portal,
-            persistent_portal: self.persistent,
-            tpgt,
-            sid,
-            iface: self.iface,
-            initiator: self.initiator,
-            connection_state: self.connection_state,
-            session_state: self.session_state,
-            scsi_host: self.scsi_host,
-            disks: self.disks,
-        })
-    }
-}
-
-fn flush_detail(current: &mut Option<DetailBuilder>, out: &mut Vec<SessionDetail>) {
-    if let Some(d) = current.take().and_then(DetailBuilder::build) {
-        out.push(d);
     }
 }
 
@@ -928,12 +615,10 @@ async fn output(
     };
     match result {
         Ok(out) => Ok(out),
-        Err(CommandError::Timeout { .. }) if matches!(op, Op::Login | Op::Discovery) => {
-            Err(IscsiError::Timeout {
-                operation: op.name(),
-                portal: who.portal.clone(),
-            })
-        }
+        Err(CommandError::Timeout { .. }) if op == Op::Login => Err(IscsiError::Timeout {
+            operation: op.name(),
+            portal: who.portal.clone(),
+        }),
         Err(e) => Err(e.into()),
     }
 }
@@ -1061,62 +746,9 @@ fn check_chap_text(field: &'static str, value: &str) -> Result<(), IscsiError> {
     Err(IscsiError::InvalidArgument { field, reason })
 }
 
-/// An iSCSI name as listings print it: printable, no blanks.
+/// An iSCSI name: printable, no blanks.
 fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN && name.chars().all(|c| c.is_ascii_graphic())
-}
-
-/// A kernel device name (`sdb`): short, alphanumeric.
-fn is_kernel_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 32 && name.chars().all(|c| c.is_ascii_alphanumeric())
-}
-
-/// `<portal>,<tpgt>`; the tag is signed (`-1` when unknown).
-fn parse_portal_tpgt(s: &str) -> Option<(Portal, i32)> {
-    let (portal, tpgt) = s.rsplit_once(',')?;
-    Some((Portal::parse(portal).ok()?, tpgt.trim().parse().ok()?))
-}
-
-/// `tcp: [3] 127.0.0.1:3260,1028 iqn... (non-flash)` or `tcp [3] ...`.
-fn parse_session_line(line: &str) -> Option<SessionEntry> {
-    let mut words = line.split_whitespace();
-    let transport = words.next()?.trim_end_matches(':');
-    let sid = words
-        .next()?
-        .strip_prefix('[')?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
-    let (portal, tpgt) = parse_portal_tpgt(words.next()?)?;
-    let target = words.next()?;
-    match words.next() {
-        None | Some("(non-flash)" | "(flash)") => {}
-        Some(_) => return None,
-    }
-    if words.next().is_some() || !valid_name(target) || !valid_name(transport) {
-        return None;
-    }
-    Some(SessionEntry {
-        transport: transport.to_owned(),
-        sid,
-        portal,
-        tpgt,
-        target: target.to_owned(),
-    })
-}
-
-/// `scsi1 Channel 00 Id 0 Lun: 0` -> `1:0:0:0`.
-fn parse_scsi_address_line(line: &str) -> Option<Hctl> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words.as_slice() {
-        [scsi, "Channel", channel, "Id", id, "Lun:", lun] => Some(Hctl {
-            host: scsi.strip_prefix("scsi")?.parse().ok()?,
-            channel: channel.parse().ok()?,
-            target: id.parse().ok()?,
-            lun: lun.parse().ok()?,
-        }),
-        _ => None,
-    }
 }
 
 pub mod record;

@@ -11,13 +11,13 @@
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
+use csi_scsi_daemon::text;
 use nix::mount::{MntFlags, MsFlags};
 use serde::{Deserialize, Serialize};
 
 use super::Host;
 use super::block::DeviceNumber;
 use super::filesystem::FsType;
-use crate::csi::request::quote;
 use crate::error::AgentError;
 
 /// The name of the raw block staging record inside a staging directory.
@@ -137,7 +137,7 @@ impl MountOptions {
                 } else {
                     return Err(format!(
                         "mount flag {} is not allowed for {fs}",
-                        quote(flag)
+                        text::quote(flag, text::INPUT_MAX)
                     ));
                 }
             }

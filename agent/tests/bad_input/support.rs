@@ -171,60 +171,10 @@ pub fn mutate(s: &str, at: Index, c: char, op: u8) -> String {
     chars.into_iter().collect()
 }
 
-/// Lines of `text` with one line-level edit: a line dropped, duplicated,
-/// cut short, replaced by `junk`, or `junk` inserted; for tool output and
-/// mount tables.
-pub fn mutate_lines(text: &str, at: Index, junk: &str, op: u8) -> String {
-    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    if lines.is_empty() {
-        return junk.to_owned();
-    }
-    let i = at.index(lines.len());
-    match op {
-        0 => {
-            lines.remove(i);
-        }
-        1 => {
-            let l = lines[i].clone();
-            lines.insert(i, l);
-        }
-        2 => {
-            let cut: String = lines[i]
-                .chars()
-                .take(lines[i].chars().count() / 2)
-                .collect();
-            lines[i] = cut;
-        }
-        3 => lines[i] = junk.to_owned(),
-        _ => lines.insert(i, junk.to_owned()),
-    }
-    let mut out = lines.join("\n");
-    out.push('\n');
-    out
-}
-
 /// Lower-case hex of `n` digits.
 pub fn hex(n: usize) -> impl Strategy<Value = String> + Clone {
     prop::collection::vec(prop::sample::select(b"0123456789abcdef".to_vec()), n)
         .prop_map(|v| String::from_utf8(v).unwrap_or_default())
-}
-
-/// Every file's text under the fixture directory `rel`, sorted by name.
-pub fn fixtures_in(rel: &str) -> Vec<String> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(rel);
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    paths.sort();
-    paths
-        .iter()
-        .map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .collect()
 }
 
 /// A Kubernetes node name (DNS-1123 subdomain), the independent oracle.

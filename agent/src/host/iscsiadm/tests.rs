@@ -1,19 +1,9 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::*;
 use crate::host::command::CommandRunner;
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(rel)
-}
-
-fn read_fixture(rel: &str) -> String {
-    std::fs::read_to_string(fixture(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
 
 const IQN: &str = "iqn.2024-01.io.lab:target-a";
 
@@ -329,245 +319,18 @@ async fn logout_and_rescan_exit_codes() {
 }
 
 #[tokio::test]
-async fn discovery_and_listings_run_and_parse() {
-    let file = fixture("tools/iscsiadm/discovery-st/netapp-two-portals-os-brick.txt");
-    let tool = FakeTool::new(&format!("cat '{}'", file.display()));
-    let found = discover_sendtargets(&tool.host(), &portal(), Duration::from_secs(5))
-        .await
-        .expect("discover");
-    assert_eq!(found.len(), 2);
-    assert_eq!(
-        tool.calls(),
-        ["-m discovery -t sendtargets -p 10.0.0.1:3260"]
-    );
-    let none = FakeTool::new("exit 21");
-    assert_eq!(
-        discover_sendtargets(&none.host(), &portal(), Duration::from_secs(5))
-            .await
-            .expect("none"),
-        []
-    );
-    assert_eq!(sessions(&none.host()).await.expect("none"), []);
-    assert_eq!(nodes(&none.host()).await.expect("none"), []);
-    let refused = FakeTool::new("echo 'iscsiadm: connect to 10.0.0.1 timed out' >&2; exit 4");
-    assert!(matches!(
-        discover_sendtargets(&refused.host(), &portal(), Duration::from_secs(5)).await,
-        Err(IscsiError::PortalUnreachable { .. })
-    ));
-    let file = fixture("tools/iscsiadm/session/P0-ontap-two-sessions-trident.txt");
-    let listing = FakeTool::new(&format!("cat '{}'", file.display()));
-    assert_eq!(sessions(&listing.host()).await.expect("sessions").len(), 2);
-    let no_daemon =
-        FakeTool::new("echo 'iscsiadm: can not connect to iSCSI daemon (111)!' >&2; exit 20");
-    assert!(matches!(
-        sessions(&no_daemon.host()).await,
-        Err(IscsiError::DaemonUnavailable { code: 20, .. })
-    ));
-}
-
-#[tokio::test]
 async fn a_missing_tool_is_a_tool_error() {
     let mut host = FakeTool::new("exit 0").host();
     host.tools.insert(
         "iscsiadm".to_owned(),
         PathBuf::from("/nonexistent/iscsiadm"),
     );
-    let err = sessions(&host).await.expect_err("missing");
+    let err = rescan_session(&host, 3).await.expect_err("missing");
     assert!(
         matches!(err, IscsiError::Tool(CommandError::Spawn { .. })),
         "{err:?}"
     );
     assert_eq!(err.metric_label(), "tool");
-}
-
-#[test]
-fn session_listings_from_the_fixtures() {
-    let ontap = parse_session_list(&read_fixture(
-        "tools/iscsiadm/session/P0-ontap-two-sessions-trident.txt",
-    ));
-    assert_eq!(
-        ontap,
-        [
-            SessionEntry {
-                transport: "tcp".to_owned(),
-                sid: 3,
-                portal: Portal::parse("127.0.0.1:3260").expect("portal"),
-                tpgt: 1028,
-                target: "iqn.2016-04.com.open-iscsi:ef9f41e2ffa7:vs.3".to_owned(),
-            },
-            SessionEntry {
-                transport: "tcp".to_owned(),
-                sid: 4,
-                portal: Portal::parse("127.0.0.1:3260").expect("portal"),
-                tpgt: 1029,
-                target: "iqn.2016-04.com.open-iscsi:ef9f41e2ffa7:vs.3".to_owned(),
-            },
-        ]
-    );
-    let insights = parse_session_list(&read_fixture("tools/iscsiadm/session/P0-insights.txt"));
-    assert_eq!(
-        insights
-            .iter()
-            .map(|s| (s.sid, s.target.as_str()))
-            .collect::<Vec<_>>(),
-        [
-            (1, "iqn.2017-06.com.example:server1"),
-            (2, "iqn.2017-06.com.example:server2")
-        ]
-    );
-    // Old open-iscsi (no colon, no flash marker), IPv6, and junk lines.
-    let mixed = parse_session_list(
-        "tcp [7] 10.1.1.1:3260,1 iqn.2001-05.com.equallogic:vol1\n\
-         iser: [8] [fd00::5]:3260,-1 iqn.2003-01.org.linux-iscsi.rheln1 (non-flash)\n\
-         iscsiadm: No active sessions.\n\
-         tcp: [x] 10.1.1.1:3260,1 iqn.bad-sid\n\
-         tcp: [9] 10.1.1.1:3260 iqn.no-tpgt\n\
-         tcp: [10] 10.1.1.1:3260,1 iqn.x (non-flash) trailing\n",
-    );
-    assert_eq!(mixed.len(), 2);
-    assert_eq!(mixed[0].sid, 7);
-    assert_eq!(mixed[1].transport, "iser");
-    assert_eq!(mixed[1].tpgt, -1);
-    assert_eq!(mixed[1].portal.to_string(), "[fd00::5]:3260");
-}
-
-#[test]
-fn node_and_discovery_listings_from_the_fixtures() {
-    for (file, portals, target, tpgts) in [
-        (
-            "tools/iscsiadm/node/node-ontap-trident.txt",
-            ["127.0.0.1:3260", "127.0.0.1:3260"],
-            "iqn.2016-04.com.open-iscsi:ef9f41e2ffa7:vs.25",
-            [1042, 1043],
-        ),
-        (
-            "tools/iscsiadm/discovery-st/ontap-two-lifs-trident.txt",
-            ["127.0.0.1:3260", "127.0.0.1:3260"],
-            "iqn.2016-04.com.open-iscsi:ef9f41e2ffa7:vs.3",
-            [1042, 1043],
-        ),
-        (
-            "tools/iscsiadm/discovery-st/netapp-two-portals-os-brick.txt",
-            ["10.15.84.19:3260", "10.15.85.19:3260"],
-            "iqn.1992-08.com.netapp:sn.33615311",
-            [1, 2],
-        ),
-        (
-            "tools/iscsiadm/discovery-st/azure-storsimple.txt",
-            ["10.126.162.25:3260", "10.126.162.26:3260"],
-            "iqn.1991-05.com.microsoft:storsimple8100-shx0991003g44mt-target",
-            [1, 1],
-        ),
-    ] {
-        let records = parse_node_list(&read_fixture(file));
-        assert_eq!(records.len(), 2, "{file}");
-        for (i, r) in records.iter().enumerate() {
-            assert_eq!(r.portal.to_string(), portals[i], "{file}");
-            assert_eq!(r.target, target, "{file}");
-            assert_eq!(r.tpgt, tpgts[i], "{file}");
-        }
-    }
-    let odd = parse_node_list(
-        "[2001:db8::7]:3260,1 iqn.2001-04.com.example:v6\n\
-         sg1.example.com:3260,-1 iqn.2010-01.com.solidfire:abc.vol.1\n\
-         10.0.0.1:3260 iqn.no-tag\n\
-         10.0.0.1:3260,1\n\
-         garbage line with words\n",
-    );
-    assert_eq!(odd.len(), 2);
-    assert_eq!(odd[0].portal.address(), "2001:db8::7");
-    assert_eq!(odd[1].tpgt, -1);
-    assert_eq!(odd[1].portal.address(), "sg1.example.com");
-}
-
-#[test]
-fn p3_detail_from_the_fixture() {
-    let sessions = parse_session_detail(&read_fixture(
-        "tools/iscsiadm/session/P3-jiva-single-path-openebs.txt",
-    ));
-    assert_eq!(sessions.len(), 1);
-    let s = &sessions[0];
-    assert_eq!(
-        s.target,
-        "iqn.2016-09.com.openebs.jiva:pvc-25e8f6f1-eb2d-11e9-b8d1-42010a800093"
-    );
-    assert_eq!(s.current_portal.to_string(), "10.20.23.99:3260");
-    assert_eq!(
-        s.persistent_portal
-            .as_ref()
-            .map(ToString::to_string)
-            .as_deref(),
-        Some("10.20.23.99:3260")
-    );
-    assert_eq!(s.tpgt, 1);
-    assert_eq!(s.sid, 1);
-    assert_eq!(s.iface.as_deref(), Some("default"));
-    assert_eq!(
-        s.initiator.as_deref(),
-        Some("iqn.1993-08.org.debian:01:f6771fccb5af")
-    );
-    assert_eq!(s.connection_state.as_deref(), Some("Unknown"));
-    assert_eq!(s.session_state.as_deref(), Some("LOGGED_IN"));
-    assert_eq!(s.scsi_host, Some(1));
-    assert_eq!(
-        s.disks,
-        [AttachedDisk {
-            hctl: Hctl::parse("1:0:0:0").expect("hctl"),
-            kernel_name: "sdb".to_owned(),
-            state: Some("running".to_owned()),
-        }]
-    );
-}
-
-#[test]
-fn p1_detail_with_two_portals_and_malformed_sessions() {
-    // -P 1 layout (no CHAP, params or devices), one target over two
-    // portals, then a session whose portal and SID are unreadable.
-    let text = "Target: iqn.2003-01.org.linux-iscsi.lab:t1 (non-flash)\n\
-\tCurrent Portal: 10.0.0.1:3260,1\n\
-\tPersistent Portal: 10.0.0.1:3260,1\n\
-\t\t**********\n\t\tInterface:\n\t\t**********\n\
-\t\tIface Name: default\n\t\tIface Transport: tcp\n\
-\t\tSID: 4\n\t\tiSCSI Connection State: LOGGED IN\n\t\tiSCSI Session State: LOGGED_IN\n\
-\tCurrent Portal: 10.0.0.2:3260,2\n\
-\tPersistent Portal: 10.0.0.2:3260,2\n\
-\t\tSID: 5\n\t\tiSCSI Connection State: TRANSPORT WAIT\n\t\tiSCSI Session State: FAILED\n\
-Target: iqn.2003-01.org.linux-iscsi.lab:t2 (non-flash)\n\
-\tCurrent Portal: not a portal\n\t\tSID: 6\n\
-\tCurrent Portal: 10.0.0.3:3260,1\n\t\tSID: many\n\
-Target: bad name with blanks\n\
-\tCurrent Portal: 10.0.0.4:3260,1\n\t\tSID: 7\n";
-    let sessions = parse_session_detail(text);
-    let got: Vec<(&str, String, u32, Option<&str>)> = sessions
-        .iter()
-        .map(|s| {
-            (
-                s.target.as_str(),
-                s.current_portal.to_string(),
-                s.sid,
-                s.session_state.as_deref(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        got,
-        [
-            (
-                "iqn.2003-01.org.linux-iscsi.lab:t1",
-                "10.0.0.1:3260".to_owned(),
-                4,
-                Some("LOGGED_IN")
-            ),
-            (
-                "iqn.2003-01.org.linux-iscsi.lab:t1",
-                "10.0.0.2:3260".to_owned(),
-                5,
-                Some("FAILED")
-            ),
-        ]
-    );
-    assert_eq!(sessions[1].tpgt, 2);
-    assert_eq!(sessions[0].connection_state.as_deref(), Some("LOGGED IN"));
 }
 
 #[test]
