@@ -1,7 +1,8 @@
 //! Deliberate defects for proving the reliability suites can fail. Only
-//! debug builds read `CSI_SCSI_FAULT` (a comma-separated list); release
-//! builds compile every check to `false`, so no shipped binary can be told
-//! to misbehave.
+//! debug builds with the `fault-injection` feature (which only the test
+//! crate enables) read `CSI_SCSI_FAULT` (a comma-separated list); every
+//! other build compiles each check to `false`, so no shipped binary can be
+//! told to misbehave.
 
 /// A defect the suites must catch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,9 +20,9 @@ impl Fault {
     }
 }
 
-/// Whether `fault` was asked for (debug builds only).
+/// Whether `fault` was asked for (test builds only).
 pub fn injected(fault: Fault) -> bool {
-    #[cfg(debug_assertions)]
+    #[cfg(all(debug_assertions, feature = "fault-injection"))]
     {
         static ASKED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
         let asked = ASKED.get_or_init(|| {
@@ -38,7 +39,7 @@ pub fn injected(fault: Fault) -> bool {
         });
         asked.iter().any(|a| a == fault.name())
     }
-    #[cfg(not(debug_assertions))]
+    #[cfg(not(all(debug_assertions, feature = "fault-injection")))]
     {
         let _ = fault.name();
         false

@@ -36,7 +36,7 @@ pub struct KubeOptions {
 /// The Kubernetes backends, ready to hand to `Lifecycle` and the servers.
 pub struct KubeBackends {
     /// The inventory on SCSITarget/SCSIDevice/PendingResizeRequest objects.
-    pub inventory: Arc<dyn Inventory>,
+    pub inventory: Arc<Inventory>,
     /// The same, typed (readiness, `targets_changed`).
     pub kube_inventory: KubeInventory,
     /// Agents from their Pods.
@@ -107,7 +107,7 @@ pub fn kube_backends_with(
         },
     );
     Ok(KubeBackends {
-        inventory: Arc::new(kube_inventory.clone()),
+        inventory: Arc::new(Inventory::new(Arc::new(kube_inventory.clone()))),
         targets_changed: kube_inventory.targets_changed(),
         kube_inventory,
         directory,

@@ -6,6 +6,7 @@
 pub mod agents;
 pub mod config;
 pub mod csi;
+pub mod device;
 pub mod directory;
 pub mod error;
 pub mod events;

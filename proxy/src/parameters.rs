@@ -4,24 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use csi_scsi_proto::agent::WipeMode;
-
+use crate::device::{Cleanup, FsType};
 use crate::selector::{InvalidSelector, Selector, excerpt};
-
-/// What DeleteVolume does to a LUN before it is offered again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cleanup {
-    /// Nothing: the next volume may see the old data. Only for trusted use.
-    None,
-    /// Discard every block (zero where the device cannot discard).
-    Discard,
-    /// Write zeroes over the whole LUN (the default).
-    Zero,
-    /// One pass of random data.
-    Random1,
-    /// Three passes of random data.
-    Random3,
-}
 
 /// Parsed, validated StorageClass parameters.
 #[derive(Clone, Debug)]
@@ -31,7 +15,7 @@ pub struct ClassParameters {
     /// What delete does to the LUN.
     pub cleanup: Cleanup,
     /// Filesystem for mount volumes when the capability names none.
-    pub fs_type: Option<String>,
+    pub fs_type: Option<FsType>,
     /// The parameters that identify the request (provisioner keys removed).
     pub identity: BTreeMap<String, String>,
 }
@@ -78,7 +62,7 @@ impl ClassParameters {
             out.identity.insert(k.clone(), v.clone());
             match k.as_str() {
                 "deviceSelector" => out.selector = Selector::parse(v)?,
-                "cleanup" => out.cleanup = Cleanup::parse(v)?,
+                "cleanup" => out.cleanup = cleanup(v)?,
                 "fsType" => out.fs_type = Some(fs_type(v)?),
                 other => return Err(InvalidParameter::Unknown(excerpt(other))),
             }
@@ -88,58 +72,22 @@ impl ClassParameters {
 }
 
 /// Checks a filesystem name: ext4 or xfs.
-pub fn fs_type(v: &str) -> Result<String, InvalidParameter> {
-    match v {
-        "ext4" | "xfs" => Ok(v.to_owned()),
-        other => Err(InvalidParameter::Value {
-            key: "fsType",
-            reason: format!("{:?} is not supported (ext4, xfs)", excerpt(other)),
-        }),
-    }
+pub fn fs_type(v: &str) -> Result<FsType, InvalidParameter> {
+    FsType::parse(v).ok_or_else(|| InvalidParameter::Value {
+        key: "fsType",
+        reason: format!("{:?} is not supported (ext4, xfs)", excerpt(v)),
+    })
 }
 
-impl Cleanup {
-    /// Parses `none`, `discard`, `zero`, `random-1`, `random-3`.
-    pub fn parse(v: &str) -> Result<Self, InvalidParameter> {
-        Ok(match v {
-            "none" => Self::None,
-            "discard" => Self::Discard,
-            "zero" => Self::Zero,
-            "random-1" => Self::Random1,
-            "random-3" => Self::Random3,
-            other => {
-                return Err(InvalidParameter::Value {
-                    key: "cleanup",
-                    reason: format!(
-                        "{:?} is not one of none, discard, zero, random-1, random-3",
-                        excerpt(other)
-                    ),
-                });
-            }
-        })
-    }
-
-    /// The stored text.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Discard => "discard",
-            Self::Zero => "zero",
-            Self::Random1 => "random-1",
-            Self::Random3 => "random-3",
-        }
-    }
-
-    /// The agent's wipe mode (`None` for no agent call at all).
-    pub fn wipe_mode(self) -> Option<WipeMode> {
-        match self {
-            Self::None => None,
-            Self::Discard => Some(WipeMode::Discard),
-            Self::Zero => Some(WipeMode::Zero),
-            Self::Random1 => Some(WipeMode::Random1),
-            Self::Random3 => Some(WipeMode::Random3),
-        }
-    }
+/// Checks a cleanup mode.
+fn cleanup(v: &str) -> Result<Cleanup, InvalidParameter> {
+    Cleanup::parse(v).ok_or_else(|| InvalidParameter::Value {
+        key: "cleanup",
+        reason: format!(
+            "{:?} is not one of none, discard, zero, random-1, random-3",
+            excerpt(v)
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -164,7 +112,7 @@ mod tests {
         ]))
         .expect("valid");
         assert_eq!(c.cleanup, Cleanup::Random3);
-        assert_eq!(c.fs_type.as_deref(), Some("xfs"));
+        assert_eq!(c.fs_type, Some(FsType::Xfs));
         assert_eq!(c.identity.len(), 3);
     }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use csi_scsi_proto::agent::ChapCredentials;
 
 use crate::error::ProxyError;
-use crate::inventory::SecretRef;
+use crate::device::SecretRef;
 
 /// Where Secret contents come from.
 pub trait SecretSource: Send + Sync {

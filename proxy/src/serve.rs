@@ -169,7 +169,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// The inventory, directory and leadership of one backend.
 struct Backends {
-    inventory: Arc<dyn Inventory>,
+    inventory: Arc<Inventory>,
     directory: Arc<dyn AgentDirectory>,
     leader: LeaderHandle,
     election: Option<crate::leader::LeaderElection>,
@@ -202,7 +202,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
             let directory = FileDirectory::load(agents_file).context("reading the agents file")?;
             directory.watch(std::time::Duration::from_secs(30));
             Ok(Backends {
-                inventory: Arc::new(store.clone()),
+                inventory: Arc::new(Inventory::new(Arc::new(store.clone()))),
                 directory,
                 leader: LeaderHandle::always(),
                 election: None,

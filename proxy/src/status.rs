@@ -18,7 +18,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 
 use crate::agents::{AgentOp, AgentReply};
-use crate::inventory::{Device, Phase};
+use crate::device::{Device, Phase};
 use crate::leader::LeaderHandle;
 use crate::lifecycle::Lifecycle;
 

@@ -15,7 +15,6 @@ use tracing::Instrument;
 
 use super::request::{self, required};
 use crate::agents::deadline;
-use crate::lifecycle::access::mount_fs;
 use crate::lifecycle::{CreateRequest, Lifecycle, NODE_TOPOLOGY_KEY, VolumeView};
 use crate::parameters::ClassParameters;
 use crate::selector::Selector;
@@ -63,10 +62,10 @@ fn volume_of(v: &VolumeView) -> Volume {
         .device
         .binding
         .as_ref()
-        .and_then(|b| mount_fs(&b.capabilities).map(str::to_owned));
+        .and_then(|b| b.fs_type());
     let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
     if let Some(fs) = fs {
-        context.insert("fsType".to_owned(), fs);
+        context.insert("fsType".to_owned(), fs.as_str().to_owned());
     }
     Volume {
         capacity_bytes: i64::try_from(v.device.size_bytes).unwrap_or(i64::MAX),
@@ -226,19 +225,13 @@ impl Controller for ControllerService {
             ));
         }
         let view = self.life.volume(&req.volume_id).await?;
-        let have = view
-            .device
-            .binding
-            .as_ref()
-            .map(|b| b.capabilities.clone())
-            .unwrap_or_default();
-        let fs = mount_fs(&have).unwrap_or("ext4").to_owned();
         let mut unsupported = Vec::new();
         for cap in &req.volume_capabilities {
-            match request::access(cap) {
-                Ok(a) if have.contains(&a.canonical(&fs)) => {}
-                Ok(a) => unsupported.push(a.canonical(&fs)),
-                Err(e) => unsupported.push(e.to_string()),
+            match (request::access(cap), view.device.binding.as_ref()) {
+                (Ok(a), Some(b)) if b.allows(b.resolve(&a)) => {}
+                (Ok(a), Some(b)) => unsupported.push(b.resolve(&a).to_string()),
+                (Ok(_), None) => unsupported.push("the volume has no binding".into()),
+                (Err(e), _) => unsupported.push(e.to_string()),
             }
         }
         if let Err(e) = ClassParameters::parse(&req.parameters) {

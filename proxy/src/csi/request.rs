@@ -8,7 +8,7 @@ use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
 
 use crate::error::ProxyError;
 use crate::lifecycle::NODE_TOPOLOGY_KEY;
-use crate::lifecycle::access::{Access, Mode};
+use crate::device::{Access, Mode};
 use crate::parameters;
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ProxyError {

@@ -47,7 +47,6 @@ impl From<ProxyError> for Status {
             ProxyError::Inventory(i) => match i {
                 InventoryError::NoFit(_) => Code::ResourceExhausted,
                 InventoryError::Conflict(_) => Code::Aborted,
-                InventoryError::WrongState { .. } => Code::FailedPrecondition,
                 InventoryError::NotFound(_) => Code::NotFound,
                 InventoryError::Store(_) => Code::Internal,
                 // Transient and not the caller's doing: a CO retries

@@ -1,8 +1,25 @@
-//! Access capabilities, typed: block or mount (with a filesystem), and the
-//! access mode. Their canonical text is what a binding records.
+//! Access capabilities, typed: what a request asks for ([`Access`], whose
+//! filesystem may be left to the StorageClass) and what a binding records
+//! ([`Capability`], filesystem resolved). A capability is stored as its
+//! canonical text (`block:<MODE>` or `mount:<fs>:<MODE>`) and parsed back
+//! on read, so a record that does not parse is refused, never guessed at.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The filesystems this driver makes on a mount volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FsType {
+    /// ext4: the default when neither the capability nor the class names one.
+    Ext4,
+    /// xfs (the LUN must have 300 MB or more).
+    Xfs,
+}
 
 /// The CSI access modes this driver understands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mode {
     /// SINGLE_NODE_WRITER.
     SingleNodeWriter,
@@ -20,18 +37,74 @@ pub enum Mode {
     SingleNodeMultiWriter,
 }
 
-/// One requested capability.
+/// One capability as a request states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
     /// Raw block (true) or a filesystem mount.
     pub block: bool,
-    /// Filesystem of a mount volume (`None`: the class default or ext4).
-    pub fs_type: Option<String>,
+    /// Filesystem of a mount volume (`None`: the class default, else ext4).
+    pub fs_type: Option<FsType>,
     /// Access mode.
     pub mode: Mode,
 }
 
+/// One capability as a binding records it: the filesystem is settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Capability {
+    /// A raw block device.
+    Block(Mode),
+    /// A mounted filesystem.
+    Mount(FsType, Mode),
+}
+
+/// A capability's stored text did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a capability (block:<MODE> or mount:<ext4|xfs>:<MODE>)")]
+pub struct UnknownCapability(String);
+
+// === impl FsType ===
+
+impl FsType {
+    /// What a mount volume gets when nothing names a filesystem.
+    pub const DEFAULT: Self = Self::Ext4;
+
+    /// Parses `ext4` or `xfs`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ext4" => Some(Self::Ext4),
+            "xfs" => Some(Self::Xfs),
+            _ => None,
+        }
+    }
+
+    /// The name `mkfs.<name>` and `mount -t` take.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ext4 => "ext4",
+            Self::Xfs => "xfs",
+        }
+    }
+}
+
+impl fmt::Display for FsType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// === impl Mode ===
+
 impl Mode {
+    const ALL: [Self; 7] = [
+        Self::SingleNodeWriter,
+        Self::SingleNodeReaderOnly,
+        Self::MultiNodeReaderOnly,
+        Self::MultiNodeSingleWriter,
+        Self::MultiNodeMultiWriter,
+        Self::SingleNodeSingleWriter,
+        Self::SingleNodeMultiWriter,
+    ];
+
     /// Whether only one node may have the volume published.
     pub fn single_node(self) -> bool {
         matches!(
@@ -55,19 +128,23 @@ impl Mode {
             Self::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
         }
     }
+
+    /// Parses the spec's name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
+    }
 }
 
+// === impl Access ===
+
 impl Access {
-    /// Canonical text: `block:<MODE>` or `mount:<fs>:<MODE>`.
-    pub fn canonical(&self, default_fs: &str) -> String {
+    /// The capability a binding records for this request: a mount without
+    /// a filesystem takes `default`.
+    pub fn resolve(&self, default: FsType) -> Capability {
         if self.block {
-            format!("block:{}", self.mode.as_str())
+            Capability::Block(self.mode)
         } else {
-            format!(
-                "mount:{}:{}",
-                self.fs_type.as_deref().unwrap_or(default_fs),
-                self.mode.as_str()
-            )
+            Capability::Mount(self.fs_type.unwrap_or(default), self.mode)
         }
     }
 
@@ -82,10 +159,132 @@ impl Access {
     }
 }
 
-/// The filesystem named by the mount capabilities of a binding (as
-/// [`Access::canonical`] writes them), if it has any.
-pub fn mount_fs(capabilities: &[String]) -> Option<&str> {
-    capabilities
-        .iter()
-        .find_map(|c| c.strip_prefix("mount:")?.split(':').next())
+// === impl Capability ===
+
+impl Capability {
+    /// Its access mode.
+    pub fn mode(self) -> Mode {
+        match self {
+            Self::Block(m) | Self::Mount(_, m) => m,
+        }
+    }
+
+    /// Its filesystem, for a mount.
+    pub fn fs_type(self) -> Option<FsType> {
+        match self {
+            Self::Block(_) => None,
+            Self::Mount(fs, _) => Some(fs),
+        }
+    }
+
+    /// Canonical text: `block:<MODE>` or `mount:<fs>:<MODE>`.
+    pub fn canonical(self) -> Cow<'static, str> {
+        match self {
+            Self::Block(m) => format!("block:{}", m.as_str()).into(),
+            Self::Mount(fs, m) => format!("mount:{}:{}", fs.as_str(), m.as_str()).into(),
+        }
+    }
+
+    /// Parses the canonical text.
+    pub fn parse(s: &str) -> Result<Self, UnknownCapability> {
+        let unknown = || UnknownCapability(csi_scsi_daemon::text::bounded(s, 64).into_owned());
+        let mut parts = s.split(':');
+        let cap = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some("block"), Some(m), None, None) => Self::Block(Mode::parse(m).ok_or_else(unknown)?),
+            (Some("mount"), Some(fs), Some(m), None) => Self::Mount(
+                FsType::parse(fs).ok_or_else(unknown)?,
+                Mode::parse(m).ok_or_else(unknown)?,
+            ),
+            _ => return Err(unknown()),
+        };
+        Ok(cap)
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.canonical())
+    }
+}
+
+impl Serialize for Capability {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.canonical())
+    }
+}
+
+impl<'de> Deserialize<'de> for Capability {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Cow::<'de, str>::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+impl schemars::JsonSchema for Capability {
+    fn schema_name() -> Cow<'static, str> {
+        "Capability".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "block:<MODE> or mount:<ext4|xfs>:<MODE>"
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_capability_round_trips_through_its_text_and_nothing_else_parses() {
+        for mode in Mode::ALL {
+            for cap in [
+                Capability::Block(mode),
+                Capability::Mount(FsType::Ext4, mode),
+                Capability::Mount(FsType::Xfs, mode),
+            ] {
+                assert_eq!(Capability::parse(&cap.canonical()), Ok(cap));
+                let json = serde_json::to_string(&cap).expect("write");
+                assert_eq!(serde_json::from_str::<Capability>(&json).expect("read"), cap);
+            }
+        }
+        for bad in [
+            "",
+            "block",
+            "mount:ext4",
+            "mount:btrfs:SINGLE_NODE_WRITER",
+            "block:SINGLE_NODE_WRITER:x",
+            "file:SINGLE_NODE_WRITER",
+            "block:single_node_writer",
+        ] {
+            assert!(Capability::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn a_mount_without_a_filesystem_takes_the_default_it_is_given() {
+        let a = Access {
+            block: false,
+            fs_type: None,
+            mode: Mode::SingleNodeWriter,
+        };
+        assert_eq!(
+            a.resolve(FsType::Xfs),
+            Capability::Mount(FsType::Xfs, Mode::SingleNodeWriter)
+        );
+        let named = Access {
+            fs_type: Some(FsType::Ext4),
+            ..a
+        };
+        assert_eq!(
+            named.resolve(FsType::Xfs),
+            Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter)
+        );
+    }
 }

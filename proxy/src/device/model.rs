@@ -1,13 +1,33 @@
 //! The records the inventory keeps: targets, devices, pending resizes.
+//! Both stores and the custom resources hold these types; the transitions
+//! between phases are in `policy`.
 
 use std::collections::BTreeMap;
 
+use csi_scsi_proto::agent::WipeMode;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::access::{Access, Capability, FsType};
+
 /// A device's life-cycle phase.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    PartialOrd,
+    Ord,
+    JsonSchema,
+)]
 pub enum Phase {
     /// Free: can be bound to a new volume.
+    #[default]
     Available,
     /// Bound to a volume.
     Bound,
@@ -25,12 +45,10 @@ pub enum Phase {
 pub struct Target {
     /// Unique name.
     pub name: String,
-    /// iSCSI portals and IQN, if an iSCSI target.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iscsi: Option<IscsiTarget>,
-    /// Target port WWPNs, if a Fibre Channel target.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fibre_channel: Option<FcTarget>,
+    /// iSCSI or Fibre Channel: exactly one (stored as the `iscsi` or the
+    /// `fibreChannel` key).
+    #[serde(flatten)]
+    pub transport: Transport,
     /// Node labels a node must carry to reach this target (empty: all).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
@@ -40,6 +58,16 @@ pub struct Target {
     /// Labels stamped onto every device of this target.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub device_labels: BTreeMap<String, String>,
+}
+
+/// How a target is reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Transport {
+    /// iSCSI portals and IQN.
+    Iscsi(IscsiTarget),
+    /// Target port WWPNs.
+    FibreChannel(FcTarget),
 }
 
 /// The iSCSI part of a target.
@@ -75,7 +103,7 @@ pub struct FcTarget {
 }
 
 /// Where one node sees a device, through one target.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
     /// Node name.
@@ -83,27 +111,54 @@ pub struct NodeView {
     /// Target the paths come through.
     pub target: String,
     /// `/dev/disk/by-path` (or by-id) names on that node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
 }
 
+/// What DeleteVolume does to a LUN before it is offered again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Cleanup {
+    /// Nothing: the next volume may see the old data. Only for trusted use.
+    #[serde(rename = "none")]
+    None,
+    /// Discard every block (zero where the device cannot discard).
+    #[serde(rename = "discard")]
+    Discard,
+    /// Write zeroes over the whole LUN (the default).
+    #[default]
+    #[serde(rename = "zero")]
+    Zero,
+    /// One pass of random data.
+    #[serde(rename = "random-1")]
+    Random1,
+    /// Three passes of random data.
+    #[serde(rename = "random-3")]
+    Random3,
+}
+
 /// What a volume asked for when it was bound; fixed for its life.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Binding {
     /// Fresh for every binding: the second half of the volume ID.
     pub uid: String,
     /// The CreateVolume request name (the PV name).
     pub volume_name: String,
-    /// Bytes asked for (`required_bytes`), for idempotency checks.
+    /// Bytes asked for (CreateVolume's required bytes), for idempotency checks.
+    #[serde(default)]
     pub required_bytes: u64,
-    /// Upper bound asked for (`limit_bytes`, 0 = none).
+    /// Upper bound asked for (CreateVolume's limit bytes; 0: none).
+    #[serde(default)]
     pub limit_bytes: u64,
-    /// Access modes and types requested, canonical text.
-    pub capabilities: Vec<String>,
+    /// Access modes and types requested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<Capability>,
     /// StorageClass parameters, for idempotency checks and cleanup.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
-    /// Wipe mode to apply on delete.
-    pub cleanup: String,
+    /// Wipe mode to apply on delete (a record without one: the default).
+    #[serde(default)]
+    pub cleanup: Cleanup,
 }
 
 /// One LUN in the inventory.
@@ -138,6 +193,8 @@ pub struct Device {
     pub last_seen: i64,
     /// Why it is Failed or Lost.
     pub reason: String,
+    /// How many wipes of it have failed, ever (bind prefers fewer).
+    pub wipe_failures: u32,
     /// Bumped on every write: the compare-and-swap token.
     pub generation: i64,
 }
@@ -145,16 +202,17 @@ pub struct Device {
 /// One ControllerPublish of a device: the node, and the capability and
 /// readonly flag it was published with (a second publish to that node must
 /// ask for the same, or it is ALREADY_EXISTS).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Publication {
     /// Node name.
     pub node: String,
-    /// The capability, canonical text (`Access::canonical`); empty in a
-    /// record written before publications kept it (then any capability
-    /// among the binding's is taken as the one).
-    pub access: String,
+    /// The capability; absent from a record written before publications
+    /// kept it (then any capability among the binding's is taken as the one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<Capability>,
     /// ControllerPublishVolume's `readonly`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub readonly: bool,
 }
 
@@ -178,7 +236,7 @@ impl<'de> Deserialize<'de> for Publication {
         Ok(match StoredPublication::deserialize(d)? {
             StoredPublication::NodeOnly(node) => Self {
                 node,
-                access: String::new(),
+                access: None,
                 readonly: false,
             },
             StoredPublication::Full {
@@ -187,7 +245,10 @@ impl<'de> Deserialize<'de> for Publication {
                 readonly,
             } => Self {
                 node,
-                access,
+                access: match access.as_str() {
+                    "" => None,
+                    text => Some(Capability::parse(text).map_err(serde::de::Error::custom)?),
+                },
                 readonly,
             },
         })
@@ -248,6 +309,10 @@ pub struct BindRequest {
     pub topology: Vec<Vec<String>>,
     /// Label selector over device labels.
     pub selector: crate::selector::Selector,
+    /// Smallest size that fits (`required_bytes`).
+    pub min_bytes: u64,
+    /// Largest size that fits (`limit_bytes`, `u64::MAX` for none).
+    pub max_bytes: u64,
 }
 
 /// A request to grow a volume beyond its LUN.
@@ -295,6 +360,60 @@ impl Phase {
     }
 }
 
+impl Cleanup {
+    /// Parses `none`, `discard`, `zero`, `random-1`, `random-3`.
+    pub fn parse(v: &str) -> Option<Self> {
+        Some(match v {
+            "none" => Self::None,
+            "discard" => Self::Discard,
+            "zero" => Self::Zero,
+            "random-1" => Self::Random1,
+            "random-3" => Self::Random3,
+            _ => return None,
+        })
+    }
+
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Discard => "discard",
+            Self::Zero => "zero",
+            Self::Random1 => "random-1",
+            Self::Random3 => "random-3",
+        }
+    }
+
+    /// The agent's wipe mode (`None` for no agent call at all).
+    pub fn wipe_mode(self) -> Option<WipeMode> {
+        match self {
+            Self::None => None,
+            Self::Discard => Some(WipeMode::Discard),
+            Self::Zero => Some(WipeMode::Zero),
+            Self::Random1 => Some(WipeMode::Random1),
+            Self::Random3 => Some(WipeMode::Random3),
+        }
+    }
+}
+
+impl Binding {
+    /// The filesystem its mount capabilities name, if it has any.
+    pub fn fs_type(&self) -> Option<FsType> {
+        self.capabilities.iter().find_map(|c| c.fs_type())
+    }
+
+    /// The capability `access` stands for on this volume: a mount without
+    /// a filesystem means the volume's own.
+    pub fn resolve(&self, access: &Access) -> Capability {
+        access.resolve(self.fs_type().unwrap_or(FsType::DEFAULT))
+    }
+
+    /// Whether the volume was created with `cap`.
+    pub fn allows(&self, cap: Capability) -> bool {
+        self.capabilities.contains(&cap)
+    }
+}
+
 impl Device {
     /// Node names that see the device, sorted, without duplicates.
     pub fn node_names(&self) -> Vec<String> {
@@ -325,6 +444,7 @@ impl Device {
 #[cfg(test)]
 mod publication_tests {
     use super::Publication;
+    use crate::device::{Capability, Mode};
 
     #[test]
     fn a_publication_stored_as_a_bare_node_name_still_loads_with_its_capability_unrecorded() {
@@ -333,13 +453,13 @@ mod publication_tests {
             old,
             vec![Publication {
                 node: "node-a".into(),
-                access: String::new(),
+                access: None,
                 readonly: false,
             }]
         );
         let new = Publication {
             node: "node-b".into(),
-            access: "block:MULTI_NODE_MULTI_WRITER".into(),
+            access: Some(Capability::Block(Mode::MultiNodeMultiWriter)),
             readonly: true,
         };
         let text = serde_json::to_string(&vec![new.clone()]).expect("write");

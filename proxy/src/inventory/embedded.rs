@@ -5,16 +5,14 @@
 //! transaction. Lookups are indexed; CreateVolume never scans every device.
 //! Inspect it with `sqlite3 <file> 'select wwid, phase, volume_name from devices'`.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::model::*;
-use super::{Inventory, InventoryError};
-use crate::selector::Selector;
+use super::{InventoryError, Store, Summary, Write};
+use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Never edit a released step: append a new one.
@@ -71,10 +69,9 @@ const MIGRATIONS: &[&str] = &[
          phase = (SELECT d.phase FROM devices d WHERE d.wwid = device_nodes.wwid),
          size_bytes = (SELECT d.size_bytes FROM devices d WHERE d.wwid = device_nodes.wwid);
      CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wwid);",
+    // 3: how many wipes of a device failed (bind prefers fewer).
+    "ALTER TABLE devices ADD COLUMN wipe_failures INTEGER NOT NULL DEFAULT 0;",
 ];
-
-/// How many candidates one selection query reads before labels are checked.
-const PAGE: i64 = 64;
 
 /// The SQLite-backed inventory.
 #[derive(Clone)]
@@ -119,31 +116,6 @@ impl EmbeddedInventory {
             .lock()
             .map(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).is_ok())
             .unwrap_or(false)
-    }
-
-    /// The deliberate defect `Fault::SkipCas`: pick, let other binds run,
-    /// then overwrite whatever the device holds by then.
-    async fn bind_without_cas(
-        &self,
-        request: BindRequest,
-        min_bytes: u64,
-        max_bytes: u64,
-    ) -> Result<Device, InventoryError> {
-        let selector = request.selector.clone();
-        let node = request.topology.iter().flatten().next().cloned();
-        let picked = self
-            .with(move |c| pick(c, node.as_deref(), &selector, min_bytes, max_bytes))
-            .await?
-            .ok_or_else(|| InventoryError::NoFit(format!("{min_bytes} bytes or more")))?;
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        self.with(move |c| {
-            let mut dev = load(c, &picked.wwid)?.ok_or(InventoryError::NotFound(picked.wwid))?;
-            dev.phase = Phase::Bound;
-            dev.binding = Some(request.binding);
-            dev.generation = write(c, &dev, false)?;
-            Ok(dev)
-        })
-        .await
     }
 
     /// Runs `f` on the connection off the async threads.
@@ -233,14 +205,7 @@ fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
     })
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation";
+const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures";
 
 fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
     let phase: String = r.get(8)?;
@@ -267,6 +232,7 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
         last_seen: r.get(12)?,
         reason: r.get(13)?,
         generation: r.get(14)?,
+        wipe_failures: r.get(15)?,
     })
 }
 
@@ -306,12 +272,14 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         dev.last_seen,
         dev.reason,
         dev.generation,
+        dev.wipe_failures,
     ];
     let changed = if insert {
         conn.execute(
             "INSERT INTO devices (wwid, target, lun, size_bytes, vendor, model, serial, labels, phase,
-                binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1)",
+                binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation,
+                wipe_failures)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1, ?18)",
             args,
         )
     } else {
@@ -319,7 +287,7 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
             "UPDATE devices SET target = ?2, lun = ?3, size_bytes = ?4, vendor = ?5, model = ?6,
                 serial = ?7, labels = ?8, phase = ?9, binding_uid = ?10, volume_name = ?11,
                 binding = ?12, nodes = ?13, published = ?14, last_seen = ?15, reason = ?16,
-                generation = generation + 1
+                wipe_failures = ?18, generation = generation + 1
              WHERE wwid = ?1 AND generation = ?17",
             args,
         )
@@ -354,221 +322,54 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
     Ok(dev.generation + 1)
 }
 
-/// Candidate devices for a bind, smallest first, in pages: visible from
-/// `node` (through the node index) or from anywhere.
-fn candidates(
+/// Available devices of `min..=max` bytes in (size, WWID) order after
+/// `after`: through the node index when `node` is given.
+fn available(
     conn: &Connection,
     node: Option<&str>,
     min: u64,
     max: u64,
     after: &(i64, String),
+    limit: i64,
 ) -> Result<Vec<Device>, InventoryError> {
     let cols = DEVICE_COLUMNS
         .split(", ")
         .map(|c| format!("d.{c}"))
         .collect::<Vec<_>>()
         .join(", ");
-    let (sql_text, rows) = match node {
-        Some(node) => (
-            format!(
-                "SELECT {cols} FROM device_nodes n INDEXED BY device_nodes_free
-                   JOIN devices d ON d.wwid = n.wwid
-                 WHERE n.node = ?5 AND n.phase = 'Available' AND n.size_bytes >= ?1 AND n.size_bytes <= ?2
-                   AND (n.size_bytes, n.wwid) > (?3, ?4)
-                 ORDER BY n.size_bytes, n.wwid LIMIT {PAGE}"
-            ),
-            Some(node.to_owned()),
+    let sql_text = match node {
+        Some(_) => format!(
+            "SELECT {cols} FROM device_nodes n INDEXED BY device_nodes_free
+               JOIN devices d ON d.wwid = n.wwid
+             WHERE n.node = ?6 AND n.phase = 'Available' AND n.size_bytes >= ?1 AND n.size_bytes <= ?2
+               AND (n.size_bytes, n.wwid) > (?3, ?4)
+             ORDER BY n.size_bytes, n.wwid LIMIT ?5"
         ),
-        None => (
-            format!(
-                "SELECT {cols} FROM devices d INDEXED BY devices_free
-                 WHERE d.phase = 'Available' AND d.size_bytes >= ?1 AND d.size_bytes <= ?2
-                   AND (d.size_bytes, d.wwid) > (?3, ?4)
-                 ORDER BY d.size_bytes, d.wwid LIMIT {PAGE}"
-            ),
-            None,
+        None => format!(
+            "SELECT {cols} FROM devices d INDEXED BY devices_free
+             WHERE d.phase = 'Available' AND d.size_bytes >= ?1 AND d.size_bytes <= ?2
+               AND (d.size_bytes, d.wwid) > (?3, ?4)
+             ORDER BY d.size_bytes, d.wwid LIMIT ?5"
         ),
     };
     let mut stmt = conn.prepare_cached(&sql_text).map_err(sql)?;
     let max = i64::try_from(max).unwrap_or(i64::MAX);
     let min = i64::try_from(min).unwrap_or(i64::MAX);
-    let found = match rows {
+    let found = match node {
         Some(node) => stmt
-            .query_map(params![min, max, after.0, after.1, node], device_from_row)
+            .query_map(params![min, max, after.0, after.1, limit, node], device_from_row)
             .map_err(sql)?
             .collect::<Result<Vec<_>, _>>(),
         None => stmt
-            .query_map(params![min, max, after.0, after.1], device_from_row)
+            .query_map(params![min, max, after.0, after.1, limit], device_from_row)
             .map_err(sql)?
             .collect::<Result<Vec<_>, _>>(),
     };
     found.map_err(sql)
 }
 
-fn pick(
-    conn: &Connection,
-    node: Option<&str>,
-    selector: &Selector,
-    min: u64,
-    max: u64,
-) -> Result<Option<Device>, InventoryError> {
-    let mut after = (-1i64, String::new());
-    loop {
-        let page = candidates(conn, node, min, max, &after)?;
-        if let Some(hit) = page.iter().find(|d| selector.matches(&d.labels)) {
-            return Ok(Some(hit.clone()));
-        }
-        match page.last() {
-            Some(last) if page.len() as i64 == PAGE => {
-                after = (last.size_bytes as i64, last.wwid.clone())
-            }
-            _ => return Ok(None),
-        }
-    }
-}
-
 #[async_trait]
-impl Inventory for EmbeddedInventory {
-    async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
-        let spec = json(&target)?;
-        self.with(move |c| {
-            c.execute(
-                "INSERT INTO targets (name, spec) VALUES (?1, ?2)
-                 ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
-                params![target.name, spec],
-            )
-            .map_err(sql)?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
-        let name = name.to_owned();
-        self.with(move |c| {
-            c.execute("DELETE FROM targets WHERE name = ?1", [name])
-                .map_err(sql)?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
-        self.with(|c| {
-            let mut stmt = c
-                .prepare("SELECT spec FROM targets ORDER BY name")
-                .map_err(sql)?;
-            let specs = stmt
-                .query_map([], |r| from_json::<Target>(&r.get::<_, String>(0)?))
-                .map_err(sql)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql)?;
-            Ok(specs)
-        })
-        .await
-    }
-
-    async fn apply_discovery(
-        &self,
-        round: DiscoveryRound,
-    ) -> Result<DiscoveryOutcome, InventoryError> {
-        self.with(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(sql)?;
-            let t = &round.target;
-            let mut reported: BTreeMap<String, Vec<(&String, &LunReport)>> = BTreeMap::new();
-            for (node, luns) in &round.answered {
-                for lun in luns {
-                    reported.entry(lun.wwid.clone()).or_default().push((node, lun));
-                }
-            }
-            let mut wwids: BTreeSet<String> = reported.keys().cloned().collect();
-            {
-                let mut stmt = tx
-                    .prepare("SELECT wwid FROM device_nodes WHERE target = ?1 UNION SELECT wwid FROM devices WHERE target = ?1")
-                    .map_err(sql)?;
-                for w in stmt.query_map([t], |r| r.get::<_, String>(0)).map_err(sql)? {
-                    wwids.insert(w.map_err(sql)?);
-                }
-            }
-            let now = now();
-            let mut out = DiscoveryOutcome::default();
-            for wwid in wwids {
-                let reports = reported.get(&wwid).cloned().unwrap_or_default();
-                let existing = load(&tx, &wwid)?;
-                let fresh = reports.iter().map(|(node, lun)| NodeView {
-                    node: (*node).clone(),
-                    target: t.clone(),
-                    paths: lun.paths.clone(),
-                });
-                match existing {
-                    None => {
-                        let Some((_, first)) = reports.first() else { continue };
-                        let dev = Device {
-                            wwid: wwid.clone(),
-                            target: t.clone(),
-                            lun: first.lun,
-                            size_bytes: first.size_bytes,
-                            vendor: first.vendor.clone(),
-                            model: first.model.clone(),
-                            serial: first.serial.clone(),
-                            labels: round.device_labels.clone(),
-                            phase: Phase::Available,
-                            binding: None,
-                            nodes: fresh.collect(),
-                            published: Vec::new(),
-                            last_seen: now,
-                            reason: String::new(),
-                            generation: 0,
-                        };
-                        write(&tx, &dev, true)?;
-                        out.added.push(wwid);
-                    }
-                    Some(mut dev) => {
-                        let before = dev.clone();
-                        // Keep what other targets and silent nodes said.
-                        dev.nodes.retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
-                        dev.nodes.extend(fresh);
-                        dev.nodes.sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
-                        if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
-                            dev.size_bytes = lun.size_bytes;
-                            dev.last_seen = now;
-                        }
-                        for (k, v) in &round.device_labels {
-                            dev.labels.entry(k.clone()).or_insert_with(|| v.clone());
-                        }
-                        if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound) {
-                            dev.phase = Phase::Lost;
-                            dev.reason = format!("no node reports it (target {t})");
-                            out.lost.push(wwid.clone());
-                        } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
-                            dev.phase = if dev.binding.is_some() { Phase::Bound } else { Phase::Available };
-                            dev.reason.clear();
-                            out.found.push(wwid.clone());
-                        }
-                        let seen = dev.last_seen;
-                        dev.last_seen = before.last_seen;
-                        if dev != before {
-                            dev.last_seen = seen;
-                            write(&tx, &dev, false)?;
-                        } else if seen != before.last_seen {
-                            // Only seen again: no new generation, so a
-                            // lifecycle call that read the device before
-                            // this pass still wins its compare-and-swap.
-                            tx.execute(
-                                "UPDATE devices SET last_seen = ?1 WHERE wwid = ?2",
-                                params![seen, wwid],
-                            )
-                            .map_err(sql)?;
-                        }
-                    }
-                }
-            }
-            tx.commit().map_err(sql)?;
-            Ok(out)
-        })
-        .await
-    }
-
+impl Store for EmbeddedInventory {
     async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
         let wwid = wwid.to_owned();
         self.with(move |c| load(c, &wwid)).await
@@ -611,160 +412,137 @@ impl Inventory for EmbeddedInventory {
         .await
     }
 
-    async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
-        self.with(|c| {
+    async fn available(
+        &self,
+        node: Option<&str>,
+        min: u64,
+        max: u64,
+        after: Option<(u64, String)>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError> {
+        let node = node.map(str::to_owned);
+        let after = after.map_or((-1, String::new()), |(size, wwid)| {
+            (i64::try_from(size).unwrap_or(i64::MAX), wwid)
+        });
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |c| available(c, node.as_deref(), min, max, &after, limit))
+            .await
+    }
+
+    async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
+        let target = target.to_owned();
+        self.with(move |c| {
             let mut stmt = c
-                .prepare("SELECT phase, count(*) FROM devices GROUP BY phase")
+                .prepare_cached(&format!(
+                    "SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid IN
+                       (SELECT wwid FROM device_nodes WHERE target = ?1
+                        UNION SELECT wwid FROM devices WHERE target = ?1)"
+                ))
                 .map_err(sql)?;
             let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .query_map([target], device_from_row)
                 .map_err(sql)?
-                .filter_map(|r| r.ok())
-                .filter_map(|(p, n)| Phase::parse(&p).map(|p| (p, n as u64)))
-                .collect();
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql)?;
             Ok(rows)
         })
         .await
     }
 
-    async fn largest_size(&self) -> Result<u64, InventoryError> {
+    async fn put(
+        &self,
+        writes: Vec<Write>,
+    ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError> {
+        self.with(move |c| {
+            // One transaction (one sync) for a discovery round's writes; a
+            // lost compare-and-swap changes nothing and the others commit.
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            let mut results = Vec::with_capacity(writes.len());
+            for w in writes {
+                let (mut dev, insert) = match w {
+                    Write::Create(d) => (d, true),
+                    Write::Replace(d) => (d, false),
+                };
+                results.push(match write(&tx, &dev, insert) {
+                    Ok(generation) => {
+                        dev.generation = generation;
+                        Ok(dev)
+                    }
+                    Err(InventoryError::Conflict(w)) => Err(InventoryError::Conflict(w)),
+                    Err(e) => return Err(e),
+                });
+            }
+            tx.commit().map_err(sql)?;
+            Ok(results)
+        })
+        .await
+    }
+
+    async fn summary(&self) -> Result<Summary, InventoryError> {
         self.with(|c| {
-            c.query_row(
-                "SELECT coalesce(max(size_bytes), 0) FROM devices",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(sql)
-        })
-        .await
-    }
-
-    async fn capacity(
-        &self,
-        nodes: &[String],
-        selector: &Selector,
-    ) -> Result<(u64, u64), InventoryError> {
-        let nodes = nodes.to_vec();
-        let selector = selector.clone();
-        self.with(move |c| {
-            let mut seen = BTreeSet::new();
-            let (mut total, mut largest) = (0u64, 0u64);
-            let scopes: Vec<Option<&str>> = if nodes.is_empty() {
-                vec![None]
-            } else {
-                nodes.iter().map(|n| Some(n.as_str())).collect()
-            };
-            for scope in scopes {
-                let mut after = (-1i64, String::new());
-                loop {
-                    let page = candidates(c, scope, 0, u64::MAX, &after)?;
-                    for d in &page {
-                        if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
-                            total = total.saturating_add(d.size_bytes);
-                            largest = largest.max(d.size_bytes);
-                        }
-                    }
-                    match page.last() {
-                        Some(last) if page.len() as i64 == PAGE => {
-                            after = (last.size_bytes as i64, last.wwid.clone())
-                        }
-                        _ => break,
-                    }
-                }
-            }
-            Ok((total, largest))
-        })
-        .await
-    }
-
-    async fn bind(
-        &self,
-        request: BindRequest,
-        min_bytes: u64,
-        max_bytes: u64,
-    ) -> Result<Device, InventoryError> {
-        if crate::fault::injected(crate::fault::Fault::SkipCas) {
-            return self.bind_without_cas(request, min_bytes, max_bytes).await;
-        }
-        self.with(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
+            let mut stmt = c
+                .prepare("SELECT phase, count(*) FROM devices GROUP BY phase")
                 .map_err(sql)?;
-            if let Some(existing) = tx
-                .query_row(
-                    &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE volume_name = ?1"),
-                    [&request.binding.volume_name],
-                    device_from_row,
-                )
-                .optional()
+            let phases = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
                 .map_err(sql)?
-            {
-                // Raced with ourselves: the caller re-checks the parameters.
-                return Ok(existing);
-            }
-            let scopes: Vec<Option<&str>> = if request.topology.is_empty() {
-                vec![None]
-            } else {
-                request
-                    .topology
-                    .iter()
-                    .flatten()
-                    .map(|n| Some(n.as_str()))
-                    .collect()
-            };
-            let mut chosen = None;
-            for scope in scopes {
-                if let Some(dev) = pick(&tx, scope, &request.selector, min_bytes, max_bytes)? {
-                    chosen = Some(dev);
-                    break;
-                }
-            }
-            let Some(mut dev) = chosen else {
-                return Err(InventoryError::NoFit(format!(
-                    "{} bytes or more{}",
-                    min_bytes,
-                    if request.topology.is_empty() {
-                        String::new()
-                    } else {
-                        " on the requested nodes".into()
-                    }
-                )));
-            };
-            dev.phase = Phase::Bound;
-            dev.binding = Some(request.binding.clone());
-            dev.reason.clear();
-            dev.generation = write(&tx, &dev, false)?;
-            tx.commit().map_err(sql)?;
-            Ok(dev)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql)?
+                .into_iter()
+                .map(|(p, n)| {
+                    Phase::parse(&p)
+                        .map(|p| (p, n as u64))
+                        .ok_or_else(|| store(format!("unknown phase {p:?} in the store")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let largest = c
+                .query_row(
+                    "SELECT coalesce(max(size_bytes), 0) FROM devices",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(sql)? as u64;
+            Ok(Summary { phases, largest })
         })
         .await
     }
 
-    async fn update(&self, device: Device) -> Result<Device, InventoryError> {
-        self.with(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
+    async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
+        self.with(|c| {
+            let mut stmt = c
+                .prepare("SELECT spec FROM targets ORDER BY name")
                 .map_err(sql)?;
-            let mut dev = device;
-            dev.generation = write(&tx, &dev, false)?;
-            tx.commit().map_err(sql)?;
-            Ok(dev)
+            let specs = stmt
+                .query_map([], |r| from_json::<Target>(&r.get::<_, String>(0)?))
+                .map_err(sql)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql)?;
+            Ok(specs)
         })
         .await
     }
 
-    async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
+    async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
+        let spec = json(&target)?;
         self.with(move |c| {
             c.execute(
-                "INSERT INTO resize_requests (name, volume_id, wwid, requested_bytes, current_bytes, created, done)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (name) DO UPDATE SET volume_id = excluded.volume_id, wwid = excluded.wwid,
-                    requested_bytes = excluded.requested_bytes, current_bytes = excluded.current_bytes,
-                    done = excluded.done",
-                params![r.name, r.volume_id, r.wwid, r.requested_bytes as i64, r.current_bytes as i64, r.created, r.done],
+                "INSERT INTO targets (name, spec) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+                params![target.name, spec],
             )
             .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
+        let name = name.to_owned();
+        self.with(move |c| {
+            c.execute("DELETE FROM targets WHERE name = ?1", [name])
+                .map_err(sql)?;
             Ok(())
         })
         .await
@@ -793,5 +571,28 @@ impl Inventory for EmbeddedInventory {
             Ok(rows)
         })
         .await
+    }
+    async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO resize_requests (name, volume_id, wwid, requested_bytes, current_bytes, created, done)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (name) DO UPDATE SET volume_id = excluded.volume_id, wwid = excluded.wwid,
+                    requested_bytes = excluded.requested_bytes, current_bytes = excluded.current_bytes,
+                    done = excluded.done",
+                params![r.name, r.volume_id, r.wwid, r.requested_bytes as i64, r.current_bytes as i64, r.created, r.done],
+            )
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+
+    async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
+        // No object to hold them: the log is where an operator finds them.
+        for c in label_conflicts {
+            tracing::info!(target = %round.target, conflict = %c, "device label conflict");
+        }
     }
 }

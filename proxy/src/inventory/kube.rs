@@ -16,7 +16,7 @@
 //! writes or re-reads after a 409 is kept in a small overlay until the
 //! watch delivers that version or a newer one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::model::*;
-use super::{Inventory, InventoryError};
+use super::{InventoryError, Summary, Write};
+use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::leader::LeaderHandle;
 use crate::resources::{
@@ -42,16 +42,12 @@ use crate::resources::{
     SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
     TargetNodeStatus, object_name,
 };
-use crate::selector::Selector;
 
-/// Tries of one write against fresh state before it reports a conflict.
+/// Tries of a target write against a stale cache.
 const ATTEMPTS: usize = 8;
 /// How long an overlay entry may wait for the watch before it is dropped
 /// (the object was deleted, or the watch is down and will relist).
 const OVERLAY_TTL: Duration = Duration::from_secs(60);
-/// `lastSeen` is rewritten at most this often when nothing else changed:
-/// 50,000 devices must not mean 50,000 status writes per discovery pass.
-const LAST_SEEN_RESOLUTION: i64 = 600;
 /// The reflectors a ready inventory has listed with.
 const CACHES: usize = 3;
 /// Annotation keeping a resize request's own name when the object name had
@@ -87,9 +83,6 @@ struct Inner {
     device_cache: Cache<SCSIDevice>,
     target_cache: Store<SCSITarget>,
     resize_cache: Store<PendingResizeRequest>,
-    /// Serialises this process's binds, so they do not conflict with each
-    /// other; other writers are kept out by the resourceVersion.
-    bind_lock: tokio::sync::Mutex<()>,
     targets_changed: Arc<Notify>,
     /// How many of the three caches have listed once.
     synced: watch::Sender<usize>,
@@ -144,7 +137,6 @@ impl KubeInventory {
                 },
                 target_cache: target_store,
                 resize_cache: resize_store,
-                bind_lock: tokio::sync::Mutex::new(()),
                 targets_changed,
                 synced,
                 leader,
@@ -258,7 +250,7 @@ impl KubeInventory {
         }
         let written = latest.to_device().map_err(|e| store(e.to_string()))?;
         let was = known.status.as_ref().map(|s| s.phase);
-        if written.phase == Phase::Failed && was != Some(crate::resources::DevicePhase::Failed) {
+        if written.phase == Phase::Failed && was != Some(Phase::Failed) {
             self.spawn_wipe_failed(&written);
         }
         Ok(written)
@@ -327,116 +319,6 @@ impl KubeInventory {
                 .wipe_failed(&binding.volume_name, &wwid, &reason)
                 .await
         });
-    }
-
-    /// Merges one WWID of a discovery round; Ok(None) when nothing to do.
-    async fn merge_one(
-        &self,
-        round: &DiscoveryRound,
-        wwid: &str,
-        reports: &[(&String, &LunReport)],
-        now: i64,
-        out: &mut DiscoveryOutcome,
-        conflicts: &mut Vec<String>,
-    ) -> Result<(), InventoryError> {
-        let t = &round.target;
-        for _ in 0..ATTEMPTS {
-            let fresh = reports.iter().map(|(node, lun)| NodeView {
-                node: (*node).clone(),
-                target: t.clone(),
-                paths: lun.paths.clone(),
-            });
-            let existing = self.device_object(wwid)?;
-            let result = match existing {
-                None => {
-                    let Some((_, first)) = reports.first() else {
-                        return Ok(());
-                    };
-                    let dev =
-                        new_device(wwid, t, first, &round.device_labels, fresh.collect(), now);
-                    self.create_device(&dev)
-                        .await
-                        .map(|_| out.added.push(wwid.to_owned()))
-                }
-                Some(obj) if !obj.has_status() => {
-                    // Created but its status never written (a crash between
-                    // the two requests): finish it as a new device.
-                    let Some((_, first)) = reports.first() else {
-                        return Ok(());
-                    };
-                    let mut dev =
-                        new_device(wwid, t, first, &round.device_labels, fresh.collect(), now);
-                    dev.generation = obj
-                        .to_device()
-                        .map_err(|e| store(e.to_string()))?
-                        .generation;
-                    self.write_device(&dev)
-                        .await
-                        .map(|_| out.added.push(wwid.to_owned()))
-                }
-                Some(obj) => {
-                    let mut dev = obj.to_device().map_err(|e| store(e.to_string()))?;
-                    let before = dev.clone();
-                    // Keep what other targets and silent nodes said.
-                    dev.nodes
-                        .retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
-                    dev.nodes.extend(fresh);
-                    dev.nodes
-                        .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
-                    if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
-                        dev.size_bytes = lun.size_bytes;
-                        if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
-                            dev.last_seen = now;
-                        }
-                    }
-                    for (k, v) in &round.device_labels {
-                        match dev.labels.get(k) {
-                            None => {
-                                dev.labels.insert(k.clone(), v.clone());
-                            }
-                            Some(have) if have != v => {
-                                conflicts.push(format!(
-                                    "{wwid}: {k}={have} (kept), this target says {k}={v}"
-                                ));
-                            }
-                            Some(_) => {}
-                        }
-                    }
-                    let mut event = None;
-                    if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound)
-                    {
-                        dev.phase = Phase::Lost;
-                        dev.reason = format!("no node reports it (target {t})");
-                        event = Some(&mut out.lost);
-                    } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
-                        dev.phase = if dev.binding.is_some() {
-                            Phase::Bound
-                        } else {
-                            Phase::Available
-                        };
-                        dev.reason.clear();
-                        event = Some(&mut out.found);
-                    }
-                    if dev == before {
-                        return Ok(());
-                    }
-                    match self.write_device(&dev).await {
-                        Ok(_) => {
-                            if let Some(list) = event {
-                                list.push(wwid.to_owned());
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-            };
-            match result {
-                Err(InventoryError::Conflict(_)) => continue,
-                other => return other,
-            }
-        }
-        Err(InventoryError::Conflict(wwid.to_owned()))
     }
 
     /// Writes what the round saw into the target's status (best effort).
@@ -541,7 +423,7 @@ impl KubeInventory {
 }
 
 #[async_trait::async_trait]
-impl Inventory for KubeInventory {
+impl super::Store for KubeInventory {
     async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
         self.fence()?;
         self.wait_until_ready().await?;
@@ -602,59 +484,14 @@ impl Inventory for KubeInventory {
             .target_cache
             .state()
             .iter()
-            .map(|t| t.to_target())
+            .filter_map(|t| {
+                t.to_target()
+                    .inspect_err(|e| tracing::warn!(error = %e, "SCSITarget skipped"))
+                    .ok()
+            })
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
-    }
-
-    async fn apply_discovery(
-        &self,
-        round: DiscoveryRound,
-    ) -> Result<DiscoveryOutcome, InventoryError> {
-        self.fence()?;
-        self.wait_until_ready().await?;
-        let t = round.target.clone();
-        let mut reported: BTreeMap<String, Vec<(&String, &LunReport)>> = BTreeMap::new();
-        for (node, luns) in &round.answered {
-            for lun in luns {
-                reported
-                    .entry(lun.wwid.clone())
-                    .or_default()
-                    .push((node, lun));
-            }
-        }
-        let mut wwids: BTreeSet<String> = reported.keys().cloned().collect();
-        for obj in self.all_devices() {
-            let via_target = obj.spec.target == t
-                || obj
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.nodes.iter().any(|n| n.target == t));
-            if via_target {
-                wwids.insert(obj.spec.wwid.clone());
-            }
-        }
-        let now = Timestamp::now().as_second();
-        let mut out = DiscoveryOutcome::default();
-        let mut conflicts = Vec::new();
-        let mut first_error = None;
-        for wwid in wwids {
-            let reports = reported.get(&wwid).cloned().unwrap_or_default();
-            // One device failing does not stop the others; the pass reports it.
-            if let Err(e) = self
-                .merge_one(&round, &wwid, &reports, now, &mut out, &mut conflicts)
-                .await
-            {
-                tracing::warn!(%wwid, target = %t, error = %e, "device not merged");
-                first_error.get_or_insert(e);
-            }
-        }
-        self.write_target_status(&round, conflicts).await;
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
     }
 
     async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
@@ -666,7 +503,16 @@ impl Inventory for KubeInventory {
 
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
         self.wait_until_ready().await?;
-        bound_to(&self.all_devices(), name)
+        self.all_devices()
+            .iter()
+            .find(|o| {
+                o.status
+                    .as_ref()
+                    .and_then(|s| s.binding.as_ref())
+                    .is_some_and(|b| b.volume_name == name)
+            })
+            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+            .transpose()
     }
 
     async fn devices(
@@ -691,91 +537,89 @@ impl Inventory for KubeInventory {
             .collect()
     }
 
-    async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
+    async fn available(
+        &self,
+        node: Option<&str>,
+        min: u64,
+        max: u64,
+        after: Option<(u64, String)>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError> {
         self.wait_until_ready().await?;
-        let mut counts: BTreeMap<Phase, u64> = BTreeMap::new();
-        for obj in self.all_devices() {
-            if let Ok(d) = obj.to_device() {
-                *counts.entry(d.phase).or_default() += 1;
-            }
-        }
-        Ok(counts.into_iter().collect())
-    }
-
-    async fn largest_size(&self) -> Result<u64, InventoryError> {
-        self.wait_until_ready().await?;
-        Ok(self
+        let mut free: Vec<Arc<SCSIDevice>> = self
             .all_devices()
+            .into_iter()
+            .filter(|o| {
+                let key = (o.spec.size_bytes, o.spec.wwid.as_str());
+                o.status.as_ref().is_some_and(|s| {
+                    s.phase == Phase::Available
+                        && node.is_none_or(|n| s.nodes.iter().any(|v| v.node == n))
+                }) && (min..=max).contains(&o.spec.size_bytes)
+                    && after
+                        .as_ref()
+                        .is_none_or(|(size, wwid)| key > (*size, wwid.as_str()))
+            })
+            .collect();
+        let key = |o: &Arc<SCSIDevice>| (o.spec.size_bytes, o.spec.wwid.clone());
+        if free.len() > limit && limit > 0 {
+            free.select_nth_unstable_by_key(limit - 1, key);
+        }
+        free.truncate(limit);
+        free.sort_by_key(key);
+        free.iter()
+            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+            .collect()
+    }
+
+    async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
+        self.wait_until_ready().await?;
+        self.all_devices()
             .iter()
-            .map(|o| o.spec.size_bytes)
-            .max()
-            .unwrap_or(0))
+            .filter(|o| {
+                o.spec.target == target
+                    || o
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.nodes.iter().any(|n| n.target == target))
+            })
+            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
+            .collect()
     }
 
-    async fn capacity(
+    async fn put(
         &self,
-        nodes: &[String],
-        selector: &Selector,
-    ) -> Result<(u64, u64), InventoryError> {
-        self.wait_until_ready().await?;
-        let (mut total, mut largest) = (0u64, 0u64);
-        for d in available(&self.all_devices(), selector, 0, u64::MAX) {
-            if nodes.is_empty() || d.nodes.iter().any(|v| nodes.contains(&v.node)) {
-                total = total.saturating_add(d.size_bytes);
-                largest = largest.max(d.size_bytes);
-            }
-        }
-        Ok((total, largest))
-    }
-
-    async fn bind(
-        &self,
-        request: BindRequest,
-        min_bytes: u64,
-        max_bytes: u64,
-    ) -> Result<Device, InventoryError> {
+        writes: Vec<Write>,
+    ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError> {
         self.fence()?;
         self.wait_until_ready().await?;
-        let _serial = self.inner.bind_lock.lock().await;
-        let mut last = String::new();
-        for _ in 0..ATTEMPTS {
-            let all = self.all_devices();
-            if let Some(existing) = bound_to(&all, &request.binding.volume_name)? {
-                // Raced with ourselves: the caller re-checks the parameters.
-                return Ok(existing);
-            }
-            let free = available(&all, &request.selector, min_bytes, max_bytes);
-            let Some(mut dev) = pick(&free, &request.topology) else {
-                return Err(InventoryError::NoFit(format!(
-                    "{} bytes or more{}",
-                    min_bytes,
-                    if request.topology.is_empty() {
-                        String::new()
-                    } else {
-                        " on the requested nodes".into()
-                    }
-                )));
-            };
-            dev.phase = Phase::Bound;
-            dev.binding = Some(request.binding.clone());
-            dev.reason.clear();
-            match self.write_device(&dev).await {
-                Ok(written) => return Ok(written),
-                // Another writer took it: the overlay now holds what won.
-                Err(InventoryError::Conflict(w)) => {
-                    tracing::info!(wwid = %w, volume = %request.binding.volume_name, "bind lost a race; picking again");
-                    last = w;
-                }
-                Err(e) => return Err(e),
-            }
+        let mut results = Vec::with_capacity(writes.len());
+        for w in writes {
+            results.push(match w {
+                Write::Create(d) => self.create_device(&d).await,
+                Write::Replace(d) => self.write_device(&d).await,
+            });
         }
-        Err(InventoryError::Conflict(last))
+        Ok(results)
     }
 
-    async fn update(&self, device: Device) -> Result<Device, InventoryError> {
-        self.fence()?;
+    async fn summary(&self) -> Result<Summary, InventoryError> {
         self.wait_until_ready().await?;
-        self.write_device(&device).await
+        let mut phases: BTreeMap<Phase, u64> = BTreeMap::new();
+        let mut largest = 0;
+        for obj in self.all_devices() {
+            // An object whose status was never written counts as Lost, as it reads.
+            let phase = obj.status.as_ref().map_or(Phase::Lost, |s| s.phase);
+            *phases.entry(phase).or_default() += 1;
+            largest = largest.max(obj.spec.size_bytes);
+        }
+        Ok(Summary {
+            phases: phases.into_iter().collect(),
+            largest,
+        })
+    }
+
+    async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
+        self.write_target_status(round, label_conflicts).await;
     }
 
     async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
@@ -860,12 +704,28 @@ impl Inventory for KubeInventory {
                 )]));
                 let api: Api<PendingResizeRequest> =
                     Api::namespaced(self.inner.client.clone(), &ns);
-                match api.create(&PostParams::default(), &obj).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                let was = match api.create(&PostParams::default(), &obj).await {
+                    Ok(_) => None,
+                    // Created already; the cache has not caught up with it.
+                    // Its spec may be older than this request: update it.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        let existing = api.get(&object).await.map_err(api_error)?;
+                        if existing.spec.requested_bytes != r.requested_bytes
+                            || existing.spec.volume_id != r.volume_id
+                        {
+                            let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
+                            api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+                                .await
+                                .map_err(api_error)?;
+                        }
+                        Some((
+                            existing.spec.requested_bytes,
+                            existing.status.unwrap_or_default().done,
+                        ))
+                    }
                     Err(e) => return Err(api_error(e)),
-                }
-                (object, ns, claim, None)
+                };
+                (object, ns, claim, was)
             }
         };
         let api: Api<PendingResizeRequest> = Api::namespaced(self.inner.client.clone(), &namespace);
@@ -1050,78 +910,6 @@ fn store(msg: impl Into<String>) -> InventoryError {
 
 fn api_error(e: kube::Error) -> InventoryError {
     InventoryError::Store(format!("Kubernetes API: {e}"))
-}
-
-fn new_device(
-    wwid: &str,
-    target: &str,
-    first: &LunReport,
-    labels: &BTreeMap<String, String>,
-    nodes: Vec<NodeView>,
-    now: i64,
-) -> Device {
-    Device {
-        wwid: wwid.to_owned(),
-        target: target.to_owned(),
-        lun: first.lun,
-        size_bytes: first.size_bytes,
-        vendor: first.vendor.clone(),
-        model: first.model.clone(),
-        serial: first.serial.clone(),
-        labels: labels.clone(),
-        phase: Phase::Available,
-        binding: None,
-        nodes,
-        published: Vec::new(),
-        last_seen: now,
-        reason: String::new(),
-        generation: 0,
-    }
-}
-
-fn bound_to(all: &[Arc<SCSIDevice>], name: &str) -> Result<Option<Device>, InventoryError> {
-    all.iter()
-        .find(|o| {
-            o.status
-                .as_ref()
-                .and_then(|s| s.binding.as_ref())
-                .is_some_and(|b| b.volume_name == name)
-        })
-        .map(|o| o.to_device().map_err(|e| store(e.to_string())))
-        .transpose()
-}
-
-/// Available devices of a fitting size whose labels match.
-fn available(all: &[Arc<SCSIDevice>], selector: &Selector, min: u64, max: u64) -> Vec<Device> {
-    all.iter()
-        .filter(|o| {
-            o.status
-                .as_ref()
-                .is_some_and(|s| s.phase == crate::resources::DevicePhase::Available)
-                && (min..=max).contains(&o.spec.size_bytes)
-                && selector.matches(&o.spec.labels)
-        })
-        .filter_map(|o| o.to_device().ok())
-        .collect()
-}
-
-/// The smallest (then lowest WWID) device visible from the first node in
-/// `topology` that sees any; from anywhere when `topology` is empty.
-fn pick(free: &[Device], topology: &[Vec<String>]) -> Option<Device> {
-    let smallest = |it: &mut dyn Iterator<Item = &Device>| {
-        it.min_by(|a, b| (a.size_bytes, &a.wwid).cmp(&(b.size_bytes, &b.wwid)))
-            .cloned()
-    };
-    if topology.is_empty() {
-        return smallest(&mut free.iter());
-    }
-    topology.iter().flatten().find_map(|node| {
-        smallest(
-            &mut free
-                .iter()
-                .filter(|d| d.nodes.iter().any(|v| v.node == *node)),
-        )
-    })
 }
 
 /// A condition that keeps its transition time while its status holds.

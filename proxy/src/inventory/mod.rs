@@ -1,20 +1,29 @@
 //! The device inventory: which LUN is free and which is bound to which
-//! volume. A narrow async trait with two backends: `embedded` (SQLite) and,
-//! later, Kubernetes custom resources. The proxy is its only writer; every
-//! state change is a compare-and-swap on the device's current state.
+//! volume. [`Inventory`] applies the life cycle (`crate::device::policy`)
+//! over a thin [`Store`]: `embedded` (SQLite) or `kube` (custom
+//! resources), which only read and write. The proxy is its only writer;
+//! every write is a compare-and-swap on the device's generation, and a lost
+//! race re-reads and applies the same policy again.
 
 mod embedded;
 mod kube;
-mod model;
+mod store;
 
-use async_trait::async_trait;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 pub use embedded::EmbeddedInventory;
 pub use kube::{KubeInventory, KubeInventoryConfig};
-pub use model::{
-    BindRequest, Binding, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
-    LunReport, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
-};
+pub use store::{Store, Summary, Write};
+
+use crate::device::policy::{self, Change};
+use crate::device::{BindRequest, Device, DiscoveryOutcome, DiscoveryRound, Phase, ResizeRequest, Target};
+use crate::selector::Selector;
+
+/// Tries of one write against fresh state before it reports a conflict.
+const ATTEMPTS: usize = 8;
+/// How many candidates one store read returns.
+const PAGE: usize = 64;
 
 /// Why an inventory operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,16 +35,6 @@ pub enum InventoryError {
     /// The device changed since it was read (another writer won); re-read.
     #[error("device {0} changed concurrently")]
     Conflict(String),
-    /// The device is not in the state the operation needs.
-    #[error("device {wwid} is {phase:?}, not {wanted}")]
-    WrongState {
-        /// The device.
-        wwid: String,
-        /// Its phase.
-        phase: Phase,
-        /// What the operation needed.
-        wanted: &'static str,
-    },
     /// No such device, or not bound to the given binding.
     #[error("no device {0}")]
     NotFound(String),
@@ -50,58 +49,318 @@ pub enum InventoryError {
     StoreUnwritable(String),
 }
 
-/// The inventory's operations. Implementations are safe to call
-/// concurrently; each write is atomic.
-#[async_trait]
-pub trait Inventory: Send + Sync {
-    /// Adds or replaces a target.
-    async fn put_target(&self, target: Target) -> Result<(), InventoryError>;
-    /// Removes a target (its devices stay; discovery marks them Lost).
-    async fn remove_target(&self, name: &str) -> Result<(), InventoryError>;
-    /// All targets.
-    async fn targets(&self) -> Result<Vec<Target>, InventoryError>;
+/// The inventory over one store. Safe to share; binds of this process are
+/// serialised (other writers are kept out by the compare-and-swap).
+pub struct Inventory {
+    store: Arc<dyn Store>,
+    bind_lock: tokio::sync::Mutex<()>,
+}
 
-    /// Merges one target's discovery round by WWID.
-    async fn apply_discovery(
-        &self,
-        round: DiscoveryRound,
-    ) -> Result<DiscoveryOutcome, InventoryError>;
+// === impl Inventory ===
+
+impl Inventory {
+    /// The inventory kept in `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            bind_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// All targets.
+    pub async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
+        self.store.targets().await
+    }
+
+    /// Adds or replaces a target.
+    pub async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
+        self.store.put_target(target).await
+    }
+
+    /// Removes a target (its devices stay; discovery marks them Lost).
+    pub async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
+        self.store.remove_target(name).await
+    }
 
     /// One device by WWID.
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError>;
+    pub async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+        self.store.device(wwid).await
+    }
+
     /// The device bound to volume `name` (the CreateVolume name), if any.
-    async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError>;
+    pub async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
+        self.store.bound_to_name(name).await
+    }
+
     /// Devices in WWID order after `after`, at most `limit`.
-    async fn devices(
+    pub async fn devices(
         &self,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Device>, InventoryError>;
-    /// Count of devices per phase.
-    async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError>;
-    /// The largest size of any device, any phase (for OUT_OF_RANGE).
-    async fn largest_size(&self) -> Result<u64, InventoryError>;
-    /// Available bytes and the largest Available device visible from any
-    /// of `nodes` (empty: anywhere) matching `selector`.
-    async fn capacity(
-        &self,
-        nodes: &[String],
-        selector: &crate::selector::Selector,
-    ) -> Result<(u64, u64), InventoryError>;
+    ) -> Result<Vec<Device>, InventoryError> {
+        self.store.devices(after, limit).await
+    }
 
-    /// Picks the smallest fitting Available device and binds it, atomically.
-    async fn bind(
-        &self,
-        request: BindRequest,
-        min_bytes: u64,
-        max_bytes: u64,
-    ) -> Result<Device, InventoryError>;
-    /// Writes `device` if its generation is still `device.generation`;
-    /// returns the stored result (generation bumped).
-    async fn update(&self, device: Device) -> Result<Device, InventoryError>;
+    /// Count of devices per phase.
+    pub async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
+        Ok(self.store.summary().await?.phases)
+    }
+
+    /// The largest size of any device, any phase (for OUT_OF_RANGE).
+    pub async fn largest_size(&self) -> Result<u64, InventoryError> {
+        Ok(self.store.summary().await?.largest)
+    }
+
+    /// All resize requests.
+    pub async fn resizes(&self) -> Result<Vec<ResizeRequest>, InventoryError> {
+        self.store.resizes().await
+    }
 
     /// Records or updates a resize request.
-    async fn put_resize(&self, request: ResizeRequest) -> Result<(), InventoryError>;
-    /// All resize requests.
-    async fn resizes(&self) -> Result<Vec<ResizeRequest>, InventoryError>;
+    pub async fn put_resize(&self, request: ResizeRequest) -> Result<(), InventoryError> {
+        self.store.put_resize(request).await
+    }
+
+    /// Available bytes and the largest Available device visible from any
+    /// of `nodes` (empty: anywhere) matching `selector`.
+    pub async fn capacity(
+        &self,
+        nodes: &[String],
+        selector: &Selector,
+    ) -> Result<(u64, u64), InventoryError> {
+        let mut seen = BTreeSet::new();
+        let (mut total, mut largest) = (0u64, 0u64);
+        for scope in scopes(nodes.iter()) {
+            let mut after = None;
+            loop {
+                let page = self.store.available(scope, 0, u64::MAX, after, PAGE).await?;
+                for d in &page {
+                    if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
+                        total = total.saturating_add(d.size_bytes);
+                        largest = largest.max(d.size_bytes);
+                    }
+                }
+                after = page.last().map(|d| (d.size_bytes, d.wwid.clone()));
+                if page.len() < PAGE {
+                    break;
+                }
+            }
+        }
+        Ok((total, largest))
+    }
+
+    /// Binds the device the policy prefers for `request`, trying the
+    /// preferred nodes in order. A binding of the same name that exists
+    /// already is returned instead (the caller re-checks its parameters).
+    pub async fn bind(&self, request: BindRequest) -> Result<Device, InventoryError> {
+        let serial = self.bind_lock.lock().await;
+        let mut last = String::new();
+        for _ in 0..ATTEMPTS {
+            if let Some(existing) = self.store.bound_to_name(&request.binding.volume_name).await? {
+                return Ok(existing);
+            }
+            let Some(mut dev) = self.pick(&request).await? else {
+                return Err(InventoryError::NoFit(policy::no_fit(&request)));
+            };
+            if crate::fault::injected(crate::fault::Fault::SkipCas) {
+                drop(serial);
+                return self.bind_without_cas(dev, request).await;
+            }
+            policy::bind(&mut dev, request.binding.clone());
+            match self.write(Write::Replace(dev)).await {
+                Err(InventoryError::Conflict(w)) => {
+                    tracing::info!(wwid = %w, volume = %request.binding.volume_name, "bind lost a race; picking again");
+                    last = w;
+                }
+                other => return other,
+            }
+        }
+        Err(InventoryError::Conflict(last))
+    }
+
+    /// Writes `device` if its generation is still `device.generation`;
+    /// returns the stored result (generation bumped).
+    pub async fn update(&self, device: Device) -> Result<Device, InventoryError> {
+        self.write(Write::Replace(device)).await
+    }
+
+    /// Reads device `wwid`, applies `change` and writes it with
+    /// compare-and-swap; a lost race re-reads and applies `change` again.
+    /// `change` returns whether there is anything to write. `Ok(None)`: no
+    /// such device.
+    pub async fn modify(
+        &self,
+        wwid: &str,
+        mut change: impl FnMut(&mut Device) -> bool + Send,
+    ) -> Result<Option<Device>, InventoryError> {
+        for _ in 0..ATTEMPTS {
+            let Some(mut dev) = self.store.device(wwid).await? else {
+                return Ok(None);
+            };
+            if !change(&mut dev) {
+                return Ok(Some(dev));
+            }
+            match self.write(Write::Replace(dev)).await {
+                Err(InventoryError::Conflict(_)) => continue,
+                other => return other.map(Some),
+            }
+        }
+        Err(InventoryError::Conflict(wwid.to_owned()))
+    }
+
+    /// Merges one target's discovery round by WWID. One device failing
+    /// does not stop the others; the first error is returned after all.
+    pub async fn apply_discovery(
+        &self,
+        round: DiscoveryRound,
+    ) -> Result<DiscoveryOutcome, InventoryError> {
+        let by_wwid = policy::reports_by_wwid(&round);
+        let mut known: BTreeMap<String, Device> = self
+            .store
+            .of_target(&round.target)
+            .await?
+            .into_iter()
+            .map(|d| (d.wwid.clone(), d))
+            .collect();
+        for wwid in by_wwid.keys() {
+            if !known.contains_key(*wwid) {
+                if let Some(d) = self.store.device(wwid).await? {
+                    known.insert(d.wwid.clone(), d);
+                }
+            }
+        }
+        let mut pending: BTreeSet<String> = known.keys().cloned().collect();
+        pending.extend(by_wwid.keys().map(|w| (*w).to_owned()));
+        let now = unix_now();
+        let mut out = DiscoveryOutcome::default();
+        let mut conflicts = Vec::new();
+        let mut first_error = None;
+        for _ in 0..ATTEMPTS {
+            let mut writes = Vec::new();
+            let mut changes = Vec::new();
+            for wwid in &pending {
+                let reports = by_wwid.get(wwid.as_str()).map(Vec::as_slice).unwrap_or_default();
+                let existing = known.get(wwid);
+                if let Some(m) = policy::merge(existing, wwid, reports, &round, now, &mut conflicts) {
+                    writes.push(match existing {
+                        None => Write::Create(m.device),
+                        Some(_) => Write::Replace(m.device),
+                    });
+                    changes.push((wwid.clone(), m.change));
+                }
+            }
+            if writes.is_empty() {
+                pending.clear();
+                break;
+            }
+            let results = self.store.put(writes).await?;
+            let mut again = BTreeSet::new();
+            for ((wwid, change), result) in changes.into_iter().zip(results) {
+                match result {
+                    Ok(_) => match change {
+                        Change::Added => out.added.push(wwid),
+                        Change::Lost => out.lost.push(wwid),
+                        Change::Found => out.found.push(wwid),
+                        Change::Updated => {}
+                    },
+                    Err(InventoryError::Conflict(_)) => {
+                        again.insert(wwid);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%wwid, target = %round.target, error = %e, "device not merged");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            for wwid in &again {
+                match self.store.device(wwid).await? {
+                    Some(d) => known.insert(wwid.clone(), d),
+                    None => known.remove(wwid),
+                };
+            }
+            pending = again;
+        }
+        if let Some(wwid) = pending.into_iter().next() {
+            first_error.get_or_insert(InventoryError::Conflict(wwid));
+        }
+        conflicts.sort();
+        conflicts.dedup();
+        self.store.discovery_done(&round, conflicts).await;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// The device `policy::choose` prefers among the Available ones, from
+    /// the first preferred node that sees any. The store hands candidates
+    /// out in size order (its index); every fit of the smallest fitting
+    /// size is read, and the policy orders them.
+    async fn pick(&self, req: &BindRequest) -> Result<Option<Device>, InventoryError> {
+        for scope in scopes(req.topology.iter().flatten()) {
+            let mut fits: Vec<Device> = Vec::new();
+            let mut after = None;
+            'pages: loop {
+                let page = self
+                    .store
+                    .available(scope, req.min_bytes, req.max_bytes, after, PAGE)
+                    .await?;
+                let full = page.len() == PAGE;
+                after = page.last().map(|d| (d.size_bytes, d.wwid.clone()));
+                for d in page {
+                    if fits.first().is_some_and(|f| d.size_bytes > f.size_bytes) {
+                        break 'pages;
+                    }
+                    if policy::fits(&d, req, scope) {
+                        fits.push(d);
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            if let Some(best) = policy::choose(&fits, req, scope) {
+                return Ok(Some(best.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The deliberate defect `Fault::SkipCas`: decide on what was read, let
+    /// other binds run, then overwrite whatever the device holds by then.
+    async fn bind_without_cas(
+        &self,
+        picked: Device,
+        request: BindRequest,
+    ) -> Result<Device, InventoryError> {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut dev = self
+            .store
+            .device(&picked.wwid)
+            .await?
+            .ok_or(InventoryError::NotFound(picked.wwid))?;
+        policy::bind(&mut dev, request.binding);
+        self.write(Write::Replace(dev)).await
+    }
+
+    async fn write(&self, write: Write) -> Result<Device, InventoryError> {
+        self.store
+            .put(vec![write])
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(InventoryError::Store("the store answered no write".into())))
+    }
+}
+
+/// Each node in turn, or anywhere when there are none.
+fn scopes<'a>(nodes: impl Iterator<Item = &'a String>) -> Vec<Option<&'a str>> {
+    let scopes: Vec<Option<&str>> = nodes.map(|n| Some(n.as_str())).collect();
+    if scopes.is_empty() { vec![None] } else { scopes }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }

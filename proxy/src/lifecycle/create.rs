@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::Lifecycle;
-use super::access::Access;
+use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType};
 use crate::error::ProxyError;
-use crate::inventory::{BindRequest, Binding, Device, InventoryError};
+use crate::inventory::InventoryError;
 use crate::parameters::ClassParameters;
 
 /// A parsed CreateVolume request.
@@ -30,16 +30,9 @@ impl Lifecycle {
     /// Binds a LUN (or returns the one already bound to this name).
     pub async fn create(&self, req: CreateRequest) -> Result<Device, ProxyError> {
         let _guard = self.lock(&format!("name/{}", req.name)).await?;
-        let default_fs = req
-            .parameters
-            .fs_type
-            .clone()
-            .unwrap_or_else(|| "ext4".into());
-        let capabilities: Vec<String> = req
-            .access
-            .iter()
-            .map(|a| a.canonical(&default_fs))
-            .collect();
+        let default_fs = req.parameters.fs_type.unwrap_or(FsType::DEFAULT);
+        let capabilities: Vec<Capability> =
+            req.access.iter().map(|a| a.resolve(default_fs)).collect();
         // "If a volume corresponding to the specified volume name already
         // exists, is accessible from accessibility_requirements, and is
         // compatible with the specified capacity_range, volume_capabilities,
@@ -54,19 +47,20 @@ impl Lifecycle {
             limit_bytes: req.limit_bytes,
             capabilities: capabilities.clone(),
             parameters: req.parameters.identity.clone(),
-            cleanup: req.parameters.cleanup.as_str().to_owned(),
+            cleanup: req.parameters.cleanup,
         };
         let bind = BindRequest {
             binding,
             topology: req.nodes.iter().map(|n| vec![n.clone()]).collect(),
             selector: req.parameters.selector.clone(),
+            min_bytes: req.required_bytes,
+            max_bytes: if req.limit_bytes == 0 {
+                u64::MAX
+            } else {
+                req.limit_bytes
+            },
         };
-        let max = if req.limit_bytes == 0 {
-            u64::MAX
-        } else {
-            req.limit_bytes
-        };
-        match self.inventory.bind(bind, req.required_bytes, max).await {
+        match self.inventory.bind(bind).await {
             Ok(dev) => {
                 // bind() returns an existing binding when it raced with itself.
                 compatible(&dev, &req, &capabilities)?;
@@ -93,7 +87,7 @@ impl Lifecycle {
 fn compatible(
     dev: &Device,
     req: &CreateRequest,
-    capabilities: &[String],
+    capabilities: &[Capability],
 ) -> Result<(), ProxyError> {
     let conflict = |difference: String| {
         Err(ProxyError::NameConflict {
@@ -114,7 +108,17 @@ fn compatible(
     want.sort();
     have.sort();
     if want != have {
-        return conflict(format!("capabilities {have:?} vs {want:?}"));
+        let text = |caps: &[Capability]| {
+            caps.iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return conflict(format!(
+            "capabilities [{}] vs [{}]",
+            text(&have),
+            text(&want)
+        ));
     }
     let params: BTreeMap<_, _> = req.parameters.identity.clone();
     if params != b.parameters {

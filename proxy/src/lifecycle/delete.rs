@@ -6,9 +6,8 @@ use tonic::Code;
 
 use super::Lifecycle;
 use crate::agents::AgentOp;
+use crate::device::{Device, Phase, policy};
 use crate::error::ProxyError;
-use crate::inventory::{Device, Phase};
-use crate::parameters::Cleanup;
 use crate::volume_id::VolumeRef;
 
 impl Lifecycle {
@@ -64,16 +63,18 @@ impl Lifecycle {
     /// a release interrupted by a restart or a failed wipe. The caller
     /// holds the device's lock.
     async fn release(&self, mut dev: Device, request_id: &str) -> Result<(), ProxyError> {
-        if !matches!(dev.phase, Phase::Releasing | Phase::Failed) {
-            dev.phase = Phase::Releasing;
-            dev.reason.clear();
+        if policy::start_release(&mut dev) {
             dev = self.inventory.update(dev).await?;
         }
-        let cleanup = dev
-            .binding
-            .as_ref()
-            .and_then(|b| Cleanup::parse(&b.cleanup).ok())
-            .unwrap_or(Cleanup::Zero);
+        let Some(cleanup) = dev.binding.as_ref().map(|b| b.cleanup) else {
+            // Releasing with no binding: nothing says how to wipe it, so
+            // it is not offered again by itself.
+            return Err(ProxyError::DeviceState {
+                wwid: dev.wwid.clone(),
+                state: format!("{:?} without a binding", dev.phase),
+                reason: "the cleanup it was created with is unknown".into(),
+            });
+        };
         let Some(mode) = cleanup.wipe_mode() else {
             return self.make_available(dev).await;
         };
@@ -114,8 +115,10 @@ impl Lifecycle {
                 Err(ProxyError::Agent { node, status }) => {
                     // The wipe itself failed (in use, I/O error): never offer
                     // this LUN again until someone looks at it.
-                    dev.phase = Phase::Failed;
-                    dev.reason = format!("wipe on {node} failed: {}", status.message());
+                    policy::wipe_failed(
+                        &mut dev,
+                        format!("wipe on {node} failed: {}", status.message()),
+                    );
                     tracing::warn!(wwid = %dev.wwid, reason = %dev.reason, "release failed");
                     self.inventory.update(dev).await?;
                     return Err(ProxyError::Agent { node, status });
@@ -130,14 +133,7 @@ impl Lifecycle {
     }
 
     async fn make_available(&self, mut dev: Device) -> Result<(), ProxyError> {
-        dev.phase = if dev.nodes.is_empty() {
-            Phase::Lost
-        } else {
-            Phase::Available
-        };
-        dev.binding = None;
-        dev.published.clear();
-        dev.reason.clear();
+        policy::released(&mut dev);
         self.inventory.update(dev).await?;
         Ok(())
     }

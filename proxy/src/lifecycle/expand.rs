@@ -8,7 +8,7 @@ use csi_scsi_proto::agent::RescanRequest;
 use super::Lifecycle;
 use crate::agents::{AgentOp, AgentReply};
 use crate::error::ProxyError;
-use crate::inventory::ResizeRequest;
+use crate::device::{Capability, ResizeRequest};
 use crate::volume_id::VolumeRef;
 
 impl Lifecycle {
@@ -27,14 +27,15 @@ impl Lifecycle {
             .binding
             .clone()
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let bound_block = binding.capabilities.iter().all(|c| c.starts_with("block:"));
+        let is_block = |c: &Capability| matches!(c, Capability::Block(_));
+        let bound_block = binding.capabilities.iter().all(is_block);
         // "Exceeds capabilities": the request names an access type the
         // volume was not created with.
         if let Some(asked) = block
             && !binding
                 .capabilities
                 .iter()
-                .any(|c| c.starts_with("block:") == asked)
+                .any(|c| is_block(c) == asked)
         {
             return Err(ProxyError::InvalidArgument {
                 field: "volume_capability",

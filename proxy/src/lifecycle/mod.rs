@@ -3,7 +3,6 @@
 //! expand, and the read-only queries. No gRPC types cross into here except
 //! the agent API's messages; the CSI layer parses and maps.
 
-pub mod access;
 mod create;
 mod delete;
 mod expand;
@@ -18,7 +17,8 @@ use csi_scsi_proto::agent;
 
 use crate::agents::{AgentOp, AgentPool, AgentReply, deadline};
 use crate::error::ProxyError;
-use crate::inventory::{Device, Inventory, Target};
+use crate::device::{Device, Target, Transport};
+use crate::inventory::Inventory;
 use crate::secrets::SecretSource;
 
 pub use create::CreateRequest;
@@ -32,7 +32,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(20);
 
 /// The controller's state and collaborators.
 pub struct Lifecycle {
-    inventory: Arc<dyn Inventory>,
+    inventory: Arc<Inventory>,
     agents: Arc<AgentPool>,
     secrets: Arc<dyn SecretSource>,
     /// Operations on one volume (or one request name) run one at a time;
@@ -43,7 +43,7 @@ pub struct Lifecycle {
 impl Lifecycle {
     /// A controller over `inventory`, calling agents through `agents`.
     pub fn new(
-        inventory: Arc<dyn Inventory>,
+        inventory: Arc<Inventory>,
         agents: Arc<AgentPool>,
         secrets: Arc<dyn SecretSource>,
     ) -> Self {
@@ -56,7 +56,7 @@ impl Lifecycle {
     }
 
     /// The inventory.
-    pub fn inventory(&self) -> &Arc<dyn Inventory> {
+    pub fn inventory(&self) -> &Arc<Inventory> {
         &self.inventory
     }
 
@@ -104,27 +104,28 @@ impl Lifecycle {
 
     /// A target as the agent API describes it, CHAP included.
     pub fn agent_target(&self, t: &Target) -> Result<agent::Target, ProxyError> {
-        let transport = if let Some(iscsi) = &t.iscsi {
-            let chap = iscsi
-                .chap_secret_ref
-                .as_ref()
-                .map(|r| self.secrets.chap(r))
-                .transpose()?;
-            Some(agent::target::Transport::Iscsi(agent::IscsiTarget {
-                portals: iscsi.portals.clone(),
-                iqn: iscsi.iqn.clone(),
-                chap,
-            }))
-        } else {
-            t.fibre_channel.as_ref().map(|fc| {
+        let transport = match &t.transport {
+            Transport::Iscsi(iscsi) => {
+                let chap = iscsi
+                    .chap_secret_ref
+                    .as_ref()
+                    .map(|r| self.secrets.chap(r))
+                    .transpose()?;
+                agent::target::Transport::Iscsi(agent::IscsiTarget {
+                    portals: iscsi.portals.clone(),
+                    iqn: iscsi.iqn.clone(),
+                    chap,
+                })
+            }
+            Transport::FibreChannel(fc) => {
                 agent::target::Transport::FibreChannel(agent::FibreChannelTarget {
                     wwpns: fc.wwpns.clone(),
                 })
-            })
+            }
         };
         Ok(agent::Target {
             name: t.name.clone(),
-            transport,
+            transport: Some(transport),
         })
     }
 

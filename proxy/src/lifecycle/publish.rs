@@ -7,19 +7,14 @@ use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
 use csi_scsi_proto::publish_context;
 
 use super::Lifecycle;
-use super::access::{Access, mount_fs};
 use crate::agents::{AgentOp, AgentReply};
+use crate::device::{Access, Capability, Device, Phase, Publication, policy};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
-use crate::inventory::{Device, InventoryError, Phase, Publication};
 use crate::volume_id::VolumeRef;
 
-fn describe(access: &str, readonly: bool) -> String {
-    let access = if access.is_empty() {
-        "(not recorded)"
-    } else {
-        access
-    };
+fn describe(access: Option<Capability>, readonly: bool) -> String {
+    let access = access.map_or_else(|| "(not recorded)".to_owned(), |c| c.to_string());
     format!("{access}{}", if readonly { ", read-only" } else { "" })
 }
 
@@ -51,25 +46,30 @@ impl Lifecycle {
             .binding
             .as_ref()
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let wanted = access.canonical(mount_fs(&binding.capabilities).unwrap_or("ext4"));
-        if !binding.capabilities.contains(&wanted) {
+        let wanted = binding.resolve(access);
+        if !binding.allows(wanted) {
             return Err(ProxyError::InvalidArgument {
                 field: "volume_capability",
                 reason: format!(
-                    "{wanted} is not among the volume's capabilities {:?}",
-                    binding.capabilities
+                    "{wanted} is not among the volume's capabilities [{}]",
+                    binding
+                        .capabilities
+                        .iter()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             });
         }
         let already = match dev.publication(node) {
             // Spec: published to this node "but is incompatible with the
             // specified volume_capability or readonly flag".
-            Some(p) if p.readonly != readonly || !(p.access.is_empty() || p.access == wanted) => {
+            Some(p) if p.readonly != readonly || p.access.is_some_and(|a| a != wanted) => {
                 return Err(ProxyError::PublishedIncompatibly {
                     volume: id.to_owned(),
                     node: node.to_owned(),
-                    recorded: describe(&p.access, p.readonly),
-                    asked: describe(&wanted, readonly),
+                    recorded: describe(p.access, p.readonly),
+                    asked: describe(Some(wanted), readonly),
                 });
             }
             Some(_) => true,
@@ -86,15 +86,11 @@ impl Lifecycle {
             // Record first, so a racing publish elsewhere sees this node.
             let publication = Publication {
                 node: node.to_owned(),
-                access: wanted,
+                access: Some(wanted),
                 readonly,
             };
             dev = self
-                .edit_published(dev, |p| {
-                    if !p.iter().any(|x| x.node == node) {
-                        p.push(publication.clone());
-                    }
-                })
+                .edit_published(&dev.wwid, |d| policy::publish(d, publication.clone()))
                 .await?;
         }
         let targets = self.targets_for(&dev, node).await?;
@@ -126,7 +122,7 @@ impl Lifecycle {
                 if !already
                     && e.attach_surely_refused()
                     && let Err(undo) = self
-                        .edit_published(dev, |p| p.retain(|x| x.node != node))
+                        .edit_published(&dev.wwid, |d| policy::unpublish(d, node))
                         .await
                 {
                     tracing::warn!(error = %undo, "could not undo the publish record");
@@ -193,7 +189,7 @@ impl Lifecycle {
             }
             if dev.publication(&n).is_some() {
                 dev = self
-                    .edit_published(dev, |p| p.retain(|x| x.node != n))
+                    .edit_published(&dev.wwid, |d| policy::unpublish(d, &n))
                     .await?;
             }
         }
@@ -202,27 +198,19 @@ impl Lifecycle {
 
     /// Applies `change` to the device's publish list and writes it. The
     /// caller holds the device's lock, so only discovery writes it
-    /// meanwhile: on a lost compare-and-swap, re-read and apply again.
+    /// meanwhile, and a lost race re-reads and applies `change` again.
     async fn edit_published(
         &self,
-        mut dev: Device,
-        change: impl Fn(&mut Vec<Publication>),
+        wwid: &str,
+        change: impl Fn(&mut Device) + Send + Sync,
     ) -> Result<Device, ProxyError> {
-        for _ in 0..8 {
-            change(&mut dev.published);
-            match self.inventory.update(dev.clone()).await {
-                Ok(written) => return Ok(written),
-                Err(InventoryError::Conflict(_)) => {
-                    dev = self
-                        .inventory
-                        .device(&dev.wwid)
-                        .await?
-                        .ok_or_else(|| ProxyError::VolumeNotFound(dev.wwid.clone()))?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(ProxyError::Busy(format!("publish record of {}", dev.wwid)))
+        self.inventory
+            .modify(wwid, |d| {
+                change(d);
+                true
+            })
+            .await?
+            .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_owned()))
     }
 
     /// The device bound to `vol`, or VolumeNotFound.

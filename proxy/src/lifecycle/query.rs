@@ -2,7 +2,7 @@
 
 use super::Lifecycle;
 use crate::error::ProxyError;
-use crate::inventory::{Device, Phase};
+use crate::device::{Device, Phase};
 use crate::selector::Selector;
 use crate::volume_id::VolumeRef;
 

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use crate::agents::{AgentOp, AgentReply, fan_out};
 use crate::directory::AgentEntry;
 use crate::error::ProxyError;
-use crate::inventory::{DiscoveryRound, LunReport, Phase, Target};
+use crate::device::{DiscoveryRound, LunReport, Phase, Target};
 use crate::lifecycle::Lifecycle;
 
 /// What one pass did.

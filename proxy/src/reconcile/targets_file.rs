@@ -9,7 +9,8 @@ use std::time::Duration;
 use csi_scsi_certs::file_watch;
 use tokio::sync::Notify;
 
-use crate::inventory::{Inventory, Target};
+use crate::device::Target;
+use crate::inventory::Inventory;
 
 /// Lets an editor's save (write, rename) land before rereading.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -17,27 +18,32 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Reads and validates the file.
 pub fn read(path: &Path) -> Result<Vec<Target>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let targets: Vec<Target> =
+    let raw: Vec<serde_json::Map<String, serde_json::Value>> =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    for t in &targets {
-        match (&t.iscsi, &t.fibre_channel) {
-            (Some(_), None) | (None, Some(_)) => {}
-            _ => {
-                return Err(format!(
-                    "target {}: exactly one of iscsi or fibreChannel is required",
-                    t.name
-                ));
-            }
+    let mut targets = Vec::with_capacity(raw.len());
+    for object in raw {
+        let name = object.get("name").and_then(|n| n.as_str()).unwrap_or("");
+        if name.is_empty() {
+            return Err(format!("{}: a target has no name", path.display()));
         }
-        if t.name.is_empty() {
-            return Err("a target has no name".into());
+        // Said plainly here: serde's own words for a flattened enum are not.
+        if object.contains_key("iscsi") == object.contains_key("fibreChannel") {
+            return Err(format!(
+                "{}: target {name}: exactly one of iscsi or fibreChannel is required",
+                path.display()
+            ));
         }
+        let name = name.to_owned();
+        targets.push(
+            serde_json::from_value::<Target>(object.into())
+                .map_err(|e| format!("{}: target {name}: {e}", path.display()))?,
+        );
     }
     Ok(targets)
 }
 
 /// Makes the stored targets equal the file's; true when anything changed.
-pub async fn sync(inventory: &dyn Inventory, targets: Vec<Target>) -> Result<bool, String> {
+pub async fn sync(inventory: &Inventory, targets: Vec<Target>) -> Result<bool, String> {
     let stored = inventory.targets().await.map_err(|e| e.to_string())?;
     let mut changed = false;
     for t in &targets {
@@ -67,7 +73,7 @@ pub async fn sync(inventory: &dyn Inventory, targets: Vec<Target>) -> Result<boo
 /// changed something. A sync the store refused is retried every `poll`.
 pub async fn watch(
     path: std::path::PathBuf,
-    inventory: Arc<dyn Inventory>,
+    inventory: Arc<Inventory>,
     changed: Arc<Notify>,
     poll: Duration,
 ) {
@@ -114,8 +120,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("targets.json");
         std::fs::write(&path, format!("[{}]", target("t1"))).expect("write");
-        let inventory: Arc<dyn Inventory> =
-            Arc::new(EmbeddedInventory::open(&dir.path().join("store.db")).expect("store"));
+        let inventory = Arc::new(Inventory::new(Arc::new(
+            EmbeddedInventory::open(&dir.path().join("store.db")).expect("store"),
+        )));
         let changed = Arc::new(Notify::new());
         // An hour: only the notify side can explain a prompt sync.
         let task = tokio::spawn(watch(

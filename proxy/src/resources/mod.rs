@@ -18,8 +18,7 @@ pub use pending_resize::{
     PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
 };
 pub use scsi_device::{
-    DeviceBinding, DeviceNode, DeviceObjectError, DevicePhase, SCSIDevice, SCSIDeviceSpec,
-    SCSIDeviceStatus,
+    DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus,
 };
 pub use scsi_target::{
     FibreChannelSpec, IscsiSpec, SCSITarget, SCSITargetSpec, SCSITargetStatus, SecretReference,

@@ -11,7 +11,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::ResizeRequest;
+use crate::device::ResizeRequest;
 
 /// A volume that wants more bytes than its LUN has.
 #[derive(

@@ -14,7 +14,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::{Binding, Device, NodeView, Phase, Publication};
+use crate::device::{Binding, Device, NodeView, Phase, Publication};
 
 /// One LUN as discovery reported it.
 #[derive(
@@ -89,120 +89,40 @@ pub struct SCSIDeviceSpec {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A device's life-cycle phase, as stored.
-#[derive(JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DevicePhase {
-    /// Free: can be bound to a new volume.
-    #[default]
-    Available,
-    /// Bound to a volume.
-    Bound,
-    /// Being wiped after its volume was deleted.
-    Releasing,
-    /// A wipe failed; never offered again by itself.
-    Failed,
-    /// No node reports it any more.
-    Lost,
-}
-
 /// The inventory's state of the device.
 #[derive(JsonSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SCSIDeviceStatus {
-    /// Life-cycle phase.
-    pub phase: DevicePhase,
+    /// Life-cycle phase (required: a status without one is never read as
+    /// Available).
+    pub phase: Phase,
     /// The CSI volume ID (`<wwid>:<binding uid>`) while bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_id: Option<String>,
     /// The binding, while bound (kept while Releasing, Failed or Lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub binding: Option<DeviceBinding>,
+    pub binding: Option<Binding>,
     /// Where it is visible: node, target, and the paths on that node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<DeviceNode>,
+    pub nodes: Vec<NodeView>,
     /// Node names that see it, sorted (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_names: Vec<String>,
     /// Where it is attached (ControllerPublished), and how.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub published: Vec<DevicePublication>,
+    pub published: Vec<Publication>,
     /// When a node last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Time>,
     /// Why it is Failed or Lost.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// How many wipes of it have failed, ever.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wipe_failures: u32,
     /// Standard conditions (`Usable`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-}
-
-/// What a volume asked for when it was bound.
-#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceBinding {
-    /// Fresh for every binding: the second half of the volume ID.
-    pub uid: String,
-    /// The CreateVolume name (the PersistentVolume's name).
-    pub volume_name: String,
-    /// Bytes asked for.
-    #[serde(default)]
-    pub required_bytes: u64,
-    /// Upper bound asked for (0: none).
-    #[serde(default)]
-    pub limit_bytes: u64,
-    /// Access modes and types requested, canonical text.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub capabilities: Vec<String>,
-    /// StorageClass parameters.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub parameters: BTreeMap<String, String>,
-    /// Wipe mode applied on delete.
-    #[serde(default)]
-    pub cleanup: String,
-}
-
-/// Where one node sees the device, through one target.
-#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceNode {
-    /// Node name.
-    pub node: String,
-    /// Target the paths come through.
-    pub target: String,
-    /// `/dev/disk/by-path` (or by-id) names on that node.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub paths: Vec<String>,
-}
-
-/// One ControllerPublish of the device.
-#[derive(JsonSchema, Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DevicePublication {
-    /// Node name.
-    pub node: String,
-    /// The capability it was published with (`mount:<fs>:<MODE>` or
-    /// `block:<MODE>`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub access: String,
-    /// Published read-only.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub readonly: bool,
-}
-
-/// Reads a publication as the inventory model does: statuses written before
-/// publications kept their capability hold the node name alone, and an
-/// upgrade must still read them (the API server does not rewrite stored
-/// objects).
-impl<'de> Deserialize<'de> for DevicePublication {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let p = Publication::deserialize(d)?;
-        Ok(Self {
-            node: p.node,
-            access: p.access,
-            readonly: p.readonly,
-        })
-    }
 }
 
 /// Why a stored object cannot become an inventory device.
@@ -240,7 +160,7 @@ impl SCSIDevice {
             .parse::<i64>()
             .map_err(|_| DeviceObjectError::OpaqueResourceVersion { name, version })?;
         let status = self.status.clone().unwrap_or(SCSIDeviceStatus {
-            phase: DevicePhase::Lost,
+            phase: Phase::Lost,
             reason: "status not written yet".into(),
             ..SCSIDeviceStatus::default()
         });
@@ -253,28 +173,13 @@ impl SCSIDevice {
             model: self.spec.model.clone(),
             serial: self.spec.serial.clone(),
             labels: self.spec.labels.clone(),
-            phase: status.phase.into(),
-            binding: status.binding.map(Binding::from),
-            nodes: status
-                .nodes
-                .into_iter()
-                .map(|n| NodeView {
-                    node: n.node,
-                    target: n.target,
-                    paths: n.paths,
-                })
-                .collect(),
-            published: status
-                .published
-                .into_iter()
-                .map(|p| Publication {
-                    node: p.node,
-                    access: p.access,
-                    readonly: p.readonly,
-                })
-                .collect(),
+            phase: status.phase,
+            binding: status.binding,
+            nodes: status.nodes,
+            published: status.published,
             last_seen: status.last_seen.map(|t| t.0.as_second()).unwrap_or(0),
             reason: status.reason,
+            wipe_failures: status.wipe_failures,
             generation,
         })
     }
@@ -321,32 +226,17 @@ impl SCSIDeviceStatus {
             .map(|c| c.last_transition_time.clone())
             .unwrap_or(Time(now));
         Self {
-            phase: d.phase.into(),
+            phase: d.phase,
             volume_id: d.volume_id(),
-            binding: d.binding.clone().map(DeviceBinding::from),
-            nodes: d
-                .nodes
-                .iter()
-                .map(|n| DeviceNode {
-                    node: n.node.clone(),
-                    target: n.target.clone(),
-                    paths: n.paths.clone(),
-                })
-                .collect(),
+            binding: d.binding.clone(),
+            nodes: d.nodes.clone(),
             node_names: d.node_names(),
-            published: d
-                .published
-                .iter()
-                .map(|p| DevicePublication {
-                    node: p.node.clone(),
-                    access: p.access.clone(),
-                    readonly: p.readonly,
-                })
-                .collect(),
+            published: d.published.clone(),
             last_seen: (d.last_seen > 0)
                 .then(|| Timestamp::from_second(d.last_seen).ok().map(Time))
                 .flatten(),
             reason: d.reason.clone(),
+            wipe_failures: d.wipe_failures,
             conditions: vec![Condition {
                 type_: "Usable".into(),
                 status: cond_status.into(),
@@ -359,65 +249,14 @@ impl SCSIDeviceStatus {
     }
 }
 
-// === impl DevicePhase ===
-
-impl From<Phase> for DevicePhase {
-    fn from(p: Phase) -> Self {
-        match p {
-            Phase::Available => Self::Available,
-            Phase::Bound => Self::Bound,
-            Phase::Releasing => Self::Releasing,
-            Phase::Failed => Self::Failed,
-            Phase::Lost => Self::Lost,
-        }
-    }
-}
-
-impl From<DevicePhase> for Phase {
-    fn from(p: DevicePhase) -> Self {
-        match p {
-            DevicePhase::Available => Self::Available,
-            DevicePhase::Bound => Self::Bound,
-            DevicePhase::Releasing => Self::Releasing,
-            DevicePhase::Failed => Self::Failed,
-            DevicePhase::Lost => Self::Lost,
-        }
-    }
-}
-
-// === impl DeviceBinding ===
-
-impl From<Binding> for DeviceBinding {
-    fn from(b: Binding) -> Self {
-        Self {
-            uid: b.uid,
-            volume_name: b.volume_name,
-            required_bytes: b.required_bytes,
-            limit_bytes: b.limit_bytes,
-            capabilities: b.capabilities,
-            parameters: b.parameters,
-            cleanup: b.cleanup,
-        }
-    }
-}
-
-impl From<DeviceBinding> for Binding {
-    fn from(b: DeviceBinding) -> Self {
-        Self {
-            uid: b.uid,
-            volume_name: b.volume_name,
-            required_bytes: b.required_bytes,
-            limit_bytes: b.limit_bytes,
-            capabilities: b.capabilities,
-            parameters: b.parameters,
-            cleanup: b.cleanup,
-        }
-    }
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::{Capability, Mode};
 
     #[test]
     fn a_status_written_before_publications_kept_their_capability_still_reads() {
@@ -425,9 +264,9 @@ mod tests {
             serde_json::from_str(r#"{"phase":"Bound","published":["node-a"]}"#).expect("old");
         assert_eq!(
             old.published,
-            [DevicePublication {
+            [Publication {
                 node: "node-a".into(),
-                access: String::new(),
+                access: None,
                 readonly: false,
             }]
         );
@@ -435,7 +274,10 @@ mod tests {
             r#"{"phase":"Bound","published":[{"node":"node-b","access":"block:MULTI_NODE_MULTI_WRITER","readonly":true}]}"#,
         )
         .expect("new");
-        assert_eq!(new.published[0].access, "block:MULTI_NODE_MULTI_WRITER");
+        assert_eq!(
+            new.published[0].access,
+            Some(Capability::Block(Mode::MultiNodeMultiWriter))
+        );
         assert!(new.published[0].readonly);
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::{FcTarget, IscsiTarget, SecretRef, Target};
+use crate::device::{FcTarget, IscsiTarget, SecretRef, Target, Transport};
 
 /// How nodes reach a set of LUNs: exactly one of `iscsi` or `fibreChannel`.
 #[derive(
@@ -148,12 +148,13 @@ pub struct TargetNodeStatus {
 // === impl SCSITarget ===
 
 impl SCSITarget {
-    /// The inventory's view of this target (name from the object).
-    pub fn to_target(&self) -> Target {
+    /// The inventory's view of this target (name from the object); `Err`
+    /// names the fault when the spec has both transports or neither (the
+    /// CRD's rule refuses that, but an object may predate the rule).
+    pub fn to_target(&self) -> Result<Target, String> {
         let name = self.metadata.name.clone().unwrap_or_default();
-        Target {
-            name,
-            iscsi: self.spec.iscsi.as_ref().map(|i| IscsiTarget {
+        let transport = match (&self.spec.iscsi, &self.spec.fibre_channel) {
+            (Some(i), None) => Transport::Iscsi(IscsiTarget {
                 portals: i.portals.clone(),
                 iqn: i.iqn.clone(),
                 chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| SecretRef {
@@ -161,13 +162,23 @@ impl SCSITarget {
                     namespace: r.namespace.clone().unwrap_or_default(),
                 }),
             }),
-            fibre_channel: self.spec.fibre_channel.as_ref().map(|f| FcTarget {
+            (None, Some(f)) => Transport::FibreChannel(FcTarget {
                 wwpns: f.wwpns.clone(),
             }),
+            (Some(_), Some(_)) => {
+                return Err(format!("SCSITarget {name} has both iscsi and fibreChannel"));
+            }
+            (None, None) => {
+                return Err(format!("SCSITarget {name} has neither iscsi nor fibreChannel"));
+            }
+        };
+        Ok(Target {
+            name,
+            transport,
             node_selector: self.spec.node_selector.clone(),
             nodes: self.spec.nodes.clone(),
             device_labels: self.spec.device_labels.clone(),
-        }
+        })
     }
 }
 
@@ -176,18 +187,28 @@ impl SCSITarget {
 impl SCSITargetSpec {
     /// The spec of an inventory target.
     pub fn from_target(t: &Target) -> Self {
-        Self {
-            iscsi: t.iscsi.as_ref().map(|i| IscsiSpec {
-                portals: i.portals.clone(),
-                iqn: i.iqn.clone(),
-                chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| SecretReference {
-                    name: r.name.clone(),
-                    namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
+        let (iscsi, fibre_channel) = match &t.transport {
+            Transport::Iscsi(i) => (
+                Some(IscsiSpec {
+                    portals: i.portals.clone(),
+                    iqn: i.iqn.clone(),
+                    chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| SecretReference {
+                        name: r.name.clone(),
+                        namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
+                    }),
                 }),
-            }),
-            fibre_channel: t.fibre_channel.as_ref().map(|f| FibreChannelSpec {
-                wwpns: f.wwpns.clone(),
-            }),
+                None,
+            ),
+            Transport::FibreChannel(f) => (
+                None,
+                Some(FibreChannelSpec {
+                    wwpns: f.wwpns.clone(),
+                }),
+            ),
+        };
+        Self {
+            iscsi,
+            fibre_channel,
             node_selector: t.node_selector.clone(),
             nodes: t.nodes.clone(),
             device_labels: t.device_labels.clone(),

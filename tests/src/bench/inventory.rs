@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use csi_scsi_proto::csi::controller_client::ControllerClient;
 use csi_scsi_proto::csi::{DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest};
-use csi_scsi_proxy::inventory::{DiscoveryRound, EmbeddedInventory, Inventory, LunReport};
+use csi_scsi_proxy::device::{DiscoveryRound, LunReport};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use tonic::transport::Channel;
 
 use super::Options;
@@ -42,7 +43,7 @@ pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
 /// labelled tier=fast, in one discovery round (as one target reporting
 /// them would).
 pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
-    let inv = EmbeddedInventory::open(path)?;
+    let inv = Inventory::new(std::sync::Arc::new(EmbeddedInventory::open(path)?));
     let luns = (0..n)
         .map(|i| LunReport {
             wwid: format!("naa.6001405{i:025x}"),

@@ -8,7 +8,8 @@ use std::path::Path;
 use csi_scsi_proto::csi::controller_client::ControllerClient;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode;
 use csi_scsi_proto::csi::*;
-use csi_scsi_proxy::inventory::{DiscoveryRound, EmbeddedInventory, Inventory, LunReport};
+use csi_scsi_proxy::device::{DiscoveryRound, LunReport};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_tests::csi_client::csi_channel;
 use csi_scsi_tests::daemon::Daemon;
 use csi_scsi_tests::lab::scenario::{capability, prefer};
@@ -19,7 +20,9 @@ use crate::support::Env;
 
 /// Fills a store with `n` 1 GiB devices seen from node-a.
 async fn fill(store: &Path, n: u32) {
-    let inv = EmbeddedInventory::open(store).expect("store");
+    let inv = Inventory::new(std::sync::Arc::new(
+        EmbeddedInventory::open(store).expect("store"),
+    ));
     let luns = (0..n)
         .map(|i| LunReport {
             wwid: format!("naa.6001405{i:025x}"),
@@ -168,7 +171,9 @@ async fn kill_9_during_concurrent_binds_leaves_a_sound_store_without_double_bind
     assert_eq!(wwids.len(), b.len(), "no device bound twice");
     assert_eq!(names.len(), b.len(), "no name bound twice");
     // The store still serves a restarted proxy.
-    let inv = EmbeddedInventory::open(&db).expect("reopen");
+    let inv = Inventory::new(std::sync::Arc::new(
+        EmbeddedInventory::open(&db).expect("reopen"),
+    ));
     assert_eq!(inv.devices(None, 1000).await.expect("devices").len(), 100);
     let _: Option<Daemon> = None;
 }

@@ -1,0 +1,14 @@
+//! The device model and its life cycle: the records both stores keep
+//! (`model`), typed capabilities (`access`), and every transition between
+//! phases as a pure function (`policy`). The inventory does the I/O.
+
+pub mod access;
+mod model;
+pub mod policy;
+
+pub use access::{Access, Capability, FsType, Mode, UnknownCapability};
+pub use model::{
+    BindRequest, Binding, Cleanup, Device, DiscoveryOutcome, DiscoveryRound, FcTarget,
+    IscsiTarget, LunReport, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
+    Transport,
+};

@@ -1,0 +1,263 @@
+//! Every device transition, as pure functions over the model: no I/O, no
+//! clock, no store. The inventory reads a device, applies one of these,
+//! and writes the result with compare-and-swap; both stores share them, so
+//! a change to how a LUN moves between phases is made here, once.
+//!
+//! ```text
+//!            discovery (new WWID)
+//!                   |
+//!                   v        bind           delete: start_release
+//!   found ----> Available ---------> Bound ---------------------> Releasing
+//!     ^            ^  |  \           |  \                          |   |
+//!     |            |  |   \ lost     |   \ lost                    |   | wipe_failed
+//!     |            |  |    v         |    v                        |   v
+//!     +--------- Lost <----+         +-> Lost (keeps binding)      |  Failed
+//!                  ^                                               |   | (a retried
+//!                  +------ released (no node sees it) <------------+   |  delete)
+//!                          released ----> Available <------------------+
+//! ```
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use super::model::{
+    BindRequest, Binding, Device, DiscoveryRound, LunReport, NodeView, Phase, Publication,
+};
+
+/// How stale `last_seen` may get when nothing else about a device changed:
+/// 50,000 devices must not mean 50,000 writes per discovery pass.
+pub const LAST_SEEN_RESOLUTION: i64 = 600;
+
+/// What a discovery round did to one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Seen for the first time: a new Available device.
+    Added,
+    /// No node reports it any more.
+    Lost,
+    /// It was Lost and a node reports it again.
+    Found,
+    /// Something else changed (paths, size, labels, last seen).
+    Updated,
+}
+
+/// The result of merging a round into one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Merged {
+    /// The device to write.
+    pub device: Device,
+    /// What changed.
+    pub change: Change,
+}
+
+/// One node's report of one LUN.
+pub type Report<'a> = (&'a str, &'a LunReport);
+
+/// A round's reports grouped by WWID.
+pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>> {
+    let mut by: BTreeMap<&str, Vec<Report<'_>>> = BTreeMap::new();
+    for (node, luns) in &round.answered {
+        for lun in luns {
+            by.entry(lun.wwid.as_str())
+                .or_default()
+                .push((node.as_str(), lun));
+        }
+    }
+    by
+}
+
+/// Merges what `round` saw of `wwid` (`reports`) into the stored device.
+/// `None`: nothing to write. Nodes that did not answer keep their earlier
+/// view; another target's views are kept; a label the device already has
+/// is never overwritten (the conflict goes into `conflicts`).
+pub fn merge(
+    existing: Option<&Device>,
+    wwid: &str,
+    reports: &[Report<'_>],
+    round: &DiscoveryRound,
+    now: i64,
+    conflicts: &mut Vec<String>,
+) -> Option<Merged> {
+    let t = &round.target;
+    let fresh = reports.iter().map(|(node, lun)| NodeView {
+        node: (*node).to_owned(),
+        target: t.clone(),
+        paths: lun.paths.clone(),
+    });
+    let Some(before) = existing else {
+        let (_, first) = reports.first()?;
+        return Some(Merged {
+            device: Device {
+                wwid: wwid.to_owned(),
+                target: t.clone(),
+                lun: first.lun,
+                size_bytes: first.size_bytes,
+                vendor: first.vendor.clone(),
+                model: first.model.clone(),
+                serial: first.serial.clone(),
+                labels: round.device_labels.clone(),
+                phase: Phase::Available,
+                binding: None,
+                nodes: fresh.collect(),
+                published: Vec::new(),
+                last_seen: now,
+                reason: String::new(),
+                wipe_failures: 0,
+                generation: 0,
+            },
+            change: Change::Added,
+        });
+    };
+    let mut dev = before.clone();
+    dev.nodes
+        .retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
+    dev.nodes.extend(fresh);
+    dev.nodes
+        .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
+    if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
+        dev.size_bytes = lun.size_bytes;
+        if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
+            dev.last_seen = now;
+        }
+    }
+    for (k, v) in &round.device_labels {
+        match dev.labels.get(k) {
+            None => {
+                dev.labels.insert(k.clone(), v.clone());
+            }
+            Some(have) if have != v => {
+                conflicts.push(format!(
+                    "{wwid}: {k}={have} (kept), this target says {k}={v}"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let change = if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound)
+    {
+        lost(&mut dev, &format!("no node reports it (target {t})"));
+        Change::Lost
+    } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
+        found(&mut dev);
+        Change::Found
+    } else {
+        Change::Updated
+    };
+    (dev != *before).then_some(Merged {
+        device: dev,
+        change,
+    })
+}
+
+/// No node reports the device: it goes Lost and keeps any binding.
+pub fn lost(dev: &mut Device, reason: &str) {
+    dev.phase = Phase::Lost;
+    dev.reason = reason.to_owned();
+}
+
+/// A Lost device is reported again: back to Bound if it has a binding.
+pub fn found(dev: &mut Device) {
+    dev.phase = if dev.binding.is_some() {
+        Phase::Bound
+    } else {
+        Phase::Available
+    };
+    dev.reason.clear();
+}
+
+/// Whether `dev` may back `req`: Available, of a fitting size, labels
+/// matching, and visible from `node` when one is given.
+pub fn fits(dev: &Device, req: &BindRequest, node: Option<&str>) -> bool {
+    dev.phase == Phase::Available
+        && (req.min_bytes..=req.max_bytes).contains(&dev.size_bytes)
+        && req.selector.matches(&dev.labels)
+        && node.is_none_or(|n| dev.nodes.iter().any(|v| v.node == n))
+}
+
+/// Which of two fitting devices a bind takes first (`Less`: `a`). The
+/// smallest first, so large LUNs stay for large requests; the stores hand
+/// out candidates in size order and the inventory reads every candidate of
+/// the smallest fitting size, so rules after the size order within it.
+/// Then the one whose wipes failed least often: a LUN that failed a wipe
+/// before is the likelier to fail the next volume. Then the WWID, so the
+/// choice is stable.
+pub fn preference(a: &Device, b: &Device) -> Ordering {
+    (a.size_bytes, a.wipe_failures, &a.wwid).cmp(&(b.size_bytes, b.wipe_failures, &b.wwid))
+}
+
+/// The best of `candidates` for `req` from `node` (anywhere: `None`).
+pub fn choose<'a>(
+    candidates: impl IntoIterator<Item = &'a Device>,
+    req: &BindRequest,
+    node: Option<&str>,
+) -> Option<&'a Device> {
+    candidates
+        .into_iter()
+        .filter(|d| fits(d, req, node))
+        .min_by(|a, b| preference(a, b))
+}
+
+/// Binds `dev` to a new volume.
+pub fn bind(dev: &mut Device, binding: Binding) {
+    dev.phase = Phase::Bound;
+    dev.binding = Some(binding);
+    dev.reason.clear();
+}
+
+/// Why no device fits `req`.
+pub fn no_fit(req: &BindRequest) -> String {
+    format!(
+        "{} bytes or more{}",
+        req.min_bytes,
+        if req.topology.is_empty() {
+            ""
+        } else {
+            " on the requested nodes"
+        }
+    )
+}
+
+/// Records a ControllerPublish on a node (no-op when recorded already).
+pub fn publish(dev: &mut Device, publication: Publication) {
+    if dev.publication(&publication.node).is_none() {
+        dev.published.push(publication);
+    }
+}
+
+/// Forgets the ControllerPublish on `node`.
+pub fn unpublish(dev: &mut Device, node: &str) {
+    dev.published.retain(|p| p.node != node);
+}
+
+/// Its volume was deleted: it goes Releasing until wiped. `false` when it
+/// is Releasing or Failed already (a retried delete resumes the wipe).
+pub fn start_release(dev: &mut Device) -> bool {
+    if matches!(dev.phase, Phase::Releasing | Phase::Failed) {
+        return false;
+    }
+    dev.phase = Phase::Releasing;
+    dev.reason.clear();
+    true
+}
+
+/// The wipe failed: never offered again until someone looks at it.
+pub fn wipe_failed(dev: &mut Device, reason: String) {
+    dev.phase = Phase::Failed;
+    dev.reason = reason;
+    dev.wipe_failures = dev.wipe_failures.saturating_add(1);
+}
+
+/// Wiped (or nothing to wipe): offered again, or Lost when no node sees it.
+pub fn released(dev: &mut Device) {
+    dev.phase = if dev.nodes.is_empty() {
+        Phase::Lost
+    } else {
+        Phase::Available
+    };
+    dev.binding = None;
+    dev.published.clear();
+    dev.reason.clear();
+}
+
+#[cfg(test)]
+mod tests;

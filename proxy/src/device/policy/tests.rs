@@ -1,0 +1,242 @@
+//! The transitions, table-driven, with no store behind them.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::device::{Capability, Cleanup, FsType, Mode};
+use crate::selector::Selector;
+
+fn wwid(i: u32) -> String {
+    format!("naa.6001405{i:025x}")
+}
+
+fn lun(i: u32, size: u64) -> LunReport {
+    LunReport {
+        wwid: wwid(i),
+        lun: i,
+        size_bytes: size,
+        vendor: "LIO-ORG".into(),
+        model: "disk".into(),
+        serial: format!("sn{i}"),
+        paths: vec![format!("path-{i}")],
+    }
+}
+
+fn round(answered: &[(&str, Vec<LunReport>)], unanswered: &[&str]) -> DiscoveryRound {
+    DiscoveryRound {
+        target: "t1".into(),
+        device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
+        answered: answered
+            .iter()
+            .map(|(n, l)| (n.to_string(), l.clone()))
+            .collect(),
+        unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn binding(name: &str) -> Binding {
+    Binding {
+        uid: format!("uid-{name}"),
+        volume_name: name.into(),
+        required_bytes: 1,
+        limit_bytes: 0,
+        capabilities: vec![Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter)],
+        parameters: BTreeMap::new(),
+        cleanup: Cleanup::Zero,
+    }
+}
+
+fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
+    let r = round(&[], &[]);
+    let report = lun(i, size);
+    let mut d = merge(None, &wwid(i), &[("n", &report)], &r, 1_000, &mut Vec::new())
+        .expect("new")
+        .device;
+    d.nodes = nodes
+        .iter()
+        .map(|n| NodeView {
+            node: n.to_string(),
+            target: "t1".into(),
+            paths: vec!["p".into()],
+        })
+        .collect();
+    d.phase = phase;
+    if matches!(phase, Phase::Bound | Phase::Releasing | Phase::Failed) {
+        d.binding = Some(binding("v"));
+    }
+    d
+}
+
+fn request(min: u64, max: u64, selector: &str, nodes: &[&str]) -> BindRequest {
+    BindRequest {
+        binding: binding("new"),
+        topology: nodes.iter().map(|n| vec![n.to_string()]).collect(),
+        selector: Selector::parse(selector).expect("selector"),
+        min_bytes: min,
+        max_bytes: max,
+    }
+}
+
+fn merged(existing: &Device, answered: &[(&str, Vec<LunReport>)], now: i64) -> Option<Merged> {
+    let r = round(answered, &[]);
+    let by = reports_by_wwid(&r);
+    let reports = by.get(existing.wwid.as_str()).cloned().unwrap_or_default();
+    merge(
+        Some(existing),
+        &existing.wwid,
+        &reports,
+        &r,
+        now,
+        &mut Vec::new(),
+    )
+}
+
+#[test]
+fn discovery_moves_devices_between_phases_as_the_table_says() {
+    // (phase before, nodes before, reported by a node now, phase after, change)
+    let cases = [
+        (Phase::Available, &["a"][..], false, Phase::Lost, Some(Change::Lost)),
+        (Phase::Bound, &["a"][..], false, Phase::Lost, Some(Change::Lost)),
+        (Phase::Lost, &[][..], true, Phase::Available, Some(Change::Found)),
+        (Phase::Available, &["a"][..], true, Phase::Available, None),
+        // A wipe in progress or failed is never touched by discovery's phases.
+        (Phase::Releasing, &["a"][..], false, Phase::Releasing, Some(Change::Updated)),
+        (Phase::Failed, &["a"][..], false, Phase::Failed, Some(Change::Updated)),
+    ];
+    for (before, nodes, reported, after, change) in cases {
+        let dev = device(1, 100, nodes, before);
+        let mut now_seen = dev.clone();
+        now_seen.nodes.iter_mut().for_each(|v| v.paths = vec!["path-1".into()]);
+        let answered = if reported {
+            vec![("a", vec![lun(1, 100)])]
+        } else {
+            vec![("a", vec![])]
+        };
+        let out = merged(&now_seen, &answered, 1_000);
+        assert_eq!(out.as_ref().map(|m| m.change), change, "{before:?} reported={reported}");
+        let phase = out.as_ref().map_or(now_seen.phase, |m| m.device.phase);
+        assert_eq!(phase, after, "{before:?} reported={reported}");
+    }
+}
+
+#[test]
+fn a_lost_bound_device_keeps_its_binding_and_comes_back_bound() {
+    let dev = device(1, 100, &["a"], Phase::Bound);
+    let gone = merged(&dev, &[("a", vec![])], 1_000).expect("lost").device;
+    assert_eq!(gone.phase, Phase::Lost);
+    assert!(gone.binding.is_some());
+    assert!(gone.reason.contains("no node reports it"));
+    let back = merged(&gone, &[("b", vec![lun(1, 100)])], 1_000)
+        .expect("found")
+        .device;
+    assert_eq!(back.phase, Phase::Bound);
+    assert!(back.reason.is_empty());
+}
+
+#[test]
+fn a_silent_node_keeps_its_view_and_last_seen_moves_only_past_the_resolution() {
+    let dev = device(1, 100, &["a", "b"], Phase::Available);
+    // Only b answers: a's view stands, b's paths are replaced.
+    let out = merged(&dev, &[("b", vec![lun(1, 100)])], 1_000 + 10)
+        .expect("paths changed")
+        .device;
+    assert_eq!(out.node_names(), ["a", "b"]);
+    assert_eq!(out.last_seen, 1_000, "within the resolution");
+    let later = merged(&out, &[("b", vec![lun(1, 100)])], 1_000 + LAST_SEEN_RESOLUTION)
+        .expect("seen again")
+        .device;
+    assert_eq!(later.last_seen, 1_000 + LAST_SEEN_RESOLUTION);
+    assert!(merged(&later, &[("b", vec![lun(1, 100)])], 1_000 + LAST_SEEN_RESOLUTION + 1).is_none());
+}
+
+#[test]
+fn a_label_the_device_has_is_kept_and_the_conflict_reported() {
+    let mut dev = device(1, 100, &["a"], Phase::Available);
+    dev.labels.insert("tier".into(), "slow".into());
+    let r = round(&[("a", vec![lun(1, 100)])], &[]);
+    let by = reports_by_wwid(&r);
+    let mut conflicts = Vec::new();
+    let out = merge(Some(&dev), &dev.wwid, &by[dev.wwid.as_str()], &r, 1_000, &mut conflicts);
+    assert_eq!(
+        out.map_or(dev.labels.clone(), |m| m.device.labels)["tier"],
+        "slow"
+    );
+    assert_eq!(conflicts.len(), 1);
+    assert!(conflicts[0].contains("tier=slow (kept)"));
+}
+
+#[test]
+fn bind_takes_the_smallest_fit_then_the_fewest_wipe_failures_then_the_wwid() {
+    let mut small_failed = device(1, 100, &["a"], Phase::Available);
+    small_failed.wipe_failures = 2;
+    let mut small_clean = device(2, 100, &["a"], Phase::Available);
+    small_clean.wipe_failures = 0;
+    let mut small_once = device(3, 100, &["a"], Phase::Available);
+    small_once.wipe_failures = 1;
+    let big = device(4, 1_000, &["a"], Phase::Available);
+    let all = [small_failed, small_clean.clone(), small_once, big.clone()];
+    let req = request(50, u64::MAX, "", &[]);
+    assert_eq!(choose(&all, &req, None), Some(&small_clean));
+    // Too big for the small ones: the big one.
+    assert_eq!(choose(&all, &request(101, u64::MAX, "", &[]), None), Some(&big));
+    // Two clean ones of one size: the lower WWID.
+    let mut twin = small_clean.clone();
+    twin.wwid = wwid(0);
+    let with_twin = [small_clean.clone(), twin.clone()];
+    assert_eq!(choose(&with_twin, &req, None), Some(&twin));
+}
+
+#[test]
+fn fits_checks_phase_size_labels_and_visibility() {
+    let dev = device(1, 100, &["a"], Phase::Available);
+    // (request, node, fits)
+    let cases = [
+        (request(100, 100, "", &[]), None, true),
+        (request(101, u64::MAX, "", &[]), None, false),
+        (request(1, 99, "", &[]), None, false),
+        (request(1, u64::MAX, "tier=fast", &[]), None, true),
+        (request(1, u64::MAX, "tier=slow", &[]), None, false),
+        (request(1, u64::MAX, "", &["a"]), Some("a"), true),
+        (request(1, u64::MAX, "", &["b"]), Some("b"), false),
+    ];
+    for (req, node, want) in cases {
+        assert_eq!(fits(&dev, &req, node), want, "{req:?} from {node:?}");
+    }
+    for phase in [Phase::Bound, Phase::Releasing, Phase::Failed, Phase::Lost] {
+        let taken = device(1, 100, &["a"], phase);
+        assert!(!fits(&taken, &request(1, u64::MAX, "", &[]), None), "{phase:?}");
+    }
+}
+
+#[test]
+fn release_fail_and_release_again_count_the_failures() {
+    let mut dev = device(1, 100, &["a"], Phase::Bound);
+    assert!(start_release(&mut dev));
+    assert_eq!(dev.phase, Phase::Releasing);
+    wipe_failed(&mut dev, "EIO".into());
+    assert_eq!((dev.phase, dev.wipe_failures), (Phase::Failed, 1));
+    // A retried delete resumes from Failed without a new Releasing write.
+    assert!(!start_release(&mut dev));
+    released(&mut dev);
+    assert_eq!(dev.phase, Phase::Available);
+    assert!(dev.binding.is_none() && dev.published.is_empty() && dev.reason.is_empty());
+    assert_eq!(dev.wipe_failures, 1, "the count outlives the binding");
+    let mut unseen = device(2, 100, &[], Phase::Releasing);
+    released(&mut unseen);
+    assert_eq!(unseen.phase, Phase::Lost);
+}
+
+#[test]
+fn publish_records_a_node_once_and_unpublish_forgets_it() {
+    let mut dev = device(1, 100, &["a"], Phase::Bound);
+    let p = Publication {
+        node: "a".into(),
+        access: Some(Capability::Block(Mode::MultiNodeMultiWriter)),
+        readonly: false,
+    };
+    publish(&mut dev, p.clone());
+    publish(&mut dev, p.clone());
+    assert_eq!(dev.published, [p]);
+    unpublish(&mut dev, "a");
+    assert!(dev.published.is_empty());
+}
