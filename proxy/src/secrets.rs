@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use csi_scsi_proto::agent::ChapCredentials;
 
-use crate::error::ProxyError;
 use crate::device::SecretRef;
+use crate::error::ProxyError;
 
 /// Where Secret contents come from.
 pub trait SecretSource: Send + Sync {

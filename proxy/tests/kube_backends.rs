@@ -2,12 +2,16 @@
 //! JSON (`kube_backends/fake_api.rs`): what each backend sends (method,
 //! path, resourceVersion precondition, body), how it behaves on 409s,
 //! deleted Pods and expiring Leases, and ControllerUnpublish over them.
+//! What every inventory store does is not here: `inventory.rs` runs that
+//! contract over this store too.
 //! One test binary, submodules below, to link kube once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![warn(clippy::assertions_on_result_states)]
 
 #[path = "kube_backends/crds.rs"]
 mod crds;
+#[path = "support/devices.rs"]
+mod devices;
 #[path = "kube_backends/directory.rs"]
 mod directory;
 #[path = "kube_backends/fake_api.rs"]

@@ -6,9 +6,9 @@ use csi_scsi_proto::csi::volume_capability::AccessType;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
 
+use crate::device::{Access, Mode};
 use crate::error::ProxyError;
 use crate::lifecycle::NODE_TOPOLOGY_KEY;
-use crate::device::{Access, Mode};
 use crate::parameters;
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ProxyError {

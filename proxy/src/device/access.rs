@@ -190,7 +190,9 @@ impl Capability {
         let unknown = || UnknownCapability(csi_scsi_daemon::text::bounded(s, 64).into_owned());
         let mut parts = s.split(':');
         let cap = match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some("block"), Some(m), None, None) => Self::Block(Mode::parse(m).ok_or_else(unknown)?),
+            (Some("block"), Some(m), None, None) => {
+                Self::Block(Mode::parse(m).ok_or_else(unknown)?)
+            }
             (Some("mount"), Some(fs), Some(m), None) => Self::Mount(
                 FsType::parse(fs).ok_or_else(unknown)?,
                 Mode::parse(m).ok_or_else(unknown)?,
@@ -251,7 +253,10 @@ mod tests {
             ] {
                 assert_eq!(Capability::parse(&cap.canonical()), Ok(cap));
                 let json = serde_json::to_string(&cap).expect("write");
-                assert_eq!(serde_json::from_str::<Capability>(&json).expect("read"), cap);
+                assert_eq!(
+                    serde_json::from_str::<Capability>(&json).expect("read"),
+                    cap
+                );
             }
         }
         for bad in [

@@ -133,8 +133,7 @@ pub fn merge(
             Some(_) => {}
         }
     }
-    let change = if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound)
-    {
+    let change = if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound) {
         lost(&mut dev, &format!("no node reports it (target {t})"));
         Change::Lost
     } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {

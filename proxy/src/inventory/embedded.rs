@@ -357,7 +357,10 @@ fn available(
     let min = i64::try_from(min).unwrap_or(i64::MAX);
     let found = match node {
         Some(node) => stmt
-            .query_map(params![min, max, after.0, after.1, limit, node], device_from_row)
+            .query_map(
+                params![min, max, after.0, after.1, limit, node],
+                device_from_row,
+            )
             .map_err(sql)?
             .collect::<Result<Vec<_>, _>>(),
         None => stmt
@@ -587,7 +590,6 @@ impl Store for EmbeddedInventory {
         })
         .await
     }
-
 
     async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
         // No object to hold them: the log is where an operator finds them.

@@ -577,8 +577,7 @@ impl super::Store for KubeInventory {
             .iter()
             .filter(|o| {
                 o.spec.target == target
-                    || o
-                        .status
+                    || o.status
                         .as_ref()
                         .is_some_and(|s| s.nodes.iter().any(|n| n.target == target))
             })

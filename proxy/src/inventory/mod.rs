@@ -17,7 +17,9 @@ pub use kube::{KubeInventory, KubeInventoryConfig};
 pub use store::{Store, Summary, Write};
 
 use crate::device::policy::{self, Change};
-use crate::device::{BindRequest, Device, DiscoveryOutcome, DiscoveryRound, Phase, ResizeRequest, Target};
+use crate::device::{
+    BindRequest, Device, DiscoveryOutcome, DiscoveryRound, Phase, ResizeRequest, Target,
+};
 use crate::selector::Selector;
 
 /// Tries of one write against fresh state before it reports a conflict.
@@ -133,7 +135,10 @@ impl Inventory {
         for scope in scopes(nodes.iter()) {
             let mut after = None;
             loop {
-                let page = self.store.available(scope, 0, u64::MAX, after, PAGE).await?;
+                let page = self
+                    .store
+                    .available(scope, 0, u64::MAX, after, PAGE)
+                    .await?;
                 for d in &page {
                     if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
                         total = total.saturating_add(d.size_bytes);
@@ -156,7 +161,11 @@ impl Inventory {
         let serial = self.bind_lock.lock().await;
         let mut last = String::new();
         for _ in 0..ATTEMPTS {
-            if let Some(existing) = self.store.bound_to_name(&request.binding.volume_name).await? {
+            if let Some(existing) = self
+                .store
+                .bound_to_name(&request.binding.volume_name)
+                .await?
+            {
                 return Ok(existing);
             }
             let Some(mut dev) = self.pick(&request).await? else {
@@ -223,10 +232,10 @@ impl Inventory {
             .map(|d| (d.wwid.clone(), d))
             .collect();
         for wwid in by_wwid.keys() {
-            if !known.contains_key(*wwid) {
-                if let Some(d) = self.store.device(wwid).await? {
-                    known.insert(d.wwid.clone(), d);
-                }
+            if !known.contains_key(*wwid)
+                && let Some(d) = self.store.device(wwid).await?
+            {
+                known.insert(d.wwid.clone(), d);
             }
         }
         let mut pending: BTreeSet<String> = known.keys().cloned().collect();
@@ -239,9 +248,13 @@ impl Inventory {
             let mut writes = Vec::new();
             let mut changes = Vec::new();
             for wwid in &pending {
-                let reports = by_wwid.get(wwid.as_str()).map(Vec::as_slice).unwrap_or_default();
+                let reports = by_wwid
+                    .get(wwid.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
                 let existing = known.get(wwid);
-                if let Some(m) = policy::merge(existing, wwid, reports, &round, now, &mut conflicts) {
+                if let Some(m) = policy::merge(existing, wwid, reports, &round, now, &mut conflicts)
+                {
                     writes.push(match existing {
                         None => Write::Create(m.device),
                         Some(_) => Write::Replace(m.device),
@@ -355,7 +368,11 @@ impl Inventory {
 /// Each node in turn, or anywhere when there are none.
 fn scopes<'a>(nodes: impl Iterator<Item = &'a String>) -> Vec<Option<&'a str>> {
     let scopes: Vec<Option<&str>> = nodes.map(|n| Some(n.as_str())).collect();
-    if scopes.is_empty() { vec![None] } else { scopes }
+    if scopes.is_empty() {
+        vec![None]
+    } else {
+        scopes
+    }
 }
 
 fn unix_now() -> i64 {

@@ -36,8 +36,11 @@ pub trait Store: Send + Sync {
     /// The device whose binding has volume name `name`, if any.
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError>;
     /// Devices in WWID order after `after`, at most `limit`.
-    async fn devices(&self, after: Option<&str>, limit: usize)
-    -> Result<Vec<Device>, InventoryError>;
+    async fn devices(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Device>, InventoryError>;
     /// Available devices of `min..=max` bytes, visible from `node` (from
     /// anywhere: `None`), in (size, WWID) order after `after`, at most
     /// `limit` (an index range scan in the embedded store).
@@ -53,7 +56,10 @@ pub trait Store: Send + Sync {
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError>;
     /// Writes each record; one result per write, in order (the stored
     /// device with its new generation, or why not).
-    async fn put(&self, writes: Vec<Write>) -> Result<Vec<Result<Device, InventoryError>>, InventoryError>;
+    async fn put(
+        &self,
+        writes: Vec<Write>,
+    ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError>;
     /// Counts over every device.
     async fn summary(&self) -> Result<Summary, InventoryError>;
 

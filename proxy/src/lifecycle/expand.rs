@@ -7,8 +7,8 @@ use csi_scsi_proto::agent::RescanRequest;
 
 use super::Lifecycle;
 use crate::agents::{AgentOp, AgentReply};
-use crate::error::ProxyError;
 use crate::device::{Capability, ResizeRequest};
+use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
 
 impl Lifecycle {
@@ -32,10 +32,7 @@ impl Lifecycle {
         // "Exceeds capabilities": the request names an access type the
         // volume was not created with.
         if let Some(asked) = block
-            && !binding
-                .capabilities
-                .iter()
-                .any(|c| is_block(c) == asked)
+            && !binding.capabilities.iter().any(|c| is_block(c) == asked)
         {
             return Err(ProxyError::InvalidArgument {
                 field: "volume_capability",

@@ -16,8 +16,8 @@ use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
 use crate::agents::{AgentOp, AgentPool, AgentReply, deadline};
-use crate::error::ProxyError;
 use crate::device::{Device, Target, Transport};
+use crate::error::ProxyError;
 use crate::inventory::Inventory;
 use crate::secrets::SecretSource;
 

@@ -1,8 +1,8 @@
 //! Read-only questions: one volume, a page of volumes, capacity.
 
 use super::Lifecycle;
-use crate::error::ProxyError;
 use crate::device::{Device, Phase};
+use crate::error::ProxyError;
 use crate::selector::Selector;
 use crate::volume_id::VolumeRef;
 

@@ -10,9 +10,9 @@ use csi_scsi_proto::agent::DiscoverRequest;
 use tokio::sync::Notify;
 
 use crate::agents::{AgentOp, AgentReply, fan_out};
+use crate::device::{DiscoveryRound, LunReport, Phase, Target};
 use crate::directory::AgentEntry;
 use crate::error::ProxyError;
-use crate::device::{DiscoveryRound, LunReport, Phase, Target};
 use crate::lifecycle::Lifecycle;
 
 /// What one pass did.

@@ -17,9 +17,7 @@ use serde_json::Value;
 pub use pending_resize::{
     PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
 };
-pub use scsi_device::{
-    DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus,
-};
+pub use scsi_device::{DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus};
 pub use scsi_target::{
     FibreChannelSpec, IscsiSpec, SCSITarget, SCSITargetSpec, SCSITargetStatus, SecretReference,
     TargetNodeStatus,

@@ -169,7 +169,9 @@ impl SCSITarget {
                 return Err(format!("SCSITarget {name} has both iscsi and fibreChannel"));
             }
             (None, None) => {
-                return Err(format!("SCSITarget {name} has neither iscsi nor fibreChannel"));
+                return Err(format!(
+                    "SCSITarget {name} has neither iscsi nor fibreChannel"
+                ));
             }
         };
         Ok(Target {

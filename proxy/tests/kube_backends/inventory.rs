@@ -1,69 +1,25 @@
-//! The Kubernetes inventory: reads from watch caches, binds as status
-//! replaces guarded by the resourceVersion, 409s re-read and pick again.
+//! The Kubernetes store's own behaviour: what it sends (method, path,
+//! resourceVersion precondition, body), that reads come from watch caches
+//! with the caller's writes overlaid, how a 409 re-reads, the target status
+//! a discovery round writes, the leader fence, resize requests beside their
+//! claim, and Events. What every store does is the contract
+//! (`inventory/contract.rs`), run over this store in the `inventory` binary.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_proxy::device::{DiscoveryRound, Phase, ResizeRequest};
 use csi_scsi_proxy::events::{ClaimRef, VolumeEvents};
-use csi_scsi_proxy::inventory::{
-    BindRequest, Binding, DiscoveryRound, Inventory, InventoryError, KubeInventory,
-    KubeInventoryConfig, LunReport, Phase, Publication, ResizeRequest,
-};
+use csi_scsi_proxy::inventory::{Inventory, InventoryError, KubeInventory, KubeInventoryConfig};
 use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::selector::Selector;
 use serde_json::{Value, json};
 
+use crate::devices::{bind_req, labels, lun, publication, round, wwid};
 use crate::eventually;
 use crate::fake_api::{FakeApi, Logged};
 
 const DEVICES: &str = "/apis/csi-scsi.io/v1alpha1/scsidevices";
-
-pub fn wwid(i: u32) -> String {
-    format!("naa.6001405{i:025x}")
-}
-
-fn lun(i: u32, size: u64) -> LunReport {
-    LunReport {
-        wwid: wwid(i),
-        lun: i,
-        size_bytes: size,
-        vendor: "LIO-ORG".into(),
-        model: "disk".into(),
-        serial: format!("sn{i}"),
-        paths: vec![format!(
-            "ip-198.18.0.1:3260-iscsi-iqn.2026-01.io.csi-scsi:a-lun-{i}"
-        )],
-    }
-}
-
-fn round(target: &str, answered: &[(&str, Vec<LunReport>)], unanswered: &[&str]) -> DiscoveryRound {
-    DiscoveryRound {
-        target: target.into(),
-        device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
-        answered: answered
-            .iter()
-            .map(|(n, l)| (n.to_string(), l.clone()))
-            .collect(),
-        unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
-    }
-}
-
-fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
-    BindRequest {
-        binding: Binding {
-            uid: format!("uid-{name}"),
-            volume_name: name.into(),
-            required_bytes: 1,
-            limit_bytes: 0,
-            capabilities: vec!["mount:ext4:SINGLE_NODE_WRITER".into()],
-            parameters: BTreeMap::new(),
-            cleanup: "zero".into(),
-        },
-        topology: nodes.iter().map(|n| vec![n.to_string()]).collect(),
-        selector: Selector::parse(selector).unwrap(),
-    }
-}
 
 /// An SCSIDevice as the API server would hold it.
 pub fn device(i: u32, size: u64, nodes: &[&str], bound_to: Option<&str>) -> Value {
@@ -94,8 +50,8 @@ fn target(name: &str) -> Value {
     })
 }
 
-/// The inventory over `api`, once its caches listed.
-pub async fn start(api: &FakeApi, leader: Option<LeaderHandle>) -> KubeInventory {
+/// The store over `api`, once its caches listed, and the inventory over it.
+pub async fn start(api: &FakeApi, leader: Option<LeaderHandle>) -> (KubeInventory, Arc<Inventory>) {
     start_with(api, leader, None).await
 }
 
@@ -103,8 +59,8 @@ async fn start_with(
     api: &FakeApi,
     leader: Option<LeaderHandle>,
     events: Option<VolumeEvents>,
-) -> KubeInventory {
-    let inv = KubeInventory::start(
+) -> (KubeInventory, Arc<Inventory>) {
+    let store = KubeInventory::start(
         api.client(),
         KubeInventoryConfig {
             namespace: "csi-scsi".into(),
@@ -113,8 +69,9 @@ async fn start_with(
             events,
         },
     );
-    inv.wait_until_ready().await.unwrap();
-    inv
+    store.wait_until_ready().await.unwrap();
+    let inv = Arc::new(Inventory::new(Arc::new(store.clone())));
+    (store, inv)
 }
 
 fn rv(v: &Value) -> String {
@@ -132,8 +89,8 @@ fn is_device_write(r: &Logged) -> bool {
 async fn reads_come_from_the_watch_cache_not_a_list_per_call() {
     let api = FakeApi::start().await;
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
-    let inv = start(&api, None).await;
-    eventually("the synced flag", || inv.is_synced()).await;
+    let (store, inv) = start(&api, None).await;
+    eventually("the synced flag", || store.is_synced()).await;
     eventually("the devices watch", || {
         api.requests()
             .iter()
@@ -166,7 +123,7 @@ async fn reads_come_from_the_watch_cache_not_a_list_per_call() {
 async fn discovery_creates_a_device_then_writes_its_status_subresource() {
     let api = FakeApi::start().await;
     api.put("scsitargets", target("t1"));
-    let inv = start(&api, None).await;
+    let (_, inv) = start(&api, None).await;
     let out = inv
         .apply_discovery(round(
             "t1",
@@ -234,11 +191,8 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     let api = FakeApi::start().await;
     let small = api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     api.put("scsidevices", device(2, 4 << 30, &["node-a"], None));
-    let inv = start(&api, None).await;
-    let d = inv
-        .bind(bind_req("pv-1", &[], ""), 1 << 20, u64::MAX)
-        .await
-        .unwrap();
+    let (_, inv) = start(&api, None).await;
+    let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(d.wwid, wwid(1), "smallest fit");
     let writes: Vec<_> = api.writes().into_iter().filter(is_device_write).collect();
     assert_eq!(writes.len(), 1, "{writes:?}");
@@ -266,10 +220,7 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
         rv(&api.get("scsidevices", "", &wwid(1)).unwrap())
     );
     // A retry of the same name binds nothing new.
-    let retry = inv
-        .bind(bind_req("pv-1", &[], ""), 1 << 20, u64::MAX)
-        .await
-        .unwrap();
+    let retry = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(retry.wwid, wwid(1));
     assert_eq!(api.writes().into_iter().filter(is_device_write).count(), 1);
 }
@@ -279,16 +230,13 @@ async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
     let api = FakeApi::start().await;
     let stale = api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     api.put("scsidevices", device(2, 2 << 30, &["node-a"], None));
-    let inv = start(&api, None).await;
+    let (_, inv) = start(&api, None).await;
     // Another writer binds device 1; this process's cache does not see it.
     api.put_silently(
         "scsidevices",
         device(1, 1 << 30, &["node-a"], Some("other-pv")),
     );
-    let d = inv
-        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
-        .await
-        .unwrap();
+    let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(d.wwid, wwid(2));
     let calls: Vec<_> = api
         .requests()
@@ -321,34 +269,10 @@ async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
 }
 
 #[tokio::test]
-async fn a_stale_update_is_refused_as_a_conflict() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
-    let inv = start(&api, None).await;
-    let d = inv
-        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
-        .await
-        .unwrap();
-    let mut first = d.clone();
-    first.published = vec![publication("node-a")];
-    let written = inv.update(first).await.unwrap();
-    assert!(written.generation > d.generation);
-    let mut stale = d;
-    stale.published = vec![publication("node-b")];
-    let err = inv.update(stale).await.unwrap_err();
-    assert!(matches!(err, InventoryError::Conflict(_)), "{err}");
-    let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
-    assert_eq!(
-        stored["status"]["published"],
-        json!([{"node": "node-a", "access": "mount:ext4:SINGLE_NODE_WRITER"}])
-    );
-}
-
-#[tokio::test]
 async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     let api = FakeApi::start().await;
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], Some("pv-1")));
-    let inv = start(&api, None).await;
+    let (_, inv) = start(&api, None).await;
     let mut d = inv.device(&wwid(1)).await.unwrap().unwrap();
     api.put_silently(
         "scsidevices",
@@ -363,130 +287,65 @@ async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     assert!(fresh.published.is_empty());
     let mut retry = fresh;
     retry.published = vec![publication("node-a")];
-    inv.update(retry).await.unwrap();
+    let written = inv.update(retry).await.unwrap();
+    // What lands in the status: the publication with its capability.
+    let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
+    assert_eq!(rv(&stored), written.generation.to_string());
+    assert_eq!(
+        stored["status"]["published"],
+        json!([{"node": "node-a", "access": "mount:ext4:SINGLE_NODE_WRITER"}])
+    );
 }
 
 #[tokio::test]
-async fn a_device_no_node_reports_goes_lost_and_keeps_its_binding() {
+async fn a_round_writes_who_answered_and_its_label_conflicts_into_the_target_status() {
     let api = FakeApi::start().await;
-    let inv = start(&api, None).await;
+    api.put("scsitargets", target("t1"));
+    api.put("scsitargets", target("t2"));
+    let (_, inv) = start(&api, None).await;
     inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
         .await
         .unwrap();
-    let bound = inv
-        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
-        .await
-        .unwrap();
-    inv.apply_discovery(round("t1", &[], &["node-a"]))
-        .await
-        .unwrap();
-    assert_eq!(
-        inv.device(&bound.wwid).await.unwrap().unwrap().phase,
-        Phase::Bound
-    );
-    let out = inv
-        .apply_discovery(round("t1", &[("node-a", vec![])], &[]))
-        .await
-        .unwrap();
-    assert_eq!(out.lost, vec![bound.wwid.clone()]);
-    let lost = inv.device(&bound.wwid).await.unwrap().unwrap();
-    assert_eq!(lost.phase, Phase::Lost);
-    assert_eq!(lost.binding.as_ref().unwrap().volume_name, "pv-1");
-    let out = inv
-        .apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
-        .await
-        .unwrap();
-    assert_eq!(out.found, vec![bound.wwid.clone()]);
-    assert_eq!(
-        inv.device(&bound.wwid).await.unwrap().unwrap().phase,
-        Phase::Bound
-    );
-}
-
-#[tokio::test]
-async fn bind_picks_the_smallest_fit_matching_labels_and_topology() {
-    let api = FakeApi::start().await;
-    let inv = start(&api, None).await;
-    inv.apply_discovery(round(
-        "t1",
-        &[
-            ("node-a", vec![lun(1, 4 << 30), lun(2, 1 << 30)]),
-            ("node-b", vec![lun(3, 2 << 30)]),
-        ],
-        &[],
-    ))
+    // t2 reaches the same LUN but labels it otherwise; node-c is silent.
+    inv.apply_discovery(DiscoveryRound {
+        device_labels: labels(&[("tier", "slow")]),
+        ..round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &["node-c"])
+    })
     .await
     .unwrap();
-    let d = inv
-        .bind(bind_req("pv-1", &[], ""), 1 << 30, u64::MAX)
-        .await
-        .unwrap();
-    assert_eq!(d.wwid, wwid(2), "smallest fit");
-    let d = inv
-        .bind(
-            bind_req("pv-2", &["node-b", "node-a"], ""),
-            1 << 30,
-            u64::MAX,
-        )
-        .await
-        .unwrap();
-    assert_eq!(d.wwid, wwid(3), "preferred node first");
-    let err = inv
-        .bind(bind_req("pv-3", &[], "tier=slow"), 1, u64::MAX)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
-    let err = inv
-        .bind(bind_req("pv-3", &["node-c"], ""), 1, u64::MAX)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
+    let t2 = api.get("scsitargets", "", "t2").unwrap();
+    let status = &t2["status"];
+    assert_eq!(status["phase"], "Degraded");
+    assert_eq!(status["reachableNodes"], 1);
     assert_eq!(
-        inv.capacity(&["node-a".into()], &Selector::default())
-            .await
-            .unwrap(),
-        (4 << 30, 4 << 30)
+        status["nodes"],
+        json!([
+            {"node": "node-b", "answered": true, "luns": 1},
+            {"node": "node-c", "answered": false, "luns": 0},
+        ])
     );
-    assert_eq!(inv.largest_size().await.unwrap(), 4 << 30);
-}
-
-#[tokio::test]
-async fn concurrent_binds_bind_each_device_at_most_once() {
-    let api = FakeApi::start().await;
-    let inv = Arc::new(start(&api, None).await);
-    let luns: Vec<_> = (0..10).map(|i| lun(i, 1 << 30)).collect();
-    inv.apply_discovery(round("t1", &[("node-a", luns)], &[]))
+    assert_eq!(
+        status["labelConflicts"],
+        json!([format!(
+            "{}: tier=fast (kept), this target says tier=slow",
+            wwid(1)
+        )])
+    );
+    assert_eq!(status["conditions"][0]["type"], "Discovered");
+    assert_eq!(status["conditions"][0]["status"], "True");
+    assert!(api.get("scsitargets", "", "t1").unwrap()["status"]["labelConflicts"].is_null());
+    // Nobody answers: Unreachable, the condition turns False.
+    inv.apply_discovery(round("t2", &[], &["node-b", "node-c"]))
         .await
         .unwrap();
-    let tasks: Vec<_> = (0..20)
-        .map(|i| {
-            let inv = inv.clone();
-            tokio::spawn(async move {
-                inv.bind(bind_req(&format!("pv-{i}"), &[], ""), 1, u64::MAX)
-                    .await
-            })
-        })
-        .collect();
-    let results = futures::future::join_all(tasks).await;
-    let bound: Vec<_> = results
-        .into_iter()
-        .map(|r| r.unwrap())
-        .filter_map(Result::ok)
-        .collect();
-    assert_eq!(bound.len(), 10);
-    let mut names: Vec<_> = api
-        .all("scsidevices")
-        .iter()
-        .map(|d| {
-            d["status"]["binding"]["volumeName"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    assert_eq!(names.len(), 10, "one volume per device");
+    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
+    assert_eq!(status["phase"], "Unreachable");
+    assert_eq!(status["reachableNodes"], 0);
+    assert_eq!(status["conditions"][0]["status"], "False");
+    assert_eq!(status["conditions"][0]["reason"], "NoAgentAnswered");
+    // The device kept its first label.
+    let d = inv.device(&wwid(1)).await.unwrap().unwrap();
+    assert_eq!(d.labels, labels(&[("tier", "fast")]));
 }
 
 #[tokio::test]
@@ -495,11 +354,8 @@ async fn a_non_leader_refuses_to_write() {
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let never = LeaderHandle::from_receiver(rx);
-    let inv = start(&api, Some(never)).await;
-    let err = inv
-        .bind(bind_req("pv-1", &[], ""), 1, u64::MAX)
-        .await
-        .unwrap_err();
+    let (_, inv) = start(&api, Some(never)).await;
+    let err = inv.bind(bind_req("pv-1", &[], "")).await.unwrap_err();
     assert!(
         matches!(err, InventoryError::Store(ref m) if m.contains("not the leader")),
         "{err}"
@@ -520,7 +376,7 @@ async fn a_resize_request_lands_beside_the_claim() {
         json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-1"},
                "spec": {"claimRef": {"namespace": "apps", "name": "data"}}}),
     );
-    let inv = start(&api, None).await;
+    let (_, inv) = start(&api, None).await;
     let request = ResizeRequest {
         name: "resize-pv-1".into(),
         volume_id: format!("{}:uid-pv-1", wwid(1)),
@@ -591,7 +447,7 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
         json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "apps", "uid": "pvc-uid"}}),
     );
     let events = VolumeEvents::new(api.client(), "csi-scsi.io", Some("proxy-0".into()));
-    let inv = start_with(&api, None, Some(events.clone())).await;
+    let (_, inv) = start_with(&api, None, Some(events.clone())).await;
 
     // CreateVolume's failure: the caller knows the claim from its parameters.
     let claim = ClaimRef {
@@ -657,7 +513,7 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
 async fn many_callers_waiting_for_the_first_list_all_get_through() {
     let api = FakeApi::start().await;
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
-    let inv = KubeInventory::start(
+    let store = KubeInventory::start(
         api.client(),
         KubeInventoryConfig {
             namespace: "csi-scsi".into(),
@@ -666,6 +522,7 @@ async fn many_callers_waiting_for_the_first_list_all_get_through() {
             events: None,
         },
     );
+    let inv = Inventory::new(Arc::new(store.clone()));
     // Called before the caches have listed, concurrently.
     let one = wwid(1);
     let reads = (0..8).map(|_| inv.device(&one));
@@ -673,14 +530,5 @@ async fn many_callers_waiting_for_the_first_list_all_get_through() {
         .await
         .expect("a waiter was never woken");
     assert!(all.into_iter().all(|r| r.unwrap().is_some()));
-    assert!(inv.is_synced());
-}
-
-/// A publication on `node` (single-node writer, on a filesystem).
-fn publication(node: &str) -> Publication {
-    Publication {
-        node: node.to_owned(),
-        access: "mount:ext4:SINGLE_NODE_WRITER".to_owned(),
-        readonly: false,
-    }
+    assert!(store.is_synced());
 }

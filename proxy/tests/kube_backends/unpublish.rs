@@ -2,18 +2,16 @@
 //! NotReady is not gone, so its publish record stays until its Node object
 //! is deleted.
 
-use std::sync::Arc;
-
+use csi_scsi_proxy::device::{Access, Mode};
 use csi_scsi_proxy::directory::NodeAgent;
-use csi_scsi_proxy::inventory::Inventory;
-use csi_scsi_proxy::lifecycle::access::{Access, Mode};
 use serde_json::json;
 use tonic::{Code, Status};
 
+use crate::devices::wwid;
 use crate::directory::{locate, node, pod, ready_directory};
 use crate::eventually;
 use crate::fake_api::FakeApi;
-use crate::inventory::{device, start, wwid};
+use crate::inventory::{device, start};
 use crate::lifecycle_support::lifecycle;
 
 #[tokio::test]
@@ -29,18 +27,14 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     published["status"]["published"] =
         json!([{"node": "node-b", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
     api.put("scsidevices", published);
-    let inventory = start(&api, None).await;
+    let (_, inventory) = start(&api, None).await;
     let directory = ready_directory(&api).await;
     eventually("node-a's agent", || {
         matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
     })
     .await;
     let scratch = tempfile::tempdir().unwrap();
-    let life = lifecycle(
-        Arc::new(inventory.clone()),
-        directory.clone(),
-        scratch.path(),
-    );
+    let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
     let id = format!("{}:uid-pv-1", wwid(1));
     let published_to = || async {
         inventory

@@ -19,7 +19,7 @@ use csi_scsi_proxy::secrets::NoSecrets;
 /// A controller over `inventory` and `directory`; its TLS material goes
 /// under `scratch`. Needs a Tokio runtime.
 pub fn lifecycle(
-    inventory: Arc<dyn Inventory>,
+    inventory: Arc<Inventory>,
     directory: Arc<dyn AgentDirectory>,
     scratch: &Path,
 ) -> Lifecycle {

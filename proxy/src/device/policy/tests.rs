@@ -49,9 +49,16 @@ fn binding(name: &str) -> Binding {
 fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
     let r = round(&[], &[]);
     let report = lun(i, size);
-    let mut d = merge(None, &wwid(i), &[("n", &report)], &r, 1_000, &mut Vec::new())
-        .expect("new")
-        .device;
+    let mut d = merge(
+        None,
+        &wwid(i),
+        &[("n", &report)],
+        &r,
+        1_000,
+        &mut Vec::new(),
+    )
+    .expect("new")
+    .device;
     d.nodes = nodes
         .iter()
         .map(|n| NodeView {
@@ -95,25 +102,62 @@ fn merged(existing: &Device, answered: &[(&str, Vec<LunReport>)], now: i64) -> O
 fn discovery_moves_devices_between_phases_as_the_table_says() {
     // (phase before, nodes before, reported by a node now, phase after, change)
     let cases = [
-        (Phase::Available, &["a"][..], false, Phase::Lost, Some(Change::Lost)),
-        (Phase::Bound, &["a"][..], false, Phase::Lost, Some(Change::Lost)),
-        (Phase::Lost, &[][..], true, Phase::Available, Some(Change::Found)),
+        (
+            Phase::Available,
+            &["a"][..],
+            false,
+            Phase::Lost,
+            Some(Change::Lost),
+        ),
+        (
+            Phase::Bound,
+            &["a"][..],
+            false,
+            Phase::Lost,
+            Some(Change::Lost),
+        ),
+        (
+            Phase::Lost,
+            &[][..],
+            true,
+            Phase::Available,
+            Some(Change::Found),
+        ),
         (Phase::Available, &["a"][..], true, Phase::Available, None),
         // A wipe in progress or failed is never touched by discovery's phases.
-        (Phase::Releasing, &["a"][..], false, Phase::Releasing, Some(Change::Updated)),
-        (Phase::Failed, &["a"][..], false, Phase::Failed, Some(Change::Updated)),
+        (
+            Phase::Releasing,
+            &["a"][..],
+            false,
+            Phase::Releasing,
+            Some(Change::Updated),
+        ),
+        (
+            Phase::Failed,
+            &["a"][..],
+            false,
+            Phase::Failed,
+            Some(Change::Updated),
+        ),
     ];
     for (before, nodes, reported, after, change) in cases {
         let dev = device(1, 100, nodes, before);
         let mut now_seen = dev.clone();
-        now_seen.nodes.iter_mut().for_each(|v| v.paths = vec!["path-1".into()]);
+        now_seen
+            .nodes
+            .iter_mut()
+            .for_each(|v| v.paths = vec!["path-1".into()]);
         let answered = if reported {
             vec![("a", vec![lun(1, 100)])]
         } else {
             vec![("a", vec![])]
         };
         let out = merged(&now_seen, &answered, 1_000);
-        assert_eq!(out.as_ref().map(|m| m.change), change, "{before:?} reported={reported}");
+        assert_eq!(
+            out.as_ref().map(|m| m.change),
+            change,
+            "{before:?} reported={reported}"
+        );
         let phase = out.as_ref().map_or(now_seen.phase, |m| m.device.phase);
         assert_eq!(phase, after, "{before:?} reported={reported}");
     }
@@ -142,11 +186,22 @@ fn a_silent_node_keeps_its_view_and_last_seen_moves_only_past_the_resolution() {
         .device;
     assert_eq!(out.node_names(), ["a", "b"]);
     assert_eq!(out.last_seen, 1_000, "within the resolution");
-    let later = merged(&out, &[("b", vec![lun(1, 100)])], 1_000 + LAST_SEEN_RESOLUTION)
-        .expect("seen again")
-        .device;
+    let later = merged(
+        &out,
+        &[("b", vec![lun(1, 100)])],
+        1_000 + LAST_SEEN_RESOLUTION,
+    )
+    .expect("seen again")
+    .device;
     assert_eq!(later.last_seen, 1_000 + LAST_SEEN_RESOLUTION);
-    assert!(merged(&later, &[("b", vec![lun(1, 100)])], 1_000 + LAST_SEEN_RESOLUTION + 1).is_none());
+    assert!(
+        merged(
+            &later,
+            &[("b", vec![lun(1, 100)])],
+            1_000 + LAST_SEEN_RESOLUTION + 1
+        )
+        .is_none()
+    );
 }
 
 #[test]
@@ -156,7 +211,14 @@ fn a_label_the_device_has_is_kept_and_the_conflict_reported() {
     let r = round(&[("a", vec![lun(1, 100)])], &[]);
     let by = reports_by_wwid(&r);
     let mut conflicts = Vec::new();
-    let out = merge(Some(&dev), &dev.wwid, &by[dev.wwid.as_str()], &r, 1_000, &mut conflicts);
+    let out = merge(
+        Some(&dev),
+        &dev.wwid,
+        &by[dev.wwid.as_str()],
+        &r,
+        1_000,
+        &mut conflicts,
+    );
     assert_eq!(
         out.map_or(dev.labels.clone(), |m| m.device.labels)["tier"],
         "slow"
@@ -178,7 +240,10 @@ fn bind_takes_the_smallest_fit_then_the_fewest_wipe_failures_then_the_wwid() {
     let req = request(50, u64::MAX, "", &[]);
     assert_eq!(choose(&all, &req, None), Some(&small_clean));
     // Too big for the small ones: the big one.
-    assert_eq!(choose(&all, &request(101, u64::MAX, "", &[]), None), Some(&big));
+    assert_eq!(
+        choose(&all, &request(101, u64::MAX, "", &[]), None),
+        Some(&big)
+    );
     // Two clean ones of one size: the lower WWID.
     let mut twin = small_clean.clone();
     twin.wwid = wwid(0);
@@ -204,7 +269,10 @@ fn fits_checks_phase_size_labels_and_visibility() {
     }
     for phase in [Phase::Bound, Phase::Releasing, Phase::Failed, Phase::Lost] {
         let taken = device(1, 100, &["a"], phase);
-        assert!(!fits(&taken, &request(1, u64::MAX, "", &[]), None), "{phase:?}");
+        assert!(
+            !fits(&taken, &request(1, u64::MAX, "", &[]), None),
+            "{phase:?}"
+        );
     }
 }
 

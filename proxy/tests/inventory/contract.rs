@@ -1,0 +1,774 @@
+//! What every store must do, as seen through [`Inventory`]: each test
+//! below is written once, over a [`Fixture`], and the `contract!` macro at
+//! the end runs it twice, in `embedded::` (a SQLite file in a temporary
+//! directory) and in `kube::` (custom resources in the fake API server).
+//! A store-specific test (request shapes, schema, caches) does not belong
+//! here; it lives beside its store (`sqlite.rs`, `kube_backends/inventory.rs`).
+//!
+//! Where the Kubernetes store is only eventually consistent (targets and
+//! resize requests are read from watch caches) a test waits with
+//! [`settle`]; device reads must see the caller's own writes at once.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use csi_scsi_proxy::device::{
+    BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, Phase, ResizeRequest, SecretRef,
+    Target, Transport, policy,
+};
+use csi_scsi_proxy::inventory::{
+    EmbeddedInventory, Inventory, InventoryError, KubeInventory, KubeInventoryConfig,
+};
+use csi_scsi_proxy::selector::Selector;
+
+use crate::devices::{bind_req, labels, lun, publication, round, wwid};
+use crate::fake_api::FakeApi;
+
+const GIB: u64 = 1 << 30;
+
+/// One store, fresh and empty, and the inventory over it.
+pub struct Fixture {
+    pub inv: Arc<Inventory>,
+    backing: Backing,
+}
+
+enum Backing {
+    Sqlite(tempfile::TempDir),
+    Kube(FakeApi),
+}
+
+impl Fixture {
+    /// The embedded store on a new SQLite file.
+    pub async fn embedded() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedInventory::open(&dir.path().join("inventory.db")).expect("open");
+        Self {
+            inv: Arc::new(Inventory::new(Arc::new(store))),
+            backing: Backing::Sqlite(dir),
+        }
+    }
+
+    /// The Kubernetes store on a new fake API server, its caches listed.
+    pub async fn kube() -> Self {
+        let api = FakeApi::start().await;
+        let inv = kube_inventory(&api).await;
+        Self {
+            inv: Arc::new(inv),
+            backing: Backing::Kube(api),
+        }
+    }
+
+    /// A second inventory over the same backing store that reads it afresh
+    /// (a second SQLite connection; a second client that lists).
+    pub async fn reopen(&self) -> Inventory {
+        match &self.backing {
+            Backing::Sqlite(dir) => Inventory::new(Arc::new(
+                EmbeddedInventory::open(&dir.path().join("inventory.db")).expect("reopen"),
+            )),
+            Backing::Kube(api) => kube_inventory(api).await,
+        }
+    }
+}
+
+async fn kube_inventory(api: &FakeApi) -> Inventory {
+    let store = KubeInventory::start(
+        api.client(),
+        KubeInventoryConfig {
+            namespace: "csi-scsi".into(),
+            sync_timeout: Duration::from_secs(10),
+            leader: None,
+            events: None,
+        },
+    );
+    store.wait_until_ready().await.expect("caches listed");
+    Inventory::new(Arc::new(store))
+}
+
+/// Polls `read` until it returns what `want` accepts, for up to 10 s
+/// (immediately, for a store that reads its own writes).
+async fn settle<T, F, Fut>(what: &str, mut read: F, want: impl Fn(&T) -> bool) -> T
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = read().await;
+        if want(&got) {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: still {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn get(inv: &Inventory, wwid: &str) -> Device {
+    inv.device(wwid).await.unwrap().expect("device")
+}
+
+fn sized(min: u64, max: u64, req: BindRequest) -> BindRequest {
+    BindRequest {
+        min_bytes: min,
+        max_bytes: max,
+        ..req
+    }
+}
+
+// === the contract ===
+
+pub async fn discovery_merges_reports_by_wwid_and_records_topology(f: &Fixture) {
+    let inv = &f.inv;
+    let out = inv
+        .apply_discovery(round(
+            "t1",
+            &[
+                ("node-a", vec![lun(1, GIB)]),
+                ("node-b", vec![lun(1, GIB), lun(2, 2 * GIB)]),
+            ],
+            &[],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.added, vec![wwid(1), wwid(2)]);
+    assert!(out.lost.is_empty() && out.found.is_empty(), "{out:?}");
+    let d1 = get(inv, &wwid(1)).await;
+    assert_eq!(d1.phase, Phase::Available);
+    assert_eq!(d1.node_names(), vec!["node-a", "node-b"]);
+    assert_eq!(d1.target, "t1");
+    assert_eq!((d1.size_bytes, d1.lun), (GIB, 1));
+    assert_eq!((d1.vendor.as_str(), d1.serial.as_str()), ("LIO-ORG", "sn1"));
+    assert_eq!(d1.labels, labels(&[("tier", "fast")]));
+    assert_eq!(d1.wipe_failures, 0);
+    assert!(d1.binding.is_none() && d1.published.is_empty());
+    assert!(d1.last_seen > 0);
+    // The same LUN through a second target is a second path, not a second
+    // device; that target's labels add to the device's, never overwrite.
+    let out = inv
+        .apply_discovery(DiscoveryRound {
+            device_labels: labels(&[("tier", "slow"), ("zone", "b")]),
+            ..round("t2", &[("node-c", vec![lun(1, GIB)])], &[])
+        })
+        .await
+        .unwrap();
+    assert!(out.added.is_empty(), "{out:?}");
+    let d1 = get(inv, &wwid(1)).await;
+    assert_eq!(d1.node_names(), vec!["node-a", "node-b", "node-c"]);
+    assert_eq!(d1.target, "t1", "the first target that reported it");
+    assert_eq!(d1.labels, labels(&[("tier", "fast"), ("zone", "b")]));
+    let via: Vec<_> = d1
+        .nodes
+        .iter()
+        .map(|v| (v.node.as_str(), v.target.as_str()))
+        .collect();
+    assert_eq!(via, [("node-a", "t1"), ("node-b", "t1"), ("node-c", "t2")]);
+    assert_eq!(inv.devices(None, 100).await.unwrap().len(), 2);
+    // A LUN that grew is recorded at its new size.
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, GIB)]),
+            ("node-b", vec![lun(1, GIB), lun(2, 3 * GIB)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(get(inv, &wwid(2)).await.size_bytes, 3 * GIB);
+}
+
+pub async fn a_device_no_node_reports_goes_lost_keeps_its_binding_and_comes_back_bound(
+    f: &Fixture,
+) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let bound = inv
+        .bind(sized(GIB, GIB, bind_req("pv-1", &[], "")))
+        .await
+        .unwrap();
+    assert_eq!(bound.wwid, wwid(1));
+    // node-a silent: its earlier report stands.
+    let out = inv
+        .apply_discovery(round("t1", &[], &["node-a"]))
+        .await
+        .unwrap();
+    assert!(out.lost.is_empty(), "{out:?}");
+    assert_eq!(get(inv, &wwid(1)).await.phase, Phase::Bound);
+    // node-a answers without the LUNs: both Lost, the binding kept.
+    let out = inv
+        .apply_discovery(round("t1", &[("node-a", vec![])], &[]))
+        .await
+        .unwrap();
+    assert_eq!(out.lost, vec![wwid(1), wwid(2)]);
+    let lost = get(inv, &wwid(1)).await;
+    assert_eq!(lost.phase, Phase::Lost);
+    assert!(!lost.reason.is_empty());
+    assert!(lost.nodes.is_empty());
+    assert_eq!(lost.binding.as_ref().unwrap().volume_name, "pv-1");
+    assert_eq!(
+        inv.bound_to_name("pv-1").await.unwrap().unwrap().wwid,
+        wwid(1)
+    );
+    // A Lost device is never bound.
+    let err = inv.bind(bind_req("pv-2", &[], "")).await.unwrap_err();
+    assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
+    // They come back: Bound again, and Available again.
+    let out = inv
+        .apply_discovery(round(
+            "t1",
+            &[("node-a", vec![lun(1, GIB), lun(2, GIB)])],
+            &[],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.found, vec![wwid(1), wwid(2)]);
+    let back = get(inv, &wwid(1)).await;
+    assert_eq!(back.phase, Phase::Bound);
+    assert!(back.reason.is_empty());
+    assert_eq!(back.binding, bound.binding);
+    assert_eq!(get(inv, &wwid(2)).await.phase, Phase::Available);
+}
+
+pub async fn bind_picks_the_smallest_fit_matching_labels_and_topology(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, 4 * GIB), lun(2, GIB)]),
+            ("node-b", vec![lun(3, 2 * GIB)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let d = inv
+        .bind(sized(GIB, u64::MAX, bind_req("pv-1", &[], "")))
+        .await
+        .unwrap();
+    assert_eq!(d.wwid, wwid(2), "smallest fit");
+    assert_eq!(d.phase, Phase::Bound);
+    assert_eq!(d.binding.as_ref().unwrap().volume_name, "pv-1");
+    assert_eq!(get(inv, &wwid(2)).await, d, "what bind returns is stored");
+    let d = inv
+        .bind(sized(
+            GIB,
+            u64::MAX,
+            bind_req("pv-2", &["node-b", "node-a"], "tier=fast"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(d.wwid, wwid(3), "preferred node first");
+    for (what, req) in [
+        ("no label match", bind_req("pv-3", &[], "tier=slow")),
+        ("no node sees one", bind_req("pv-3", &["node-c"], "")),
+        (
+            "none small enough",
+            sized(3 * GIB, 3 * GIB, bind_req("pv-3", &[], "")),
+        ),
+    ] {
+        let err = inv.bind(req).await.unwrap_err();
+        assert!(matches!(err, InventoryError::NoFit(_)), "{what}: {err}");
+    }
+    assert!(inv.bound_to_name("pv-3").await.unwrap().is_none());
+    // A retry of a bound name returns its device, whatever it asks for.
+    let again = inv
+        .bind(sized(3 * GIB, u64::MAX, bind_req("pv-1", &["node-b"], "")))
+        .await
+        .unwrap();
+    assert_eq!(again.wwid, wwid(2));
+    let d = inv
+        .bind(sized(3 * GIB, u64::MAX, bind_req("pv-3", &["node-a"], "")))
+        .await
+        .unwrap();
+    assert_eq!(d.wwid, wwid(1));
+    let err = inv.bind(bind_req("pv-4", &[], "")).await.unwrap_err();
+    assert!(matches!(err, InventoryError::NoFit(_)), "all bound: {err}");
+}
+
+pub async fn among_equal_sizes_bind_prefers_the_fewest_past_wipe_failures(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[(
+            "node-a",
+            vec![
+                lun(1, 2 * GIB),
+                lun(2, 2 * GIB),
+                lun(3, 2 * GIB),
+                lun(4, GIB),
+                lun(5, 4 * GIB),
+            ],
+        )],
+        &[],
+    ))
+    .await
+    .unwrap();
+    // WWID order is the opposite of the order of failures.
+    for (i, failures) in [(1, 2), (2, 1), (3, 0), (4, 5)] {
+        let mut d = get(inv, &wwid(i)).await;
+        d.wipe_failures = failures;
+        let written = inv.update(d).await.unwrap();
+        assert_eq!(written.wipe_failures, failures);
+        assert_eq!(get(inv, &wwid(i)).await.wipe_failures, failures);
+    }
+    let mut order = Vec::new();
+    for n in 0..5 {
+        let d = inv
+            .bind(bind_req(&format!("pv-{n}"), &["node-a"], ""))
+            .await
+            .unwrap();
+        order.push(d.wwid);
+    }
+    assert_eq!(
+        order,
+        [wwid(4), wwid(3), wwid(2), wwid(1), wwid(5)],
+        "size first, then the fewest failures"
+    );
+}
+
+/// Devices, and binds racing for them (twice as many).
+const RACE_DEVICES: u32 = 100;
+
+pub async fn concurrent_binds_over_fewer_devices_bind_each_device_at_most_once(f: &Fixture) {
+    let inv = &f.inv;
+    let luns: Vec<_> = (0..RACE_DEVICES).map(|i| lun(i, GIB)).collect();
+    inv.apply_discovery(round("t1", &[("node-a", luns)], &[]))
+        .await
+        .unwrap();
+    // Two writers over one store, as two proxies would be: each serialises
+    // its own binds, so only the store's compare-and-swap keeps them apart.
+    let writers = [inv.clone(), Arc::new(f.reopen().await)];
+    let tasks: Vec<_> = (0..2 * RACE_DEVICES)
+        .map(|i| {
+            let inv = writers[i as usize % 2].clone();
+            tokio::spawn(async move {
+                let nodes: &[&str] = if i % 3 == 0 { &["node-a"] } else { &[] };
+                // A bind that lost every race is retried, as the CO would.
+                loop {
+                    match inv.bind(bind_req(&format!("pv-{i}"), nodes, "")).await {
+                        Err(InventoryError::Conflict(_)) => tokio::task::yield_now().await,
+                        other => return other,
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut bound = Vec::new();
+    for r in futures::future::join_all(tasks).await {
+        match r.unwrap() {
+            Ok(d) => bound.push(d),
+            Err(InventoryError::NoFit(_)) => {}
+            Err(e) => panic!("a bind failed otherwise: {e}"),
+        }
+    }
+    assert_eq!(bound.len(), RACE_DEVICES as usize);
+    let mut wwids: Vec<_> = bound.iter().map(|d| d.wwid.clone()).collect();
+    wwids.sort();
+    wwids.dedup();
+    assert_eq!(wwids.len(), RACE_DEVICES as usize, "no device bound twice");
+    // And the store agrees, read afresh: every bind that succeeded holds.
+    let check = f.reopen().await;
+    let all = check.devices(None, 1000).await.unwrap();
+    assert_eq!(all.len(), RACE_DEVICES as usize);
+    assert!(all.iter().all(|d| d.phase == Phase::Bound));
+    for d in &bound {
+        let stored = all.iter().find(|s| s.wwid == d.wwid).unwrap();
+        assert_eq!(stored.binding, d.binding, "{}", d.wwid);
+    }
+}
+
+pub async fn a_stale_update_is_refused_as_a_conflict(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, GIB)])], &[]))
+        .await
+        .unwrap();
+    let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
+    let mut first = d.clone();
+    first.published = vec![publication("node-a")];
+    let written = inv.update(first).await.unwrap();
+    assert!(written.generation > d.generation);
+    assert_eq!(get(inv, &d.wwid).await, written);
+    let mut stale = d;
+    stale.published = vec![publication("node-b")];
+    let err = inv.update(stale).await.unwrap_err();
+    assert!(
+        matches!(err, InventoryError::Conflict(ref w) if *w == wwid(1)),
+        "{err}"
+    );
+    assert_eq!(get(inv, &wwid(1)).await.published_nodes(), ["node-a"]);
+    // Re-read, change again: accepted.
+    let mut fresh = get(inv, &wwid(1)).await;
+    fresh.published.push(publication("node-b"));
+    let written = inv.update(fresh).await.unwrap();
+    assert_eq!(written.published_nodes(), ["node-a", "node-b"]);
+    assert_eq!(written.published[0], publication("node-a"));
+}
+
+pub async fn modify_re_applies_its_change_after_a_conflict(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, GIB)])], &[]))
+        .await
+        .unwrap();
+    let bound = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
+    let calls = AtomicUsize::new(0);
+    let runtime = tokio::runtime::Handle::current();
+    let modified = inv
+        .modify(&wwid(1), |d| {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                // Another writer gets in between this read and its write.
+                let mut other = d.clone();
+                other.published.push(publication("node-b"));
+                tokio::task::block_in_place(|| runtime.block_on(inv.update(other)))
+                    .expect("the other write");
+            }
+            policy::publish(d, publication("node-a"));
+            true
+        })
+        .await
+        .unwrap()
+        .expect("the device");
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "read again and re-applied");
+    assert_eq!(modified.published_nodes(), ["node-b", "node-a"]);
+    assert_eq!(get(inv, &wwid(1)).await, modified);
+    assert_eq!(modified.binding, bound.binding);
+    // Nothing to change: nothing written.
+    let same = inv.modify(&wwid(1), |_| false).await.unwrap().unwrap();
+    assert_eq!(same.generation, modified.generation);
+    // No such device.
+    assert!(inv.modify(&wwid(9), |_| true).await.unwrap().is_none());
+}
+
+pub async fn capacity_counts_each_available_device_visible_from_the_nodes_once(f: &Fixture) {
+    let inv = &f.inv;
+    let all = Selector::default();
+    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (0, 0));
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, GIB), lun(2, 2 * GIB)]),
+            ("node-b", vec![lun(2, 2 * GIB), lun(3, 4 * GIB)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    inv.apply_discovery(DiscoveryRound {
+        device_labels: labels(&[("tier", "slow")]),
+        ..round("t2", &[("node-b", vec![lun(4, 8 * GIB)])], &[])
+    })
+    .await
+    .unwrap();
+    let nodes = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let fast = Selector::parse("tier=fast").unwrap();
+    let slow = Selector::parse("tier=slow").unwrap();
+    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (15 * GIB, 8 * GIB));
+    assert_eq!(
+        inv.capacity(&nodes(&["node-a"]), &all).await.unwrap(),
+        (3 * GIB, 2 * GIB)
+    );
+    assert_eq!(
+        inv.capacity(&nodes(&["node-a", "node-b"]), &all)
+            .await
+            .unwrap(),
+        (15 * GIB, 8 * GIB),
+        "a device both nodes see counts once"
+    );
+    assert_eq!(inv.capacity(&[], &fast).await.unwrap(), (7 * GIB, 4 * GIB));
+    assert_eq!(
+        inv.capacity(&nodes(&["node-a"]), &slow).await.unwrap(),
+        (0, 0)
+    );
+    assert_eq!(
+        inv.capacity(&nodes(&["node-c"]), &all).await.unwrap(),
+        (0, 0)
+    );
+    // Bound devices are not capacity.
+    let d = inv.bind(bind_req("pv-1", &[], "tier=slow")).await.unwrap();
+    assert_eq!(d.wwid, wwid(4));
+    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (7 * GIB, 4 * GIB));
+    assert_eq!(inv.capacity(&[], &slow).await.unwrap(), (0, 0));
+}
+
+pub async fn bound_to_name_finds_a_volume_s_device_until_it_is_released(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, 2 * GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    assert!(inv.bound_to_name("pv-1").await.unwrap().is_none());
+    let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
+    inv.bind(bind_req("pv-2", &[], "")).await.unwrap();
+    let found = inv.bound_to_name("pv-1").await.unwrap().unwrap();
+    assert_eq!(found, d);
+    assert_eq!(
+        inv.bound_to_name("pv-2").await.unwrap().unwrap().wwid,
+        wwid(2)
+    );
+    assert!(inv.bound_to_name("pv").await.unwrap().is_none());
+    // Releasing keeps the binding (the wipe is still to come).
+    inv.modify(&d.wwid, policy::start_release).await.unwrap();
+    let releasing = inv.bound_to_name("pv-1").await.unwrap().unwrap();
+    assert_eq!(releasing.phase, Phase::Releasing);
+    // Released: the name is free, the device offered again.
+    inv.modify(&d.wwid, |d| {
+        policy::released(d);
+        true
+    })
+    .await
+    .unwrap();
+    assert!(inv.bound_to_name("pv-1").await.unwrap().is_none());
+    let again = inv.bind(bind_req("pv-3", &[], "")).await.unwrap();
+    assert_eq!(again.wwid, d.wwid);
+    assert_ne!(again.binding.unwrap().uid, d.binding.unwrap().uid);
+}
+
+pub async fn devices_pages_in_wwid_order(f: &Fixture) {
+    let inv = &f.inv;
+    assert!(inv.devices(None, 10).await.unwrap().is_empty());
+    // Reported out of order, by two nodes.
+    let luns: Vec<_> = (0..25).rev().map(|i| lun(i, GIB)).collect();
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", luns.clone()), ("node-b", luns[..5].to_vec())],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = inv.devices(after.as_deref(), 10).await.unwrap();
+        after = page.last().map(|d| d.wwid.clone());
+        let n = page.len();
+        pages.push(page);
+        if n < 10 {
+            break;
+        }
+    }
+    let sizes: Vec<_> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [10, 10, 5]);
+    let seen: Vec<String> = pages.into_iter().flatten().map(|d| d.wwid).collect();
+    let want: Vec<String> = (0..25).map(wwid).collect();
+    assert_eq!(seen, want);
+    let tail = inv.devices(Some(&wwid(22)), 10).await.unwrap();
+    let tail: Vec<_> = tail.into_iter().map(|d| d.wwid).collect();
+    assert_eq!(tail, [wwid(23), wwid(24)]);
+    assert!(inv.devices(Some(&wwid(24)), 10).await.unwrap().is_empty());
+}
+
+pub async fn phase_counts_and_the_largest_size_cover_every_device(f: &Fixture) {
+    let inv = &f.inv;
+    assert!(inv.phase_counts().await.unwrap().is_empty());
+    assert_eq!(inv.largest_size().await.unwrap(), 0);
+    let luns = |without: u32| {
+        (1..=5)
+            .filter(|i| *i != without)
+            .map(|i| lun(i, u64::from(i) * GIB))
+            .collect::<Vec<_>>()
+    };
+    inv.apply_discovery(round("t1", &[("node-a", luns(0))], &[]))
+        .await
+        .unwrap();
+    // 5 GiB: bound; 1 GiB: its wipe failed; 2 GiB: releasing; 3 GiB: lost.
+    inv.bind(sized(5 * GIB, u64::MAX, bind_req("pv-5", &[], "")))
+        .await
+        .unwrap();
+    for (name, i) in [("pv-1", 1), ("pv-2", 2)] {
+        let d = inv
+            .bind(sized(
+                u64::from(i) * GIB,
+                u64::from(i) * GIB,
+                bind_req(name, &[], ""),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(d.wwid, wwid(i));
+        inv.modify(&d.wwid, policy::start_release).await.unwrap();
+    }
+    let failed = inv
+        .modify(&wwid(1), |d| {
+            policy::wipe_failed(d, "wipe on node-a failed".into());
+            true
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((failed.phase, failed.wipe_failures), (Phase::Failed, 1));
+    inv.apply_discovery(round("t1", &[("node-a", luns(3))], &[]))
+        .await
+        .unwrap();
+    let counts: BTreeMap<Phase, u64> = inv.phase_counts().await.unwrap().into_iter().collect();
+    assert_eq!(
+        counts,
+        BTreeMap::from([
+            (Phase::Available, 1),
+            (Phase::Bound, 1),
+            (Phase::Releasing, 1),
+            (Phase::Failed, 1),
+            (Phase::Lost, 1),
+        ])
+    );
+    assert_eq!(inv.largest_size().await.unwrap(), 5 * GIB, "any phase");
+    // The largest device goes Lost: still the largest.
+    inv.apply_discovery(round("t1", &[("node-a", luns(5))], &[]))
+        .await
+        .unwrap();
+    assert_eq!(inv.largest_size().await.unwrap(), 5 * GIB);
+}
+
+pub async fn resize_requests_round_trip_and_update_in_place(f: &Fixture) {
+    let inv = &f.inv;
+    assert!(inv.resizes().await.unwrap().is_empty());
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let mut requests = Vec::new();
+    for name in ["pv-2", "pv-1"] {
+        let d = inv.bind(bind_req(name, &[], "")).await.unwrap();
+        let r = ResizeRequest {
+            name: format!("resize-{name}"),
+            volume_id: d.volume_id().unwrap(),
+            wwid: d.wwid,
+            requested_bytes: 2 * GIB,
+            current_bytes: GIB,
+            created: 0,
+            done: false,
+        };
+        inv.put_resize(r.clone()).await.unwrap();
+        requests.push(r);
+    }
+    // Asked for more at once (a second ControllerExpandVolume): the same
+    // request, updated in place, not lost.
+    requests[0].requested_bytes = 3 * GIB;
+    inv.put_resize(requests[0].clone()).await.unwrap();
+    requests.reverse();
+    // `created` is the store's to set (the Kubernetes store takes the
+    // object's creation time), so it is left out of the comparison.
+    let read = || async {
+        let mut all = inv.resizes().await.unwrap();
+        for r in &mut all {
+            r.created = 0;
+        }
+        all
+    };
+    settle("both requests, by name", read, |all| *all == requests).await;
+    // Grown: done.
+    let done = ResizeRequest {
+        current_bytes: 3 * GIB,
+        done: true,
+        ..requests[1].clone()
+    };
+    inv.put_resize(done.clone()).await.unwrap();
+    let want = vec![requests[0].clone(), done];
+    settle("the request done", read, |all| *all == want).await;
+}
+
+pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
+    let inv = &f.inv;
+    assert!(inv.targets().await.unwrap().is_empty());
+    let iscsi = Target {
+        name: "t-iscsi".into(),
+        transport: Transport::Iscsi(IscsiTarget {
+            portals: vec!["198.18.0.1:3260".into(), "198.18.0.2:3260".into()],
+            iqn: "iqn.2026-01.io.csi-scsi:a".into(),
+            chap_secret_ref: Some(SecretRef {
+                name: "chap-a".into(),
+                namespace: "csi-scsi".into(),
+            }),
+        }),
+        node_selector: labels(&[("rack", "r1")]),
+        nodes: vec![],
+        device_labels: labels(&[("tier", "fast")]),
+    };
+    let fc = Target {
+        name: "t-fc".into(),
+        transport: Transport::FibreChannel(FcTarget {
+            wwpns: vec!["50:01:43:80:12:34:56:78".into()],
+        }),
+        node_selector: BTreeMap::new(),
+        nodes: vec!["node-a".into(), "node-b".into()],
+        device_labels: BTreeMap::new(),
+    };
+    inv.put_target(iscsi.clone()).await.unwrap();
+    inv.put_target(fc.clone()).await.unwrap();
+    let want = vec![fc.clone(), iscsi.clone()];
+    let list = || async { inv.targets().await.unwrap() };
+    settle("both targets, by name", list, |t| *t == want).await;
+    // Replaced: one target, its new spec.
+    let moved = Target {
+        transport: Transport::Iscsi(IscsiTarget {
+            portals: vec!["198.18.0.3:3260".into()],
+            iqn: "iqn.2026-01.io.csi-scsi:a".into(),
+            chap_secret_ref: None,
+        }),
+        ..iscsi
+    };
+    inv.put_target(moved.clone()).await.unwrap();
+    let want = vec![fc, moved.clone()];
+    settle("the iSCSI target replaced", list, |t| *t == want).await;
+    inv.remove_target("t-fc").await.unwrap();
+    let want = vec![moved];
+    settle("the FC target removed", list, |t| *t == want).await;
+    // Removing what is not there is no error.
+    inv.remove_target("t-fc").await.unwrap();
+    inv.remove_target("never").await.unwrap();
+}
+
+/// Runs each named test above over both stores.
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        /// The contract over the SQLite store.
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(&super::Fixture::embedded().await).await;
+                }
+            )*
+        }
+        /// The contract over the Kubernetes store.
+        mod kube {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(&super::Fixture::kube().await).await;
+                }
+            )*
+        }
+    };
+}
+
+contract! {
+    discovery_merges_reports_by_wwid_and_records_topology,
+    a_device_no_node_reports_goes_lost_keeps_its_binding_and_comes_back_bound,
+    bind_picks_the_smallest_fit_matching_labels_and_topology,
+    among_equal_sizes_bind_prefers_the_fewest_past_wipe_failures,
+    concurrent_binds_over_fewer_devices_bind_each_device_at_most_once,
+    a_stale_update_is_refused_as_a_conflict,
+    modify_re_applies_its_change_after_a_conflict,
+    capacity_counts_each_available_device_visible_from_the_nodes_once,
+    bound_to_name_finds_a_volume_s_device_until_it_is_released,
+    devices_pages_in_wwid_order,
+    phase_counts_and_the_largest_size_cover_every_device,
+    resize_requests_round_trip_and_update_in_place,
+    targets_are_put_listed_and_removed,
+}

@@ -1,0 +1,117 @@
+//! What only the embedded store does: it is a plain SQLite file the
+//! `sqlite3` tool reads, and a store an older release wrote is migrated
+//! in place.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
+
+use crate::devices::{bind_req, lun, round, wwid};
+
+/// The schema version this proxy migrates to.
+const SCHEMA_VERSION: u32 = 3;
+
+/// Runs `sql` through the sqlite3 tool; its output.
+fn sqlite3(db: &Path, sql: &str) -> String {
+    let Ok(out) = std::process::Command::new("sqlite3")
+        .arg(db)
+        .arg(sql)
+        .output()
+    else {
+        panic!("sqlite3 is not installed: .ci/run installs it");
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_store_is_a_plain_sqlite_file_the_sqlite3_tool_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inventory.db");
+    let store = EmbeddedInventory::open(&db).unwrap();
+    assert_eq!(store.path(), db);
+    assert!(store.is_open());
+    let inv = Inventory::new(Arc::new(store));
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(7, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
+    let text = sqlite3(
+        &db,
+        "PRAGMA user_version; PRAGMA journal_mode; SELECT wwid, phase, volume_name, wipe_failures FROM devices;",
+    );
+    assert_eq!(
+        text,
+        format!("{SCHEMA_VERSION}\nwal\n{}|Bound|pv-1|0\n", wwid(7)),
+    );
+    // Reopening runs no migration twice.
+    drop(inv);
+    let again = Inventory::new(Arc::new(EmbeddedInventory::open(&db).unwrap()));
+    assert_eq!(again.devices(None, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        sqlite3(&db, "PRAGMA user_version;"),
+        format!("{SCHEMA_VERSION}\n")
+    );
+}
+
+/// A store as the first release wrote it, with one Available device.
+const V1: &str = "PRAGMA journal_mode=WAL;
+    CREATE TABLE targets (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+    CREATE TABLE devices (wwid TEXT PRIMARY KEY, target TEXT NOT NULL, lun INTEGER NOT NULL,
+        size_bytes INTEGER NOT NULL, vendor TEXT NOT NULL, model TEXT NOT NULL, serial TEXT NOT NULL,
+        labels TEXT NOT NULL, phase TEXT NOT NULL CHECK (phase IN ('Available','Bound','Releasing','Failed','Lost')),
+        binding_uid TEXT, volume_name TEXT, binding TEXT, nodes TEXT NOT NULL, published TEXT NOT NULL,
+        last_seen INTEGER NOT NULL, reason TEXT NOT NULL, generation INTEGER NOT NULL);
+    CREATE UNIQUE INDEX devices_volume_name ON devices (volume_name) WHERE volume_name IS NOT NULL;
+    CREATE INDEX devices_free ON devices (phase, size_bytes, wwid);
+    CREATE INDEX devices_target ON devices (target);
+    CREATE TABLE device_nodes (node TEXT NOT NULL, wwid TEXT NOT NULL REFERENCES devices (wwid) ON DELETE CASCADE,
+        target TEXT NOT NULL, PRIMARY KEY (node, wwid, target)) WITHOUT ROWID;
+    CREATE INDEX device_nodes_wwid ON device_nodes (wwid);
+    CREATE INDEX device_nodes_target ON device_nodes (target, wwid);
+    CREATE TABLE resize_requests (name TEXT PRIMARY KEY, volume_id TEXT NOT NULL, wwid TEXT NOT NULL,
+        requested_bytes INTEGER NOT NULL, current_bytes INTEGER NOT NULL, created INTEGER NOT NULL, done INTEGER NOT NULL);
+    INSERT INTO devices VALUES ('naa.60014050000000000000000000000001','t1',1,1073741824,'LIO','disk','sn','{}',
+        'Available',NULL,NULL,NULL,'[{\"node\":\"node-a\",\"target\":\"t1\",\"paths\":[]}]','[]',0,'',1);
+    INSERT INTO device_nodes VALUES ('node-a','naa.60014050000000000000000000000001','t1');
+    PRAGMA user_version = 1;";
+
+/// What the second release added: the node index carries phase and size.
+const V2: &str = "ALTER TABLE device_nodes ADD COLUMN phase TEXT NOT NULL DEFAULT '';
+    ALTER TABLE device_nodes ADD COLUMN size_bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE device_nodes SET
+        phase = (SELECT d.phase FROM devices d WHERE d.wwid = device_nodes.wwid),
+        size_bytes = (SELECT d.size_bytes FROM devices d WHERE d.wwid = device_nodes.wwid);
+    CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wwid);
+    PRAGMA user_version = 2;";
+
+#[tokio::test]
+async fn a_version_1_or_2_store_is_migrated_and_keeps_its_devices_with_no_wipe_failures() {
+    for (version, script) in [(1, V1.to_owned()), (2, format!("{V1}\n{V2}"))] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("inventory.db");
+        sqlite3(&db, &script);
+        assert_eq!(sqlite3(&db, "PRAGMA user_version;"), format!("{version}\n"));
+        let inv = Inventory::new(Arc::new(EmbeddedInventory::open(&db).unwrap()));
+        assert_eq!(
+            sqlite3(
+                &db,
+                "PRAGMA user_version; SELECT wwid, wipe_failures FROM devices;"
+            ),
+            format!("{SCHEMA_VERSION}\n{}|0\n", wwid(1)),
+            "from version {version}"
+        );
+        let d = inv.device(&wwid(1)).await.unwrap().unwrap();
+        assert_eq!(d.wipe_failures, 0);
+        assert_eq!(d.node_names(), ["node-a"]);
+        // Bindable through the node index.
+        let d = inv.bind(bind_req("pv-1", &["node-a"], "")).await.unwrap();
+        assert_eq!(d.wwid, wwid(1), "from version {version}");
+        assert_eq!(d.generation, 2);
+    }
+}
