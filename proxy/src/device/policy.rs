@@ -173,27 +173,44 @@ pub fn fits(dev: &Device, req: &BindRequest, node: Option<&str>) -> bool {
         && node.is_none_or(|n| dev.nodes.iter().any(|v| v.node == n))
 }
 
-/// Which of two fitting devices a bind takes first (`Less`: `a`). The
-/// smallest first, so large LUNs stay for large requests; the stores hand
-/// out candidates in size order and the inventory reads every candidate of
-/// the smallest fitting size, so rules after the size order within it.
-/// Then the one whose wipes failed least often: a LUN that failed a wipe
-/// before is the likelier to fail the next volume. Then the WWID, so the
-/// choice is stable.
+/// The order in which a bind considers fitting devices: the smallest
+/// first, so large LUNs stay for large requests; then the one whose wipes
+/// failed least often, as a LUN that failed a wipe before is the likelier
+/// to fail the next volume; then the WWID, so the choice is stable. The
+/// stores hand candidates out in this order (the embedded store's indexes
+/// are on these columns), so a bind reads only until the first fit.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PreferenceKey {
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Past wipe failures.
+    pub wipe_failures: u32,
+    /// The WWID.
+    pub wwid: String,
+}
+
+/// `dev`'s place in the bind order.
+pub fn preference_key(dev: &Device) -> PreferenceKey {
+    PreferenceKey {
+        size_bytes: dev.size_bytes,
+        wipe_failures: dev.wipe_failures,
+        wwid: dev.wwid.clone(),
+    }
+}
+
+/// Which of two devices a bind takes first (`Less`: `a`).
 pub fn preference(a: &Device, b: &Device) -> Ordering {
     (a.size_bytes, a.wipe_failures, &a.wwid).cmp(&(b.size_bytes, b.wipe_failures, &b.wwid))
 }
 
-/// The best of `candidates` for `req` from `node` (anywhere: `None`).
+/// The first of `candidates` that fits `req` from `node` (anywhere:
+/// `None`), when they come in preference order.
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = &'a Device>,
     req: &BindRequest,
     node: Option<&str>,
 ) -> Option<&'a Device> {
-    candidates
-        .into_iter()
-        .filter(|d| fits(d, req, node))
-        .min_by(|a, b| preference(a, b))
+    candidates.into_iter().find(|d| fits(d, req, node))
 }
 
 /// Binds `dev` to a new volume.

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{InventoryError, Store, Summary, Write};
+use crate::device::policy::PreferenceKey;
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
@@ -69,8 +70,15 @@ const MIGRATIONS: &[&str] = &[
          phase = (SELECT d.phase FROM devices d WHERE d.wwid = device_nodes.wwid),
          size_bytes = (SELECT d.size_bytes FROM devices d WHERE d.wwid = device_nodes.wwid);
      CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wwid);",
-    // 3: how many wipes of a device failed (bind prefers fewer).
-    "ALTER TABLE devices ADD COLUMN wipe_failures INTEGER NOT NULL DEFAULT 0;",
+    // 3: how many wipes of a device failed; bind prefers fewer, so both
+    // free-device indexes order by (size, wipe failures, WWID), the order
+    // of `policy::preference_key`.
+    "ALTER TABLE devices ADD COLUMN wipe_failures INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE device_nodes ADD COLUMN wipe_failures INTEGER NOT NULL DEFAULT 0;
+     DROP INDEX devices_free;
+     CREATE INDEX devices_free ON devices (phase, size_bytes, wipe_failures, wwid);
+     DROP INDEX device_nodes_free;
+     CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wipe_failures, wwid);",
 ];
 
 /// The SQLite-backed inventory.
@@ -305,8 +313,8 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         .map_err(sql)?;
     let mut stmt = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO device_nodes (node, wwid, target, phase, size_bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT OR IGNORE INTO device_nodes (node, wwid, target, phase, size_bytes, wipe_failures)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(sql)?;
     for v in &dev.nodes {
@@ -315,21 +323,23 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
             dev.wwid,
             v.target,
             dev.phase.as_str(),
-            dev.size_bytes as i64
+            dev.size_bytes as i64,
+            dev.wipe_failures
         ])
         .map_err(sql)?;
     }
     Ok(dev.generation + 1)
 }
 
-/// Available devices of `min..=max` bytes in (size, WWID) order after
-/// `after`: through the node index when `node` is given.
+/// Available devices of `min..=max` bytes in preference order (size, wipe
+/// failures, WWID: `policy::preference_key`) after `after`: through the
+/// node index when `node` is given.
 fn available(
     conn: &Connection,
     node: Option<&str>,
     min: u64,
     max: u64,
-    after: &(i64, String),
+    after: &(i64, u32, String),
     limit: i64,
 ) -> Result<Vec<Device>, InventoryError> {
     let cols = DEVICE_COLUMNS
@@ -341,30 +351,34 @@ fn available(
         Some(_) => format!(
             "SELECT {cols} FROM device_nodes n INDEXED BY device_nodes_free
                JOIN devices d ON d.wwid = n.wwid
-             WHERE n.node = ?6 AND n.phase = 'Available' AND n.size_bytes >= ?1 AND n.size_bytes <= ?2
-               AND (n.size_bytes, n.wwid) > (?3, ?4)
-             ORDER BY n.size_bytes, n.wwid LIMIT ?5"
+             WHERE n.node = ?7 AND n.phase = 'Available' AND n.size_bytes >= ?1 AND n.size_bytes <= ?2
+               AND (n.size_bytes, n.wipe_failures, n.wwid) > (?3, ?4, ?5)
+             ORDER BY n.size_bytes, n.wipe_failures, n.wwid LIMIT ?6"
         ),
         None => format!(
             "SELECT {cols} FROM devices d INDEXED BY devices_free
              WHERE d.phase = 'Available' AND d.size_bytes >= ?1 AND d.size_bytes <= ?2
-               AND (d.size_bytes, d.wwid) > (?3, ?4)
-             ORDER BY d.size_bytes, d.wwid LIMIT ?5"
+               AND (d.size_bytes, d.wipe_failures, d.wwid) > (?3, ?4, ?5)
+             ORDER BY d.size_bytes, d.wipe_failures, d.wwid LIMIT ?6"
         ),
     };
     let mut stmt = conn.prepare_cached(&sql_text).map_err(sql)?;
     let max = i64::try_from(max).unwrap_or(i64::MAX);
     let min = i64::try_from(min).unwrap_or(i64::MAX);
+    let (size, failures, wwid) = after;
     let found = match node {
         Some(node) => stmt
             .query_map(
-                params![min, max, after.0, after.1, limit, node],
+                params![min, max, size, failures, wwid, limit, node],
                 device_from_row,
             )
             .map_err(sql)?
             .collect::<Result<Vec<_>, _>>(),
         None => stmt
-            .query_map(params![min, max, after.0, after.1, limit], device_from_row)
+            .query_map(
+                params![min, max, size, failures, wwid, limit],
+                device_from_row,
+            )
             .map_err(sql)?
             .collect::<Result<Vec<_>, _>>(),
     };
@@ -420,12 +434,16 @@ impl Store for EmbeddedInventory {
         node: Option<&str>,
         min: u64,
         max: u64,
-        after: Option<(u64, String)>,
+        after: Option<PreferenceKey>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         let node = node.map(str::to_owned);
-        let after = after.map_or((-1, String::new()), |(size, wwid)| {
-            (i64::try_from(size).unwrap_or(i64::MAX), wwid)
+        let after = after.map_or((-1, 0, String::new()), |k| {
+            (
+                i64::try_from(k.size_bytes).unwrap_or(i64::MAX),
+                k.wipe_failures,
+                k.wwid,
+            )
         });
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |c| available(c, node.as_deref(), min, max, &after, limit))

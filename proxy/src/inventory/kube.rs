@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{InventoryError, Summary, Write};
+use crate::device::policy::{PreferenceKey, preference, preference_key};
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::leader::LeaderHandle;
@@ -542,33 +543,28 @@ impl super::Store for KubeInventory {
         node: Option<&str>,
         min: u64,
         max: u64,
-        after: Option<(u64, String)>,
+        after: Option<PreferenceKey>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.wait_until_ready().await?;
-        let mut free: Vec<Arc<SCSIDevice>> = self
+        let mut free: Vec<Device> = self
             .all_devices()
-            .into_iter()
+            .iter()
             .filter(|o| {
-                let key = (o.spec.size_bytes, o.spec.wwid.as_str());
                 o.status.as_ref().is_some_and(|s| {
                     s.phase == Phase::Available
                         && node.is_none_or(|n| s.nodes.iter().any(|v| v.node == n))
                 }) && (min..=max).contains(&o.spec.size_bytes)
-                    && after
-                        .as_ref()
-                        .is_none_or(|(size, wwid)| key > (*size, wwid.as_str()))
             })
+            .filter_map(|o| o.to_device().ok())
+            .filter(|d| after.as_ref().is_none_or(|a| preference_key(d) > *a))
             .collect();
-        let key = |o: &Arc<SCSIDevice>| (o.spec.size_bytes, o.spec.wwid.clone());
         if free.len() > limit && limit > 0 {
-            free.select_nth_unstable_by_key(limit - 1, key);
+            free.select_nth_unstable_by(limit - 1, preference);
         }
         free.truncate(limit);
-        free.sort_by_key(key);
-        free.iter()
-            .map(|o| o.to_device().map_err(|e| store(e.to_string())))
-            .collect()
+        free.sort_by(preference);
+        Ok(free)
     }
 
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {

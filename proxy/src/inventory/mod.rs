@@ -145,7 +145,7 @@ impl Inventory {
                         largest = largest.max(d.size_bytes);
                     }
                 }
-                after = page.last().map(|d| (d.size_bytes, d.wwid.clone()));
+                after = page.last().map(policy::preference_key);
                 if page.len() < PAGE {
                     break;
                 }
@@ -305,35 +305,23 @@ impl Inventory {
         }
     }
 
-    /// The device `policy::choose` prefers among the Available ones, from
-    /// the first preferred node that sees any. The store hands candidates
-    /// out in size order (its index); every fit of the smallest fitting
-    /// size is read, and the policy orders them.
+    /// The first fitting device in preference order, from the first
+    /// preferred node that sees any.
     async fn pick(&self, req: &BindRequest) -> Result<Option<Device>, InventoryError> {
         for scope in scopes(req.topology.iter().flatten()) {
-            let mut fits: Vec<Device> = Vec::new();
             let mut after = None;
-            'pages: loop {
+            loop {
                 let page = self
                     .store
                     .available(scope, req.min_bytes, req.max_bytes, after, PAGE)
                     .await?;
-                let full = page.len() == PAGE;
-                after = page.last().map(|d| (d.size_bytes, d.wwid.clone()));
-                for d in page {
-                    if fits.first().is_some_and(|f| d.size_bytes > f.size_bytes) {
-                        break 'pages;
-                    }
-                    if policy::fits(&d, req, scope) {
-                        fits.push(d);
-                    }
+                if let Some(hit) = policy::choose(&page, req, scope) {
+                    return Ok(Some(hit.clone()));
                 }
-                if !full {
+                after = page.last().map(policy::preference_key);
+                if page.len() < PAGE {
                     break;
                 }
-            }
-            if let Some(best) = policy::choose(&fits, req, scope) {
-                return Ok(Some(best.clone()));
             }
         }
         Ok(None)

@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 
 use super::InventoryError;
+use crate::device::policy::PreferenceKey;
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 
 /// A device record to write.
@@ -42,14 +43,15 @@ pub trait Store: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError>;
     /// Available devices of `min..=max` bytes, visible from `node` (from
-    /// anywhere: `None`), in (size, WWID) order after `after`, at most
-    /// `limit` (an index range scan in the embedded store).
+    /// anywhere: `None`), in bind-preference order (ascending
+    /// `policy::preference_key`) after `after`, at most `limit` (an index
+    /// range scan in the embedded store).
     async fn available(
         &self,
         node: Option<&str>,
         min: u64,
         max: u64,
-        after: Option<(u64, String)>,
+        after: Option<PreferenceKey>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError>;
     /// Devices first reported by `target` or seen through it.

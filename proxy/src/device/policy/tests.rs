@@ -228,27 +228,41 @@ fn a_label_the_device_has_is_kept_and_the_conflict_reported() {
 }
 
 #[test]
-fn bind_takes_the_smallest_fit_then_the_fewest_wipe_failures_then_the_wwid() {
+fn bind_order_is_the_smallest_then_the_fewest_wipe_failures_then_the_wwid() {
     let mut small_failed = device(1, 100, &["a"], Phase::Available);
     small_failed.wipe_failures = 2;
-    let mut small_clean = device(2, 100, &["a"], Phase::Available);
-    small_clean.wipe_failures = 0;
+    let small_clean = device(2, 100, &["a"], Phase::Available);
     let mut small_once = device(3, 100, &["a"], Phase::Available);
     small_once.wipe_failures = 1;
     let big = device(4, 1_000, &["a"], Phase::Available);
-    let all = [small_failed, small_clean.clone(), small_once, big.clone()];
-    let req = request(50, u64::MAX, "", &[]);
-    assert_eq!(choose(&all, &req, None), Some(&small_clean));
-    // Too big for the small ones: the big one.
+    let mut twin = small_clean.clone();
+    twin.wwid = wwid(0);
+    let mut all = vec![
+        big.clone(),
+        small_failed.clone(),
+        small_clean.clone(),
+        small_once.clone(),
+        twin.clone(),
+    ];
+    all.sort_by(preference);
+    let order: Vec<&str> = all.iter().map(|d| d.wwid.as_str()).collect();
+    assert_eq!(
+        order,
+        [&twin, &small_clean, &small_once, &small_failed, &big].map(|d| d.wwid.as_str())
+    );
+    // The key the stores order by agrees with the comparison.
+    let mut by_key = all.clone();
+    by_key.sort_by_key(preference_key);
+    assert_eq!(by_key, all);
+    // The first fit in that order wins.
+    assert_eq!(
+        choose(&all, &request(50, u64::MAX, "", &[]), None),
+        Some(&twin)
+    );
     assert_eq!(
         choose(&all, &request(101, u64::MAX, "", &[]), None),
         Some(&big)
     );
-    // Two clean ones of one size: the lower WWID.
-    let mut twin = small_clean.clone();
-    twin.wwid = wwid(0);
-    let with_twin = [small_clean.clone(), twin.clone()];
-    assert_eq!(choose(&with_twin, &req, None), Some(&twin));
 }
 
 #[test]
