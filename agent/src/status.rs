@@ -3,7 +3,8 @@
 //! holders), the volumes staged and published under the kubelet directory
 //! (from the mount table), and the last failed calls with their request
 //! IDs. Read-only: nothing here changes the node. No credential is ever
-//! part of it (sessions are named by target and portal only).
+//! part of it (sessions are named by target and portal only). The
+//! document's types are `csi_scsi_status::agent`'s, which the CLI reads.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
+use csi_scsi_status::{SCHEMA, Status, agent as doc};
 use futures::future::BoxFuture;
-use serde::Serialize;
 
 use crate::device::Devices;
 use crate::host::Host;
@@ -29,62 +30,14 @@ pub struct AgentStatus {
 }
 
 /// What the node looks like now.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default)]
 struct Snapshot {
-    sessions: Vec<SessionView>,
-    devices: Vec<DeviceView>,
-    staged: Vec<VolumeView>,
-    published: Vec<VolumeView>,
+    sessions: Vec<doc::Session>,
+    devices: Vec<doc::Device>,
+    staged: Vec<doc::Volume>,
+    published: Vec<doc::Volume>,
     /// What could not be read (the rest of the document still stands).
     problems: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct SessionView {
-    sid: u32,
-    target: String,
-    portal: String,
-    state: String,
-    /// Disk paths below this session.
-    disks: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct DeviceView {
-    wwid: String,
-    size_bytes: u64,
-    vendor: String,
-    model: String,
-    serial: String,
-    /// The multipath map over the paths, when there is one.
-    multipath: Option<String>,
-    paths: Vec<PathView>,
-    /// Kernel names holding a path or the map open.
-    holders: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct PathView {
-    name: String,
-    hctl: String,
-    state: String,
-    transport: String,
-    target: String,
-    by_path: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct VolumeView {
-    /// The PV (or kubelet's volume directory) name.
-    volume: String,
-    /// The mount point, with a pod's UID shown as `*` (the document is
-    /// unauthenticated).
-    path: PathBuf,
-    /// The LUN it shows, when the device is one this node sees.
-    wwid: Option<String>,
-    device: String,
-    fs_type: String,
-    read_only: bool,
 }
 
 // === impl AgentStatus ===
@@ -117,20 +70,27 @@ impl StatusSource for AgentStatus {
         Box::pin(async move {
             let snap = self.snapshot().await;
             update_metrics(&self.metrics, &snap);
-            serde_json::json!({
-                "component": "agent",
-                "node": self.node,
-                "version": env!("CARGO_PKG_VERSION"),
-                "started": rfc3339(self.started),
-                "uptime_seconds": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-                "sessions": snap.sessions,
-                "devices": snap.devices,
-                "volumes": {
-                    "staged": snap.staged,
-                    "published": snap.published,
+            let doc = Status::Agent(doc::Document {
+                schema: SCHEMA,
+                node: self.node.clone(),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                started: rfc3339(self.started),
+                uptime_seconds: self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+                sessions: snap.sessions,
+                devices: snap.devices,
+                volumes: doc::Volumes {
+                    staged: snap.staged,
+                    published: snap.published,
                 },
-                "recent_errors": self.metrics.recent_errors(),
-                "problems": snap.problems,
+                recent_errors: self.metrics.recent_errors(),
+                problems: snap.problems,
+            });
+            serde_json::to_value(doc).unwrap_or_else(|e| {
+                serde_json::json!({
+                    "component": "agent",
+                    "schema": SCHEMA,
+                    "problems": [format!("status document: {e}")],
+                })
             })
         })
     }
@@ -167,14 +127,14 @@ fn snapshot(devices: &Devices) -> Snapshot {
         Ok(sessions) => {
             snap.sessions = sessions
                 .into_iter()
-                .map(|s| SessionView {
+                .map(|s| doc::Session {
                     disks: luns
                         .iter()
                         .flat_map(|l| &l.paths)
                         .filter(|p| {
                             matches!(&p.transport, Transport::Iscsi { session: Some(n), .. } if *n == s.sid)
                         })
-                        .count(),
+                        .count() as u64,
                     sid: s.sid,
                     target: s.target,
                     portal: s.portal.map(|p| p.to_string()).unwrap_or_default(),
@@ -233,7 +193,7 @@ fn device_number(host: &Host, kernel_name: &str) -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
-fn device_view(lun: &Lun) -> DeviceView {
+fn device_view(lun: &Lun) -> doc::Device {
     let first = lun.paths.first();
     let mut holders: Vec<String> = lun
         .paths
@@ -242,7 +202,7 @@ fn device_view(lun: &Lun) -> DeviceView {
         .collect();
     holders.sort();
     holders.dedup();
-    DeviceView {
+    doc::Device {
         wwid: lun.wwid.to_string(),
         size_bytes: lun.size_bytes(),
         vendor: first.map(|p| p.vendor.clone()).unwrap_or_default(),
@@ -252,7 +212,7 @@ fn device_view(lun: &Lun) -> DeviceView {
         paths: lun
             .paths
             .iter()
-            .map(|p| PathView {
+            .map(|p| doc::DevicePath {
                 name: p.kernel_name.clone(),
                 hctl: format!(
                     "{}:{}:{}:{}",
@@ -260,11 +220,10 @@ fn device_view(lun: &Lun) -> DeviceView {
                 ),
                 state: state_name(&p.state),
                 transport: match &p.transport {
-                    Transport::Iscsi { .. } => "iscsi",
-                    Transport::Fc { .. } => "fc",
-                    Transport::Other => "other",
-                }
-                .to_owned(),
+                    Transport::Iscsi { .. } => doc::Transport::Iscsi,
+                    Transport::Fc { .. } => doc::Transport::Fc,
+                    Transport::Other => doc::Transport::Other,
+                },
                 target: match &p.transport {
                     Transport::Iscsi { target, .. } => target.clone().unwrap_or_default(),
                     Transport::Fc { target_wwpn } => {
@@ -322,7 +281,7 @@ fn volume_view(
     kubelet: &Path,
     m: &Mount,
     numbers: &BTreeMap<String, String>,
-) -> Option<VolumeView> {
+) -> Option<doc::Volume> {
     let number = crate::volume::device::mounted_device(m)
         .map(|n| n.to_string())
         .unwrap_or_else(|_| m.device.to_string());
@@ -340,9 +299,12 @@ fn volume_view(
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
     let volume = volume_name(&parts);
-    Some(VolumeView {
+    Some(doc::Volume {
         volume,
-        path: kubelet.join(without_pod_uid(&parts)),
+        path: kubelet
+            .join(without_pod_uid(&parts))
+            .to_string_lossy()
+            .into_owned(),
         wwid,
         device: number,
         fs_type: m.fs_type.clone(),
@@ -370,7 +332,15 @@ fn volume_name(parts: &[String]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use csi_scsi_daemon::{Component, KeyedLocks};
+    use tonic::Code;
+
     use super::*;
+    use crate::device::Attachments;
+    use crate::host::command::CommandRunner;
 
     fn parts(p: &str) -> Vec<String> {
         p.split('/').map(str::to_owned).collect()
@@ -417,5 +387,76 @@ mod tests {
         assert!(!is_publication(Path::new(
             "plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount"
         )));
+    }
+
+    /// The document the agent serves over a captured node (one iSCSI LUN,
+    /// staged and published) is one the CLI's types read, whole.
+    #[tokio::test]
+    async fn the_document_reads_back_in_the_clis_types() {
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let kubelet = scratch.path().join("kubelet");
+        let mountinfo = scratch.path().join("mountinfo");
+        std::fs::write(
+            &mountinfo,
+            format!(
+                "40 30 8:160 / {k}/plugins/kubernetes.io/csi/csi-scsi.io/pv-1/globalmount rw - xfs /dev/sdk rw\n\
+                 41 30 8:160 / {k}/pods/uid-1/volumes/kubernetes.io~csi/pv-1/mount ro - xfs /dev/sdk ro\n",
+                k = kubelet.display()
+            ),
+        )
+        .expect("mountinfo");
+        let host = Host {
+            sysfs: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/sysfs/iscsi-lio-single-path/sys"),
+            dev: scratch.path().join("dev"),
+            mountinfo,
+            kubelet_dir: kubelet,
+            iscsi_nodes: scratch.path().join("nodes"),
+            tools: BTreeMap::new(),
+            runner: CommandRunner::new(Duration::from_secs(5)),
+        };
+        let attachments = Attachments::load(scratch.path(), Ok(BTreeSet::new()));
+        let devices = Devices::new(
+            host,
+            Arc::new(attachments),
+            Duration::from_secs(1),
+            KeyedLocks::new(),
+        );
+        let metrics = Metrics::new(Component::Agent, "test", None);
+        metrics.note_error(
+            "csi.v1.Node",
+            "NodeStageVolume",
+            Code::InvalidArgument,
+            "bad",
+            "rid-1",
+        );
+        let source = AgentStatus::new("node-a", Arc::new(devices), metrics);
+
+        let served = source.status().await;
+        let doc: Status = serde_json::from_value(served.clone()).expect("the CLI reads it");
+        assert_eq!(
+            serde_json::to_value(&doc).expect("write"),
+            served,
+            "lossless"
+        );
+        let Status::Agent(a) = doc else {
+            panic!("not an agent's document: {served}")
+        };
+        assert_eq!((a.schema, a.node.as_str()), (SCHEMA, "node-a"));
+        assert_eq!(a.problems, Vec::<String>::new(), "{served}");
+        let wwid = "naa.6001405d27e5d898829468b90ce4ef8c";
+        assert_eq!(a.devices.len(), 1, "{served}");
+        assert_eq!(a.devices[0].wwid, wwid);
+        assert_eq!(a.devices[0].paths[0].transport, doc::Transport::Iscsi);
+        assert_eq!(a.sessions.len(), 1, "{served}");
+        assert_eq!(a.sessions[0].disks, 1);
+        let (staged, published) = (&a.volumes.staged, &a.volumes.published);
+        assert_eq!((staged.len(), published.len()), (1, 1), "{served}");
+        assert_eq!(staged[0].wwid.as_deref(), Some(wwid));
+        assert!(
+            published[0].path.contains("/pods/*/") && published[0].read_only,
+            "{served}"
+        );
+        assert_eq!(a.recent_errors[0].request_id, "rid-1");
     }
 }

@@ -15,7 +15,9 @@ mod render;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use csi_scsi_status::{Header, SCHEMA, SchemaError, Status};
 use serde_json::Value;
 
 /// Inspect a csi-scsi agent or proxy through its status endpoint.
@@ -99,46 +101,76 @@ fn main() -> ExitCode {
 async fn run(cli: &Cli) -> anyhow::Result<String> {
     let endpoint = fetch::Endpoint::parse(&cli.url)?;
     let timeout = Duration::from_secs(cli.timeout.max(1));
-    let doc: Value = endpoint.get_json("/status", timeout).await?;
-    let component = doc
-        .get("component")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    if component != "agent" && component != "proxy" {
-        anyhow::bail!(
-            "{} does not look like a csi-scsi status endpoint (no component in its /status)",
-            endpoint
-        );
+    let raw: Value = endpoint.get_json("/status", timeout).await?;
+    let doc = read_status(&endpoint, &raw)?;
+    let ready = match cli.command {
+        Command::Status => Some(endpoint.readiness(timeout).await?),
+        _ => None,
+    };
+    show(&endpoint, raw, &doc, cli.command, cli.output, ready)
+}
+
+/// `raw` as a `/status` document of the schema this CLI reads, or why not.
+fn read_status(endpoint: &fetch::Endpoint, raw: &Value) -> anyhow::Result<Status> {
+    let not_status = |why: &str| {
+        anyhow::anyhow!("{endpoint} does not look like a csi-scsi status endpoint ({why})")
+    };
+    let header: Header = serde_json::from_value(raw.clone())
+        .map_err(|_| not_status("no component in its /status"))?;
+    match header.check() {
+        Ok(()) => {}
+        Err(SchemaError::NoComponent) => return Err(not_status("no component in its /status")),
+        Err(SchemaError::UnknownComponent(c)) => {
+            return Err(not_status(&format!("its /status is of component {c:?}")));
+        }
+        Err(e @ SchemaError::Unsupported { .. }) => anyhow::bail!("{endpoint}/status: {e}"),
     }
-    let agent = component == "agent";
-    match (cli.command, cli.output) {
-        (Command::Status, Output::Json) => {
-            let ready = endpoint.readiness(timeout).await?;
-            let mut doc = doc;
-            if let Some(map) = doc.as_object_mut() {
+    serde_json::from_value(raw.clone()).with_context(|| {
+        format!(
+            "{endpoint}/status does not read as a schema {SCHEMA} {} document",
+            header.component.as_deref().unwrap_or("?")
+        )
+    })
+}
+
+/// What `command` prints from `doc` (`raw` is the same document as
+/// served; `ready` is `/readyz`'s answer, asked for `status` only).
+fn show(
+    endpoint: &fetch::Endpoint,
+    raw: Value,
+    doc: &Status,
+    command: Command,
+    output: Output,
+    ready: Option<Result<(), Vec<String>>>,
+) -> anyhow::Result<String> {
+    let ready = ready.unwrap_or(Ok(()));
+    match (command, output, doc) {
+        // The document as served, with the readiness added.
+        (Command::Status, Output::Json, _) => {
+            let mut raw = raw;
+            if let Some(map) = raw.as_object_mut() {
                 map.insert("ready".into(), Value::Bool(ready.is_ok()));
                 map.insert(
                     "not_ready".into(),
                     Value::from(ready.err().unwrap_or_default()),
                 );
             }
-            Ok(render::json(&doc))
+            Ok(render::json(&raw))
         }
-        (Command::Status, Output::Table) => {
-            let ready = endpoint.readiness(timeout).await?;
-            Ok(render::status(&doc, &ready))
-        }
-        (Command::Agents, _) if agent => anyhow::bail!(
+        (Command::Status, Output::Table, _) => Ok(render::status(doc, &ready)),
+        (Command::Agents, _, Status::Agent(a)) => anyhow::bail!(
             "`agents` is the proxy's view; {endpoint} is the agent of node {}: point --url at the proxy's status address",
-            doc.get("node").and_then(Value::as_str).unwrap_or("?")
+            a.node
         ),
-        (command, Output::Json) => Ok(render::json(&render::section(&doc, command, agent))),
-        (Command::Devices, Output::Table) if agent => Ok(render::agent_devices(&doc)),
-        (Command::Devices, Output::Table) => Ok(render::proxy_devices(&doc)),
-        (Command::Volumes, Output::Table) if agent => Ok(render::agent_volumes(&doc)),
-        (Command::Volumes, Output::Table) => Ok(render::proxy_volumes(&doc)),
-        (Command::Agents, Output::Table) => Ok(render::agents(&doc)),
-        (Command::Errors, Output::Table) => Ok(render::errors(&doc)),
+        (command, Output::Json, _) => Ok(render::section(doc, command)),
+        (Command::Devices, Output::Table, Status::Agent(a)) => Ok(render::agent_devices(a)),
+        (Command::Devices, Output::Table, Status::Proxy(p)) => Ok(render::proxy_devices(p)),
+        (Command::Volumes, Output::Table, Status::Agent(a)) => Ok(render::agent_volumes(a)),
+        (Command::Volumes, Output::Table, Status::Proxy(p)) => Ok(render::proxy_volumes(p)),
+        (Command::Agents, Output::Table, Status::Proxy(p)) => Ok(render::agents(p)),
+        (Command::Errors, Output::Table, _) => Ok(render::errors(doc)),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,7 @@
 //! Turning a `/status` document into aligned tables (or JSON sections).
 
+use csi_scsi_status::{ErrorRecord, Status, agent, proxy};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::Command;
@@ -68,32 +70,53 @@ pub fn json(v: &Value) -> String {
     )
 }
 
-/// The part of the document a command shows, for `-o json`.
-pub fn section(doc: &Value, command: Command, agent: bool) -> Value {
-    match command {
-        Command::Status => doc.clone(),
-        Command::Devices => doc["devices"].clone(),
-        Command::Volumes if agent => doc["volumes"].clone(),
-        Command::Volumes => Value::Array(proxy_volume_list(doc).into_iter().cloned().collect()),
-        Command::Agents => doc["agents"].clone(),
-        Command::Errors => doc["recent_errors"].clone(),
+/// `v` as pretty JSON, its keys sorted as in the document it came from.
+fn json_of(v: &impl Serialize) -> String {
+    serde_json::to_value(v)
+        .map(|v| json(&v))
+        .unwrap_or_else(|_| "null\n".into())
+}
+
+/// The part of the document a command shows, for `-o json` (`status`
+/// passes the document itself through, see `main`).
+pub fn section(doc: &Status, command: Command) -> String {
+    match (command, doc) {
+        (Command::Status, d) => json_of(d),
+        (Command::Devices, Status::Agent(a)) => json_of(&a.devices),
+        (Command::Devices, Status::Proxy(p)) => json_of(&p.devices),
+        (Command::Volumes, Status::Agent(a)) => json_of(&a.volumes),
+        (Command::Volumes, Status::Proxy(p)) => json_of(&proxy_volume_list(p)),
+        (Command::Agents, Status::Agent(_)) => json(&Value::Null),
+        (Command::Agents, Status::Proxy(p)) => json_of(&p.agents),
+        (Command::Errors, d) => json_of(&d.recent_errors()),
     }
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) if s.is_empty() => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Bool(b) => if *b { "yes" } else { "no" }.into(),
-        Value::Array(a) if a.is_empty() => "-".into(),
-        Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(","),
-        other => other.to_string(),
+/// A cell: `-` for nothing.
+fn text(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_owned()
     }
 }
 
-fn list(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+/// A cell for an optional value: `-` for none or nothing.
+fn opt(s: &Option<String>) -> String {
+    s.as_deref().map(text).unwrap_or_else(|| "-".into())
+}
+
+/// A cell for a list: comma-separated, `-` for an empty one.
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.iter().map(|s| text(s)).collect::<Vec<_>>().join(",")
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
 }
 
 /// Bytes in binary units: `512Mi`, `1.5Gi`.
@@ -114,10 +137,6 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-fn size(v: &Value) -> String {
-    v.as_u64().map(bytes).unwrap_or_else(|| "-".into())
-}
-
 /// Seconds as `3d4h`, `2h5m`, `4m10s`, `12s`.
 pub fn duration(secs: u64) -> String {
     let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
@@ -130,21 +149,19 @@ pub fn duration(secs: u64) -> String {
 }
 
 /// The summary of either component.
-pub fn status(doc: &Value, ready: &Result<(), Vec<String>>) -> String {
+pub fn status(doc: &Status, ready: &Result<(), Vec<String>>) -> String {
     let mut t = Table::new(&["", ""]);
     let mut kv = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
-    kv("component", text(&doc["component"]));
-    if doc["component"] == "agent" {
-        kv("node", text(&doc["node"]));
+    let (component, version, uptime) = match doc {
+        Status::Agent(a) => ("agent", &a.version, a.uptime_seconds),
+        Status::Proxy(p) => ("proxy", &p.version, p.uptime_seconds),
+    };
+    kv("component", component.into());
+    if let Status::Agent(a) = doc {
+        kv("node", text(&a.node));
     }
-    kv("version", text(&doc["version"]));
-    kv(
-        "uptime",
-        doc["uptime_seconds"]
-            .as_u64()
-            .map(duration)
-            .unwrap_or_else(|| "-".into()),
-    );
+    kv("version", text(version));
+    kv("uptime", duration(uptime));
     kv(
         "ready",
         match ready {
@@ -152,64 +169,66 @@ pub fn status(doc: &Value, ready: &Result<(), Vec<String>>) -> String {
             Err(why) => format!("NO: {}", why.join("; ")),
         },
     );
-    if doc["component"] == "agent" {
-        let sessions = list(&doc["sessions"]);
-        let logged_in = sessions
-            .iter()
-            .filter(|s| s["state"] == "LOGGED_IN")
-            .count();
-        kv(
-            "sessions",
-            format!("{} ({} logged in)", sessions.len(), logged_in),
-        );
-        kv("devices", list(&doc["devices"]).len().to_string());
-        kv("staged", list(&doc["volumes"]["staged"]).len().to_string());
-        kv(
-            "published",
-            list(&doc["volumes"]["published"]).len().to_string(),
-        );
-    } else {
-        let leader = &doc["leader"];
-        kv(
-            "leader",
-            format!(
-                "{} ({})",
-                text(&leader["mode"]),
-                if leader["this_replica_leads"] == true {
-                    "this replica leads"
-                } else {
-                    "this replica does not lead"
-                }
-            ),
-        );
-        let inv = &doc["inventory"];
-        let phases: Vec<String> = inv["devices_by_phase"]
-            .as_object()
-            .map(|m| m.iter().map(|(k, v)| format!("{k} {v}")).collect())
-            .unwrap_or_default();
-        kv(
-            "devices",
-            format!("{} ({})", text(&inv["devices_total"]), phases.join(", ")),
-        );
-        let agents = list(&doc["agents"]);
-        let up = agents.iter().filter(|a| a["reachable"] == true).count();
-        let down = agents.iter().filter(|a| a["reachable"] == false).count();
-        kv(
-            "agents",
-            format!(
-                "{} ({up} reachable, {down} unreachable, {} not probed yet)",
-                agents.len(),
-                agents.len() - up - down
-            ),
-        );
-        kv(
-            "pending resizes",
-            list(&doc["pending_resizes"]).len().to_string(),
-        );
-    }
-    let errors = list(&doc["recent_errors"]);
+    let problems = match doc {
+        Status::Agent(a) => {
+            let logged_in = a.sessions.iter().filter(|s| s.state == "LOGGED_IN").count();
+            kv(
+                "sessions",
+                format!("{} ({} logged in)", a.sessions.len(), logged_in),
+            );
+            kv("devices", a.devices.len().to_string());
+            kv("staged", a.volumes.staged.len().to_string());
+            kv("published", a.volumes.published.len().to_string());
+            &a.problems
+        }
+        Status::Proxy(p) => {
+            kv(
+                "leader",
+                format!(
+                    "{} ({})",
+                    text(&p.leader.mode),
+                    if p.leader.this_replica_leads {
+                        "this replica leads"
+                    } else {
+                        "this replica does not lead"
+                    }
+                ),
+            );
+            let phases: Vec<String> = p
+                .inventory
+                .devices_by_phase
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            kv(
+                "devices",
+                format!("{} ({})", p.inventory.devices_total, phases.join(", ")),
+            );
+            let up = p
+                .agents
+                .iter()
+                .filter(|a| a.reachable == Some(true))
+                .count();
+            let down = p
+                .agents
+                .iter()
+                .filter(|a| a.reachable == Some(false))
+                .count();
+            kv(
+                "agents",
+                format!(
+                    "{} ({up} reachable, {down} unreachable, {} not probed yet)",
+                    p.agents.len(),
+                    p.agents.len() - up - down
+                ),
+            );
+            kv("pending resizes", p.pending_resizes.len().to_string());
+            &p.problems
+        }
+    };
+    let errors = doc.recent_errors();
     kv("recent errors", errors.len().to_string());
-    for p in list(&doc["problems"]) {
+    for p in problems {
         kv("problem", text(p));
     }
     let mut out = t.render("");
@@ -221,7 +240,7 @@ pub fn status(doc: &Value, ready: &Result<(), Vec<String>>) -> String {
 }
 
 /// An agent's LUNs.
-pub fn agent_devices(doc: &Value) -> String {
+pub fn agent_devices(doc: &agent::Document) -> String {
     let mut t = Table::new(&[
         "WWID",
         "SIZE",
@@ -232,48 +251,35 @@ pub fn agent_devices(doc: &Value) -> String {
         "TARGETS",
         "HOLDERS",
     ]);
-    for d in list(&doc["devices"]) {
-        let paths: Vec<String> = list(&d["paths"])
+    for d in &doc.devices {
+        let paths: Vec<String> = d
+            .paths
             .iter()
-            .map(|p| {
-                format!(
-                    "{}({}, {})",
-                    text(&p["name"]),
-                    text(&p["hctl"]),
-                    text(&p["state"])
-                )
-            })
+            .map(|p| format!("{}({}, {})", text(&p.name), text(&p.hctl), text(&p.state)))
             .collect();
-        let mut targets: Vec<String> = list(&d["paths"])
-            .iter()
-            .map(|p| text(&p["target"]))
-            .collect();
+        let mut targets: Vec<String> = d.paths.iter().map(|p| text(&p.target)).collect();
         targets.sort();
         targets.dedup();
         t.row(vec![
-            text(&d["wwid"]),
-            size(&d["size_bytes"]),
-            text(&d["vendor"]),
-            text(&d["model"]),
-            text(&d["multipath"]),
+            text(&d.wwid),
+            bytes(d.size_bytes),
+            text(&d.vendor),
+            text(&d.model),
+            opt(&d.multipath),
             if paths.is_empty() {
                 "-".into()
             } else {
                 paths.join(" ")
             },
-            if targets.is_empty() {
-                "-".into()
-            } else {
-                targets.join(",")
-            },
-            text(&d["holders"]),
+            list(&targets),
+            list(&d.holders),
         ]);
     }
     t.render("(no devices)")
 }
 
 /// The proxy's inventory.
-pub fn proxy_devices(doc: &Value) -> String {
+pub fn proxy_devices(doc: &proxy::Document) -> String {
     let mut t = Table::new(&[
         "WWID",
         "PHASE",
@@ -285,74 +291,78 @@ pub fn proxy_devices(doc: &Value) -> String {
         "PUBLISHED",
         "REASON",
     ]);
-    for d in list(&doc["devices"]) {
+    for d in &doc.devices {
         t.row(vec![
-            text(&d["wwid"]),
-            text(&d["phase"]),
-            size(&d["size_bytes"]),
-            text(&d["target"]),
-            text(&d["lun"]),
-            text(&d["volume_name"]),
-            text(&d["nodes"]),
-            text(&d["published"]),
-            text(&d["reason"]),
+            text(&d.wwid),
+            d.phase.as_str().to_owned(),
+            bytes(d.size_bytes),
+            text(&d.target),
+            d.lun.to_string(),
+            opt(&d.volume_name),
+            list(&d.nodes),
+            list(&d.published),
+            text(&d.reason),
         ]);
     }
     let mut out = t.render("(no devices)");
-    if doc["devices_truncated"] == true {
+    if doc.devices_truncated {
         out.push_str(&format!(
             "(first {} of {} devices)\n",
-            list(&doc["devices"]).len(),
-            text(&doc["inventory"]["devices_total"])
+            doc.devices.len(),
+            doc.inventory.devices_total
         ));
     }
     out
 }
 
 /// An agent's staged and published volumes.
-pub fn agent_volumes(doc: &Value) -> String {
+pub fn agent_volumes(doc: &agent::Document) -> String {
     let mut t = Table::new(&["STATE", "VOLUME", "WWID", "DEVICE", "FS", "RO", "PATH"]);
-    for (state, key) in [("staged", "staged"), ("published", "published")] {
-        for v in list(&doc["volumes"][key]) {
+    for (state, volumes) in [
+        ("staged", &doc.volumes.staged),
+        ("published", &doc.volumes.published),
+    ] {
+        for v in volumes {
             t.row(vec![
                 state.to_owned(),
-                text(&v["volume"]),
-                text(&v["wwid"]),
-                text(&v["device"]),
-                text(&v["fs_type"]),
-                text(&v["read_only"]),
-                text(&v["path"]),
+                text(&v.volume),
+                opt(&v.wwid),
+                text(&v.device),
+                text(&v.fs_type),
+                yes_no(v.read_only),
+                text(&v.path),
             ]);
         }
     }
     t.render("(no volumes staged or published on this node)")
 }
 
-fn proxy_volume_list(doc: &Value) -> Vec<&Value> {
-    list(&doc["devices"])
+/// The proxy's devices that hold a volume.
+fn proxy_volume_list(doc: &proxy::Document) -> Vec<&proxy::Device> {
+    doc.devices
         .iter()
-        .filter(|d| !d["volume_id"].is_null())
+        .filter(|d| d.volume_id.is_some())
         .collect()
 }
 
 /// The proxy's bound volumes.
-pub fn proxy_volumes(doc: &Value) -> String {
+pub fn proxy_volumes(doc: &proxy::Document) -> String {
     let mut t = Table::new(&["VOLUME", "VOLUME-ID", "PHASE", "SIZE", "PUBLISHED", "NODES"]);
     for d in proxy_volume_list(doc) {
         t.row(vec![
-            text(&d["volume_name"]),
-            text(&d["volume_id"]),
-            text(&d["phase"]),
-            size(&d["size_bytes"]),
-            text(&d["published"]),
-            text(&d["nodes"]),
+            opt(&d.volume_name),
+            opt(&d.volume_id),
+            d.phase.as_str().to_owned(),
+            bytes(d.size_bytes),
+            list(&d.published),
+            list(&d.nodes),
         ]);
     }
     t.render("(no volumes)")
 }
 
 /// The proxy's agents.
-pub fn agents(doc: &Value) -> String {
+pub fn agents(doc: &proxy::Document) -> String {
     let mut t = Table::new(&[
         "NODE",
         "ADDRESS",
@@ -362,17 +372,16 @@ pub fn agents(doc: &Value) -> String {
         "LAST-PROBE",
         "ERROR",
     ]);
-    for a in list(&doc["agents"]) {
+    for a in &doc.agents {
         t.row(vec![
-            text(&a["node"]),
-            text(&a["address"]),
-            match &a["reachable"] {
-                Value::Bool(true) => "yes".into(),
-                Value::Bool(false) => "NO".into(),
-                _ => "unknown".into(),
+            text(&a.node),
+            text(&a.address),
+            match a.reachable {
+                Some(true) => "yes".into(),
+                Some(false) => "NO".into(),
+                None => "unknown".into(),
             },
-            a["round_trip_ms"]
-                .as_f64()
+            a.round_trip_ms
                 .map(|ms| {
                     if ms >= 1000.0 {
                         format!("{:.1}s", ms / 1000.0)
@@ -381,32 +390,32 @@ pub fn agents(doc: &Value) -> String {
                     }
                 })
                 .unwrap_or_else(|| "-".into()),
-            text(&a["version"]),
-            text(&a["last_probe"]),
-            text(&a["error"]),
+            opt(&a.version),
+            opt(&a.last_probe),
+            opt(&a.error),
         ]);
     }
     t.render("(no agents in the directory)")
 }
 
-fn error_table(errors: &[Value]) -> String {
+fn error_table(errors: &[ErrorRecord]) -> String {
     let mut t = Table::new(&["TIME", "SOURCE", "METHOD", "CODE", "REQUEST-ID", "MESSAGE"]);
     for e in errors {
         t.row(vec![
-            text(&e["time"]),
-            text(&e["source"]),
-            text(&e["method"]),
-            text(&e["code"]),
-            text(&e["request_id"]),
-            text(&e["message"]).replace('\n', " "),
+            text(&e.time),
+            text(&e.source),
+            text(&e.method),
+            text(&e.code),
+            text(&e.request_id),
+            text(&e.message).replace('\n', " "),
         ]);
     }
     t.render("(no recent errors)")
 }
 
 /// The recent failures, newest first.
-pub fn errors(doc: &Value) -> String {
-    error_table(list(&doc["recent_errors"]))
+pub fn errors(doc: &Status) -> String {
+    error_table(doc.recent_errors())
 }
 
 #[cfg(test)]

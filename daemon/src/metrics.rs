@@ -16,6 +16,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use csi_scsi_certs::MaterialStore;
+/// A failed call, as `/status` lists it (the type the CLI reads too).
+pub use csi_scsi_status::ErrorRecord;
 use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -25,7 +27,6 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
-use serde::Serialize;
 use tonic::{Code, Status};
 
 use crate::request_id::RequestId;
@@ -53,24 +54,6 @@ pub enum Component {
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
-}
-
-/// A failed call, as `/status` lists it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct ErrorRecord {
-    /// When it finished (RFC 3339, UTC).
-    pub time: String,
-    /// Where: the gRPC service (`csi.v1.Node`, `csi.agent.v1.Agent`) or a
-    /// background task (`discovery`).
-    pub source: String,
-    /// The method or step.
-    pub method: String,
-    /// The gRPC code name (`NotFound`, `Unavailable`, ...).
-    pub code: String,
-    /// The message sent to the caller.
-    pub message: String,
-    /// The request ID of the call, empty when it had none.
-    pub request_id: String,
 }
 
 /// Times one outgoing agent call (proxy side) and counts it in flight

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
 use csi_scsi_proto::agent::StatusRequest;
+use csi_scsi_status::{SCHEMA, Status, proxy as doc};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde::Serialize;
 
 use crate::agents::{AgentOp, AgentReply};
-use crate::device::{Device, Phase};
+use crate::device::{Device, Phase, ResizeRequest, Target, Transport};
 use crate::leader::LeaderHandle;
 use crate::lifecycle::Lifecycle;
 
@@ -45,36 +46,6 @@ struct Probe {
     version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct AgentView {
-    node: String,
-    address: String,
-    /// `null` until the first probe answered or failed.
-    reachable: Option<bool>,
-    round_trip_ms: Option<f64>,
-    last_probe: Option<String>,
-    version: Option<String>,
-    error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct DeviceView {
-    wwid: String,
-    phase: Phase,
-    size_bytes: u64,
-    target: String,
-    lun: u32,
-    vendor: String,
-    model: String,
-    labels: BTreeMap<String, String>,
-    volume_id: Option<String>,
-    volume_name: Option<String>,
-    nodes: Vec<String>,
-    published: Vec<String>,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    reason: String,
 }
 
 // === impl ProxyStatus ===
@@ -118,7 +89,7 @@ impl ProxyStatus {
         })
     }
 
-    fn agents(&self) -> Vec<AgentView> {
+    fn agents(&self) -> Vec<doc::Agent> {
         let agents = self.life.agents().directory().snapshot();
         let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
         agents
@@ -126,7 +97,7 @@ impl ProxyStatus {
             .map(|(node, entry)| {
                 // A probe of an older address says nothing about this one.
                 let p = probes.get(node).filter(|p| p.address == entry.address);
-                AgentView {
+                doc::Agent {
                     node: node.clone(),
                     address: entry.address.clone(),
                     reachable: p.map(|p| p.reachable),
@@ -161,7 +132,7 @@ impl ProxyStatus {
         by_phase
     }
 
-    fn update_agent_gauges(&self, agents: &[AgentView]) {
+    fn update_agent_gauges(&self, agents: &[doc::Agent]) {
         let mut by_state: BTreeMap<&str, u64> =
             [("reachable", 0), ("unreachable", 0), ("unknown", 0)]
                 .into_iter()
@@ -211,33 +182,43 @@ impl StatusSource for ProxyStatus {
             self.metrics.set_resizes_pending(resizes.len() as u64);
             self.update_agent_gauges(&agents);
             let leader = match &self.leader {
-                Some((handle, mode)) => serde_json::json!({
-                    "mode": mode,
-                    "this_replica_leads": handle.is_leader(),
-                }),
-                None => serde_json::json!({
-                    "mode": "single-replica",
-                    "this_replica_leads": true,
-                }),
-            };
-            serde_json::json!({
-                "component": "proxy",
-                "version": env!("CARGO_PKG_VERSION"),
-                "started": rfc3339(self.started),
-                "uptime_seconds": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-                "leader": leader,
-                "inventory": {
-                    "devices_by_phase": by_phase,
-                    "devices_total": total,
+                Some((handle, mode)) => doc::Leader {
+                    mode: mode.clone(),
+                    this_replica_leads: handle.is_leader(),
                 },
-                "devices": devices.iter().map(device_view).collect::<Vec<_>>(),
-                "devices_truncated": (devices.len() as u64) < total,
+                None => doc::Leader {
+                    mode: "single-replica".into(),
+                    this_replica_leads: true,
+                },
+            };
+            let doc = Status::Proxy(doc::Document {
+                schema: SCHEMA,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                started: rfc3339(self.started),
+                uptime_seconds: self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+                leader,
+                inventory: doc::Inventory {
+                    devices_by_phase: by_phase
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), *v))
+                        .collect(),
+                    devices_total: total,
+                },
+                devices: devices.iter().map(device_view).collect(),
+                devices_truncated: (devices.len() as u64) < total,
                 // Targets by name; CHAP appears as the Secret's name only.
-                "targets": targets,
-                "agents": agents,
-                "pending_resizes": resizes,
-                "recent_errors": self.metrics.recent_errors(),
-                "problems": problems,
+                targets: targets.iter().map(target_view).collect(),
+                agents,
+                pending_resizes: resizes.iter().map(resize_view).collect(),
+                recent_errors: self.metrics.recent_errors(),
+                problems,
+            });
+            serde_json::to_value(doc).unwrap_or_else(|e| {
+                serde_json::json!({
+                    "component": "proxy",
+                    "schema": SCHEMA,
+                    "problems": [format!("status document: {e}")],
+                })
             })
         })
     }
@@ -260,10 +241,10 @@ impl StatusSource for ProxyStatus {
     }
 }
 
-fn device_view(d: &Device) -> DeviceView {
-    DeviceView {
+fn device_view(d: &Device) -> doc::Device {
+    doc::Device {
         wwid: d.wwid.clone(),
-        phase: d.phase,
+        phase: phase_view(d.phase),
         size_bytes: d.size_bytes,
         target: d.target.clone(),
         lun: d.lun,
@@ -275,6 +256,55 @@ fn device_view(d: &Device) -> DeviceView {
         nodes: d.node_names(),
         published: d.published_nodes(),
         reason: d.reason.clone(),
+    }
+}
+
+fn phase_view(p: Phase) -> doc::Phase {
+    match p {
+        Phase::Available => doc::Phase::Available,
+        Phase::Bound => doc::Phase::Bound,
+        Phase::Releasing => doc::Phase::Releasing,
+        Phase::Failed => doc::Phase::Failed,
+        Phase::Lost => doc::Phase::Lost,
+    }
+}
+
+/// A target as `/status` shows it: the CHAP Secret by reference only.
+fn target_view(t: &Target) -> doc::Target {
+    doc::Target {
+        name: t.name.clone(),
+        iscsi: match &t.transport {
+            Transport::Iscsi(i) => Some(doc::IscsiTarget {
+                portals: i.portals.clone(),
+                iqn: i.iqn.clone(),
+                chap_secret_ref: i.chap_secret_ref.as_ref().map(|r| doc::SecretRef {
+                    name: r.name.clone(),
+                    namespace: r.namespace.clone(),
+                }),
+            }),
+            Transport::FibreChannel(_) => None,
+        },
+        fibre_channel: match &t.transport {
+            Transport::FibreChannel(f) => Some(doc::FcTarget {
+                wwpns: f.wwpns.clone(),
+            }),
+            Transport::Iscsi(_) => None,
+        },
+        node_selector: t.node_selector.clone(),
+        nodes: t.nodes.clone(),
+        device_labels: t.device_labels.clone(),
+    }
+}
+
+fn resize_view(r: &ResizeRequest) -> doc::Resize {
+    doc::Resize {
+        name: r.name.clone(),
+        volume_id: r.volume_id.clone(),
+        wwid: r.wwid.clone(),
+        requested_bytes: r.requested_bytes,
+        current_bytes: r.current_bytes,
+        created: r.created,
+        done: r.done,
     }
 }
 

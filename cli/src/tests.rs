@@ -1,0 +1,160 @@
+//! The CLI over documents as the servers write them: the same output as
+//! before it read them typed (the `.golden` files were printed by the
+//! string-walking renderer from the same `.json` documents), and a clear
+//! refusal of a document it cannot read.
+
+use super::*;
+
+const DOCUMENTS: [(&str, &str, &str); 4] = [
+    (
+        "agent",
+        include_str!("testdata/agent.json"),
+        include_str!("testdata/agent.golden"),
+    ),
+    (
+        "proxy",
+        include_str!("testdata/proxy.json"),
+        include_str!("testdata/proxy.golden"),
+    ),
+    (
+        "agent-empty",
+        include_str!("testdata/agent-empty.json"),
+        include_str!("testdata/agent-empty.golden"),
+    ),
+    (
+        "proxy-empty",
+        include_str!("testdata/proxy-empty.json"),
+        include_str!("testdata/proxy-empty.golden"),
+    ),
+];
+
+const COMMANDS: [Command; 5] = [
+    Command::Status,
+    Command::Devices,
+    Command::Volumes,
+    Command::Agents,
+    Command::Errors,
+];
+
+fn endpoint() -> fetch::Endpoint {
+    fetch::Endpoint::parse("127.0.0.1:9811").expect("endpoint")
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).expect("JSON")
+}
+
+/// Every command and format over `raw`, in the golden files' layout.
+fn everything(raw: &Value) -> String {
+    let doc = read_status(&endpoint(), raw).expect("a status document");
+    let mut out = String::new();
+    let not_ready = || Err(vec!["tls: expired".into(), "csi socket: missing".into()]);
+    for ready in [Ok(()), not_ready()] {
+        for output in [Output::Table, Output::Json] {
+            for command in COMMANDS {
+                if ready.is_err() && command != Command::Status {
+                    continue;
+                }
+                out += &format!("==== {command:?} {output:?} ready={}\n", ready.is_ok());
+                let asked = (command == Command::Status).then(|| ready.clone());
+                match show(&endpoint(), raw.clone(), &doc, command, output, asked) {
+                    Ok(text) => out += &text,
+                    Err(e) => {
+                        let Status::Agent(a) = &doc else {
+                            panic!("{command:?} on the proxy: {e:#}")
+                        };
+                        assert!(e.to_string().contains("point --url at the proxy"), "{e:#}");
+                        out += &format!("ERROR node {}\n", a.node);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn tables_and_json_are_what_they_were() {
+    for (name, json, golden) in DOCUMENTS {
+        let out = everything(&parse(json));
+        if out != golden {
+            let line = out
+                .lines()
+                .zip(golden.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            panic!(
+                "{name}: output differs from {name}.golden at line {}:\n{}",
+                line + 1,
+                out.lines()
+                    .skip(line.saturating_sub(3))
+                    .take(8)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_document_the_server_writes_reads_back_whole() {
+    for (name, json, _) in DOCUMENTS {
+        let raw = parse(json);
+        let doc = read_status(&endpoint(), &raw).expect(name);
+        // What the server serialises (with its schema) is what the CLI reads.
+        let written = serde_json::to_value(&doc).expect("write");
+        assert_eq!(written["schema"], SCHEMA, "{name}");
+        let mut without_schema = written.clone();
+        without_schema
+            .as_object_mut()
+            .expect("object")
+            .remove("schema");
+        assert_eq!(without_schema, raw, "{name}: nothing lost or added");
+        assert_eq!(
+            read_status(&endpoint(), &written).expect(name),
+            doc,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_newer_schema_is_refused_with_what_to_do() {
+    let mut raw = parse(DOCUMENTS[1].1);
+    raw["schema"] = (SCHEMA + 1).into();
+    // A newer document may have changed any field's shape.
+    raw["devices"] = serde_json::json!({"by_wwid": {}});
+    let e = read_status(&endpoint(), &raw).expect_err("newer schema");
+    let text = format!("{e:#}");
+    assert!(
+        text.starts_with("http://127.0.0.1:9811/status: status schema 2 is newer")
+            && text.contains("(schema 1)")
+            && text.contains("use a csi-scsi CLI of the server's release or later"),
+        "{text}"
+    );
+}
+
+#[test]
+fn other_documents_are_refused_by_what_is_wrong() {
+    let e =
+        read_status(&endpoint(), &serde_json::json!({"status": "ok"})).expect_err("no component");
+    assert_eq!(
+        e.to_string(),
+        "http://127.0.0.1:9811 does not look like a csi-scsi status endpoint (no component in its /status)"
+    );
+    let e = read_status(&endpoint(), &serde_json::json!([1, 2])).expect_err("an array");
+    assert!(e.to_string().contains("no component in its /status"), "{e}");
+    let e = read_status(&endpoint(), &serde_json::json!({"component": "kubelet"}))
+        .expect_err("another component");
+    assert!(e.to_string().contains("of component \"kubelet\""), "{e}");
+    let mut broken = parse(DOCUMENTS[0].1);
+    broken["devices"] = "none".into();
+    let e = read_status(&endpoint(), &broken).expect_err("a broken document");
+    let text = format!("{e:#}");
+    assert!(
+        text.starts_with(
+            "http://127.0.0.1:9811/status does not read as a schema 1 agent document: "
+        ),
+        "{text}"
+    );
+}
