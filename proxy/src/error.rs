@@ -1,7 +1,7 @@
 //! `ProxyError`: what can go wrong on the controller side. Mapped to gRPC
 //! codes in exactly one place, `csi/status.rs`.
 
-use crate::agents::PoolError;
+use crate::agents::AgentError;
 use crate::inventory::InventoryError;
 use crate::parameters::InvalidParameter;
 
@@ -102,14 +102,9 @@ pub enum ProxyError {
         /// What to do.
         reason: String,
     },
-    /// An agent answered with an error.
-    #[error("agent on {node}: {status}")]
-    Agent {
-        /// The node.
-        node: String,
-        /// Its answer (code and message, never secrets).
-        status: tonic::Status,
-    },
+    /// An agent call did not do what was asked.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
     /// No agent that could do the work answered.
     #[error("no agent reachable for {what}: {detail}")]
     AgentsUnavailable {
@@ -132,29 +127,16 @@ pub enum ProxyError {
     /// The inventory failed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
-    /// A call could not be sent at all.
-    #[error(transparent)]
-    Pool(#[from] PoolError),
 }
 
 impl ProxyError {
     /// Whether this failure of an Attach call proves nothing was attached:
-    /// the agent answered with a refusal, or the call never left the proxy.
-    /// A timeout, a lost connection or a busy answer proves nothing.
+    /// the agent refused, or the call never left the proxy. A timeout, a
+    /// lost connection or a busy answer proves nothing.
     pub fn attach_surely_refused(&self) -> bool {
         match self {
-            Self::Agent { status, .. } => matches!(
-                status.code(),
-                tonic::Code::InvalidArgument
-                    | tonic::Code::NotFound
-                    | tonic::Code::AlreadyExists
-                    | tonic::Code::PermissionDenied
-                    | tonic::Code::Unauthenticated
-                    | tonic::Code::FailedPrecondition
-                    | tonic::Code::ResourceExhausted
-                    | tonic::Code::OutOfRange
-            ),
-            Self::NodeNotFound(_) | Self::NodeUnreachable { .. } | Self::Pool(_) => true,
+            Self::Agent(e) => e.surely_did_nothing(),
+            Self::NodeNotFound(_) | Self::NodeUnreachable { .. } => true,
             _ => false,
         }
     }

@@ -18,7 +18,6 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde::Serialize;
 
-use crate::agents::{AgentOp, AgentReply};
 use crate::device::{Device, Phase, ResizeRequest, Target, Transport};
 use crate::leader::LeaderHandle;
 use crate::lifecycle::Lifecycle;
@@ -327,19 +326,11 @@ async fn probe_all(
             let life = life.clone();
             async move {
                 let start = Instant::now();
-                let call = life
-                    .agents()
-                    .call(&node, AgentOp::Status(StatusRequest {}), &rid);
+                let call = life.agents().call(&node, StatusRequest {}, &rid);
                 let outcome = tokio::time::timeout(timeout, call).await;
                 let round_trip_ms = start.elapsed().as_secs_f64() * 1000.0;
                 let (reachable, version, error) = match outcome {
-                    Ok(Ok(Ok(AgentReply::Status(s)))) => (true, Some(s.version), None),
-                    Ok(Ok(Ok(_))) => (true, None, None),
-                    Ok(Ok(Err(status))) => (
-                        false,
-                        None,
-                        Some(format!("{:?}: {}", status.code(), status.message())),
-                    ),
+                    Ok(Ok(s)) => (true, Some(s.version), None),
                     Ok(Err(e)) => (false, None, Some(e.to_string())),
                     Err(_) => (false, None, Some(format!("no answer within {timeout:?}"))),
                 };

@@ -314,7 +314,6 @@ impl Agent for AgentApi {
             .iscsi_sessions()
             .into_iter()
             .map(|s| Session {
-                attached_luns: 0,
                 target: s.target.clone(),
                 iqn: s.target,
                 portal: s.portal.map(|p| p.to_string()).unwrap_or_default(),
@@ -333,8 +332,6 @@ impl Agent for AgentApi {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             sessions,
             devices,
-            staged: Vec::new(),
-            published: Vec::new(),
         }))
     }
 }

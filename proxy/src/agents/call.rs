@@ -1,5 +1,7 @@
 //! Typed agent calls as a tower `Service`, so generic layers (timeout,
-//! retry, concurrency limit) can wrap them. Requests are plain prost
+//! retry, concurrency limit) can wrap them. Each request message names its
+//! RPC and its reply type ([`Rpc`]), so a caller gets the reply of the call
+//! it made, never a message to match on. Requests are plain prost
 //! messages, cheap to clone for a retry.
 
 use std::future::Future;
@@ -19,50 +21,31 @@ use tonic::{Request, Status};
 /// gRPC metadata key carrying the request ID from proxy to agent.
 pub const REQUEST_ID_HEADER: &str = csi_scsi_daemon::request_id::HEADER;
 
+/// The future an [`Rpc`] sends.
+pub type Sent<T> = Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>;
+
+/// One RPC of the agent API, implemented by its request message.
+pub trait Rpc: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// What the agent answers.
+    type Reply: Send + 'static;
+    /// The RPC name, for logs and metrics.
+    const NAME: &'static str;
+    /// Whether it runs long (a wipe), so it gets the long deadline.
+    const LONG: bool = false;
+    /// Sends it over `client`.
+    fn send(request: Request<Self>, client: AgentClient<Channel>) -> Sent<Self::Reply>;
+}
+
 /// One call to one agent.
 #[derive(Clone, Debug)]
-pub struct AgentCall {
-    /// The operation.
-    pub op: AgentOp,
+pub struct AgentCall<R> {
+    /// The request.
+    pub request: R,
     /// Sent as `x-request-id` so one grep follows an operation across nodes.
     pub request_id: String,
     /// When the proxy stops waiting. Each attempt sends the time left as
     /// `grpc-timeout`, so the agent stops when the proxy does.
     pub deadline: Instant,
-}
-
-/// The agent API's operations.
-#[derive(Clone, Debug)]
-pub enum AgentOp {
-    /// `Discover`.
-    Discover(DiscoverRequest),
-    /// `Attach`.
-    Attach(AttachRequest),
-    /// `Detach`.
-    Detach(DetachRequest),
-    /// `Wipe` (the stream is drained; the last progress message is returned).
-    Wipe(WipeRequest),
-    /// `Rescan`.
-    Rescan(RescanRequest),
-    /// `Status`.
-    Status(StatusRequest),
-}
-
-/// The answer to an [`AgentCall`].
-#[derive(Clone, Debug)]
-pub enum AgentReply {
-    /// From `Discover`.
-    Discover(DiscoverResponse),
-    /// From `Attach`.
-    Attach(AttachResponse),
-    /// From `Detach`.
-    Detach(DetachResponse),
-    /// The final `Wipe` progress (done = true).
-    Wipe(WipeProgress),
-    /// From `Rescan`.
-    Rescan(RescanResponse),
-    /// From `Status`.
-    Status(StatusResponse),
 }
 
 /// The innermost service: sends one call over one agent's channel.
@@ -71,17 +54,70 @@ pub struct Caller {
     client: AgentClient<Channel>,
 }
 
-impl AgentOp {
-    /// The RPC name, for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Discover(_) => "Discover",
-            Self::Attach(_) => "Attach",
-            Self::Detach(_) => "Detach",
-            Self::Wipe(_) => "Wipe",
-            Self::Rescan(_) => "Rescan",
-            Self::Status(_) => "Status",
-        }
+impl Rpc for DiscoverRequest {
+    type Reply = DiscoverResponse;
+    const NAME: &'static str = "Discover";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.discover(request).await?.into_inner()) })
+    }
+}
+
+impl Rpc for AttachRequest {
+    type Reply = AttachResponse;
+    const NAME: &'static str = "Attach";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.attach(request).await?.into_inner()) })
+    }
+}
+
+impl Rpc for DetachRequest {
+    type Reply = DetachResponse;
+    const NAME: &'static str = "Detach";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.detach(request).await?.into_inner()) })
+    }
+}
+
+impl Rpc for RescanRequest {
+    type Reply = RescanResponse;
+    const NAME: &'static str = "Rescan";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.rescan(request).await?.into_inner()) })
+    }
+}
+
+impl Rpc for StatusRequest {
+    type Reply = StatusResponse;
+    const NAME: &'static str = "Status";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.status(request).await?.into_inner()) })
+    }
+}
+
+/// The stream is drained; the reply is the last progress message, which
+/// must say done.
+impl Rpc for WipeRequest {
+    type Reply = WipeProgress;
+    const NAME: &'static str = "Wipe";
+    const LONG: bool = true;
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move {
+            let mut stream = client.wipe(request).await?.into_inner();
+            let mut last = None;
+            while let Some(p) = stream.message().await? {
+                tracing::debug!(
+                    done = p.bytes_done,
+                    total = p.bytes_total,
+                    pass = p.pass,
+                    "wipe progress"
+                );
+                last = Some(p);
+            }
+            match last {
+                Some(p) if p.done => Ok(p),
+                _ => Err(Status::unavailable("wipe stream ended before completion")),
+            }
+        })
     }
 }
 
@@ -94,65 +130,24 @@ impl Caller {
     }
 }
 
-impl tower::Service<AgentCall> for Caller {
-    type Response = AgentReply;
+impl<R: Rpc> tower::Service<AgentCall<R>> for Caller {
+    type Response = R::Reply;
     type Error = Status;
-    type Future = Pin<Box<dyn Future<Output = Result<AgentReply, Status>> + Send>>;
+    type Future = Sent<R::Reply>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         // The channel queues and reconnects by itself.
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, call: AgentCall) -> Self::Future {
-        let mut client = self.client.clone();
-        let answer = async move {
-            fn req<T>(msg: T, call: &AgentCall) -> Request<T> {
-                let mut r = Request::new(msg);
-                r.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
-                if let Ok(v) = call.request_id.parse() {
-                    r.metadata_mut().insert(REQUEST_ID_HEADER, v);
-                }
-                r
-            }
-            Ok(match call.op.clone() {
-                AgentOp::Discover(m) => {
-                    AgentReply::Discover(client.discover(req(m, &call)).await?.into_inner())
-                }
-                AgentOp::Attach(m) => {
-                    AgentReply::Attach(client.attach(req(m, &call)).await?.into_inner())
-                }
-                AgentOp::Detach(m) => {
-                    AgentReply::Detach(client.detach(req(m, &call)).await?.into_inner())
-                }
-                AgentOp::Rescan(m) => {
-                    AgentReply::Rescan(client.rescan(req(m, &call)).await?.into_inner())
-                }
-                AgentOp::Status(m) => {
-                    AgentReply::Status(client.status(req(m, &call)).await?.into_inner())
-                }
-                AgentOp::Wipe(m) => {
-                    let mut stream = client.wipe(req(m, &call)).await?.into_inner();
-                    let mut last = None;
-                    while let Some(p) = stream.message().await? {
-                        tracing::debug!(
-                            done = p.bytes_done,
-                            total = p.bytes_total,
-                            pass = p.pass,
-                            "wipe progress"
-                        );
-                        last = Some(p);
-                    }
-                    match last {
-                        Some(p) if p.done => AgentReply::Wipe(p),
-                        _ => {
-                            return Err(Status::unavailable("wipe stream ended before completion"));
-                        }
-                    }
-                }
-            })
-        };
-        Box::pin(async move { answer.await.map_err(transport_is_unavailable) })
+    fn call(&mut self, call: AgentCall<R>) -> Self::Future {
+        let mut request = Request::new(call.request);
+        request.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
+        if let Ok(v) = call.request_id.parse() {
+            request.metadata_mut().insert(REQUEST_ID_HEADER, v);
+        }
+        let sent = R::send(request, self.client.clone());
+        Box::pin(async move { sent.await.map_err(transport_is_unavailable) })
     }
 }
 

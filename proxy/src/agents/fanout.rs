@@ -2,24 +2,25 @@
 
 use futures::StreamExt;
 
-use super::call::{AgentOp, AgentReply};
-use super::pool::{AgentPool, PoolError};
+use super::call::Rpc;
+use super::error::AgentError;
+use super::pool::AgentPool;
 
-/// Calls `op` on every node in `nodes`, at most `limit` at once; each
+/// Calls `request` on every node in `nodes`, at most `limit` at once; each
 /// node's result comes back with its name, in completion order. The cost is
 /// close to the slowest agent, not the sum.
-pub async fn fan_out(
+pub async fn fan_out<R: Rpc>(
     pool: &AgentPool,
     nodes: Vec<String>,
-    op: AgentOp,
+    request: R,
     request_id: &str,
     limit: usize,
-) -> Vec<(String, Result<Result<AgentReply, tonic::Status>, PoolError>)> {
+) -> Vec<(String, Result<R::Reply, AgentError>)> {
     futures::stream::iter(nodes)
         .map(|node| {
-            let op = op.clone();
+            let request = request.clone();
             async move {
-                let r = pool.call(&node, op, request_id).await;
+                let r = pool.call(&node, request, request_id).await;
                 (node, r)
             }
         })

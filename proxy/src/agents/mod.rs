@@ -5,12 +5,14 @@
 
 mod call;
 pub mod deadline;
+mod error;
 mod fanout;
 mod pool;
 mod retry;
 mod stack;
 
-pub use call::{AgentCall, AgentOp, AgentReply, Caller, REQUEST_ID_HEADER};
+pub use call::{AgentCall, Caller, REQUEST_ID_HEADER, Rpc};
+pub use error::{AgentError, Refusal};
 pub use fanout::fan_out;
 pub use pool::{AgentPool, CallConfig, PoolError};
 pub use retry::{Backoff, InvalidBackoff, RetryPolicy};

@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
-use super::call::{AgentCall, AgentOp, AgentReply, Caller};
+use super::call::{AgentCall, Caller, Rpc};
 use super::deadline;
+use super::error::AgentError;
 use super::retry::{Backoff, RetryPolicy};
 use super::stack::compose;
 use crate::directory::AgentDirectory;
@@ -187,24 +188,25 @@ impl AgentPool {
         }
     }
 
-    /// Calls `op` on `node`'s agent through the full stack, until the
+    /// Calls `request` on `node`'s agent through the full stack, until the
     /// configured deadline or the CSI caller's (`deadline::within`),
-    /// whichever comes first. No answer by then is UNAVAILABLE, saying what
-    /// went wrong before.
-    pub async fn call(
+    /// whichever comes first. No answer by then is `Unreachable`, saying
+    /// what went wrong before.
+    pub async fn call<R: Rpc>(
         &self,
         node: &str,
-        op: AgentOp,
+        request: R,
         request_id: &str,
-    ) -> Result<Result<AgentReply, tonic::Status>, PoolError> {
+    ) -> Result<R::Reply, AgentError> {
         let (channel_id, channel) = self.channel(node)?;
-        let configured = match op {
-            AgentOp::Wipe(_) => self.config.wipe_deadline,
-            _ => self.config.deadline,
+        let configured = if R::LONG {
+            self.config.wipe_deadline
+        } else {
+            self.config.deadline
         };
         let start = Instant::now();
         let deadline = deadline::effective(configured, start);
-        let method = op.name();
+        let method = R::NAME;
         let timer = self.metrics.get().map(|m| m.agent_call(method));
         let budget = deadline.saturating_duration_since(start);
         let result = if budget < MIN_ATTEMPT {
@@ -216,7 +218,7 @@ impl AgentPool {
             let history = retry.clone();
             let svc = compose(Caller::new(channel), retry, self.limit.clone());
             let call = AgentCall {
-                op,
+                request,
                 request_id: request_id.to_owned(),
                 deadline,
             };
@@ -245,7 +247,7 @@ impl AgentPool {
             let source = format!("agent {node}");
             m.note_error(&source, method, status.code(), status.message(), request_id);
         }
-        Ok(result)
+        result.map_err(|status| AgentError::answer(node, status))
     }
 
     /// The answer to a call `node` left unanswered for `waited`; forgets
@@ -320,8 +322,8 @@ mod tests {
         (AgentPool::new(directory, tls, config), silent)
     }
 
-    fn status() -> AgentOp {
-        AgentOp::Status(StatusRequest {})
+    fn status() -> StatusRequest {
+        StatusRequest {}
     }
 
     #[tokio::test]
@@ -330,17 +332,13 @@ mod tests {
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
         let start = Instant::now();
         let caller = start + Duration::from_millis(400);
-        let result = deadline::within(Some(caller), pool.call("node-x", status(), "t"))
-            .await
-            .expect("sent");
+        let result = deadline::within(Some(caller), pool.call("node-x", status(), "t")).await;
         let took = start.elapsed();
-        let status = result.expect_err("no answer");
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let error = result.expect_err("no answer");
         assert!(
-            status
-                .message()
-                .contains("node node-x did not answer Status within 0.4s"),
-            "{status:?}"
+            matches!(&error, AgentError::Unreachable { detail, .. }
+                if detail.contains("node node-x did not answer Status within 0.4s")),
+            "{error:?}"
         );
         assert!(
             took >= Duration::from_millis(390) && took < Duration::from_millis(1500),
@@ -355,12 +353,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_millis(300)).await;
         let start = Instant::now();
-        let status = pool
+        let error = pool
             .call("node-x", status(), "t")
             .await
-            .expect("sent")
             .expect_err("no answer");
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(matches!(error, AgentError::Unreachable { .. }), "{error:?}");
         assert!(start.elapsed() < Duration::from_millis(1500));
         silent.abort();
     }
@@ -369,12 +366,13 @@ mod tests {
     async fn a_call_past_the_callers_deadline_is_not_sent() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
-        let status = deadline::within(Some(Instant::now()), pool.call("node-x", status(), "t"))
+        let error = deadline::within(Some(Instant::now()), pool.call("node-x", status(), "t"))
             .await
-            .expect("sent")
             .expect_err("no time");
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-        assert!(status.message().contains("no time left"), "{status:?}");
+        assert!(
+            matches!(&error, AgentError::Unreachable { detail, .. } if detail.contains("no time left")),
+            "{error:?}"
+        );
         silent.abort();
     }
 }

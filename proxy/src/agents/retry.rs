@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
-use super::call::{AgentCall, AgentReply};
+use super::call::{AgentCall, Rpc};
 
 /// Exponential backoff between `min` and `max`, each delay scaled by a
 /// random factor in `[1 - jitter, 1]`.
@@ -86,13 +86,13 @@ impl RetryPolicy {
     }
 }
 
-impl tower::retry::Policy<AgentCall, AgentReply, Status> for RetryPolicy {
+impl<R: Rpc> tower::retry::Policy<AgentCall<R>, R::Reply, Status> for RetryPolicy {
     type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
 
     fn retry(
         &mut self,
-        call: &mut AgentCall,
-        result: &mut Result<AgentReply, Status>,
+        call: &mut AgentCall<R>,
+        result: &mut Result<R::Reply, Status>,
     ) -> Option<Self::Future> {
         // Transport trouble is worth reporting if the call then runs out of
         // time; other answers are returned as they are anyway.
@@ -114,7 +114,7 @@ impl tower::retry::Policy<AgentCall, AgentReply, Status> for RetryPolicy {
                 }
                 self.attempt += 1;
                 tracing::debug!(
-                    op = call.op.name(),
+                    op = R::NAME,
                     request_id = %call.request_id,
                     attempt = self.attempt,
                     ?delay,
@@ -127,7 +127,7 @@ impl tower::retry::Policy<AgentCall, AgentReply, Status> for RetryPolicy {
         }
     }
 
-    fn clone_request(&mut self, call: &AgentCall) -> Option<AgentCall> {
+    fn clone_request(&mut self, call: &AgentCall<R>) -> Option<AgentCall<R>> {
         Some(call.clone())
     }
 }
@@ -161,11 +161,14 @@ mod tests {
         assert_eq!(b.delay(10), ms(500));
     }
 
+    use csi_scsi_proto::agent::StatusRequest;
     use tower::retry::Policy;
 
-    fn status_call(deadline: tokio::time::Instant) -> AgentCall {
+    type StatusReply = csi_scsi_proto::agent::StatusResponse;
+
+    fn status_call(deadline: tokio::time::Instant) -> AgentCall<StatusRequest> {
         AgentCall {
-            op: super::super::AgentOp::Status(csi_scsi_proto::agent::StatusRequest {}),
+            request: StatusRequest {},
             request_id: "t".into(),
             deadline,
         }
@@ -178,7 +181,7 @@ mod tests {
         let mut policy = RetryPolicy::new(backoff, 5);
         let reader = policy.clone();
         let now = tokio::time::Instant::now();
-        let mut unavailable: Result<AgentReply, Status> = Err(Status::unavailable("link down"));
+        let mut unavailable: Result<StatusReply, Status> = Err(Status::unavailable("link down"));
         let mut far = status_call(now + Duration::from_secs(10));
         assert!(
             policy.retry(&mut far, &mut unavailable).is_some(),
@@ -190,7 +193,7 @@ mod tests {
             "a retry after 100 ms cannot start before a deadline 50 ms away"
         );
         assert_eq!(reader.last_error().as_deref(), Some("link down"));
-        let mut refused: Result<AgentReply, Status> = Err(Status::not_found("no such LUN"));
+        let mut refused: Result<StatusReply, Status> = Err(Status::not_found("no such LUN"));
         assert!(
             policy.retry(&mut far, &mut refused).is_none(),
             "an answer is not retried"

@@ -7,11 +7,11 @@ use tonic::Status;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneService;
 
-use super::call::{AgentCall, AgentReply, Caller};
+use super::call::{AgentCall, Caller, Rpc};
 use super::retry::RetryPolicy;
 
-/// A composed agent service.
-pub type AgentService = BoxCloneService<AgentCall, AgentReply, Status>;
+/// A composed agent service for RPC `R`.
+pub type AgentService<R> = BoxCloneService<AgentCall<R>, <R as Rpc>::Reply, Status>;
 
 /// Outermost first:
 /// 1. retry on UNAVAILABLE with jittered backoff, while the call's
@@ -22,7 +22,11 @@ pub type AgentService = BoxCloneService<AgentCall, AgentReply, Status>;
 /// The overall deadline is not a layer: the pool awaits the stack until the
 /// call's deadline, so it knows when the agent never answered (and drops
 /// that agent's channel, which may sit on a dead connection).
-pub fn compose(caller: Caller, retry: RetryPolicy, limit: Arc<Semaphore>) -> AgentService {
+pub fn compose<R: Rpc>(
+    caller: Caller,
+    retry: RetryPolicy,
+    limit: Arc<Semaphore>,
+) -> AgentService<R> {
     let svc = ServiceBuilder::new()
         .retry(retry)
         .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(

@@ -5,7 +5,7 @@
 use csi_scsi_daemon::text;
 use tonic::{Code, Status};
 
-use crate::agents::PoolError;
+use crate::agents::{AgentError, PoolError, Refusal};
 use crate::error::ProxyError;
 use crate::inventory::InventoryError;
 
@@ -30,19 +30,22 @@ impl From<ProxyError> for Status {
             ProxyError::NodeUnreachable { .. } => Code::Unavailable,
             // The agent's answer is translated deliberately: its codes
             // describe the node, the caller asked about a volume.
-            ProxyError::Agent { status, .. } => match status.code() {
-                Code::InvalidArgument | Code::Internal | Code::Unknown | Code::DataLoss => {
-                    Code::Internal
+            ProxyError::Agent(a) => match a {
+                // An agent missing from the directory says nothing about
+                // its node (the directory's `locate` decides "gone"): retry.
+                AgentError::NotSent(PoolError::UnknownNode(_) | PoolError::Channel { .. }) => {
+                    Code::Unavailable
                 }
-                Code::NotFound => Code::NotFound,
-                Code::FailedPrecondition | Code::AlreadyExists => Code::FailedPrecondition,
-                Code::Unauthenticated | Code::PermissionDenied => Code::FailedPrecondition,
-                Code::DeadlineExceeded => Code::DeadlineExceeded,
-                Code::ResourceExhausted => Code::ResourceExhausted,
-                Code::Aborted => Code::Aborted,
-                Code::Unavailable | Code::Cancelled => Code::Unavailable,
-                Code::OutOfRange | Code::Unimplemented => Code::Internal,
-                Code::Ok => Code::Internal,
+                AgentError::Unreachable { .. } => Code::Unavailable,
+                AgentError::TimedOut { .. } => Code::DeadlineExceeded,
+                AgentError::Busy { .. } => Code::Aborted,
+                AgentError::NotFound { .. } => Code::NotFound,
+                AgentError::Refused { why, .. } => match why {
+                    Refusal::Precondition => Code::FailedPrecondition,
+                    Refusal::Exhausted => Code::ResourceExhausted,
+                    Refusal::Defect => Code::Internal,
+                },
+                AgentError::Failed { .. } => Code::Internal,
             },
             ProxyError::Inventory(i) => match i {
                 InventoryError::NoFit(_) => Code::ResourceExhausted,
@@ -56,12 +59,6 @@ impl From<ProxyError> for Status {
                 InventoryError::StoreFull(_) | InventoryError::StoreUnwritable(_) => {
                     Code::Unavailable
                 }
-            },
-            ProxyError::Pool(p) => match p {
-                // An agent missing from the directory says nothing about
-                // its node (the directory's `locate` decides "gone"): retry.
-                PoolError::UnknownNode(_) => Code::Unavailable,
-                PoolError::Channel { .. } => Code::Unavailable,
             },
         };
         Status::new(code, bounded(e.to_string()))

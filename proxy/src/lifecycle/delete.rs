@@ -2,10 +2,9 @@
 //! and offer it again. A failed wipe leaves it Failed, never Available.
 
 use csi_scsi_proto::agent::WipeRequest;
-use tonic::Code;
 
 use super::Lifecycle;
-use crate::agents::AgentOp;
+use crate::agents::AgentError;
 use crate::device::{Device, Phase, policy};
 use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
@@ -88,42 +87,35 @@ impl Lifecycle {
         }
         let mut failures = Vec::new();
         for node in &nodes {
-            let op = AgentOp::Wipe(WipeRequest {
+            let wipe = WipeRequest {
                 wwid: dev.wwid.clone(),
                 mode: mode as i32,
-            });
-            match self.call(node, op, request_id).await {
+            };
+            match self.agents.call(node, wipe, request_id).await {
                 Ok(_) => {
                     tracing::info!(wwid = %dev.wwid, %node, cleanup = cleanup.as_str(), "LUN wiped");
                     return self.make_available(dev).await;
                 }
                 // Not present, or unreachable, on this node: try another.
-                Err(ProxyError::Agent { node, status })
-                    if matches!(
-                        status.code(),
-                        Code::NotFound | Code::Unavailable | Code::DeadlineExceeded
-                    ) =>
-                {
-                    failures.push(format!("{node}: {}", status.message()));
-                }
-                Err(ProxyError::Pool(e)) => failures.push(e.to_string()),
+                Err(
+                    e @ (AgentError::NotSent(_)
+                    | AgentError::NotFound { .. }
+                    | AgentError::Unreachable { .. }
+                    | AgentError::TimedOut { .. }),
+                ) => failures.push(e.to_string()),
                 // The agent is still busy with an earlier wipe of it (a
                 // retry overtook it): not a failed wipe; ask again later.
-                Err(ProxyError::Agent { status, .. }) if status.code() == Code::Aborted => {
+                Err(AgentError::Busy { .. }) => {
                     return Err(ProxyError::Busy(format!("wipe of {}", dev.wwid)));
                 }
-                Err(ProxyError::Agent { node, status }) => {
-                    // The wipe itself failed (in use, I/O error): never offer
-                    // this LUN again until someone looks at it.
-                    policy::wipe_failed(
-                        &mut dev,
-                        format!("wipe on {node} failed: {}", status.message()),
-                    );
+                // The wipe itself failed (in use, I/O error): never offer
+                // this LUN again until someone looks at it.
+                Err(e @ (AgentError::Refused { .. } | AgentError::Failed { .. })) => {
+                    policy::wipe_failed(&mut dev, format!("wipe failed: {e}"));
                     tracing::warn!(wwid = %dev.wwid, reason = %dev.reason, "release failed");
                     self.inventory.update(dev).await?;
-                    return Err(ProxyError::Agent { node, status });
+                    return Err(e.into());
                 }
-                Err(other) => return Err(other),
             }
         }
         Err(ProxyError::AgentsUnavailable {

@@ -6,7 +6,6 @@
 use csi_scsi_proto::agent::RescanRequest;
 
 use super::Lifecycle;
-use crate::agents::{AgentOp, AgentReply};
 use crate::device::{Capability, ResizeRequest};
 use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
@@ -53,12 +52,11 @@ impl Lifecycle {
             // Ask the nodes that see it to re-read its capacity.
             let mut grown = dev.size_bytes;
             for node in dev.node_names() {
-                let op = AgentOp::Rescan(RescanRequest {
+                let rescan = RescanRequest {
                     wwid: dev.wwid.clone(),
-                });
-                match self.call(&node, op, request_id).await {
-                    Ok(AgentReply::Rescan(r)) => grown = grown.max(r.size_bytes),
-                    Ok(_) => {}
+                };
+                match self.agents.call(&node, rescan, request_id).await {
+                    Ok(r) => grown = grown.max(r.size_bytes),
                     Err(e) => tracing::warn!(%node, error = %e, "rescan failed"),
                 }
             }

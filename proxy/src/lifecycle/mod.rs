@@ -15,7 +15,7 @@ use std::time::Duration;
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
-use crate::agents::{AgentOp, AgentPool, AgentReply, deadline};
+use crate::agents::{AgentPool, deadline};
 use crate::device::{Device, Target, Transport};
 use crate::error::ProxyError;
 use crate::inventory::Inventory;
@@ -127,22 +127,5 @@ impl Lifecycle {
             name: t.name.clone(),
             transport: Some(transport),
         })
-    }
-
-    /// Calls one agent; transport trouble and agent errors both become
-    /// `ProxyError`s that name the node.
-    async fn call(
-        &self,
-        node: &str,
-        op: AgentOp,
-        request_id: &str,
-    ) -> Result<AgentReply, ProxyError> {
-        match self.agents.call(node, op, request_id).await? {
-            Ok(reply) => Ok(reply),
-            Err(status) => Err(ProxyError::Agent {
-                node: node.to_owned(),
-                status,
-            }),
-        }
     }
 }

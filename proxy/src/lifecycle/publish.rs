@@ -7,7 +7,6 @@ use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
 use csi_scsi_proto::publish_context;
 
 use super::Lifecycle;
-use crate::agents::{AgentOp, AgentReply};
 use crate::device::{Access, Capability, Device, Phase, Publication, policy};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
@@ -94,13 +93,13 @@ impl Lifecycle {
                 .await?;
         }
         let targets = self.targets_for(&dev, node).await?;
-        let op = AgentOp::Attach(AttachRequest {
+        let attach = AttachRequest {
             wwid: dev.wwid.clone(),
             targets,
             lun: dev.lun,
-        });
-        match self.call(node, op, request_id).await {
-            Ok(AgentReply::Attach(a)) => {
+        };
+        match self.agents.call(node, attach, request_id).await {
+            Ok(a) => {
                 let mut context = HashMap::from([
                     (publish_context::DEVICE_PATH.to_owned(), a.device_path),
                     (publish_context::WWID.to_owned(), dev.wwid.clone()),
@@ -110,11 +109,8 @@ impl Lifecycle {
                 }
                 Ok(context)
             }
-            Ok(_) => Err(ProxyError::AgentsUnavailable {
-                what: "attach".into(),
-                detail: "agent answered with the wrong message".into(),
-            }),
             Err(e) => {
+                let e = ProxyError::from(e);
                 // Undo the record only when the agent surely did not attach:
                 // an answer lost to a timeout or a cut connection may follow
                 // an attach that happened, and a record dropped then would
@@ -165,11 +161,11 @@ impl Lifecycle {
             match directory.locate(&n) {
                 NodeAgent::Listed(_) => {
                     let targets = self.targets_for(&dev, &n).await?;
-                    let op = AgentOp::Detach(DetachRequest {
+                    let detach = DetachRequest {
                         wwid: dev.wwid.clone(),
                         targets,
-                    });
-                    self.call(&n, op, request_id).await?;
+                    };
+                    self.agents.call(&n, detach, request_id).await?;
                 }
                 // It may still write to the LUN: keep the record, so the
                 // volume is neither attached elsewhere nor wiped meanwhile.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use csi_scsi_proto::agent::DiscoverRequest;
 use tokio::sync::Notify;
 
-use crate::agents::{AgentOp, AgentReply, fan_out};
+use crate::agents::fan_out;
 use crate::device::{DiscoveryRound, LunReport, Phase, Target};
 use crate::directory::AgentEntry;
 use crate::error::ProxyError;
@@ -53,18 +53,20 @@ pub async fn reconcile_once(
             .filter(|(n, e)| node_matches(&target, n, e))
             .map(|(n, _)| n.clone())
             .collect();
-        let op = AgentOp::Discover(DiscoverRequest {
+        let discover = DiscoverRequest {
             target: Some(life.agent_target(&target)?),
-        });
+        };
         let mut round = DiscoveryRound {
             target: target.name.clone(),
             device_labels: target.device_labels.clone(),
             answered: BTreeMap::new(),
             unanswered: Vec::new(),
         };
-        for (node, result) in fan_out(life.agents(), nodes, op, &request_id, concurrency).await {
+        for (node, result) in
+            fan_out(life.agents(), nodes, discover, &request_id, concurrency).await
+        {
             match result {
-                Ok(Ok(AgentReply::Discover(r))) => {
+                Ok(r) => {
                     for p in r.portals.iter().filter(|p| !p.reachable) {
                         tracing::warn!(%node, target = %target.name, portal = %p.portal, error = %p.error, "portal unreachable");
                     }
@@ -93,13 +95,8 @@ pub async fn reconcile_once(
                         .collect();
                     round.answered.insert(node, luns);
                 }
-                Ok(Ok(_)) => round.unanswered.push(node),
-                Ok(Err(status)) => {
-                    tracing::warn!(%node, target = %target.name, code = ?status.code(), error = %status.message(), "discover failed");
-                    round.unanswered.push(node);
-                }
                 Err(e) => {
-                    tracing::warn!(%node, target = %target.name, error = %e, "discover not sent");
+                    tracing::warn!(%node, target = %target.name, error = %e, "discover failed");
                     round.unanswered.push(node);
                 }
             }

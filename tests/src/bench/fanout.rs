@@ -21,7 +21,7 @@ use csi_scsi_certs::{
     CertificateAuthority, Identity, TrustDomain, Validity, write_ca, write_issued,
 };
 use csi_scsi_proto::agent::DiscoverRequest;
-use csi_scsi_proxy::agents::{AgentOp, AgentPool, AgentReply, Backoff, CallConfig, fan_out};
+use csi_scsi_proxy::agents::{AgentPool, Backoff, CallConfig, fan_out};
 use csi_scsi_proxy::directory::{AgentDirectory, FileDirectory};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
@@ -121,9 +121,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             let failed: Vec<String> = results
                 .into_iter()
                 .filter_map(|(node, r)| match r {
-                    Ok(Ok(AgentReply::Discover(d))) if d.luns.len() == 4 => None,
-                    Ok(Ok(_)) => Some(format!("{node}: wrong reply")),
-                    Ok(Err(s)) => Some(format!("{node}: {s}")),
+                    Ok(d) if d.luns.len() == 4 => None,
+                    Ok(d) => Some(format!("{node}: {} LUNs, not 4", d.luns.len())),
                     Err(e) => Some(format!("{node}: {e}")),
                 })
                 .collect();
@@ -245,8 +244,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     Ok(rows)
 }
 
-fn discover() -> AgentOp {
-    AgentOp::Discover(DiscoverRequest {
+fn discover() -> DiscoverRequest {
+    DiscoverRequest {
         target: Some(fc_target()),
-    })
+    }
 }
