@@ -17,6 +17,7 @@ pub mod leader;
 pub mod lifecycle;
 pub mod parameters;
 pub mod reconcile;
+pub mod reflect;
 pub mod resources;
 pub mod secrets;
 pub mod selector;

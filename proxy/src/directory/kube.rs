@@ -12,11 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -64,54 +63,25 @@ impl PodDirectory {
         let (listed, _) = watch::channel(0usize);
         let (tx, _) = watch::channel(Arc::new(BTreeMap::new()));
 
-        let pod_changes = changed.clone();
-        let pods_listed = listed.clone();
-        let pod_cfg = watcher::Config::default().labels(&config.selector);
-        let pod_task = tokio::spawn(async move {
-            let stream = watcher(pods_api, pod_cfg)
-                .default_backoff()
-                .modify(trim_pod)
-                .reflect(pods_writer);
-            futures::pin_mut!(stream);
-            let mut counted = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(event) => {
-                        if matches!(event, watcher::Event::InitDone) && !counted {
-                            counted = true;
-                            pods_listed.send_modify(|n| *n += 1);
-                        }
-                        pod_changes.notify_one();
-                    }
-                    Err(e) => tracing::warn!(error = %e, "agent Pod watch failed; retrying"),
-                }
-            }
-        });
-        let node_changes = changed.clone();
-        let nodes_listed = listed.clone();
-        let node_task = tokio::spawn(async move {
-            let stream = watcher(nodes_api, watcher::Config::default())
-                .default_backoff()
-                .modify(|n: &mut PartialObjectMeta<Node>| {
-                    n.metadata.managed_fields = None;
-                    n.metadata.annotations = None;
-                })
-                .reflect(nodes_writer);
-            futures::pin_mut!(stream);
-            let mut counted = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(event) => {
-                        if matches!(event, watcher::Event::InitDone) && !counted {
-                            counted = true;
-                            nodes_listed.send_modify(|n| *n += 1);
-                        }
-                        node_changes.notify_one();
-                    }
-                    Err(e) => tracing::warn!(error = %e, "Node watch failed; retrying"),
-                }
-            }
-        });
+        let pod_task = crate::reflect::spawn(
+            pods_api,
+            watcher::Config::default().labels(&config.selector),
+            pods_writer,
+            trim_pod,
+            Some(changed.clone()),
+            listed.clone(),
+        );
+        let node_task = crate::reflect::spawn(
+            nodes_api,
+            watcher::Config::default(),
+            nodes_writer,
+            |n: &mut PartialObjectMeta<Node>| {
+                n.metadata.managed_fields = None;
+                n.metadata.annotations = None;
+            },
+            Some(changed.clone()),
+            listed.clone(),
+        );
 
         let publisher = {
             let (tx, pods, nodes, port, settle) = (

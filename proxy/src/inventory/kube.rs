@@ -20,15 +20,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -38,6 +36,7 @@ use crate::device::policy::{PreferenceKey, preference, preference_key};
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::leader::LeaderHandle;
+use crate::reflect;
 use crate::resources::{
     PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus, SCSIDevice,
     SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
@@ -116,15 +115,32 @@ impl KubeInventory {
         // stores' own `wait_until_ready`: that one wakes only the last of
         // several concurrent waiters.
         let (synced, _) = watch::channel(0usize);
+        let all = watcher::Config::default;
         let tasks = vec![
-            reflect(devices.clone(), device_writer, None, synced.clone()),
-            reflect(
+            reflect::spawn(
+                devices.clone(),
+                all(),
+                device_writer,
+                drop_managed_fields,
+                None,
+                synced.clone(),
+            ),
+            reflect::spawn(
                 targets.clone(),
+                all(),
                 target_writer,
+                drop_managed_fields,
                 Some(targets_changed.clone()),
                 synced.clone(),
             ),
-            reflect(resizes, resize_writer, None, synced.clone()),
+            reflect::spawn(
+                resizes,
+                all(),
+                resize_writer,
+                drop_managed_fields,
+                None,
+                synced.clone(),
+            ),
         ];
         Self {
             inner: Arc::new(Inner {
@@ -839,50 +855,9 @@ where
 
 // === helpers ===
 
-/// Runs a reflector until aborted; notifies `changed` on every event and
-/// counts itself into `synced` after its first list.
-fn reflect<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    changed: Option<Arc<Notify>>,
-    synced: watch::Sender<usize>,
-) -> JoinHandle<()>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
-            .reflect(writer);
-        futures::pin_mut!(stream);
-        let mut listed = false;
-        while let Some(event) = stream.next().await {
-            if !listed && matches!(event, Ok(watcher::Event::InitDone)) {
-                listed = true;
-                synced.send_modify(|n| *n += 1);
-            }
-            match event {
-                Ok(
-                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
-                ) => {
-                    if let Some(n) = &changed {
-                        n.notify_one();
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; retrying")
-                }
-            }
-        }
-    })
+/// What no reader of the caches needs (and a large share of each object).
+fn drop_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }
 
 fn strip<K: Resource>(mut obj: K) -> K {
