@@ -21,9 +21,6 @@ enum Requirement {
     NotExists(String),
 }
 
-/// How many bytes of a rejected text an error quotes.
-const EXCERPT_MAX: usize = 64;
-
 /// Why a selector does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid label selector {input:?}: {reason}")]
@@ -152,11 +149,11 @@ fn value_of(v: &str) -> Result<String, String> {
     }
 }
 
-/// `s` cut to [`EXCERPT_MAX`] bytes: what an error quotes of a rejected
-/// text, so a parameter of any size is never echoed whole into a gRPC
-/// status or an event.
+/// `s` cut to the contract's input bound ([`text::INPUT_MAX`]): what an
+/// error quotes of a rejected text, so a parameter of any size is never
+/// echoed whole into a gRPC status or an event.
 pub(crate) fn excerpt(s: &str) -> String {
-    text::bounded(s, EXCERPT_MAX).into_owned()
+    text::bounded(s, text::INPUT_MAX).into_owned()
 }
 
 #[cfg(test)]

@@ -43,13 +43,10 @@ fn max_len(field: &str) -> usize {
     }
 }
 
-/// Most bytes of a request value quoted back in a message.
-const QUOTE_MAX: usize = 96;
-
-/// `s` quoted for a message, cut to [`QUOTE_MAX`] bytes, so hostile input
-/// is never echoed whole.
+/// `s` quoted for a message, cut to the contract's input bound, so hostile
+/// input is never echoed whole.
 fn quote(s: &str) -> String {
-    text::quote(s, QUOTE_MAX)
+    text::quote(s, text::INPUT_MAX)
 }
 
 /// A required non-empty string field, no longer than its limit.

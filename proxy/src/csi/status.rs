@@ -65,14 +65,12 @@ impl From<ProxyError> for Status {
     }
 }
 
-/// Longest message sent: a message echoing a huge request field would
-/// overflow the HTTP/2 header it travels in and reach the caller as a
-/// transport error instead of its code.
-const MAX_MESSAGE: usize = 2048;
-
-/// `message`, cut to at most [`MAX_MESSAGE`] bytes.
+/// `message`, cut to the bound every status message keeps
+/// ([`text::STATUS_MAX`]): one echoing a huge request field would overflow
+/// the HTTP/2 header it travels in and reach the caller as a transport
+/// error instead of its code.
 fn bounded(message: String) -> String {
-    text::bounded(&message, MAX_MESSAGE).into_owned()
+    text::bounded(&message, text::STATUS_MAX).into_owned()
 }
 
 #[cfg(test)]
@@ -83,7 +81,11 @@ mod tests {
     fn a_huge_message_is_cut_and_keeps_its_code() {
         let s = Status::from(ProxyError::VolumeNotFound("é".repeat(1 << 20)));
         assert_eq!(s.code(), Code::NotFound);
-        assert!(s.message().len() <= MAX_MESSAGE, "{}", s.message().len());
+        assert!(
+            s.message().len() <= text::STATUS_MAX,
+            "{}",
+            s.message().len()
+        );
         assert!(s.message().ends_with(" bytes)"), "{}", s.message());
         let small = Status::from(ProxyError::VolumeNotFound("v".into()));
         assert!(!small.message().contains("bytes)"));
