@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
-    Component, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
-    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
+    CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown, SocketCheck,
+    StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -66,11 +66,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         vec![PluginService::VolumeAccessibilityConstraints],
         readiness.clone(),
     );
-    let metrics = Metrics::new(
-        Component::Agent,
-        env!("CARGO_PKG_VERSION"),
-        Some(store.clone()),
-    );
+    let metrics = Metrics::new("agent", env!("CARGO_PKG_VERSION"), Some(store.clone()));
     // One operation per LUN across kubelet's calls and the proxy's.
     let luns = csi_scsi_daemon::KeyedLocks::new();
     let node = NodeService::new(
@@ -109,8 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
     let status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
-    let agent_api =
-        AgentApi::new(devices, &config.node_name, store.clone()).with_metrics(metrics.clone());
+    let agent_api = AgentApi::new(devices, &config.node_name, store.clone()).with_metrics(&metrics);
     let readiness = readiness.with(SocketCheck(socket.path().to_owned()));
     let stop = shutdown.clone();
     tokio::spawn(status_listener.serve(

@@ -11,9 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
+use csi_scsi_daemon::{Metrics, StatusSource, rfc3339, set_gauge, set_gauges};
 use csi_scsi_status::{SCHEMA, Status, agent as doc};
 use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::device::Devices;
 use crate::host::Host;
@@ -26,7 +29,21 @@ pub struct AgentStatus {
     node: String,
     devices: Arc<Devices>,
     metrics: Metrics,
+    gauges: Gauges,
     started: SystemTime,
+}
+
+/// The gauges read from the node's state (at each scrape and `/status`).
+#[derive(Debug)]
+struct Gauges {
+    luns: Gauge,
+    sessions: Family<StateLabels, Gauge>,
+    volumes: Family<StateLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
 }
 
 /// What the node looks like now.
@@ -43,11 +60,13 @@ struct Snapshot {
 // === impl AgentStatus ===
 
 impl AgentStatus {
-    /// The status of `node`, over `devices`, with errors from `metrics`.
+    /// The status of `node`, over `devices`, with errors from `metrics`
+    /// (where it registers its gauges: one per process).
     pub fn new(node: &str, devices: Arc<Devices>, metrics: Metrics) -> Self {
         Self {
             node: node.to_owned(),
             devices,
+            gauges: Gauges::new(&metrics),
             metrics,
             started: SystemTime::now(),
         }
@@ -69,7 +88,7 @@ impl StatusSource for AgentStatus {
     fn status(&self) -> BoxFuture<'_, serde_json::Value> {
         Box::pin(async move {
             let snap = self.snapshot().await;
-            update_metrics(&self.metrics, &snap);
+            self.gauges.update(&snap);
             let doc = Status::Agent(doc::Document {
                 schema: SCHEMA,
                 node: self.node.clone(),
@@ -98,19 +117,57 @@ impl StatusSource for AgentStatus {
     fn refresh_metrics(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let snap = self.snapshot().await;
-            update_metrics(&self.metrics, &snap);
+            self.gauges.update(&snap);
         })
     }
 }
 
-fn update_metrics(metrics: &Metrics, snap: &Snapshot) {
-    let mut by_state: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in &snap.sessions {
-        *by_state.entry(s.state.as_str()).or_default() += 1;
+// === impl Gauges ===
+
+impl Gauges {
+    /// Registers the gauges in `metrics`.
+    fn new(metrics: &Metrics) -> Self {
+        let gauges = Self {
+            luns: Gauge::default(),
+            sessions: Family::default(),
+            volumes: Family::default(),
+        };
+        metrics.register(
+            "node_luns",
+            "LUNs this node sees (one per WWID, whatever the number of paths)",
+            gauges.luns.clone(),
+        );
+        metrics.register(
+            "iscsi_sessions",
+            "iSCSI sessions on this node, by session state",
+            gauges.sessions.clone(),
+        );
+        metrics.register(
+            "volumes",
+            "Volumes on this node, by state (staged, published)",
+            gauges.volumes.clone(),
+        );
+        gauges
     }
-    metrics.set_sessions(by_state);
-    metrics.set_luns(snap.devices.len() as u64);
-    metrics.set_volumes(snap.staged.len() as u64, snap.published.len() as u64);
+
+    /// Sessions by state (states no session is in drop out), LUNs, and
+    /// staged and published volumes, as `snap` saw them.
+    fn update(&self, snap: &Snapshot) {
+        let mut by_state: BTreeMap<&str, u64> = BTreeMap::new();
+        for s in &snap.sessions {
+            *by_state.entry(s.state.as_str()).or_default() += 1;
+        }
+        set_gauges(&self.sessions, by_state, |state| StateLabels { state });
+        set_gauge(&self.luns, snap.devices.len() as u64);
+        set_gauges(
+            &self.volumes,
+            [
+                ("staged", snap.staged.len() as u64),
+                ("published", snap.published.len() as u64),
+            ],
+            |state| StateLabels { state },
+        );
+    }
 }
 
 fn snapshot(devices: &Devices) -> Snapshot {
@@ -335,7 +392,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
 
-    use csi_scsi_daemon::{Component, KeyedLocks};
+    use csi_scsi_daemon::KeyedLocks;
     use tonic::Code;
 
     use super::*;
@@ -422,7 +479,7 @@ mod tests {
             Duration::from_secs(1),
             KeyedLocks::new(),
         );
-        let metrics = Metrics::new(Component::Agent, "test", None);
+        let metrics = Metrics::new("agent", "test", None);
         metrics.note_error(
             "csi.v1.Node",
             "NodeStageVolume",
@@ -430,7 +487,7 @@ mod tests {
             "bad",
             "rid-1",
         );
-        let source = AgentStatus::new("node-a", Arc::new(devices), metrics);
+        let source = AgentStatus::new("node-a", Arc::new(devices), metrics.clone());
 
         let served = source.status().await;
         let doc: Status = serde_json::from_value(served.clone()).expect("the CLI reads it");
@@ -458,5 +515,19 @@ mod tests {
             "{served}"
         );
         assert_eq!(a.recent_errors[0].request_id, "rid-1");
+
+        // The gauges follow the same reading.
+        let text = metrics.encode();
+        for series in [
+            "csi_scsi_node_luns 1",
+            &format!(
+                "csi_scsi_iscsi_sessions{{state=\"{}\"}} 1",
+                a.sessions[0].state
+            ),
+            "csi_scsi_volumes{state=\"staged\"} 1",
+            "csi_scsi_volumes{state=\"published\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
     }
 }

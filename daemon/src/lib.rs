@@ -30,8 +30,8 @@ pub use endpoint::{EndpointError, parse_csi_endpoint};
 pub use keyed_lock::{KeyGuard, KeyedLocks, TimedOut};
 pub use logging::{LogFormat, init_logging};
 pub use metrics::{
-    AgentCallTimer, Component, ErrorRecord, GrpcMetricsLayer, GrpcMetricsService, MeteredBody,
-    Metrics, RECENT_ERRORS, code_name, rfc3339,
+    ErrorRecord, GrpcMetricsLayer, GrpcMetricsService, MeteredBody, Metrics, RECENT_ERRORS,
+    code_name, rfc3339, rpc_histogram, set_gauge, set_gauges,
 };
 pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};

@@ -1,6 +1,11 @@
 //! Metrics of one process, through `prometheus-client` (OpenMetrics text),
 //! and the tower layer that times every gRPC call a server answers.
 //!
+//! This is the mechanism both binaries share: the registry (with the build
+//! info, the gRPC server histogram and the certificate expiry), the recent
+//! errors, and helpers to set gauges. Each binary registers its own domain
+//! series ([`Metrics::register`]) next to the code that sets them.
+//!
 //! The layer reads the method from the request path, the request ID from
 //! `x-request-id`, and the outcome from `grpc-status` (in the response
 //! headers for an immediate error, in the trailers otherwise), so it sees
@@ -8,12 +13,12 @@
 //! runs. Failed calls also go to a bounded list of recent errors that
 //! `/status` shows.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use csi_scsi_certs::MaterialStore;
 /// A failed call, as `/status` lists it (the type the CLI reads too).
@@ -21,12 +26,11 @@ pub use csi_scsi_status::ErrorRecord;
 use hyper::body::{Body, Frame, SizeHint};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 use tonic::{Code, Status};
 
 use crate::request_id::RequestId;
@@ -40,29 +44,11 @@ const MAX_MESSAGE: usize = 1024;
 /// Longest service or method label (an invented path is not echoed whole).
 const MAX_LABEL: usize = 64;
 
-/// Which binary the metrics describe; each registers only its own series.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Component {
-    /// csi-scsi-agent.
-    Agent,
-    /// csi-scsi-proxy.
-    Proxy,
-}
-
 /// The process's metrics. Cheap to clone; every clone updates the same
 /// series.
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,
-}
-
-/// Times one outgoing agent call (proxy side) and counts it in flight
-/// until it is finished or dropped.
-pub struct AgentCallTimer {
-    metrics: Metrics,
-    method: &'static str,
-    start: Instant,
-    done: bool,
 }
 
 /// The tower layer recording every call of a gRPC server.
@@ -88,21 +74,12 @@ pub struct MeteredBody<B> {
 }
 
 struct Inner {
-    registry: Registry,
+    /// The registry and the names registered in it (one family per name).
+    registry: RwLock<(Registry, HashSet<String>)>,
     grpc: Family<GrpcLabels, Histogram, fn() -> Histogram>,
-    agent_calls: Family<AgentCallLabels, Histogram, fn() -> Histogram>,
-    agent_in_flight: Gauge,
-    devices: Family<PhaseLabels, Gauge>,
-    agents: Family<StateLabels, Gauge>,
-    resizes_pending: Gauge,
-    luns: Gauge,
-    sessions: Family<StateLabels, Gauge>,
-    volumes: Family<StateLabels, Gauge>,
-    wiped_bytes: Family<ModeLabels, Counter>,
-    wipe_seconds: Family<WipeLabels, Histogram, fn() -> Histogram>,
     errors: Mutex<VecDeque<ErrorRecord>>,
     /// `(service, method)` pairs seen, bounded: paths come from callers.
-    methods: Mutex<std::collections::HashSet<(String, String)>>,
+    methods: Mutex<HashSet<(String, String)>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,35 +90,8 @@ struct GrpcLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AgentCallLabels {
-    method: &'static str,
-    code: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
-    state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PhaseLabels {
-    phase: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModeLabels {
-    mode: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WipeLabels {
-    mode: String,
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
-    component: &'static str,
+    component: String,
     version: String,
 }
 
@@ -159,18 +109,11 @@ struct CallRecord {
     done: bool,
 }
 
-/// Latency buckets of RPCs: 1 ms to about 2 minutes.
-fn rpc_histogram() -> Histogram {
+/// Latency buckets of RPCs, served or made: 1 ms to about 2 minutes.
+pub fn rpc_histogram() -> Histogram {
     Histogram::new([
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         120.0,
-    ])
-}
-
-/// Wipe durations: 1 s to about 4 hours.
-fn wipe_histogram() -> Histogram {
-    Histogram::new([
-        1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0,
     ])
 }
 
@@ -210,107 +153,70 @@ pub fn rfc3339(t: SystemTime) -> String {
 // === impl Metrics ===
 
 impl Metrics {
-    /// The metrics of `component` at `version`; with `tls`, the seconds
-    /// left on its certificate too.
-    pub fn new(component: Component, version: &str, tls: Option<Arc<MaterialStore>>) -> Self {
-        let mut inner = Inner {
-            registry: Registry::with_prefix("csi_scsi"),
-            grpc: Family::new_with_constructor(rpc_histogram),
-            agent_calls: Family::new_with_constructor(rpc_histogram),
-            agent_in_flight: Gauge::default(),
-            devices: Family::default(),
-            agents: Family::default(),
-            resizes_pending: Gauge::default(),
-            luns: Gauge::default(),
-            sessions: Family::default(),
-            volumes: Family::default(),
-            wiped_bytes: Family::default(),
-            wipe_seconds: Family::new_with_constructor(wipe_histogram),
-            errors: Mutex::new(VecDeque::new()),
-            methods: Mutex::new(std::collections::HashSet::new()),
+    /// The metrics of `component` (the `component` label of
+    /// `csi_scsi_build_info`: `agent`, `proxy`) at `version`; with `tls`,
+    /// the seconds left on its certificate too. The binary registers its
+    /// own series afterwards ([`Metrics::register`]).
+    pub fn new(component: &str, version: &str, tls: Option<Arc<MaterialStore>>) -> Self {
+        let metrics = Self {
+            inner: Arc::new(Inner {
+                registry: RwLock::new((Registry::with_prefix("csi_scsi"), HashSet::new())),
+                grpc: Family::new_with_constructor(rpc_histogram),
+                errors: Mutex::new(VecDeque::new()),
+                methods: Mutex::new(HashSet::new()),
+            }),
         };
-        let registry = &mut inner.registry;
-        registry.register(
+        metrics.register(
             "build",
             "Version of this binary",
             Info::new(BuildLabels {
-                component: match component {
-                    Component::Agent => "agent",
-                    Component::Proxy => "proxy",
-                },
+                component: component.to_owned(),
                 version: version.to_owned(),
             }),
         );
-        registry.register_with_unit(
+        metrics.register_with_unit(
             "grpc_server_handling",
             "Time to answer a gRPC call (CSI or agent API), by service, method and gRPC code",
             Unit::Seconds,
-            inner.grpc.clone(),
+            metrics.inner.grpc.clone(),
         );
         if let Some(tls) = tls {
-            registry.register_collector(Box::new(CertificateExpiry(tls)));
+            let mut guard = metrics
+                .inner
+                .registry
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            guard.0.register_collector(Box::new(CertificateExpiry(tls)));
         }
-        match component {
-            Component::Proxy => {
-                registry.register_with_unit(
-                    "agent_client_handling",
-                    "Time of one agent API call made by the proxy, retries included, by method and gRPC code",
-                    Unit::Seconds,
-                    inner.agent_calls.clone(),
-                );
-                registry.register(
-                    "agent_calls_in_flight",
-                    "Agent API calls the proxy is making now (fan-out included)",
-                    inner.agent_in_flight.clone(),
-                );
-                registry.register(
-                    "devices",
-                    "Devices in the inventory, by phase",
-                    inner.devices.clone(),
-                );
-                registry.register(
-                    "agents",
-                    "Agents in the directory, by the state of the last probe (reachable, unreachable, unknown)",
-                    inner.agents.clone(),
-                );
-                registry.register(
-                    "resize_requests_pending",
-                    "Resize requests waiting for a storage administrator to grow a LUN",
-                    inner.resizes_pending.clone(),
-                );
-            }
-            Component::Agent => {
-                registry.register(
-                    "node_luns",
-                    "LUNs this node sees (one per WWID, whatever the number of paths)",
-                    inner.luns.clone(),
-                );
-                registry.register(
-                    "iscsi_sessions",
-                    "iSCSI sessions on this node, by session state",
-                    inner.sessions.clone(),
-                );
-                registry.register(
-                    "volumes",
-                    "Volumes on this node, by state (staged, published)",
-                    inner.volumes.clone(),
-                );
-                registry.register_with_unit(
-                    "wiped",
-                    "Bytes written or discarded by wipes, by mode",
-                    Unit::Bytes,
-                    inner.wiped_bytes.clone(),
-                );
-                registry.register_with_unit(
-                    "wipe_duration",
-                    "Time of one wipe, by mode and result",
-                    Unit::Seconds,
-                    inner.wipe_seconds.clone(),
-                );
-            }
+        metrics
+    }
+
+    /// Exposes `metric` as `csi_scsi_<name>` with `help`, after the series
+    /// registered before it. A name registered already is refused (logged):
+    /// two families of one name would make the exposition invalid.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.add(name, help, None, metric);
+    }
+
+    /// [`Metrics::register`] with a unit (`csi_scsi_<name>_<unit>`).
+    pub fn register_with_unit(&self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
+        self.add(name, help, Some(unit), metric);
+    }
+
+    fn add(&self, name: &str, help: &str, unit: Option<Unit>, metric: impl Metric) {
+        let mut guard = self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let (registry, names) = &mut *guard;
+        if !names.insert(name.to_owned()) {
+            tracing::error!(name, "metric registered twice; the second is not exposed");
+            return;
         }
-        Self {
-            inner: Arc::new(inner),
+        match unit {
+            Some(unit) => registry.register_with_unit(name, help, unit, metric),
+            None => registry.register(name, help, metric),
         }
     }
 
@@ -331,75 +237,15 @@ impl Metrics {
     /// The OpenMetrics text exposition, `# EOF` included.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry) {
+        let guard = self
+            .inner
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &guard.0) {
             tracing::warn!(error = %e, "cannot encode metrics");
         }
         out
-    }
-
-    /// Starts timing an outgoing agent call of `method`.
-    pub fn agent_call(&self, method: &'static str) -> AgentCallTimer {
-        self.inner.agent_in_flight.inc();
-        AgentCallTimer {
-            metrics: self.clone(),
-            method,
-            start: Instant::now(),
-            done: false,
-        }
-    }
-
-    /// Devices by phase (every phase should be listed, zero included).
-    pub fn set_devices<'a>(&self, by_phase: impl IntoIterator<Item = (&'a str, u64)>) {
-        set_family(&self.inner.devices, by_phase, |phase| PhaseLabels { phase });
-    }
-
-    /// Agents by probe state.
-    pub fn set_agents<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
-        set_family(&self.inner.agents, by_state, |state| StateLabels { state });
-    }
-
-    /// Pending resize requests.
-    pub fn set_resizes_pending(&self, n: u64) {
-        self.inner.resizes_pending.set(gauge_value(n));
-    }
-
-    /// LUNs the node sees.
-    pub fn set_luns(&self, n: u64) {
-        self.inner.luns.set(gauge_value(n));
-    }
-
-    /// iSCSI sessions by state; states absent from `by_state` drop out.
-    pub fn set_sessions<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
-        set_family(&self.inner.sessions, by_state, |state| StateLabels {
-            state,
-        });
-    }
-
-    /// Staged and published volumes.
-    pub fn set_volumes(&self, staged: u64, published: u64) {
-        set_family(
-            &self.inner.volumes,
-            [("staged", staged), ("published", published)],
-            |state| StateLabels { state },
-        );
-    }
-
-    /// A wipe finished: `bytes` written or discarded over all passes.
-    pub fn wipe_finished(&self, mode: &str, bytes: u64, took: Duration, ok: bool) {
-        let mode = mode.to_owned();
-        if bytes > 0 {
-            self.inner
-                .wiped_bytes
-                .get_or_create(&ModeLabels { mode: mode.clone() })
-                .inc_by(bytes);
-        }
-        self.inner
-            .wipe_seconds
-            .get_or_create(&WipeLabels {
-                mode,
-                result: if ok { "ok" } else { "error" },
-            })
-            .observe(took.as_secs_f64());
     }
 
     /// Remembers a failure for `/status` (the oldest drops out past
@@ -452,11 +298,18 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// Sets `gauge` to a count (saturating at `i64::MAX`).
+pub fn set_gauge(gauge: &Gauge, n: u64) {
+    gauge.set(gauge_value(n));
+}
+
 fn gauge_value(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn set_family<'a, L>(
+/// Sets `family` to exactly `values`, each labelled by `labels(key)`:
+/// keys absent from `values` drop out.
+pub fn set_gauges<'a, L>(
     family: &Family<L, Gauge>,
     values: impl IntoIterator<Item = (&'a str, u64)>,
     labels: impl Fn(String) -> L,
@@ -471,38 +324,6 @@ fn set_family<'a, L>(
     family.clear();
     for (l, n) in values {
         family.get_or_create(&l).set(n);
-    }
-}
-
-// === impl AgentCallTimer ===
-
-impl AgentCallTimer {
-    /// Records the call's outcome.
-    pub fn finish(mut self, code: Code) {
-        self.record(code);
-    }
-
-    fn record(&mut self, code: Code) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let inner = &self.metrics.inner;
-        inner.agent_in_flight.dec();
-        inner
-            .agent_calls
-            .get_or_create(&AgentCallLabels {
-                method: self.method,
-                code: code_name(code),
-            })
-            .observe(self.start.elapsed().as_secs_f64());
-    }
-}
-
-impl Drop for AgentCallTimer {
-    fn drop(&mut self) {
-        // Dropped unfinished: the caller gave up (its own deadline).
-        self.record(Code::Cancelled);
     }
 }
 
@@ -746,7 +567,7 @@ mod tests {
 
     #[test]
     fn invented_paths_cannot_grow_the_series_without_bound() {
-        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        let m = Metrics::new("agent", "0.0.0", None);
         for i in 0..(MAX_METHODS + 10) {
             m.method_labels(("svc".into(), format!("M{i}")));
         }
@@ -766,7 +587,7 @@ mod tests {
         use hyper::body::Bytes;
         use tower::{Layer, Service};
 
-        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        let m = Metrics::new("agent", "0.0.0", None);
         let req = || {
             http::Request::builder()
                 .uri("/csi.v1.Node/NodeStageVolume")
@@ -815,7 +636,7 @@ mod tests {
 
     #[test]
     fn recent_errors_are_bounded_and_newest_first() {
-        let m = Metrics::new(Component::Agent, "0.0.0", None);
+        let m = Metrics::new("agent", "0.0.0", None);
         for i in 0..(RECENT_ERRORS + 5) {
             m.note_error("s", "M", Code::NotFound, &format!("e{i}"), "rid");
         }
@@ -827,16 +648,38 @@ mod tests {
 
     #[test]
     fn exposition_names_the_series_and_ends_with_eof() {
-        let m = Metrics::new(Component::Proxy, "1.2.3", None);
-        m.set_devices([("Available", 2), ("Bound", 1)]);
-        m.agent_call("Attach").finish(Code::Ok);
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+        struct Labels {
+            phase: String,
+        }
+        let m = Metrics::new("proxy", "1.2.3", None);
+        let family = Family::<Labels, Gauge>::default();
+        m.register("devices", "Devices by phase", family.clone());
+        set_gauges(&family, [("Available", 2), ("Bound", 1)], |phase| Labels {
+            phase,
+        });
+        set_gauges(&family, [("Available", 3)], |phase| Labels { phase });
+        let count = Gauge::default();
+        m.register("things", "Things", count.clone());
+        set_gauge(&count, u64::MAX);
         let text = m.encode();
         assert!(text.contains("csi_scsi_build_info{component=\"proxy\",version=\"1.2.3\"} 1"));
-        assert!(text.contains("csi_scsi_devices{phase=\"Available\"} 2"));
-        assert!(text.contains(
-            "csi_scsi_agent_client_handling_seconds_count{method=\"Attach\",code=\"OK\"} 1"
-        ));
-        assert!(text.contains("csi_scsi_agent_calls_in_flight 0"));
+        assert!(text.contains("csi_scsi_devices{phase=\"Available\"} 3"));
+        assert!(!text.contains("Bound"), "gone from the last set: {text}");
+        assert!(text.contains(&format!("csi_scsi_things {}", i64::MAX)));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn a_name_is_registered_once() {
+        let m = Metrics::new("agent", "0.0.0", None);
+        let (first, second) = (Gauge::<i64>::default(), Gauge::<i64>::default());
+        m.register("things", "Things", first.clone());
+        m.register_with_unit("things", "Things again", Unit::Bytes, second.clone());
+        first.set(1);
+        second.set(2);
+        let text = m.encode();
+        assert_eq!(text.matches("# TYPE csi_scsi_things").count(), 1, "{text}");
+        assert!(text.contains("csi_scsi_things 1"), "{text}");
     }
 }

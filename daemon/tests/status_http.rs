@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use csi_scsi_daemon::{
-    Component, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, Metrics, Readiness, StatusListener,
-    StatusService, StatusSource,
+    HEADER_READ_TIMEOUT, MAX_CONNECTIONS, Metrics, Readiness, StatusListener, StatusService,
+    StatusSource,
 };
 use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,7 +37,7 @@ async fn serve() -> (std::net::SocketAddr, Arc<Counting>) {
     let addr = listener.local_addr();
     let service = StatusService::new(
         Readiness::new(),
-        Metrics::new(Component::Agent, "test", None),
+        Metrics::new("agent", "test", None),
         source.clone(),
     );
     tokio::spawn(listener.serve(service, std::future::pending()));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role};
 use csi_scsi_daemon::{
-    Check, Component, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
+    Check, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
     SocketCheck, StatusListener, StatusService, TlsMaterialCheck,
 };
 use csi_scsi_proto::csi::controller_server::ControllerServer;
@@ -64,12 +64,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => Arc::new(NoSecrets),
     };
     let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
-    let metrics = Metrics::new(
-        Component::Proxy,
-        env!("CARGO_PKG_VERSION"),
-        Some(tls.clone()),
-    );
-    pool.set_metrics(metrics.clone());
+    let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
+    pool.set_metrics(&metrics);
     let life = Arc::new(Lifecycle::new(inventory.clone(), pool, secrets));
 
     let mut socket = CsiSocket::bind(&config.csi_socket).await?;

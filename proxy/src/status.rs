@@ -11,11 +11,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use csi_scsi_daemon::{Metrics, StatusSource, rfc3339};
+use csi_scsi_daemon::{Metrics, StatusSource, rfc3339, set_gauge, set_gauges};
 use csi_scsi_proto::agent::StatusRequest;
 use csi_scsi_status::{SCHEMA, Status, proxy as doc};
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 
 use crate::device::{Device, Phase, ResizeRequest, Target, Transport};
@@ -29,6 +32,7 @@ pub const STATUS_DEVICES: usize = 1000;
 pub struct ProxyStatus {
     life: Arc<Lifecycle>,
     metrics: Metrics,
+    gauges: Gauges,
     probes: Arc<Mutex<BTreeMap<String, Probe>>>,
     leader: Option<(LeaderHandle, String)>,
     started: SystemTime,
@@ -47,13 +51,33 @@ struct Probe {
     error: Option<String>,
 }
 
+/// The gauges read from the proxy's state (at each scrape and `/status`).
+#[derive(Debug)]
+struct Gauges {
+    devices: Family<PhaseLabels, Gauge>,
+    agents: Family<StateLabels, Gauge>,
+    resizes_pending: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
 // === impl ProxyStatus ===
 
 impl ProxyStatus {
-    /// The status of the controller over `life`, with errors from `metrics`.
+    /// The status of the controller over `life`, with errors from `metrics`
+    /// (where it registers its gauges: one per process).
     pub fn new(life: Arc<Lifecycle>, metrics: Metrics) -> Self {
         Self {
             life,
+            gauges: Gauges::new(&metrics),
             metrics,
             probes: Arc::new(Mutex::new(BTreeMap::new())),
             leader: None,
@@ -144,7 +168,7 @@ impl ProxyStatus {
             };
             *by_state.entry(state).or_default() += 1;
         }
-        self.metrics.set_agents(by_state);
+        self.gauges.set_agents(by_state);
     }
 }
 
@@ -176,9 +200,9 @@ impl StatusSource for ProxyStatus {
                 }
             };
             let agents = self.agents();
-            self.metrics
+            self.gauges
                 .set_devices(by_phase.iter().map(|(k, v)| (*k, *v)));
-            self.metrics.set_resizes_pending(resizes.len() as u64);
+            self.gauges.set_resizes_pending(resizes.len() as u64);
             self.update_agent_gauges(&agents);
             let leader = match &self.leader {
                 Some((handle, mode)) => doc::Leader {
@@ -227,16 +251,60 @@ impl StatusSource for ProxyStatus {
             let mut problems = Vec::new();
             let by_phase = self.phases(&mut problems).await;
             if problems.is_empty() {
-                self.metrics
+                self.gauges
                     .set_devices(by_phase.iter().map(|(k, v)| (*k, *v)));
             }
             if let Ok(r) = self.life.inventory().resizes().await {
-                self.metrics
+                self.gauges
                     .set_resizes_pending(r.iter().filter(|r| !r.done).count() as u64);
             }
             let agents = self.agents();
             self.update_agent_gauges(&agents);
         })
+    }
+}
+
+// === impl Gauges ===
+
+impl Gauges {
+    /// Registers the gauges in `metrics`.
+    fn new(metrics: &Metrics) -> Self {
+        let gauges = Self {
+            devices: Family::default(),
+            agents: Family::default(),
+            resizes_pending: Gauge::default(),
+        };
+        metrics.register(
+            "devices",
+            "Devices in the inventory, by phase",
+            gauges.devices.clone(),
+        );
+        metrics.register(
+            "agents",
+            "Agents in the directory, by the state of the last probe (reachable, unreachable, unknown)",
+            gauges.agents.clone(),
+        );
+        metrics.register(
+            "resize_requests_pending",
+            "Resize requests waiting for a storage administrator to grow a LUN",
+            gauges.resizes_pending.clone(),
+        );
+        gauges
+    }
+
+    /// Devices by phase (every phase should be listed, zero included).
+    fn set_devices<'a>(&self, by_phase: impl IntoIterator<Item = (&'a str, u64)>) {
+        set_gauges(&self.devices, by_phase, |phase| PhaseLabels { phase });
+    }
+
+    /// Agents by probe state.
+    fn set_agents<'a>(&self, by_state: impl IntoIterator<Item = (&'a str, u64)>) {
+        set_gauges(&self.agents, by_state, |state| StateLabels { state });
+    }
+
+    /// Pending resize requests.
+    fn set_resizes_pending(&self, n: u64) {
+        set_gauge(&self.resizes_pending, n);
     }
 }
 

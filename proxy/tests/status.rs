@@ -9,7 +9,7 @@ mod lifecycle_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_daemon::{Component, Metrics, StatusSource};
+use csi_scsi_daemon::{Metrics, StatusSource};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::status::ProxyStatus;
@@ -51,7 +51,8 @@ async fn the_document_reads_back_in_the_clis_types() {
     std::fs::write(&agents_file, format!("node-a {silent}\n")).unwrap();
     let agents = FileDirectory::load(&agents_file).unwrap();
     let life = lifecycle_support::lifecycle(Arc::new(inv), agents, dir.path());
-    let source = ProxyStatus::new(Arc::new(life), Metrics::new(Component::Proxy, "test", None));
+    let metrics = Metrics::new("proxy", "test", None);
+    let source = ProxyStatus::new(Arc::new(life), metrics.clone());
 
     let read = |served: serde_json::Value| {
         let doc: Status = serde_json::from_value(served.clone()).expect("the CLI reads it");
@@ -72,6 +73,16 @@ async fn the_document_reads_back_in_the_clis_types() {
     assert_eq!(p.agents[0].reachable, None, "not probed yet");
     assert_eq!(p.pending_resizes.len(), 1);
     assert_eq!(p.pending_resizes[0].requested_bytes, 2048);
+    // The gauges follow the same reading.
+    let text = metrics.encode();
+    for series in [
+        "csi_scsi_devices{phase=\"Releasing\"} 0",
+        "csi_scsi_agents{state=\"unknown\"} 1",
+        "csi_scsi_agents{state=\"reachable\"} 0",
+        "csi_scsi_resize_requests_pending 1",
+    ] {
+        assert!(text.contains(series), "{series} in {text}");
+    }
     let chap = p.targets[0].iscsi.as_ref().unwrap().chap_secret_ref.clone();
     assert_eq!(
         chap,

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::auth::require_proxy;
+use super::metrics::WipeMetrics;
 use super::status::to_status;
 use crate::device::{Devices, TargetSpec, WipeMode as Mode};
 use crate::host::sysfs::{Lun as HostLun, Transport as PathTransport};
@@ -31,7 +32,7 @@ pub struct AgentApi {
     node: String,
     /// The trust material each request's client chain is checked against.
     trust: Arc<MaterialStore>,
-    metrics: Option<csi_scsi_daemon::Metrics>,
+    wipes: Option<WipeMetrics>,
 }
 
 impl AgentApi {
@@ -42,13 +43,14 @@ impl AgentApi {
             devices,
             node: node.to_owned(),
             trust,
-            metrics: None,
+            wipes: None,
         }
     }
 
-    /// Also counts wipes (bytes, duration) in `metrics`.
-    pub fn with_metrics(mut self, metrics: csi_scsi_daemon::Metrics) -> Self {
-        self.metrics = Some(metrics);
+    /// Also counts wipes (bytes, duration) in `metrics`, where it registers
+    /// their series.
+    pub fn with_metrics(mut self, metrics: &csi_scsi_daemon::Metrics) -> Self {
+        self.wipes = Some(WipeMetrics::new(metrics));
         self
     }
 }
@@ -242,8 +244,8 @@ impl Agent for AgentApi {
         let span = span("Wipe", w.as_str(), &rid);
         let forward = out_tx.clone();
         let started = std::time::Instant::now();
-        let metrics = self.metrics.clone();
-        let failed_metrics = self.metrics.clone();
+        let metrics = self.wipes.clone();
+        let failed_metrics = self.wipes.clone();
         tokio::spawn(async move {
             while let Some(s) = step_rx.recv().await {
                 let s: crate::device::WipeStep = s;
@@ -251,7 +253,7 @@ impl Agent for AgentApi {
                     && let Some(m) = &metrics
                 {
                     let bytes = s.bytes_total.saturating_mul(u64::from(s.passes.max(1)));
-                    m.wipe_finished(s.method, bytes, started.elapsed(), true);
+                    m.finished(s.method, bytes, started.elapsed(), true);
                 }
                 let msg = WipeProgress {
                     bytes_done: s.bytes_done,
@@ -277,7 +279,7 @@ impl Agent for AgentApi {
                             Mode::Zero => "zero",
                             Mode::Random(_) => "random",
                         };
-                        m.wipe_finished(name, 0, started.elapsed(), false);
+                        m.finished(name, 0, started.elapsed(), false);
                     }
                     let _ = out_tx.send(Err(to_status(e))).await;
                 }

@@ -18,6 +18,7 @@ use tower::ServiceExt;
 use super::call::{AgentCall, Caller, Rpc};
 use super::deadline;
 use super::error::AgentError;
+use super::metrics::AgentCallMetrics;
 use super::retry::{Backoff, RetryPolicy};
 use super::stack::compose;
 use crate::directory::AgentDirectory;
@@ -79,7 +80,7 @@ pub struct AgentPool {
     /// Node -> its channel.
     channels: Mutex<HashMap<String, Pooled>>,
     next_channel: AtomicU64,
-    metrics: std::sync::OnceLock<csi_scsi_daemon::Metrics>,
+    metrics: std::sync::OnceLock<AgentCallMetrics>,
 }
 
 impl AgentPool {
@@ -128,10 +129,11 @@ impl AgentPool {
         &self.config
     }
 
-    /// Times every call from now on, and keeps failed ones for `/status`
-    /// (a second call is ignored).
-    pub fn set_metrics(&self, metrics: csi_scsi_daemon::Metrics) {
-        let _ = self.metrics.set(metrics);
+    /// Times every call from now on (registering the agent-call series in
+    /// `metrics`), and keeps failed ones for `/status` (a second call is
+    /// ignored).
+    pub fn set_metrics(&self, metrics: &csi_scsi_daemon::Metrics) {
+        self.metrics.get_or_init(|| AgentCallMetrics::new(metrics));
     }
 
     /// Number of open channels.
@@ -207,7 +209,7 @@ impl AgentPool {
         let start = Instant::now();
         let deadline = deadline::effective(configured, start);
         let method = R::NAME;
-        let timer = self.metrics.get().map(|m| m.agent_call(method));
+        let timer = self.metrics.get().map(|m| m.start(method));
         let budget = deadline.saturating_duration_since(start);
         let result = if budget < MIN_ATTEMPT {
             Err(tonic::Status::unavailable(format!(
@@ -244,8 +246,7 @@ impl AgentPool {
         // Probes (Status) fail while an agent is down; /status shows that
         // per agent, so they do not crowd the recent errors.
         if let (Err(status), Some(m), false) = (&result, self.metrics.get(), method == "Status") {
-            let source = format!("agent {node}");
-            m.note_error(&source, method, status.code(), status.message(), request_id);
+            m.note_error(node, method, status.code(), status.message(), request_id);
         }
         result.map_err(|status| AgentError::answer(node, status))
     }
