@@ -5,8 +5,7 @@
 use std::path::PathBuf;
 
 use crate::host::command::CommandError;
-use crate::volume_id::InvalidVolumeId;
-use crate::wwid::{InvalidWwid, Wwid};
+use csi_scsi_contract::{InvalidVolumeId, InvalidWwid, Wwid};
 
 /// A failure on this node.
 #[derive(Debug, thiserror::Error)]

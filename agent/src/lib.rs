@@ -12,6 +12,4 @@ pub mod host;
 pub mod serve;
 pub mod status;
 pub mod volume;
-pub mod volume_id;
 pub mod vpd;
-pub mod wwid;

@@ -7,7 +7,7 @@
 //! page longer than the bytes present is parsed as far as it goes, and an
 //! identifier with control characters is refused rather than passed on.
 
-use crate::wwid::{InvalidWwid, Wwid, WwidKind};
+use csi_scsi_contract::{InvalidWwid, Wwid, WwidKind};
 
 /// Code set of a designator (descriptor byte 0, low nibble).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

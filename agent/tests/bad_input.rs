@@ -11,6 +11,12 @@
 #[path = "bad_input/support.rs"]
 mod support;
 
+// Canonical WWIDs, from the contract crate's suite (which holds the WWID
+// and volume-ID properties).
+#[allow(dead_code)]
+#[path = "../../contract/tests/bad_input/generators.rs"]
+mod generators;
+
 #[path = "bad_input/ids.rs"]
 mod ids;
 

@@ -1,36 +1,33 @@
-//! Volume IDs as the proxy issues them: `<wwid>:<binding-uid>`.
+//! Volume IDs as the proxy issues them: `<wwid>:<binding-uid>`, parsed by
+//! the contract's [`VolumeId`], the grammar the agent parses too.
+
+use csi_scsi_contract::VolumeId;
 
 /// A volume ID split into the LUN and the binding it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VolumeRef {
-    /// Canonical WWID.
-    pub wwid: String,
-    /// Binding UID.
-    pub uid: String,
-}
+pub struct VolumeRef(VolumeId);
 
 impl VolumeRef {
-    /// Splits at the last `:`; `None` when either half is empty or the
-    /// text cannot be one of our IDs.
+    /// The volume `id` names, or `None` when it is not a volume ID this
+    /// driver could have issued (the WWID not in canonical form, the
+    /// binding UID malformed): such an ID names no volume.
     pub fn parse(id: &str) -> Option<Self> {
-        let (wwid, uid) = id.rsplit_once(':')?;
-        let uid_ok = !uid.is_empty()
-            && uid.len() <= 64
-            && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        let wwid_ok = ["naa.", "eui.", "t10.", "name."]
-            .iter()
-            .any(|p| wwid.starts_with(p))
-            && wwid.len() <= 256
-            && !wwid.chars().any(char::is_control);
-        (uid_ok && wwid_ok).then(|| Self {
-            wwid: wwid.to_owned(),
-            uid: uid.to_owned(),
-        })
+        VolumeId::parse(id).ok().map(Self)
+    }
+
+    /// The LUN's canonical WWID.
+    pub fn wwid(&self) -> &str {
+        self.0.wwid().as_str()
+    }
+
+    /// The binding UID.
+    pub fn uid(&self) -> &str {
+        self.0.binding_uid()
     }
 }
 
 impl std::fmt::Display for VolumeRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.wwid, self.uid)
+        self.0.fmt(f)
     }
 }

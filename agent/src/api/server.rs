@@ -21,7 +21,7 @@ use super::metrics::WipeMetrics;
 use super::status::to_status;
 use crate::device::{Devices, TargetSpec, WipeMode as Mode};
 use crate::host::sysfs::{Lun as HostLun, Transport as PathTransport};
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 /// Default deadline when the proxy sends none.
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);

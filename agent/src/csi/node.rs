@@ -32,8 +32,7 @@ use crate::host::block::{self, DeviceNumber};
 use crate::host::mount::{self, BlockRecord};
 use crate::host::{Host, sysfs};
 use crate::volume::{device, expand, mount_table, publish, stage, stats};
-use crate::volume_id::VolumeId;
-use crate::wwid::Wwid;
+use csi_scsi_contract::{VolumeId, Wwid};
 
 /// The topology key under which NodeGetInfo reports the node's name; the
 /// controller's accessible topology uses the same key.
@@ -94,7 +93,7 @@ impl NodeService {
     ) -> Result<(KeyGuard<String>, KeyGuard<PathBuf>), AgentError> {
         let lun = self
             .luns
-            .try_lock(volume.wwid.as_str().to_owned())
+            .try_lock(volume.wwid().as_str().to_owned())
             .ok_or_else(|| AgentError::Busy(format!("volume {volume}")))?;
         let path = self
             .paths
@@ -266,7 +265,7 @@ impl Node for NodeService {
 /// here under another WWID is no such leftover but another volume, which a
 /// wrong volume ID must not unmount: "Volume does not exist" (NOT_FOUND).
 fn refuse_other_lun(host: &Host, volume: &VolumeId, path: &Path) -> Result<(), AgentError> {
-    if device::find(host, &volume.wwid)?.is_some() {
+    if device::find(host, volume.wwid())?.is_some() {
         // The domain checks that the path holds this very device.
         return Ok(());
     }
@@ -280,7 +279,7 @@ fn refuse_other_lun(host: &Host, volume: &VolumeId, path: &Path) -> Result<(), A
             path: path.to_owned(),
             reason: format!(
                 "it holds LUN {other}, and {} is not on this node",
-                volume.wwid
+                volume.wwid()
             ),
         }),
         None => Ok(()),

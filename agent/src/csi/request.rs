@@ -22,7 +22,7 @@ use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::filesystem::{FsType, MkfsOptions};
 use crate::host::mount::{self, MountOptions};
-use crate::volume_id::VolumeId;
+use csi_scsi_contract::VolumeId;
 
 /// The `volume_context` key whose value holds extra `mkfs` arguments
 /// (checked against the allow-list of the filesystem type).

@@ -89,7 +89,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::wwid::Wwid;
+    use csi_scsi_contract::Wwid;
 
     fn wwid() -> Wwid {
         Wwid::parse("naa.6001405d27e5d898829468b90ce4ef8c").expect("wwid")

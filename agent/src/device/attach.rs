@@ -11,7 +11,7 @@ use crate::host::sysfs::{self, Lun, PathAtAddress};
 use crate::host::{block, dev_links};
 use crate::volume::device::publications;
 use crate::volume::mount_table;
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 impl Devices {
     /// Attaches `wwid` through `targets`; `lun` is the inventory's hint of

@@ -12,7 +12,7 @@ use crate::host::mountinfo::MountTable;
 use crate::host::{blocking, multipath, sysfs};
 use crate::volume::device::publications;
 use crate::volume::mount_table;
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 impl Devices {
     /// Removes `wwid` from this node. `Ok(false)` when it was already gone.

@@ -22,7 +22,7 @@ pub(crate) use sessions::TargetKey;
 use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::sysfs::{self, IscsiSession, Lun, ScsiDisk};
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 /// The node's devices and sessions.
 pub struct Devices {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Devices;
 use crate::error::AgentError;
 use crate::host::{block, sysfs};
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 impl Devices {
     /// Rescans every path of `wwid` and returns its size in bytes.

@@ -9,7 +9,7 @@ use super::Devices;
 use crate::error::AgentError;
 use crate::host::command::Arg;
 use crate::host::erase::{ClaimError, Eraser, expected_device};
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 /// How thoroughly to erase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

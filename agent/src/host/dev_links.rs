@@ -5,7 +5,7 @@ use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
 use super::Host;
-use crate::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 
 /// A device node found through a `/dev/disk` link.
 #[derive(Debug, Clone, PartialEq, Eq)]

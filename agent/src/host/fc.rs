@@ -12,8 +12,8 @@ use std::io::ErrorKind;
 use std::path::Path;
 
 use super::Host;
+use super::excerpt;
 use super::sysfs::{read_attr, write_trigger};
-use crate::wwid::excerpt;
 
 /// A Fibre Channel port name (WWPN) or node name (WWNN): 64 bits, shown as
 /// 16 lowercase hex digits (`500a0981891b8dc5`).

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::Host;
 use super::command::{Arg, CommandError, Output};
-use crate::wwid::excerpt;
+use super::excerpt;
 
 /// The iSCSI well-known port.
 pub const DEFAULT_PORT: u16 = 3260;

@@ -16,11 +16,12 @@ use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 use super::block::DeviceNumber;
+use super::excerpt;
 use super::fc::{self, Wwpn};
 use super::iscsiadm::Portal;
 use super::{Host, dev_links};
 use crate::vpd;
-use crate::wwid::{Wwid, excerpt};
+use csi_scsi_contract::Wwid;
 
 /// A SCSI address: host (adapter or iSCSI session host), channel, target, LUN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -9,8 +9,7 @@ use crate::error::AgentError;
 use crate::host::block::{self, DeviceNumber};
 use crate::host::mountinfo::{Mount, MountTable};
 use crate::host::{Host, dev_links, mount, sysfs};
-use crate::volume_id::VolumeId;
-use crate::wwid::Wwid;
+use csi_scsi_contract::{VolumeId, Wwid};
 
 /// A LUN's device node, verified to report the LUN's WWID.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,7 +268,7 @@ pub fn ensure_ours(
     number: DeviceNumber,
     holder: &str,
 ) -> Result<(), AgentError> {
-    let ours = match find(host, &volume.wwid)? {
+    let ours = match find(host, volume.wwid())? {
         Some(d) => d.is(number),
         None => {
             tracing::warn!(volume_id = %volume, path = %path.display(), "device is gone; unmounting what is left of it unverified");

@@ -24,7 +24,7 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     if !mount::exists(path)? {
         return Err(not_at_path("the path does not exist".to_owned()));
     }
-    let device = device::require(host, &req.volume.wwid)?;
+    let device = device::require(host, req.volume.wwid())?;
     let size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
     check_range(req, size)?;
 

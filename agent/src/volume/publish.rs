@@ -15,7 +15,7 @@ use crate::host::mountinfo::MountTable;
 /// Publishes the staged volume at the target path.
 pub async fn publish(host: &Host, req: &PublishRequest) -> Result<(), AgentError> {
     check_supported(&req.capability)?;
-    let device = device::require(host, &req.volume.wwid)?;
+    let device = device::require(host, req.volume.wwid())?;
     let table = mount_table(host)?;
     // A reader-only mode is published read-only whatever the flag says.
     let read_only = req.read_only || req.capability.mode.read_only();
@@ -81,7 +81,7 @@ fn check_staged_filesystem(
         }
         Some(m) => Err(not_staged(format!("it holds {}", device::describe(m)))),
         None => match BlockRecord::read(staging)? {
-            Some(r) if r.wwid == req.volume.wwid.as_str() => Err(AgentError::InvalidArgument {
+            Some(r) if r.wwid == req.volume.wwid().as_str() => Err(AgentError::InvalidArgument {
                 field: "volume_capability",
                 reason: format!(
                     "asks for a filesystem, but the volume is staged as a raw block device at {}",
@@ -106,7 +106,9 @@ fn check_staged_block(
         reason,
     };
     match BlockRecord::read(staging)? {
-        Some(r) if r.volume_id == req.volume.to_string() && r.wwid == req.volume.wwid.as_str() => {
+        Some(r)
+            if r.volume_id == req.volume.to_string() && r.wwid == req.volume.wwid().as_str() =>
+        {
             Ok(())
         }
         Some(r) => Err(not_staged(format!(

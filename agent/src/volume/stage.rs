@@ -16,7 +16,7 @@ use crate::host::mountinfo::MountTable;
 /// Stages the volume at the staging path.
 pub async fn stage(host: &Host, req: &StageRequest) -> Result<(), AgentError> {
     check_supported(&req.capability)?;
-    let device = device::require(host, &req.volume.wwid)?;
+    let device = device::require(host, req.volume.wwid())?;
     let table = mount_table(host)?;
     match &req.capability.access {
         AccessType::Mount { fs, options } => {
@@ -78,7 +78,7 @@ async fn stage_filesystem(
         }
         Signature::Blank => {
             // The last look before the only write that destroys data.
-            device::reverify(host, &req.volume.wwid, &device.node, &device.kernel_name).await?;
+            device::reverify(host, req.volume.wwid(), &device.node, &device.kernel_name).await?;
             filesystem::format(host, &device.node, fs, &req.mkfs).await?;
             // Trust, but verify: mount only what is now really there.
             let made = filesystem::probe(&device.node).await?;
@@ -116,7 +116,7 @@ fn stage_block(
     }
     let volume_id = req.volume.to_string();
     if let Some(record) = BlockRecord::read(staging)? {
-        if record.volume_id == volume_id && record.wwid == req.volume.wwid.as_str() {
+        if record.volume_id == volume_id && record.wwid == req.volume.wwid().as_str() {
             // Spec: already staged with an identical capability: 0 OK.
             return Ok(());
         }
@@ -129,7 +129,7 @@ fn stage_block(
     read_only(host, req, device)?;
     BlockRecord {
         volume_id,
-        wwid: req.volume.wwid.to_string(),
+        wwid: req.volume.wwid().to_string(),
         major: device.number.major,
         minor: device.number.minor,
     }
@@ -147,14 +147,14 @@ fn ensure_unused(
 ) -> Result<(), AgentError> {
     if let Some(m) = device.numbers().find_map(|n| table.mounts_of(n).next()) {
         return Err(AgentError::DeviceInUse {
-            wwid: req.volume.wwid.clone(),
+            wwid: req.volume.wwid().clone(),
             holder: format!("mounted at {}", m.mount_point.display()),
         });
     }
     match block::holder(&device.node).map_err(|e| AgentError::io(&device.node, e))? {
         Holder::Free => Ok(()),
         Holder::Busy => Err(AgentError::DeviceInUse {
-            wwid: req.volume.wwid.clone(),
+            wwid: req.volume.wwid().clone(),
             holder: format!(
                 "{} is held exclusively (mounted in another mount namespace, or open by another program)",
                 device.node.display()

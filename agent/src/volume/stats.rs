@@ -50,14 +50,14 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
     if !mount::exists(path)? {
         return Err(not_at_path(req, "the path does not exist"));
     }
-    let device = device::find(host, &req.volume.wwid)?;
+    let device = device::find(host, req.volume.wwid())?;
     if let Some(number) = block::node_number(path).map_err(|e| AgentError::io(path, e))? {
         return block_stats(req, path, number, device.as_ref());
     }
     let table = mount_table(host)?;
     let Some(m) = table.mount_at(path) else {
         if let Some(record) = BlockRecord::read(path)?
-            && record.wwid == req.volume.wwid.as_str()
+            && record.wwid == req.volume.wwid().as_str()
         {
             // A raw block staging path: measure the device it records.
             return match &device {
@@ -121,7 +121,7 @@ fn gone(req: &StatsRequest) -> VolumeStats {
         usage: None,
         condition: abnormal(format!(
             "the device with WWID {} is gone from this node",
-            req.volume.wwid
+            req.volume.wwid()
         )),
     }
 }

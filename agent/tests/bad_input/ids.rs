@@ -1,15 +1,14 @@
-//! Identifiers: WWIDs, volume IDs, WWPNs, SCSI addresses, portals, by-path
-//! names and node names. Each either parses to a value that prints back to
-//! a spelling that parses to the same value, or is refused with an error
-//! that says what it is and why.
+//! Identifiers: WWPNs, SCSI addresses, portals, by-path names and node
+//! names. Each either parses to a value that prints back to a spelling
+//! that parses to the same value, or is refused with an error that says
+//! what it is and why. WWIDs and volume IDs are the contract crate's
+//! (contract/tests/bad_input/ids.rs).
 
 use std::sync::OnceLock;
 
 use csi_scsi_agent::host::fc::Wwpn;
 use csi_scsi_agent::host::iscsiadm::Portal;
 use csi_scsi_agent::host::sysfs::{ByPath, DeviceState, Hctl, ScanAddress};
-use csi_scsi_agent::volume_id::VolumeId;
-use csi_scsi_agent::wwid::{Wwid, WwidKind};
 use csi_scsi_certs::{CertificateAuthority, Identity, TrustDomain, Validity};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -17,99 +16,6 @@ use proptest::sample::select;
 use crate::support::{
     clear_error, config, hex, hostile_text, is_node_name, near_miss, valid_or_near,
 };
-
-/// One blank-free word of a T10 or SCSI-name identifier (printable ASCII
-/// without `_`, which canonical form uses as the word separator).
-fn word(max: usize) -> impl Strategy<Value = String> + Clone {
-    prop::collection::vec(
-        prop::char::ranges(vec!['!'..='^', '`'..='~'].into()),
-        1..=max,
-    )
-    .prop_map(|v| v.into_iter().collect())
-}
-
-/// A canonical WWID of every kind, including identifiers near the length
-/// limit.
-pub fn canonical_wwid() -> impl Strategy<Value = String> + Clone {
-    prop_oneof![
-        3 => prop_oneof![hex(16), hex(32)].prop_map(|h| format!("naa.{h}")),
-        1 => prop_oneof![hex(16), hex(24), hex(32)].prop_map(|h| format!("eui.{h}")),
-        2 => prop::collection::vec(word(16), 1..5).prop_map(|w| format!("t10.{}", w.join("_"))),
-        1 => (select(vec!["iqn.", "eui.", "naa."]), prop::collection::vec(word(24), 1..4))
-            .prop_map(|(p, w)| format!("name.{p}{}", w.join("_"))),
-        1 => word(270).prop_map(|w| format!("t10.{w}")),
-    ]
-}
-
-/// Other ways tools spell the WWID whose canonical text is `c`.
-fn spellings(c: &str) -> Vec<String> {
-    let (prefix, id) = c.split_once('.').expect("canonical has a prefix");
-    let digit = match prefix {
-        "naa" => '3',
-        "eui" => '2',
-        "t10" => '1',
-        _ => '8',
-    };
-    let serial = format!("{digit}{id}");
-    let mut out = vec![
-        c.to_owned(),
-        serial.clone(),
-        format!("scsi-{serial}"),
-        format!("dm-uuid-mpath-{serial}"),
-        format!("mpath-{serial}"),
-        format!(" {c}\n"),
-        format!("{c}\0\0"),
-    ];
-    if prefix == "naa" || prefix == "eui" {
-        out.push(format!("{prefix}.{}", id.to_ascii_uppercase()));
-    }
-    if prefix == "naa" {
-        out.push(format!("wwn-0x{id}"));
-        out.push(format!("0x{id}"));
-    }
-    if prefix == "t10" {
-        // multipath prints a T10 id with its blanks; the kernel too.
-        out.push(format!("1{}", id.replace('_', "   ")));
-        out.push(format!("t10.{}", id.replace('_', " ")));
-    }
-    out
-}
-
-/// Checks what an accepted WWID must be: canonical, stable, and reachable
-/// from each name the agent derives from it.
-fn check_accepted(w: &Wwid) -> Result<(), TestCaseError> {
-    let s = w.as_str();
-    prop_assert!(s.len() <= 256, "canonical WWID of {} bytes", s.len());
-    prop_assert!(
-        ["naa.", "eui.", "t10.", "name."]
-            .iter()
-            .any(|p| s.starts_with(p)),
-        "{s:?} has no canonical prefix"
-    );
-    prop_assert!(
-        s.chars().all(|c| c.is_ascii_graphic()),
-        "{s:?} has blanks, controls or non-ASCII"
-    );
-    prop_assert_eq!(Wwid::parse(s), Ok(w.clone()), "canonical text re-parses");
-    prop_assert_eq!(w.to_string(), s);
-    prop_assert_eq!(
-        Wwid::parse(&w.udev_serial()),
-        Ok(w.clone()),
-        "udev serial {}",
-        w.udev_serial()
-    );
-    for name in w.by_id_names() {
-        prop_assert_eq!(Wwid::parse(&name), Ok(w.clone()), "by-id name {}", name);
-    }
-    let want = match s.split_once('.').map(|(p, _)| p) {
-        Some("naa") => WwidKind::Naa,
-        Some("eui") => WwidKind::Eui,
-        Some("t10") => WwidKind::T10,
-        _ => WwidKind::Name,
-    };
-    prop_assert_eq!(w.kind(), want);
-    Ok(())
-}
 
 /// The kernel's SCSI device states.
 const STATES: [&str; 10] = [
@@ -125,88 +31,8 @@ const STATES: [&str; 10] = [
     "cancel-offline",
 ];
 
-/// Any text near or far from a WWID spelling.
-fn wwid_input() -> impl Strategy<Value = String> {
-    let spelled = canonical_wwid()
-        .prop_flat_map(|c| select(spellings(&c)))
-        .boxed();
-    prop_oneof![
-        2 => hostile_text(),
-        2 => spelled.clone(),
-        4 => near_miss(spelled),
-    ]
-}
-
-/// A volume ID as the proxy issues it.
-fn volume_id() -> impl Strategy<Value = (String, String)> + Clone {
-    (canonical_wwid(), "[A-Za-z0-9-]{1,64}")
-}
-
 proptest! {
     #![proptest_config(config(1024))]
-
-    /// Any text is a canonical WWID or a clear refusal.
-    #[test]
-    fn any_text_is_a_wwid_or_a_clear_refusal(input in wwid_input()) {
-        match Wwid::parse(&input) {
-            Ok(w) => check_accepted(&w)?,
-            Err(e) => clear_error(&e, &["invalid WWID"])?,
-        }
-    }
-
-    /// Every spelling of one LUN's identity is the same WWID.
-    #[test]
-    fn every_spelling_of_a_wwid_is_the_same_wwid(c in canonical_wwid()) {
-        match Wwid::parse(&c) {
-            Ok(w) => {
-                prop_assert_eq!(w.as_str(), c.as_str());
-                check_accepted(&w)?;
-                for s in spellings(&c) {
-                    prop_assert_eq!(Wwid::parse(&s), Ok(w.clone()), "spelling {:?}", s);
-                }
-            }
-            // Only an identifier too long for the canonical limit is refused.
-            Err(e) => {
-                prop_assert!(c.len() > 256, "{c:?} refused: {e}");
-                clear_error(&e, &["invalid WWID"])?;
-            }
-        }
-    }
-
-    /// A volume ID the proxy issued parses back to its WWID and binding.
-    #[test]
-    fn issued_volume_ids_round_trip((c, binding) in volume_id()) {
-        prop_assume!(c.len() <= 256);
-        let id = format!("{c}:{binding}");
-        let v = VolumeId::parse(&id).map_err(|e| TestCaseError::fail(format!("{id:?}: {e}")))?;
-        prop_assert_eq!(v.wwid.as_str(), c.as_str());
-        prop_assert_eq!(&v.binding, &binding);
-        prop_assert_eq!(v.to_string(), id);
-    }
-
-    /// Near misses of a volume ID (a mutated WWID or binding, another
-    /// spelling of the WWID, `..`, NULs, long fields) are refused clearly;
-    /// whatever is accepted is exactly a volume ID the proxy could issue.
-    #[test]
-    fn volume_id_near_misses_are_refused_clearly(
-        input in prop_oneof![
-            2 => hostile_text(),
-            4 => near_miss(volume_id().prop_map(|(c, b)| format!("{c}:{b}"))),
-            2 => (canonical_wwid(), "[A-Za-z0-9-]{1,64}")
-                .prop_flat_map(|(c, b)| select(spellings(&c)).prop_map(move |s| format!("{s}:{b}"))),
-            1 => "(\\.\\./)+[a-z]{1,8}:[a-z0-9]{1,8}",
-        ]
-    ) {
-        match VolumeId::parse(&input) {
-            Ok(v) => {
-                prop_assert_eq!(v.to_string(), input.as_str(), "accepted a volume ID that does not print back the same");
-                check_accepted(&v.wwid)?;
-                prop_assert!(!v.binding.is_empty() && v.binding.len() <= 64);
-                prop_assert!(v.binding.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
-            }
-            Err(e) => clear_error(&e, &["volume ID"])?,
-        }
-    }
 
     /// A WWPN in any of its spellings is the same port; anything else is a
     /// clear refusal.

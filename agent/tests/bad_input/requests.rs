@@ -15,7 +15,7 @@ use csi_scsi_agent::device::{TargetSpec, Transport};
 use csi_scsi_agent::error::AgentError;
 use csi_scsi_agent::host::Host;
 use csi_scsi_agent::host::command::CommandRunner;
-use csi_scsi_agent::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 use csi_scsi_proto::agent::{
     AttachRequest, ChapCredentials, DetachRequest, DiscoverRequest, FibreChannelTarget,
     IscsiTarget, RescanRequest, Target, WipeMode, WipeRequest, target,
@@ -29,7 +29,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use prost::Message;
 
-use crate::ids::canonical_wwid;
+use crate::generators::canonical_wwid;
 use crate::support::{
     clear_error, config, hex, hostile_text, names_field, near_miss, valid_or_near,
 };

@@ -1,8 +1,9 @@
 //! What every property shares: the runner configuration (cases, seed,
-//! where failures are kept) and generators of hostile text. The proxy's
-//! bad-input suite includes this file too (proxy/tests/bad_input.rs), so
-//! one copy serves both; paths built from `CARGO_MANIFEST_DIR` are each
-//! crate's own.
+//! where failures are kept) and generators of hostile text. The proxy's and
+//! the contract crate's bad-input suites include this file too
+//! (proxy/tests/bad_input.rs, contract/tests/bad_input.rs), so one copy
+//! serves all three; paths built from `CARGO_MANIFEST_DIR` are each crate's
+//! own.
 
 use std::fmt::Display;
 use std::sync::OnceLock;

@@ -14,11 +14,11 @@ use csi_scsi_agent::host::Host;
 use csi_scsi_agent::host::command::CommandRunner;
 use csi_scsi_agent::host::fc::{self, Wwpn};
 use csi_scsi_agent::host::sysfs::{self, Hctl};
-use csi_scsi_agent::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-use crate::ids::canonical_wwid;
+use crate::generators::canonical_wwid;
 use crate::support::{config, hostile_text, near_miss, valid_or_near};
 
 /// One directory of the tree, with its attribute files.

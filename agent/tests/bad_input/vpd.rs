@@ -7,7 +7,7 @@ use csi_scsi_agent::vpd::{
     Association, CodeSet, DesignatorType, PageLayout, VpdError, lun_wwid,
     parse_device_identification, parse_unit_serial,
 };
-use csi_scsi_agent::wwid::Wwid;
+use csi_scsi_contract::Wwid;
 use proptest::prelude::*;
 
 use crate::support::{clear_error, config};

@@ -24,7 +24,7 @@ const MAX_NODE_ID: usize = 256;
 
 /// The longest volume ID this driver issues: `<wwid>:<binding-uid>`, a WWID
 /// of at most 256 characters and a binding UID of at most 64.
-const MAX_VOLUME_ID: usize = 256 + 1 + 64;
+const MAX_VOLUME_ID: usize = csi_scsi_contract::volume_id::MAX_LEN;
 
 /// The spec's general size limit for a string field.
 const MAX_STRING: usize = 128;

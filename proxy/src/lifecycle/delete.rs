@@ -20,11 +20,11 @@ impl Lifecycle {
             tracing::info!(volume_id = %id, "delete of a volume ID we never issued: nothing to do");
             return Ok(());
         };
-        let _guard = self.lock(&vol.wwid).await?;
-        let Some(dev) = self.inventory.device(&vol.wwid).await? else {
+        let _guard = self.lock(vol.wwid()).await?;
+        let Some(dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
-        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid.as_str()) {
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
             tracing::info!(volume_id = %id, "stale volume ID (the LUN has another binding): nothing to do");
             return Ok(());
         }

@@ -20,7 +20,7 @@ impl Lifecycle {
         request_id: &str,
     ) -> Result<(u64, bool), ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let _guard = self.lock(&vol.wwid).await?;
+        let _guard = self.lock(vol.wwid()).await?;
         let mut dev = self.bound(&vol).await?;
         let binding = dev
             .binding

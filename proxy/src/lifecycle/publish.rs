@@ -39,7 +39,7 @@ impl Lifecycle {
             }
             NodeAgent::Gone => return Err(ProxyError::NodeNotFound(node.to_owned())),
         }
-        let _guard = self.lock(&vol.wwid).await?;
+        let _guard = self.lock(vol.wwid()).await?;
         let mut dev = self.bound(&vol).await?;
         let binding = dev
             .binding
@@ -144,11 +144,11 @@ impl Lifecycle {
         let Some(vol) = VolumeRef::parse(id) else {
             return Ok(());
         };
-        let _guard = self.lock(&vol.wwid).await?;
-        let Some(mut dev) = self.inventory.device(&vol.wwid).await? else {
+        let _guard = self.lock(vol.wwid()).await?;
+        let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
-        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid.as_str()) {
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
             return Ok(());
         }
         let nodes: Vec<String> = if node.is_empty() {
@@ -211,9 +211,9 @@ impl Lifecycle {
 
     /// The device bound to `vol`, or VolumeNotFound.
     pub(super) async fn bound(&self, vol: &VolumeRef) -> Result<Device, ProxyError> {
-        match self.inventory.device(&vol.wwid).await? {
+        match self.inventory.device(vol.wwid()).await? {
             Some(d)
-                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str())
+                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid())
                     && matches!(d.phase, Phase::Bound | Phase::Lost) =>
             {
                 Ok(d)

@@ -21,10 +21,8 @@ impl Lifecycle {
     /// One volume by ID.
     pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        match self.inventory.device(&vol.wwid).await? {
-            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid.as_str()) => {
-                Ok(view(d))
-            }
+        match self.inventory.device(vol.wwid()).await? {
+            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => Ok(view(d)),
             _ => Err(ProxyError::VolumeNotFound(id.to_owned())),
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_contract::VolumeId;
 use csi_scsi_proxy::device::{Cleanup, FsType};
 use csi_scsi_proxy::directory::{AgentDirectory, AgentEntry, FileDirectory};
 use csi_scsi_proxy::parameters::{ClassParameters, InvalidParameter, fs_type};
@@ -123,15 +124,16 @@ proptest! {
     fn issued_volume_ids_round_trip(w in wwid(), b in binding()) {
         let id = format!("{w}:{b}");
         let v = VolumeRef::parse(&id).ok_or_else(|| TestCaseError::fail(format!("{id:?} refused")))?;
-        prop_assert_eq!(&v.wwid, &w);
-        prop_assert_eq!(&v.uid, &b);
+        prop_assert_eq!(v.wwid(), w.as_str());
+        prop_assert_eq!(v.uid(), b.as_str());
         prop_assert_eq!(v.to_string(), id);
     }
 
-    /// Anything else is refused (`None`: the caller answers NOT_FOUND), or
-    /// is accepted only in the shape the proxy issues: a WWID prefix, no
-    /// control characters, a binding of `[A-Za-z0-9-]`, printing back the
-    /// same.
+    /// Anything else is refused (`None`: the caller answers NOT_FOUND, or
+    /// OK where the spec says so), exactly as the agent refuses it: the
+    /// proxy accepts what the contract's `VolumeId` accepts, and that
+    /// prints back the same. (The grammar itself is the contract crate's
+    /// property, contract/tests/bad_input/ids.rs.)
     #[test]
     fn volume_id_near_misses_are_refused(input in prop_oneof![
         hostile_text(),
@@ -140,12 +142,19 @@ proptest! {
         binding().prop_map(|b| format!("../../{b}:{b}")),
         (wwid(), binding()).prop_map(|(w, b)| format!("{w}\n:{b}")),
     ]) {
-        if let Some(v) = VolumeRef::parse(&input) {
-            prop_assert_eq!(v.to_string(), input.as_str());
-            prop_assert!(["naa.", "eui.", "t10.", "name."].iter().any(|p| v.wwid.starts_with(p)), "{:?}", v.wwid);
-            prop_assert!(v.wwid.len() <= 256 && !v.wwid.chars().any(char::is_control));
-            prop_assert!(!v.uid.is_empty() && v.uid.len() <= 64);
-            prop_assert!(v.uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        let contract = VolumeId::parse(&input).ok();
+        match VolumeRef::parse(&input) {
+            Some(v) => {
+                prop_assert_eq!(v.to_string(), input.as_str());
+                prop_assert!(["naa.", "eui.", "t10.", "name."].iter().any(|p| v.wwid().starts_with(p)), "{:?}", v.wwid());
+                prop_assert!(v.wwid().len() <= 256 && v.wwid().chars().all(|c| c.is_ascii_graphic()));
+                prop_assert!(!v.uid().is_empty() && v.uid().len() <= 64);
+                prop_assert!(v.uid().bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+                let c = contract.ok_or_else(|| TestCaseError::fail(format!("{input:?} accepted, but not by VolumeId")))?;
+                prop_assert_eq!(v.wwid(), c.wwid().as_str());
+                prop_assert_eq!(v.uid(), c.binding_uid());
+            }
+            None => prop_assert!(contract.is_none(), "{:?} refused, but VolumeId accepts it", input),
         }
     }
 

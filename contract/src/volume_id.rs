@@ -1,18 +1,26 @@
-//! Volume IDs: `<wwid>:<binding-uid>`. The binding UID changes every time
-//! the LUN is bound to a new volume, so a stale call about an old binding
-//! can never touch the LUN's next owner.
+//! Volume IDs: `<wwid>:<binding-uid>`. The proxy issues them, the WWID
+//! in canonical form and a fresh UUID (v4) for each binding; the agent and
+//! the proxy parse them with [`VolumeId::parse`]. The binding UID changes
+//! every time the LUN is bound to a new volume, so a stale call about an
+//! old binding can never touch the LUN's next owner.
 
 use std::fmt;
 
 use crate::wwid::{InvalidWwid, Wwid, excerpt};
 
-/// A parsed CSI volume ID.
+/// The longest binding UID (a UUID has 36 characters).
+pub const MAX_BINDING_UID_LEN: usize = 64;
+
+/// The longest volume ID: the longest canonical WWID, `:`, the longest
+/// binding UID.
+pub const MAX_LEN: usize = crate::wwid::MAX_LEN + 1 + MAX_BINDING_UID_LEN;
+
+/// A parsed CSI volume ID: only what this driver could have issued, and it
+/// prints back exactly as it was given.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct VolumeId {
-    /// The LUN.
-    pub wwid: Wwid,
-    /// The binding this volume ID names.
-    pub binding: String,
+    wwid: Wwid,
+    binding_uid: String,
 }
 
 /// Why a string is not a volume ID. Each variant quotes an excerpt of the
@@ -43,7 +51,7 @@ impl VolumeId {
             .rsplit_once(':')
             .ok_or_else(|| InvalidVolumeId::Shape(excerpt(s)))?;
         let binding_ok = !binding.is_empty()
-            && binding.len() <= 64
+            && binding.len() <= MAX_BINDING_UID_LEN
             && binding
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-');
@@ -58,14 +66,31 @@ impl VolumeId {
         }
         Ok(Self {
             wwid,
-            binding: binding.to_owned(),
+            binding_uid: binding.to_owned(),
         })
+    }
+
+    /// The LUN, in canonical form.
+    pub fn wwid(&self) -> &Wwid {
+        &self.wwid
+    }
+
+    /// The binding this volume ID names.
+    pub fn binding_uid(&self) -> &str {
+        &self.binding_uid
+    }
+}
+
+impl std::str::FromStr for VolumeId {
+    type Err = InvalidVolumeId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
     }
 }
 
 impl fmt::Display for VolumeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.wwid, self.binding)
+        write!(f, "{}:{}", self.wwid, self.binding_uid)
     }
 }
 
@@ -77,6 +102,20 @@ mod tests {
     fn volume_id_round_trips() {
         let s = "naa.6001405d27e5d898829468b90ce4ef8c:7f0c1e2a-5b7d-4c1e-9a0b-1c2d3e4f5a6b";
         assert_eq!(VolumeId::parse(s).expect("valid").to_string(), s);
+    }
+
+    #[test]
+    fn the_longest_volume_id_parses() {
+        let s = format!("t10.{}:{}", "A".repeat(252), "b".repeat(64));
+        assert_eq!(s.len(), MAX_LEN);
+        let v = VolumeId::parse(&s).expect("at the limit");
+        assert_eq!(v.wwid().as_str().len(), crate::wwid::MAX_LEN);
+        assert_eq!(v.binding_uid().len(), MAX_BINDING_UID_LEN);
+        assert_eq!(v.to_string(), s);
+        assert!(
+            VolumeId::parse(&format!("{s}b")).is_err(),
+            "binding UID over 64"
+        );
     }
 
     #[test]
