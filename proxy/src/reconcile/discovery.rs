@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_proto::agent::DiscoverRequest;
+use csi_scsi_contract::Wwid;
+use csi_scsi_proto::agent::{DiscoverRequest, Lun};
 use tokio::sync::Notify;
 
 use crate::agents::fan_out;
@@ -73,24 +74,10 @@ pub async fn reconcile_once(
                     let luns = r
                         .luns
                         .into_iter()
-                        .map(|l| LunReport {
-                            paths: l
-                                .paths
-                                .iter()
-                                .map(|p| {
-                                    if p.by_path.is_empty() {
-                                        p.by_id.clone()
-                                    } else {
-                                        p.by_path.clone()
-                                    }
-                                })
-                                .collect(),
-                            wwid: l.wwid,
-                            lun: l.lun,
-                            size_bytes: l.size_bytes,
-                            vendor: l.vendor,
-                            model: l.model,
-                            serial: l.serial,
+                        .filter_map(|l| {
+                            lun_report(l)
+                                .inspect_err(|e| tracing::warn!(%node, target = %target.name, error = %e, "LUN report ignored"))
+                                .ok()
                         })
                         .collect();
                     round.answered.insert(node, luns);
@@ -164,6 +151,72 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = trigger.notified() => {}
+        }
+    }
+}
+
+/// A LUN an agent reported, as the inventory keeps it. Its WWID must be in
+/// canonical form already: the inventory is keyed by it and volume IDs are
+/// built from it, and the agents only ever report canonical WWIDs, so
+/// anything else is refused rather than stored under a spelling no volume
+/// ID could name.
+fn lun_report(l: Lun) -> Result<LunReport, String> {
+    match Wwid::parse(&l.wwid) {
+        Ok(w) if w.as_str() == l.wwid => {}
+        Ok(w) => {
+            return Err(format!(
+                "WWID {:?} is not in canonical form ({})",
+                csi_scsi_daemon::text::bounded(&l.wwid, csi_scsi_daemon::text::INPUT_MAX),
+                w.as_str()
+            ));
+        }
+        Err(e) => return Err(e.to_string()),
+    }
+    let paths = l
+        .paths
+        .iter()
+        .map(|p| {
+            if p.by_path.is_empty() {
+                p.by_id.clone()
+            } else {
+                p.by_path.clone()
+            }
+        })
+        .collect();
+    Ok(LunReport {
+        paths,
+        wwid: l.wwid,
+        lun: l.lun,
+        size_bytes: l.size_bytes,
+        vendor: l.vendor,
+        model: l.model,
+        serial: l.serial,
+    })
+}
+
+#[cfg(test)]
+mod lun_report_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_canonical_wwid_is_taken_into_the_inventory() {
+        let lun = |wwid: &str| Lun {
+            wwid: wwid.into(),
+            ..Lun::default()
+        };
+        let canonical = "naa.60014050000100000000000000000001";
+        assert_eq!(
+            lun_report(lun(canonical)).expect("canonical").wwid,
+            canonical
+        );
+        for other in [
+            "NAA.60014050000100000000000000000001",
+            "360014050000100000000000000000001",
+            "naa.1",
+            "",
+            "../etc",
+        ] {
+            assert!(lun_report(lun(other)).is_err(), "{other:?} taken");
         }
     }
 }
