@@ -198,9 +198,10 @@ pub fn preference_key(dev: &Device) -> PreferenceKey {
     }
 }
 
-/// Which of two devices a bind takes first (`Less`: `a`).
+/// Which of two devices a bind takes first (`Less`: `a`): the order of
+/// their [`preference_key`]s.
 pub fn preference(a: &Device, b: &Device) -> Ordering {
-    (a.size_bytes, a.wipe_failures, &a.wwid).cmp(&(b.size_bytes, b.wipe_failures, &b.wwid))
+    preference_key(a).cmp(&preference_key(b))
 }
 
 /// The first of `candidates` that fits `req` from `node` (anywhere:

@@ -668,14 +668,7 @@ impl super::Store for KubeInventory {
                 let api: Api<PendingResizeRequest> =
                     Api::namespaced(self.inner.client.clone(), &ns);
                 let name = existing.name_any();
-                if existing.spec.requested_bytes != r.requested_bytes
-                    || existing.spec.volume_id != r.volume_id
-                {
-                    let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map_err(api_error)?;
-                }
+                update_resize_spec(&api, &name, &existing, &r).await?;
                 (
                     name,
                     ns,
@@ -721,14 +714,7 @@ impl super::Store for KubeInventory {
                     // Its spec may be older than this request: update it.
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         let existing = api.get(&object).await.map_err(api_error)?;
-                        if existing.spec.requested_bytes != r.requested_bytes
-                            || existing.spec.volume_id != r.volume_id
-                        {
-                            let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
-                            api.patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
-                                .await
-                                .map_err(api_error)?;
-                        }
+                        update_resize_spec(&api, &object, &existing, &r).await?;
                         Some((
                             existing.spec.requested_bytes,
                             existing.status.unwrap_or_default().done,
@@ -854,6 +840,25 @@ where
 }
 
 // === helpers ===
+
+/// Brings a stored resize request's spec up to `r` when it asks for
+/// another size or names another volume.
+async fn update_resize_spec(
+    api: &Api<PendingResizeRequest>,
+    object: &str,
+    existing: &PendingResizeRequest,
+    r: &ResizeRequest,
+) -> Result<(), InventoryError> {
+    if existing.spec.requested_bytes == r.requested_bytes && existing.spec.volume_id == r.volume_id
+    {
+        return Ok(());
+    }
+    let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
+    api.patch(object, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_error)?;
+    Ok(())
+}
 
 /// What no reader of the caches needs (and a large share of each object).
 fn drop_managed_fields<K: Resource>(obj: &mut K) {
