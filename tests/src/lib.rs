@@ -2,11 +2,11 @@
 //! The end-to-end tests (and, later, the lab) drive the binaries through it.
 #![forbid(unsafe_code)]
 
+pub use csi_scsi_testbed::{binaries, daemon, kube};
+
 pub mod bench;
-pub mod binaries;
 pub mod conformance;
 pub mod csi_client;
-pub mod daemon;
 pub mod disks;
 pub mod fabric;
 pub mod iscsi;
