@@ -1,8 +1,13 @@
-//! Compiles `csi.proto` and `agent.proto` with protox (pure Rust, no system
+//! Compiles `csi.proto`, `agent.proto` and kubelet's plugin registration
+//! API (`pluginregistration/v1/api.proto`) with protox (pure Rust, no system
 //! `protoc`) and generates prost messages plus tonic clients and servers.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/csi.proto", "proto/agent.proto"];
+    let files = [
+        "proto/csi.proto",
+        "proto/agent.proto",
+        "proto/pluginregistration/v1/api.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

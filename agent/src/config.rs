@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -11,6 +11,7 @@ use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
 
 use crate::host::Host;
 use crate::host::command::CommandRunner;
+use crate::registration::RegistrationPaths;
 
 /// csi-scsi node agent: serves CSI Identity and Node to kubelet on a Unix
 /// socket, and the agent API (discover, attach, detach, wipe, rescan) to the
@@ -79,6 +80,33 @@ pub struct Args {
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
 
+    /// Register the driver with kubelet's plugin watcher, as
+    /// node-driver-registrar would (the agent replaces that sidecar): on in
+    /// a cluster; off where no kubelet watches (a lab without kubelet).
+    /// kubelet's verdict shows on /status; while it is a refusal, /readyz
+    /// fails (waiting for kubelet does not: it registers only a serving
+    /// agent).
+    #[arg(
+        long,
+        env = "KUBELET_REGISTRATION",
+        value_enum,
+        default_value = "on",
+        value_name = "on|off"
+    )]
+    pub kubelet_registration: Switch,
+
+    /// The directory kubelet's plugin watcher watches; the agent serves
+    /// <dir>/csi-scsi.io-reg.sock there and removes it on shutdown (kubelet
+    /// then deregisters the driver). Default: <kubelet-dir>/plugins_registry.
+    #[arg(long, env = "REGISTRATION_DIR")]
+    pub registration_dir: Option<PathBuf>,
+
+    /// The CSI socket's absolute path as kubelet sees it, handed to kubelet
+    /// at registration. Default: the --csi-endpoint path (the DaemonSet
+    /// mounts the kubelet directory at the host's path).
+    #[arg(long)]
+    pub kubelet_registration_path: Option<PathBuf>,
+
     /// open-iscsi's node record directory: CHAP settings are written into
     /// the records there, never passed to iscsiadm on its command line.
     #[arg(long, default_value = "/etc/iscsi/nodes")]
@@ -118,6 +146,15 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// A feature switch on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
 /// Validated configuration.
 #[derive(Debug)]
 pub struct Config {
@@ -127,6 +164,8 @@ pub struct Config {
     pub max_volumes: u64,
     pub node_name: String,
     pub csi_socket: PathBuf,
+    /// Where to register with kubelet; `None` when registration is off.
+    pub registration: Option<RegistrationPaths>,
     pub agent_listen: SocketAddr,
     pub status_listen: SocketAddr,
     pub tls: MaterialPaths,
@@ -158,6 +197,15 @@ impl Args {
         }
         let kubelet_dir =
             std::fs::canonicalize(&self.kubelet_dir).unwrap_or(self.kubelet_dir.clone());
+        let registration = match self.kubelet_registration {
+            Switch::Off => None,
+            Switch::On => Some(registration_paths(
+                self.registration_dir,
+                self.kubelet_registration_path,
+                &kubelet_dir,
+                &csi_socket,
+            )?),
+        };
         let host = Host {
             sysfs: self.sysfs_root,
             dev: self.dev_root,
@@ -174,6 +222,7 @@ impl Args {
             max_volumes: self.max_volumes,
             node_name: self.node_name,
             csi_socket,
+            registration,
             agent_listen: self.agent_listen,
             status_listen: self.status_listen,
             tls: MaterialPaths::in_dir(&self.tls_dir),
@@ -183,4 +232,29 @@ impl Args {
             tls_poll_interval: Duration::from_secs(self.tls_poll_interval.max(1)),
         })
     }
+}
+
+/// The registration socket and the endpoint handed to kubelet; kubelet
+/// resolves neither against a working directory, so both must be absolute.
+fn registration_paths(
+    dir: Option<PathBuf>,
+    endpoint: Option<PathBuf>,
+    kubelet_dir: &Path,
+    csi_socket: &Path,
+) -> Result<RegistrationPaths, String> {
+    let dir = dir.unwrap_or_else(|| kubelet_dir.join("plugins_registry"));
+    if !dir.is_absolute() {
+        return Err(format!(
+            "--registration-dir: {} must be an absolute path",
+            dir.display()
+        ));
+    }
+    let endpoint = endpoint.unwrap_or_else(|| csi_socket.to_owned());
+    if !endpoint.is_absolute() {
+        return Err(format!(
+            "--kubelet-registration-path: {} must be an absolute path",
+            endpoint.display()
+        ));
+    }
+    Ok(RegistrationPaths::new(&dir, endpoint))
 }

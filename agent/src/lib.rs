@@ -1,6 +1,7 @@
 //! csi-scsi-agent, the node plugin: CSI Identity and Node for kubelet on a
 //! Unix socket, and the agent API (discover, attach, detach, wipe, rescan)
-//! for the proxy over mutual TLS. All host access goes through [`host`].
+//! for the proxy over mutual TLS, and its own registration with kubelet
+//! ([`registration`]). All host access goes through [`host`].
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -9,6 +10,7 @@ pub mod csi;
 pub mod device;
 pub mod error;
 pub mod host;
+pub mod registration;
 pub mod serve;
 pub mod status;
 pub mod volume;

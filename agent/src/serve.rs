@@ -12,13 +12,18 @@ use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
 use csi_scsi_proto::csi::node_server::NodeServer;
 use csi_scsi_proto::csi::plugin_capability::service::Type as PluginService;
+use csi_scsi_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use crate::api::AgentApi;
 use crate::config::Config;
 use crate::csi::node::NodeService;
 use crate::device::{Attachments, Devices};
+use crate::registration::{
+    KubeletRegistration, RegistrationCheck, RegistrationService, fix_authority,
+};
 
 /// The longest an agent API connection lives before the agent asks the
 /// proxy to reconnect (HTTP/2 GOAWAY; the proxy's channel reconnects by
@@ -26,7 +31,8 @@ use crate::device::{Attachments, Devices};
 pub const AGENT_API_CONNECTION_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 /// How long calls in flight on a connection past its age may finish.
 pub const AGENT_API_CONNECTION_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
-/// Serves CSI (Unix socket) and the agent API (mTLS) until SIGTERM/SIGINT.
+/// Serves CSI (Unix socket), the agent API (mTLS) and, when on, kubelet's
+/// plugin registration (Unix socket) until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
     let store = MaterialStore::load(
@@ -103,10 +109,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.login_timeout,
         luns,
     ));
-    let status =
+    let registration = config.registration.clone().map(KubeletRegistration::new);
+    let mut status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
     let agent_api = AgentApi::new(devices, &config.node_name, store.clone()).with_metrics(&metrics);
-    let readiness = readiness.with(SocketCheck(socket.path().to_owned()));
+    let mut readiness = readiness.with(SocketCheck(socket.path().to_owned()));
+    // /readyz only: a failing CSI Probe would have the livenessprobe
+    // sidecar restart the agent, which a refusal by kubelet does not cure.
+    if let Some(registration) = &registration {
+        readiness = readiness.with(RegistrationCheck(registration.clone()));
+        status = status.with_registration(registration.clone());
+    }
     let stop = shutdown.clone();
     tokio::spawn(status_listener.serve(
         StatusService::new(readiness, metrics.clone(), Arc::new(status)),
@@ -128,10 +141,57 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown.signaled(),
         );
 
+    // Bound last, once every service it leads kubelet to is being set up:
+    // kubelet acts on the socket as soon as it appears.
+    let registrar = match registration {
+        Some(registration) => {
+            let socket = CsiSocket::bind(&registration.paths().socket)
+                .await
+                .context("binding the kubelet registration socket")?;
+            tracing::info!(
+                socket = %socket.path().display(),
+                endpoint = %registration.paths().endpoint.display(),
+                "serving kubelet plugin registration"
+            );
+            Some((registration, socket))
+        }
+        None => {
+            tracing::info!("kubelet registration is off");
+            None
+        }
+    };
+    let registrar = async {
+        let Some((registration, mut socket)) = registrar else {
+            return Ok(());
+        };
+        let incoming = socket
+            .incoming()
+            .context("registration socket already served")?
+            .map(|conn| conn.map(fix_authority));
+        let stop = shutdown.clone();
+        Server::builder()
+            .layer(metrics.grpc_layer())
+            .layer(NameUnservedLayer::new(
+                "kubelet plugin registration (csi-scsi-agent)",
+            ))
+            .add_service(RegistrationServer::new(RegistrationService::new(
+                registration,
+            )))
+            .serve_with_incoming_shutdown(incoming, async move {
+                stop.signaled().await;
+                // Removed at the signal, not after the drain: its removal
+                // is what tells kubelet to deregister the driver.
+                drop(socket);
+            })
+            .await
+            .context("kubelet registration server")
+    };
+
     tokio::select! {
-        (csi, api) = async { tokio::join!(csi, api) } => {
+        (csi, api, registrar) = async { tokio::join!(csi, api, registrar) } => {
             csi.context("CSI server")?;
             api.context("agent API server")?;
+            registrar?;
             tracing::info!("drained; exiting");
         }
         () = shutdown.grace_elapsed(config.grace_period) => {

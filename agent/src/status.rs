@@ -23,6 +23,7 @@ use crate::host::Host;
 use crate::host::mount::kubelet_root;
 use crate::host::mountinfo::{Mount, MountTable};
 use crate::host::sysfs::{self, DeviceState, Lun, Transport};
+use crate::registration::KubeletRegistration;
 
 /// The agent's status source.
 pub struct AgentStatus {
@@ -31,6 +32,7 @@ pub struct AgentStatus {
     metrics: Metrics,
     gauges: Gauges,
     started: SystemTime,
+    registration: Option<KubeletRegistration>,
 }
 
 /// The gauges read from the node's state (at each scrape and `/status`).
@@ -69,7 +71,14 @@ impl AgentStatus {
             gauges: Gauges::new(&metrics),
             metrics,
             started: SystemTime::now(),
+            registration: None,
         }
+    }
+
+    /// Also shows the registration with kubelet.
+    pub fn with_registration(mut self, registration: KubeletRegistration) -> Self {
+        self.registration = Some(registration);
+        self
     }
 
     /// Reads sysfs and the mount table off the async threads.
@@ -103,6 +112,7 @@ impl StatusSource for AgentStatus {
                 },
                 recent_errors: self.metrics.recent_errors(),
                 problems: snap.problems,
+                kubelet_registration: self.registration.as_ref().map(|r| r.report()),
             });
             serde_json::to_value(doc).unwrap_or_else(|e| {
                 serde_json::json!({

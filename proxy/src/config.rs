@@ -43,8 +43,10 @@ pub struct Args {
     #[arg(long, env = "BACKEND", default_value = "embedded", value_parser = ["embedded", "kubernetes"])]
     pub backend: String,
 
-    /// File of agents: `<node> <host:port> [label=value,...]` per line
-    /// (embedded backend).
+    /// File of agents: `<node> <host:port> [label=value,...]` per line.
+    /// Required with the embedded backend; with the kubernetes backend it
+    /// replaces the agent Pods (agents run outside the cluster, as in the
+    /// Kubernetes lab until the DaemonSet runs there).
     #[arg(long, env = "AGENTS_FILE")]
     pub agents_file: Option<PathBuf>,
 
@@ -134,13 +136,25 @@ pub enum Backend {
         namespace: String,
         /// This replica's Lease identity.
         pod_name: String,
-        /// Agent Pod selector.
-        agent_selector: String,
-        /// Default agent API port.
-        agent_port: u16,
+        /// Where the agents are listed.
+        agents: AgentSource,
         /// Lease name.
         lease_name: String,
     },
+}
+
+/// Where the Kubernetes backend finds the agents.
+#[derive(Clone, Debug)]
+pub enum AgentSource {
+    /// The agent DaemonSet's Pods, by label selector.
+    Pods {
+        /// Label selector of the agent Pods.
+        selector: String,
+        /// Agent API port when a Pod declares no `agent-api` port.
+        port: u16,
+    },
+    /// An agents file (agents outside the cluster).
+    File(PathBuf),
 }
 
 /// Validated configuration.
@@ -189,8 +203,13 @@ impl Args {
                 Backend::Kubernetes {
                     namespace: self.namespace,
                     pod_name: self.pod_name,
-                    agent_selector: self.agent_selector,
-                    agent_port: self.agent_port,
+                    agents: match self.agents_file {
+                        Some(file) => AgentSource::File(file),
+                        None => AgentSource::Pods {
+                            selector: self.agent_selector,
+                            port: self.agent_port,
+                        },
+                    },
                     lease_name: self.lease_name,
                 }
             }

@@ -39,6 +39,13 @@ pub enum ProxyError {
         /// What that means for this request.
         consequence: String,
     },
+    /// The agent directory has not listed once yet (proxy start-up, or
+    /// the Pod or Node list refused): nothing is known about any node.
+    #[error("the agent directory has not listed the agents and nodes yet: {consequence}")]
+    DirectoryNotSynced {
+        /// What that means for this request.
+        consequence: String,
+    },
     /// A volume with this name exists with other parameters.
     #[error("volume {name} already exists with different parameters: {difference}")]
     NameConflict {
@@ -136,7 +143,9 @@ impl ProxyError {
     pub fn attach_surely_refused(&self) -> bool {
         match self {
             Self::Agent(e) => e.surely_did_nothing(),
-            Self::NodeNotFound(_) | Self::NodeUnreachable { .. } => true,
+            Self::NodeNotFound(_)
+            | Self::NodeUnreachable { .. }
+            | Self::DirectoryNotSynced { .. } => true,
             _ => false,
         }
     }

@@ -7,22 +7,42 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
+use kube::api::{PatchParams, PostParams};
 use tokio::sync::Notify;
 
-use crate::directory::{AgentDirectory, PodDirectory, PodDirectoryConfig};
+use crate::config::AgentSource;
+use crate::directory::{AgentDirectory, FileDirectory, PodDirectory, PodDirectoryConfig};
 use crate::events::VolumeEvents;
 use crate::inventory::{Inventory, KubeInventory, KubeInventoryConfig};
 use crate::leader::{LeaderElection, LeaderHandle, LeaseConfig, LeaseConfigError};
+
+/// The field manager of every object the proxy writes, so that
+/// `kubectl get --show-managed-fields` names the proxy, not a user agent.
+pub const FIELD_MANAGER: &str = "csi-scsi-proxy";
+
+/// Create and replace parameters carrying [`FIELD_MANAGER`].
+pub fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    }
+}
+
+/// Patch parameters carrying [`FIELD_MANAGER`].
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
 
 /// The settings `serve.rs` takes from its flags.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
     /// The driver's namespace (agent Pods, the Lease, fallback for resize requests).
     pub namespace: String,
-    /// Label selector of the agent Pods.
-    pub agent_selector: String,
-    /// Agent API port when an agent Pod declares no `agent-api` port.
-    pub agent_port: u16,
+    /// Where the agents are listed (their Pods, or a file).
+    pub agents: AgentSource,
     /// The Lease's name.
     pub lease_name: String,
     /// This replica's identity in the Lease (its pod name).
@@ -59,6 +79,9 @@ pub enum KubeWiringError {
     /// No in-cluster or kubeconfig credentials.
     #[error("Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    /// The agents file could not be read.
+    #[error("agents file: {0}")]
+    AgentsFile(#[source] crate::directory::DirectoryError),
     /// Bad Lease settings.
     #[error("leader election: {0}")]
     Lease(#[from] LeaseConfigError),
@@ -97,15 +120,22 @@ pub fn kube_backends_with(
             events: Some(events.clone()),
         },
     );
-    let directory = PodDirectory::spawn(
-        client,
-        PodDirectoryConfig {
-            namespace: options.namespace,
-            selector: options.agent_selector,
-            port: options.agent_port,
-            settle: Duration::from_millis(500),
-        },
-    );
+    let directory: Arc<dyn AgentDirectory> = match options.agents {
+        AgentSource::Pods { selector, port } => PodDirectory::spawn(
+            client,
+            PodDirectoryConfig {
+                namespace: options.namespace,
+                selector,
+                port,
+                settle: Duration::from_millis(500),
+            },
+        ),
+        AgentSource::File(path) => {
+            let directory = FileDirectory::load(&path).map_err(KubeWiringError::AgentsFile)?;
+            directory.watch(Duration::from_secs(30));
+            directory
+        }
+    };
     Ok(KubeBackends {
         inventory: Arc::new(Inventory::new(Arc::new(kube_inventory.clone()))),
         targets_changed: kube_inventory.targets_changed(),

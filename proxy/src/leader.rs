@@ -8,8 +8,9 @@
 //! may start. Every write is a resourceVersion-guarded replace.
 //!
 //! `LeaderHandle` is what the rest of the proxy sees: `is_leader()`, a
-//! `watch` to follow changes, `LeaderGate` to answer Controller calls with
-//! UNAVAILABLE on a non-leader, and `run_while_leader` for background work.
+//! `watch` to follow changes, `LeaderGate` to answer the Controller calls
+//! that change state with UNAVAILABLE on a non-leader, and
+//! `run_while_leader` for background work.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,11 +18,14 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::ObjectMeta;
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tonic::codegen::http;
+
+use crate::kube_wiring::post_params;
 
 /// Names and timings of the election.
 #[derive(Clone, Debug)]
@@ -78,11 +82,58 @@ pub struct LeaderElection {
     config: LeaseConfig,
 }
 
-/// A tonic interceptor that refuses calls with UNAVAILABLE unless this
-/// replica leads: the sidecar retries, and reaches the leader once its own
-/// election settles on the same pod.
+/// A tower layer over the Controller service that answers the calls which
+/// change state ([`ControllerMethod::needs_leader`]) with UNAVAILABLE
+/// unless this replica leads. Reads are served by every replica: each keeps
+/// its own watch caches, and every sidecar calls ControllerGetCapabilities
+/// once at start-up, before its own leader election, and exits if that
+/// fails. The sidecars' elections and the proxy's are independent: nothing
+/// lines them up, so a sidecar leading in a pod whose proxy does not gets
+/// UNAVAILABLE for its writes until one of the Leases moves.
 #[derive(Clone, Debug)]
 pub struct LeaderGate(pub LeaderHandle);
+
+/// The service [`LeaderGate`] makes.
+#[derive(Clone, Debug)]
+pub struct LeaderGated<S> {
+    inner: S,
+    leader: LeaderHandle,
+}
+
+/// A Controller RPC, named by its gRPC path: what the leader gate decides on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerMethod {
+    /// CreateVolume.
+    CreateVolume,
+    /// DeleteVolume.
+    DeleteVolume,
+    /// ControllerPublishVolume.
+    ControllerPublishVolume,
+    /// ControllerUnpublishVolume.
+    ControllerUnpublishVolume,
+    /// ValidateVolumeCapabilities.
+    ValidateVolumeCapabilities,
+    /// ListVolumes.
+    ListVolumes,
+    /// GetCapacity.
+    GetCapacity,
+    /// ControllerGetCapabilities.
+    ControllerGetCapabilities,
+    /// CreateSnapshot.
+    CreateSnapshot,
+    /// DeleteSnapshot.
+    DeleteSnapshot,
+    /// ListSnapshots.
+    ListSnapshots,
+    /// GetSnapshot.
+    GetSnapshot,
+    /// ControllerExpandVolume.
+    ControllerExpandVolume,
+    /// ControllerGetVolume.
+    ControllerGetVolume,
+    /// ControllerModifyVolume.
+    ControllerModifyVolume,
+}
 
 /// The candidate's state between attempts.
 struct Elector {
@@ -240,7 +291,7 @@ impl LeaderElection {
         spec.renew_time = Some(MicroTime(Timestamp::now()));
         match self
             .api
-            .replace(&self.config.name, &PostParams::default(), &lease)
+            .replace(&self.config.name, &post_params(), &lease)
             .await
         {
             Ok(_) => tracing::info!(lease = %self.config.name, "leadership released"),
@@ -257,18 +308,106 @@ impl Drop for LeaderElection {
     }
 }
 
-// === impl LeaderGate ===
+// === impl ControllerMethod ===
 
-impl tonic::service::Interceptor for LeaderGate {
-    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if self.0.is_leader() {
-            Ok(request)
-        } else {
-            Err(tonic::Status::unavailable(
-                "this csi-scsi-proxy replica is not the leader; retry (the leader holds the Lease)",
-            ))
+impl ControllerMethod {
+    /// The method `path` (`/csi.v1.Controller/<Method>`) names; `None` for
+    /// any other path.
+    pub fn from_path(path: &str) -> Option<Self> {
+        let method = path
+            .strip_prefix('/')?
+            .strip_prefix(csi_scsi_proto::csi::controller_server::SERVICE_NAME)?
+            .strip_prefix('/')?;
+        Some(match method {
+            "CreateVolume" => Self::CreateVolume,
+            "DeleteVolume" => Self::DeleteVolume,
+            "ControllerPublishVolume" => Self::ControllerPublishVolume,
+            "ControllerUnpublishVolume" => Self::ControllerUnpublishVolume,
+            "ValidateVolumeCapabilities" => Self::ValidateVolumeCapabilities,
+            "ListVolumes" => Self::ListVolumes,
+            "GetCapacity" => Self::GetCapacity,
+            "ControllerGetCapabilities" => Self::ControllerGetCapabilities,
+            "CreateSnapshot" => Self::CreateSnapshot,
+            "DeleteSnapshot" => Self::DeleteSnapshot,
+            "ListSnapshots" => Self::ListSnapshots,
+            "GetSnapshot" => Self::GetSnapshot,
+            "ControllerExpandVolume" => Self::ControllerExpandVolume,
+            "ControllerGetVolume" => Self::ControllerGetVolume,
+            "ControllerModifyVolume" => Self::ControllerModifyVolume,
+            _ => return None,
+        })
+    }
+
+    /// Whether only the leader may serve it: every call that changes state
+    /// (the inventory, an attachment, a LUN). The others read the watch
+    /// caches every replica keeps.
+    pub fn needs_leader(self) -> bool {
+        match self {
+            Self::CreateVolume
+            | Self::DeleteVolume
+            | Self::ControllerPublishVolume
+            | Self::ControllerUnpublishVolume
+            | Self::ControllerExpandVolume
+            | Self::ControllerModifyVolume
+            | Self::CreateSnapshot
+            | Self::DeleteSnapshot => true,
+            Self::ControllerGetCapabilities
+            | Self::ValidateVolumeCapabilities
+            | Self::ListVolumes
+            | Self::GetCapacity
+            | Self::ControllerGetVolume
+            | Self::ListSnapshots
+            | Self::GetSnapshot => false,
         }
     }
+}
+
+// === impl LeaderGate ===
+
+impl<S> tower::Layer<S> for LeaderGate {
+    type Service = LeaderGated<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LeaderGated {
+            inner,
+            leader: self.0.clone(),
+        }
+    }
+}
+
+impl<S, B> tower::Service<http::Request<B>> for LeaderGated<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        futures::future::Either<S::Future, std::future::Ready<Result<Self::Response, Self::Error>>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        // A method this table does not know is gated: it may write.
+        let method = ControllerMethod::from_path(path);
+        if method.is_none_or(ControllerMethod::needs_leader) && !self.leader.is_leader() {
+            let refusal = tonic::Status::unavailable(format!(
+                "{}: this csi-scsi-proxy replica is not the leader, and only the leader changes state; retry (the leader holds the Lease)",
+                method.map_or("this method", |_| path.trim_start_matches('/'))
+            ));
+            return futures::future::Either::Right(std::future::ready(Ok(refusal.into_http())));
+        }
+        futures::future::Either::Left(self.inner.call(request))
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for LeaderGated<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 // === impl Elector ===
@@ -349,7 +488,7 @@ impl Elector {
                     ..LeaseSpec::default()
                 }),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
+            return match self.api.create(&post_params(), &lease).await {
                 Ok(created) => {
                     self.observe(&created);
                     Ok(true)
@@ -388,7 +527,7 @@ impl Elector {
         s.lease_duration_seconds = Some(duration_secs);
         match self
             .api
-            .replace(&self.config.name, &PostParams::default(), &next)
+            .replace(&self.config.name, &post_params(), &next)
             .await
         {
             Ok(written) => {
@@ -413,5 +552,74 @@ impl Elector {
             self.observed = Some((record.clone(), Instant::now()));
         }
         record
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_calls_that_change_state_need_the_leader() {
+        // (path, method, needs the leader)
+        let table = [
+            ("CreateVolume", ControllerMethod::CreateVolume, true),
+            ("DeleteVolume", ControllerMethod::DeleteVolume, true),
+            (
+                "ControllerPublishVolume",
+                ControllerMethod::ControllerPublishVolume,
+                true,
+            ),
+            (
+                "ControllerUnpublishVolume",
+                ControllerMethod::ControllerUnpublishVolume,
+                true,
+            ),
+            (
+                "ControllerExpandVolume",
+                ControllerMethod::ControllerExpandVolume,
+                true,
+            ),
+            (
+                "ControllerModifyVolume",
+                ControllerMethod::ControllerModifyVolume,
+                true,
+            ),
+            ("CreateSnapshot", ControllerMethod::CreateSnapshot, true),
+            ("DeleteSnapshot", ControllerMethod::DeleteSnapshot, true),
+            (
+                "ControllerGetCapabilities",
+                ControllerMethod::ControllerGetCapabilities,
+                false,
+            ),
+            (
+                "ValidateVolumeCapabilities",
+                ControllerMethod::ValidateVolumeCapabilities,
+                false,
+            ),
+            ("ListVolumes", ControllerMethod::ListVolumes, false),
+            ("GetCapacity", ControllerMethod::GetCapacity, false),
+            (
+                "ControllerGetVolume",
+                ControllerMethod::ControllerGetVolume,
+                false,
+            ),
+            ("ListSnapshots", ControllerMethod::ListSnapshots, false),
+            ("GetSnapshot", ControllerMethod::GetSnapshot, false),
+        ];
+        for (name, method, gated) in table {
+            let path = format!("/csi.v1.Controller/{name}");
+            assert_eq!(ControllerMethod::from_path(&path), Some(method), "{path}");
+            assert_eq!(method.needs_leader(), gated, "{path}");
+        }
+        for other in [
+            "/csi.v1.Controller/Frobnicate",
+            "/csi.v1.Identity/Probe",
+            "/csi.v1.Controller/",
+            "csi.v1.Controller/CreateVolume",
+            "/csi.v1.Controller/CreateVolume/x",
+        ] {
+            assert_eq!(ControllerMethod::from_path(other), None, "{other}");
+        }
     }
 }

@@ -13,11 +13,12 @@ use csi_scsi_proto::csi::identity_server::IdentityServer;
 use csi_scsi_proto::csi::plugin_capability::service::Type as ServiceCapability;
 use tokio::sync::Notify;
 use tonic::transport::Server;
+use tower::Layer;
 
 use crate::agents::AgentPool;
 use crate::config::{Backend, Config};
 use crate::csi::ControllerService;
-use crate::directory::{AgentDirectory, FileDirectory};
+use crate::directory::{AgentDirectory, DirectoryCheck, FileDirectory};
 use crate::inventory::{EmbeddedInventory, Inventory};
 use crate::leader::{LeaderGate, LeaderHandle, run_while_leader};
 use crate::lifecycle::Lifecycle;
@@ -100,9 +101,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         discovery::run(discovering.clone(), interval, trigger.clone(), concurrency)
     }));
 
+    // Probe (the sidecars wait for it) and /readyz alike: until the
+    // directory has listed once, a missing agent says nothing about its node.
     let readiness = Readiness::new()
         .with(TlsMaterialCheck(tls.clone()))
-        .with(backends.store_check);
+        .with(backends.store_check)
+        .with(DirectoryCheck(backends.directory.clone()));
     let mode = match config.backend {
         Backend::Embedded { .. } => "single-replica",
         Backend::Kubernetes { .. } => "lease",
@@ -137,10 +141,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             "CSI Identity and Controller (csi-scsi-proxy)",
         ))
         .add_service(IdentityServer::new(identity))
-        .add_service(ControllerServer::with_interceptor(
-            ControllerService::new(life),
-            LeaderGate(backends.leader.clone()),
-        ))
+        .add_service(
+            LeaderGate(backends.leader.clone())
+                .layer(ControllerServer::new(ControllerService::new(life))),
+        )
         .serve_with_incoming_shutdown(
             socket.incoming().context("CSI socket already served")?,
             shutdown.signaled(),
@@ -209,14 +213,12 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
         Backend::Kubernetes {
             namespace,
             pod_name,
-            agent_selector,
-            agent_port,
+            agents,
             lease_name,
         } => {
             let b = crate::kube_wiring::kube_backends(crate::kube_wiring::KubeOptions {
                 namespace: namespace.clone(),
-                agent_selector: agent_selector.clone(),
-                agent_port: *agent_port,
+                agents: agents.clone(),
                 lease_name: lease_name.clone(),
                 identity: pod_name.clone(),
                 driver_name: csi_scsi_daemon::PLUGIN_NAME.to_owned(),

@@ -1,6 +1,7 @@
 //! An agent's `/status`: its node's iSCSI sessions, the LUNs it sees, the
-//! volumes staged and published under the kubelet directory, and its last
-//! failed calls. Sessions are named by target and portal only.
+//! volumes staged and published under the kubelet directory, its
+//! registration with kubelet, and its last failed calls. Sessions are named
+//! by target and portal only.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,44 @@ pub struct Document {
     pub recent_errors: Vec<ErrorRecord>,
     /// What could not be read (the rest of the document still stands).
     pub problems: Vec<String>,
+    /// The agent's registration with kubelet's plugin watcher; absent when
+    /// registration is off, and from agents that predate it (schema 1
+    /// without it stays schema 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_registration: Option<KubeletRegistration>,
+}
+
+/// The agent's registration with kubelet's plugin watcher.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeletRegistration {
+    /// The registration socket kubelet's plugin watcher dials.
+    pub socket: String,
+    /// The CSI socket the agent hands kubelet (as kubelet sees it).
+    pub endpoint: String,
+    /// What kubelet last reported.
+    pub state: RegistrationState,
+    /// kubelet's reason when it refused the plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When kubelet last asked for the plugin's info (RFC 3339, UTC): it
+    /// found the socket. `None`: kubelet has not dialled it yet.
+    #[serde(default)]
+    pub info_requested: Option<String>,
+    /// When kubelet last reported the outcome (RFC 3339, UTC).
+    #[serde(default)]
+    pub reported: Option<String>,
+}
+
+/// What kubelet last reported about the registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegistrationState {
+    /// kubelet has reported nothing since the agent started.
+    Pending,
+    /// kubelet registered the driver.
+    Registered,
+    /// kubelet refused it (see `error`).
+    Failed,
 }
 
 /// One iSCSI session.

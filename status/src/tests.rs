@@ -60,6 +60,7 @@ fn agent_document() -> Status {
         },
         recent_errors: vec![error()],
         problems: vec![],
+        kubelet_registration: None,
     })
 }
 
@@ -296,4 +297,47 @@ fn a_chap_secret_is_named_never_carried() {
     let text = serde_json::to_string(&target).expect("write");
     assert!(!text.contains("hunter2"), "{text}");
     assert!(text.contains(r#""chapSecretRef":{"name":"chap","namespace":"ns"}"#));
+}
+
+/// The registration block's wire names are pinned too; a document without
+/// it (registration off, or an older agent) still reads.
+#[test]
+fn kubelet_registration_keeps_its_json_names_and_is_optional() {
+    let Status::Agent(mut doc) = agent_document() else {
+        unreachable!("agent_document is an agent's")
+    };
+    doc.kubelet_registration = Some(agent::KubeletRegistration {
+        socket: "/var/lib/kubelet/plugins_registry/csi-scsi.io-reg.sock".into(),
+        endpoint: "/var/lib/kubelet/plugins/csi-scsi.io/csi.sock".into(),
+        state: agent::RegistrationState::Failed,
+        error: Some("node ID mismatch".into()),
+        info_requested: Some("2026-11-22T20:21:13.900Z".into()),
+        reported: Some("2026-11-22T20:21:14.001Z".into()),
+    });
+    let with = Status::Agent(doc.clone());
+    let value = serde_json::to_value(&with).expect("write");
+    assert_eq!(
+        value["kubelet_registration"],
+        json!({"socket": "/var/lib/kubelet/plugins_registry/csi-scsi.io-reg.sock",
+               "endpoint": "/var/lib/kubelet/plugins/csi-scsi.io/csi.sock",
+               "state": "failed", "error": "node ID mismatch",
+               "info_requested": "2026-11-22T20:21:13.900Z",
+               "reported": "2026-11-22T20:21:14.001Z"})
+    );
+    let back: Status = serde_json::from_value(value).expect("read");
+    assert_eq!(back, with);
+    let pending = json!({"socket": "/r/csi-scsi.io-reg.sock", "endpoint": "/p/csi.sock",
+                         "state": "pending", "info_requested": null, "reported": null});
+    let read: agent::KubeletRegistration = serde_json::from_value(pending).expect("pending");
+    assert_eq!(read.state, agent::RegistrationState::Pending);
+    assert_eq!(read.error, None);
+    // Without the block: the schema-1 document of before.
+    let mut without = serde_json::to_value(agent_document()).expect("write");
+    assert!(without.get("kubelet_registration").is_none());
+    without
+        .as_object_mut()
+        .expect("object")
+        .remove("kubelet_registration");
+    let back: Status = serde_json::from_value(without).expect("read");
+    assert_eq!(back, agent_document());
 }

@@ -22,13 +22,31 @@ async fn api_server_enforces_rbac_for_service_account_tokens() {
         .service_account_kubeconfig("t", "robot", &dir.path().join("robot.kubeconfig"))
         .expect("token");
     let robot = admin.with_kubeconfig(&robot);
-    let denied = robot.run(&["get", "pods", "-n", "t"]).expect_err("no RBAC yet");
+    let denied = robot
+        .run(&["get", "pods", "-n", "t"])
+        .expect_err("no RBAC yet");
     assert!(format!("{denied:#}").contains("forbidden"), "{denied:#}");
     admin
-        .run(&["create", "role", "read-pods", "-n", "t", "--verb=list", "--resource=pods"])
+        .run(&[
+            "create",
+            "role",
+            "read-pods",
+            "-n",
+            "t",
+            "--verb=list",
+            "--resource=pods",
+        ])
         .expect("role");
     admin
-        .run(&["create", "rolebinding", "robot", "-n", "t", "--role=read-pods", "--serviceaccount=t:robot"])
+        .run(&[
+            "create",
+            "rolebinding",
+            "robot",
+            "-n",
+            "t",
+            "--role=read-pods",
+            "--serviceaccount=t:robot",
+        ])
         .expect("binding");
     robot.run(&["get", "pods", "-n", "t"]).expect("allowed now");
 }

@@ -20,12 +20,14 @@ use crate::parameters::ClassParameters;
 use crate::selector::Selector;
 
 /// The RPCs this controller serves, as listed in ControllerGetCapabilities.
-const CAPABILITIES: [Rpc; 10] = [
+/// Not PUBLISH_READONLY: the agent attaches the LUN read-write, and a
+/// read-only mount does not stop writes to a raw block device node, so a
+/// read-only publication is not enforced end to end.
+const CAPABILITIES: [Rpc; 9] = [
     Rpc::CreateDeleteVolume,
     Rpc::PublishUnpublishVolume,
     Rpc::ListVolumes,
     Rpc::GetCapacity,
-    Rpc::PublishReadonly,
     Rpc::ExpandVolume,
     Rpc::ListVolumesPublishedNodes,
     Rpc::VolumeCondition,
@@ -179,6 +181,19 @@ impl Controller for ControllerService {
                     reason: "is required".into(),
                 }
             })?;
+            // Spec, ControllerPublishVolumeRequest.readonly: "CO MUST set
+            // this field to false if SP does not have the PUBLISH_READONLY
+            // controller capability." Publishing read-write what was asked
+            // read-only would break a promise, so refuse it.
+            if req.readonly {
+                return Err(crate::error::ProxyError::InvalidArgument {
+                    field: "readonly",
+                    reason: "must be false: this plugin does not advertise PUBLISH_READONLY \
+                             (it cannot attach a LUN read-only)"
+                        .into(),
+                }
+                .into());
+            }
             let access = request::access(cap)?;
             let publish_context = self
                 .life

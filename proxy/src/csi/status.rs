@@ -28,6 +28,8 @@ impl From<ProxyError> for Status {
             ProxyError::AgentsUnavailable { .. } => Code::Unavailable,
             // The external-attacher retries: the agent may come back.
             ProxyError::NodeUnreachable { .. } => Code::Unavailable,
+            // Start-up: the directory lists within seconds; retry.
+            ProxyError::DirectoryNotSynced { .. } => Code::Unavailable,
             // The agent's answer is translated deliberately: its codes
             // describe the node, the caller asked about a volume.
             ProxyError::Agent(a) => match a {

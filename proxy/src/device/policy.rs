@@ -18,7 +18,7 @@
 //! ```
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NodeView, Phase, Publication,
@@ -68,13 +68,16 @@ pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>
 
 /// Merges what `round` saw of `wwid` (`reports`) into the stored device.
 /// `None`: nothing to write. Nodes that did not answer keep their earlier
-/// view; another target's views are kept; a label the device already has
-/// is never overwritten (the conflict goes into `conflicts`).
+/// view, unless they are `departed` (gone from the cluster: their views go,
+/// of every target, so they leave topology and fan-outs); another target's
+/// views are kept; a label the device already has is never overwritten
+/// (the conflict goes into `conflicts`).
 pub fn merge(
     existing: Option<&Device>,
     wwid: &str,
     reports: &[Report<'_>],
     round: &DiscoveryRound,
+    departed: &BTreeSet<String>,
     now: i64,
     conflicts: &mut Vec<String>,
 ) -> Option<Merged> {
@@ -109,8 +112,11 @@ pub fn merge(
         });
     };
     let mut dev = before.clone();
-    dev.nodes
-        .retain(|v| !(v.target == *t && round.answered.contains_key(&v.node)));
+    dev.nodes.retain(|v| {
+        // This round's answer replaces the node's view of this target.
+        let answered_again = v.target == *t && round.answered.contains_key(&v.node);
+        !answered_again && !departed.contains(&v.node)
+    });
     dev.nodes.extend(fresh);
     dev.nodes
         .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));

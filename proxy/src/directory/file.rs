@@ -104,6 +104,11 @@ impl AgentDirectory for FileDirectory {
         self.tx.subscribe()
     }
 
+    /// The file was read whole before the directory existed.
+    fn is_synced(&self) -> bool {
+        true
+    }
+
     /// The file is the list of nodes: a node removed from it is gone.
     fn node_exists(&self, node: &str) -> bool {
         self.tx.borrow().contains_key(node)

@@ -43,8 +43,8 @@ pub struct PodDirectory {
     tx: watch::Sender<Agents>,
     /// The Node objects (metadata only): which nodes exist.
     nodes: Store<PartialObjectMeta<Node>>,
-    /// How many of the two watches have listed at least once.
-    listed: watch::Sender<usize>,
+    /// Whether a snapshot built after both watches listed once is out.
+    synced: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -61,6 +61,7 @@ impl PodDirectory {
         // How many of the two watches have listed once (the stores' own
         // `wait_until_ready` wakes only the last of several waiters).
         let (listed, _) = watch::channel(0usize);
+        let (synced, _) = watch::channel(false);
         let (tx, _) = watch::channel(Arc::new(BTreeMap::new()));
 
         let pod_task = crate::reflect::spawn(
@@ -84,8 +85,9 @@ impl PodDirectory {
         );
 
         let publisher = {
-            let (tx, pods, nodes, port, settle) = (
+            let (tx, synced, pods, nodes, port, settle) = (
                 tx.clone(),
+                synced.clone(),
                 pods.clone(),
                 nodes.clone(),
                 config.port,
@@ -94,6 +96,9 @@ impl PodDirectory {
             tokio::spawn(async move {
                 loop {
                     changed.notified().await;
+                    // Read before building: then the snapshot is built
+                    // from stores that hold both first lists.
+                    let complete = *listed.borrow() >= WATCHES;
                     let agents = build(&pods, &nodes, port);
                     tx.send_if_modified(|current| {
                         if **current == agents {
@@ -103,6 +108,9 @@ impl PodDirectory {
                         *current = Arc::new(agents);
                         true
                     });
+                    if complete {
+                        synced.send_if_modified(|s| !std::mem::replace(s, true));
+                    }
                     // Batch bursts (a relist, a rolling update) into one snapshot.
                     tokio::time::sleep(settle).await;
                 }
@@ -111,21 +119,23 @@ impl PodDirectory {
         Arc::new(Self {
             tx,
             nodes,
-            listed,
+            synced,
             tasks: vec![pod_task, node_task, publisher],
         })
     }
 
-    /// Waits until both reflectors have listed once.
+    /// Waits until both reflectors have listed once and a snapshot of
+    /// both lists is out.
     pub async fn wait_until_ready(&self) {
-        let mut rx = self.listed.subscribe();
+        let mut rx = self.synced.subscribe();
         // The sender lives in `self`: the channel cannot close meanwhile.
-        let _ = rx.wait_for(|n| *n >= WATCHES).await;
+        let _ = rx.wait_for(|s| *s).await;
     }
 
-    /// Whether both reflectors have listed once.
+    /// Whether both reflectors have listed once and a snapshot of both
+    /// lists is out.
     pub fn is_ready(&self) -> bool {
-        *self.listed.borrow() >= WATCHES
+        *self.synced.borrow()
     }
 }
 
@@ -148,6 +158,10 @@ impl AgentDirectory for PodDirectory {
 
     fn subscribe(&self) -> watch::Receiver<Agents> {
         self.tx.subscribe()
+    }
+
+    fn is_synced(&self) -> bool {
+        self.is_ready()
     }
 
     /// A node exists until its Node object is deleted; before the lists

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use file::FileDirectory;
+pub use file::{DirectoryError, FileDirectory};
 pub use kube::{AGENT_PORT_NAME, PodDirectory, PodDirectoryConfig};
 
 /// One agent: where it listens and its node's labels.
@@ -31,6 +31,9 @@ pub trait AgentDirectory: Send + Sync {
     fn snapshot(&self) -> Agents;
     /// A receiver that sees every new snapshot.
     fn subscribe(&self) -> watch::Receiver<Agents>;
+    /// Whether the snapshot reflects a complete first list of the
+    /// backend; before that an agent missing from it says nothing.
+    fn is_synced(&self) -> bool;
     /// Whether `node` is still part of the cluster, whatever its agent's
     /// state; `true` while the backend cannot tell yet.
     fn node_exists(&self, node: &str) -> bool;
@@ -46,6 +49,30 @@ pub enum NodeAgent {
     Unreachable,
     /// The node left the cluster: nothing can be attached there any more.
     Gone,
+    /// The directory has not listed once yet: nothing is known about the
+    /// node, so a call for it waits (UNAVAILABLE) rather than guess.
+    NotSynced,
+}
+
+/// Readiness: the directory has listed once (the CSI Probe and `/readyz`).
+pub struct DirectoryCheck(pub Arc<dyn AgentDirectory>);
+
+impl csi_scsi_daemon::Check for DirectoryCheck {
+    fn name(&self) -> &str {
+        "agent-directory"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.0.is_synced() {
+            Ok(())
+        } else {
+            Err(
+                "the agent directory has not listed the agent Pods and the Nodes yet \
+                 (may the proxy list and watch them?)"
+                    .into(),
+            )
+        }
+    }
 }
 
 impl dyn AgentDirectory {
@@ -56,6 +83,7 @@ impl dyn AgentDirectory {
     pub fn locate(&self, node: &str) -> NodeAgent {
         match self.snapshot().get(node) {
             Some(entry) => NodeAgent::Listed(entry.clone()),
+            None if !self.is_synced() => NodeAgent::NotSynced,
             None if self.node_exists(node) => NodeAgent::Unreachable,
             None => NodeAgent::Gone,
         }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -35,6 +35,7 @@ use super::{InventoryError, Summary, Write};
 use crate::device::policy::{PreferenceKey, preference, preference_key};
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 use crate::events::{ClaimRef, VolumeEvents};
+use crate::kube_wiring::{patch_params, post_params};
 use crate::leader::LeaderHandle;
 use crate::reflect;
 use crate::resources::{
@@ -245,7 +246,7 @@ impl KubeInventory {
             latest = match self
                 .inner
                 .devices
-                .replace(&name, &PostParams::default(), &sent)
+                .replace(&name, &post_params(), &sent)
                 .await
             {
                 Ok(o) => self.inner.device_cache.remember(strip(o)),
@@ -258,7 +259,7 @@ impl KubeInventory {
             latest = match self
                 .inner
                 .devices
-                .replace_status(&name, &PostParams::default(), &sent)
+                .replace_status(&name, &post_params(), &sent)
                 .await
             {
                 Ok(o) => self.inner.device_cache.remember(strip(o)),
@@ -299,12 +300,7 @@ impl KubeInventory {
             spec: SCSIDeviceSpec::from_device(dev),
             status: None,
         };
-        let created = match self
-            .inner
-            .devices
-            .create(&PostParams::default(), &obj)
-            .await
-        {
+        let created = match self.inner.devices.create(&post_params(), &obj).await {
             Ok(o) => self.inner.device_cache.remember(strip(o)),
             Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
         };
@@ -313,7 +309,7 @@ impl KubeInventory {
         match self
             .inner
             .devices
-            .replace_status(&name, &PostParams::default(), &with_status)
+            .replace_status(&name, &post_params(), &with_status)
             .await
         {
             Ok(o) => self
@@ -395,19 +391,45 @@ impl KubeInventory {
                 now,
             )],
         };
-        let patch = serde_json::json!({ "status": status });
-        if let Err(e) = self
+        // The whole status replaces the stored one: the empty fields it
+        // skips (no conflicts left, no nodes) must clear, and a JSON merge
+        // patch would leave them as they were.
+        let mut current = self
             .inner
-            .targets
-            .patch_status(
-                &round.target,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            tracing::warn!(target = %round.target, error = %e, "could not write the SCSITarget status");
+            .target_cache
+            .get(&reflector::ObjectRef::new(&round.target));
+        for _ in 0..ATTEMPTS {
+            let object = match current.take() {
+                Some(o) => o,
+                None => match self.inner.targets.get_opt(&round.target).await {
+                    Ok(Some(o)) => Arc::new(o),
+                    // Removed meanwhile: nothing to report on.
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(target = %round.target, error = %e, "could not read the SCSITarget to write its status");
+                        return;
+                    }
+                },
+            };
+            let mut next = (*object).clone();
+            next.status = Some(status.clone());
+            match self
+                .inner
+                .targets
+                .replace_status(&round.target, &post_params(), &next)
+                .await
+            {
+                Ok(_) => return,
+                // The cache was behind: read the object afresh and retry.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(e) => {
+                    tracing::warn!(target = %round.target, error = %e, "could not write the SCSITarget status");
+                    return;
+                }
+            }
         }
+        tracing::warn!(target = %round.target, "SCSITarget status not written: it kept changing");
     }
 
     /// The PVC bound to the PersistentVolume `volume`, from its claimRef.
@@ -457,15 +479,12 @@ impl super::Store for KubeInventory {
                     next.spec = spec.clone();
                     self.inner
                         .targets
-                        .replace(&target.name, &PostParams::default(), &next)
+                        .replace(&target.name, &post_params(), &next)
                         .await
                 }
                 None => {
                     let obj = SCSITarget::new(&target.name, spec.clone());
-                    self.inner
-                        .targets
-                        .create(&PostParams::default(), &obj)
-                        .await
+                    self.inner.targets.create(&post_params(), &obj).await
                 }
             };
             match result {
@@ -708,7 +727,7 @@ impl super::Store for KubeInventory {
                 )]));
                 let api: Api<PendingResizeRequest> =
                     Api::namespaced(self.inner.client.clone(), &ns);
-                let was = match api.create(&PostParams::default(), &obj).await {
+                let was = match api.create(&post_params(), &obj).await {
                     Ok(_) => None,
                     // Created already; the cache has not caught up with it.
                     // Its spec may be older than this request: update it.
@@ -727,7 +746,7 @@ impl super::Store for KubeInventory {
         };
         let api: Api<PendingResizeRequest> = Api::namespaced(self.inner.client.clone(), &namespace);
         let patch = serde_json::json!({ "status": status });
-        api.patch_status(&object, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch_status(&object, &patch_params(), &Patch::Merge(&patch))
             .await
             .map_err(api_error)?;
         if let (Some(events), Some(claim)) = (self.inner.events.clone(), claim) {
@@ -854,7 +873,7 @@ async fn update_resize_spec(
         return Ok(());
     }
     let patch = serde_json::json!({ "spec": { "requestedBytes": r.requested_bytes, "volumeId": r.volume_id, "wwid": r.wwid } });
-    api.patch(object, &PatchParams::default(), &Patch::Merge(&patch))
+    api.patch(object, &patch_params(), &Patch::Merge(&patch))
         .await
         .map_err(api_error)?;
     Ok(())

@@ -217,11 +217,23 @@ impl Inventory {
         Err(InventoryError::Conflict(wwid.to_owned()))
     }
 
-    /// Merges one target's discovery round by WWID. One device failing
-    /// does not stop the others; the first error is returned after all.
+    /// Merges one target's discovery round by WWID, no node known gone.
+    /// One device failing does not stop the others; the first error is
+    /// returned after all.
     pub async fn apply_discovery(
         &self,
         round: DiscoveryRound,
+    ) -> Result<DiscoveryOutcome, InventoryError> {
+        self.apply_discovery_pruning(round, &|_| false).await
+    }
+
+    /// As [`Self::apply_discovery`], and drops the views of every node
+    /// `gone` says has left the cluster (the directory's verdict: only a
+    /// deleted Node is gone, an unreachable one is not).
+    pub async fn apply_discovery_pruning(
+        &self,
+        round: DiscoveryRound,
+        gone: &(dyn Fn(&str) -> bool + Send + Sync),
     ) -> Result<DiscoveryOutcome, InventoryError> {
         let by_wwid = policy::reports_by_wwid(&round);
         let mut known: BTreeMap<String, Device> = self
@@ -238,6 +250,16 @@ impl Inventory {
                 known.insert(d.wwid.clone(), d);
             }
         }
+        let viewing: BTreeSet<&str> = known
+            .values()
+            .flat_map(|d| d.nodes.iter().map(|v| v.node.as_str()))
+            .filter(|n| !round.answered.contains_key(*n))
+            .collect();
+        let departed: BTreeSet<String> = viewing
+            .into_iter()
+            .filter(|n| gone(n))
+            .map(str::to_owned)
+            .collect();
         let mut pending: BTreeSet<String> = known.keys().cloned().collect();
         pending.extend(by_wwid.keys().map(|w| (*w).to_owned()));
         let now = unix_now();
@@ -253,8 +275,15 @@ impl Inventory {
                     .map(Vec::as_slice)
                     .unwrap_or_default();
                 let existing = known.get(wwid);
-                if let Some(m) = policy::merge(existing, wwid, reports, &round, now, &mut conflicts)
-                {
+                if let Some(m) = policy::merge(
+                    existing,
+                    wwid,
+                    reports,
+                    &round,
+                    &departed,
+                    now,
+                    &mut conflicts,
+                ) {
                     writes.push(match existing {
                         None => Write::Create(m.device),
                         Some(_) => Write::Replace(m.device),

@@ -38,6 +38,11 @@ impl Lifecycle {
                 });
             }
             NodeAgent::Gone => return Err(ProxyError::NodeNotFound(node.to_owned())),
+            NodeAgent::NotSynced => {
+                return Err(ProxyError::DirectoryNotSynced {
+                    consequence: format!("cannot attach volume {id} to node {node} yet; retry"),
+                });
+            }
         }
         let _guard = self.lock(vol.wwid()).await?;
         let mut dev = self.bound(&vol).await?;
@@ -176,6 +181,14 @@ impl Lifecycle {
                             "volume {id} may still be in use there, so it stays published to it; \
                              retry once the agent is back, or delete the Node object if the node \
                              is gone for good"
+                        ),
+                    });
+                }
+                // Not known gone: keep the record, as for Unreachable.
+                NodeAgent::NotSynced => {
+                    return Err(ProxyError::DirectoryNotSynced {
+                        consequence: format!(
+                            "volume {id} stays published to node {n} until it can be judged; retry"
                         ),
                     });
                 }

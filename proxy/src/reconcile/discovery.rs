@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use crate::agents::fan_out;
 use crate::device::{DiscoveryRound, LunReport, Phase, Target};
-use crate::directory::AgentEntry;
+use crate::directory::{AgentEntry, NodeAgent};
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
 
@@ -46,7 +46,18 @@ pub async fn reconcile_once(
     concurrency: usize,
 ) -> Result<PassSummary, ProxyError> {
     let request_id = format!("discovery-{}", uuid::Uuid::new_v4());
-    let agents = life.agents().directory().snapshot();
+    let directory = life.agents().directory().clone();
+    // An unlisted directory would look like a cluster where no node
+    // answers: nothing to learn from a pass, and target statuses to spoil.
+    if !directory.is_synced() {
+        return Err(ProxyError::DirectoryNotSynced {
+            consequence: "no discovery pass yet".into(),
+        });
+    }
+    let agents = directory.snapshot();
+    // Only the directory decides a node is gone (its Node object deleted);
+    // one merely unreachable keeps its views.
+    let gone = move |node: &str| directory.locate(node) == NodeAgent::Gone;
     let mut summary = PassSummary::default();
     for target in life.inventory().targets().await? {
         let nodes: Vec<String> = agents
@@ -90,7 +101,10 @@ pub async fn reconcile_once(
         }
         summary.targets += 1;
         summary.unanswered += round.unanswered.len();
-        let out = life.inventory().apply_discovery(round).await?;
+        let out = life
+            .inventory()
+            .apply_discovery_pruning(round, &gone)
+            .await?;
         summary.added += out.added.len();
         summary.lost += out.lost.len();
         for wwid in &out.lost {
@@ -136,6 +150,11 @@ pub async fn run(
     trigger: Arc<Notify>,
     concurrency: usize,
 ) {
+    // The first pass waits for the directory's first list (start-up).
+    let directory = life.agents().directory().clone();
+    while !directory.is_synced() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     loop {
         match reconcile_once(&life, concurrency).await {
             Ok(s) => tracing::info!(

@@ -4,7 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_proxy::directory::{AgentDirectory, NodeAgent, PodDirectory, PodDirectoryConfig};
+use csi_scsi_daemon::Check;
+use csi_scsi_proxy::directory::{
+    AgentDirectory, DirectoryCheck, NodeAgent, PodDirectory, PodDirectoryConfig,
+};
 use serde_json::{Value, json};
 
 use crate::eventually;
@@ -50,7 +53,8 @@ pub async fn ready_directory(api: &FakeApi) -> Arc<PodDirectory> {
     dir
 }
 
-fn spawn(api: &FakeApi) -> Arc<PodDirectory> {
+/// The directory over `api`'s agent Pods, listed or not.
+pub fn spawn(api: &FakeApi) -> Arc<PodDirectory> {
     PodDirectory::spawn(
         api.client(),
         PodDirectoryConfig {
@@ -222,5 +226,7 @@ async fn before_the_nodes_are_listed_no_node_is_gone() {
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!dir.is_ready());
-    assert_eq!(locate(&dir, "node-z"), NodeAgent::Unreachable);
+    assert_eq!(locate(&dir, "node-z"), NodeAgent::NotSynced);
+    let check = DirectoryCheck(dir.clone());
+    assert!(check.check().is_err(), "ready before the Nodes were listed");
 }

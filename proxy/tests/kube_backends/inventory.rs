@@ -41,7 +41,8 @@ pub fn device(i: u32, size: u64, nodes: &[&str], bound_to: Option<&str>) -> Valu
     })
 }
 
-fn target(name: &str) -> Value {
+/// An iSCSI SCSITarget.
+pub fn target(name: &str) -> Value {
     json!({
         "apiVersion": "csi-scsi.io/v1alpha1",
         "kind": "SCSITarget",
@@ -346,6 +347,61 @@ async fn a_round_writes_who_answered_and_its_label_conflicts_into_the_target_sta
     // The device kept its first label.
     let d = inv.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(d.labels, labels(&[("tier", "fast")]));
+}
+
+#[tokio::test]
+async fn a_resolved_label_conflict_and_silent_nodes_leave_the_target_status() {
+    let api = FakeApi::start().await;
+    api.put("scsitargets", target("t1"));
+    api.put("scsitargets", target("t2"));
+    let (_, inv) = start(&api, None).await;
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let slow = || DiscoveryRound {
+        device_labels: labels(&[("tier", "slow")]),
+        ..round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &[])
+    };
+    inv.apply_discovery(slow()).await.unwrap();
+    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
+    assert_eq!(status["labelConflicts"].as_array().map(Vec::len), Some(1));
+    // The operator relabels t2 like t1: the conflict is resolved.
+    inv.apply_discovery(round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
+    assert!(status["labelConflicts"].is_null(), "{status}");
+    assert_eq!(status["phase"], "Ready");
+    // No node matches t2 any more: its node list empties.
+    inv.apply_discovery(round("t2", &[], &[])).await.unwrap();
+    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
+    assert!(status["nodes"].is_null(), "{status}");
+    assert_eq!(status["phase"], "Unreachable");
+    // Whole-status replaces with the version read, by the proxy.
+    let writes: Vec<_> = api
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.ends_with("/scsitargets/t2/status"))
+        .collect();
+    // Three rounds; a 409 from a cache behind the last write adds a retry.
+    assert!(writes.len() >= 3, "{writes:?}");
+    for w in &writes {
+        assert_eq!(w.method, "PUT");
+        assert!(w.body["metadata"]["resourceVersion"].is_string());
+        assert_eq!(
+            w.query.get("fieldManager").map(String::as_str),
+            Some("csi-scsi-proxy")
+        );
+    }
+    // Every write the store sent names the proxy as its field manager.
+    let unnamed: Vec<_> = api
+        .writes()
+        .into_iter()
+        .filter(|w| w.method != "DELETE")
+        .filter(|w| w.query.get("fieldManager").map(String::as_str) != Some("csi-scsi-proxy"))
+        .map(|w| format!("{} {}", w.method, w.path))
+        .collect();
+    assert!(unnamed.is_empty(), "{unnamed:?}");
 }
 
 #[tokio::test]

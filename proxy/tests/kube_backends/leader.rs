@@ -1,10 +1,17 @@
 //! Leader election through a Lease: acquired, renewed, lost to another
 //! replica after it expired, released on step-down.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_proxy::leader::{LeaderElection, LeaderGate, LeaseConfig};
-use tonic::service::Interceptor;
+use csi_scsi_proto::csi::controller_client::ControllerClient;
+use csi_scsi_proto::csi::controller_server::ControllerServer;
+use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
+use csi_scsi_proto::csi::*;
+use csi_scsi_proxy::csi::ControllerService;
+use csi_scsi_proxy::leader::{LeaderElection, LeaderGate, LeaderHandle, LeaseConfig};
+use tonic::Code;
+use tower::Layer;
 
 use crate::eventually;
 use crate::fake_api::FakeApi;
@@ -39,6 +46,10 @@ async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() 
     );
     assert_eq!(create.body["spec"]["holderIdentity"], "proxy-a");
     assert_eq!(create.body["spec"]["leaseDurationSeconds"], 1);
+    assert_eq!(
+        create.query.get("fieldManager").map(String::as_str),
+        Some("csi-scsi-proxy")
+    );
 
     // Renewals: guarded replaces that move renewTime forward.
     eventually("two renewals", || {
@@ -58,6 +69,10 @@ async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() 
         puts.iter()
             .all(|p| p.body["metadata"]["resourceVersion"].is_string()),
         "renewals carry the resourceVersion"
+    );
+    assert!(
+        puts.iter()
+            .all(|p| p.query.get("fieldManager").map(String::as_str) == Some("csi-scsi-proxy"))
     );
     assert!(
         puts[1].body["spec"]["renewTime"].as_str() >= puts[0].body["spec"]["renewTime"].as_str()
@@ -92,8 +107,34 @@ async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() 
     assert_eq!(holder(&api), None);
 }
 
+/// The Controller service behind the leader gate, served over TCP as
+/// `serve.rs` serves it on the socket; a client to it.
+async fn controller(
+    api: &FakeApi,
+    leader: LeaderHandle,
+    scratch: &std::path::Path,
+) -> ControllerClient<tonic::transport::Channel> {
+    let (_, inventory) = crate::inventory::start(api, None).await;
+    let directory = crate::directory::ready_directory(api).await;
+    let life = crate::lifecycle_support::lifecycle(inventory, directory, scratch);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                LeaderGate(leader).layer(ControllerServer::new(ControllerService::new(Arc::new(
+                    life,
+                )))),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    ControllerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
-async fn a_non_leader_answers_controller_calls_with_unavailable() {
+async fn a_non_leader_serves_reads_and_answers_writes_with_unavailable() {
     let api = FakeApi::start().await;
     // Someone else holds a fresh Lease.
     api.put(
@@ -106,10 +147,142 @@ async fn a_non_leader_answers_controller_calls_with_unavailable() {
     );
     let a = LeaderElection::spawn(api.client(), config("proxy-a")).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut gate = LeaderGate(a.handle());
-    let status = gate.call(tonic::Request::new(())).unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(!a.handle().is_leader());
     assert!(api.writes().is_empty(), "a candidate wrote a live Lease");
+    let scratch = tempfile::tempdir().unwrap();
+    let mut client = controller(&api, a.handle(), scratch.path()).await;
+
+    // Every sidecar calls this once at start-up, before its own election,
+    // and exits if it fails.
+    let caps = client
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!caps.capabilities.is_empty());
+    // The reads come from this replica's watch caches.
+    client
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap();
+    client
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap();
+    let id = format!("{}:uid-pv-1", crate::devices::wwid(1));
+    let id = id.as_str();
+    let missing = client
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: id.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    let missing = client
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: id.into(),
+            volume_capabilities: vec![VolumeCapability::default()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+
+    // What changes state waits for the leader.
+    let refusals = [
+        client
+            .create_volume(CreateVolumeRequest {
+                name: "pv-1".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        client
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        client
+            .controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: "node-a".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        client
+            .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: "node-a".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        client
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+    ];
+    for refused in refusals {
+        let status = refused.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("not the leader"), "{status:?}");
+    }
+    let lease_writes: Vec<_> = api
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.starts_with(LEASES))
+        .collect();
+    assert!(lease_writes.is_empty(), "a candidate wrote a live Lease");
+}
+
+#[tokio::test]
+async fn a_read_only_publication_is_refused_as_the_capability_is_not_advertised() {
+    let api = FakeApi::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let mut client = controller(&api, LeaderHandle::always(), scratch.path()).await;
+    let caps = client
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let advertised: Vec<Rpc> = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| {
+            let controller_service_capability::Type::Rpc(r) = c.r#type.as_ref()?;
+            Some(r.r#type())
+        })
+        .collect();
+    assert!(advertised.contains(&Rpc::PublishUnpublishVolume));
+    assert!(
+        !advertised.contains(&Rpc::PublishReadonly),
+        "{advertised:?}"
+    );
+    let refused = client
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: format!("{}:uid-pv-1", crate::devices::wwid(1)),
+            node_id: "node-a".into(),
+            volume_capability: Some(VolumeCapability {
+                access_type: Some(volume_capability::AccessType::Mount(
+                    volume_capability::MountVolume::default(),
+                )),
+                access_mode: Some(volume_capability::AccessMode {
+                    mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }),
+            readonly: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("readonly"), "{refused:?}");
 }
 
 #[tokio::test]

@@ -100,10 +100,12 @@ impl ControlPlane {
                 service_ip(&config.service_cidr)?,
             ],
         )?;
+        // kubeadm binds this identity to system:kubelet-api-admin; the lab
+        // has no kubeadm, so it is an admin (logs, exec, port-forward).
         let kubelet_client = pki.client(
             "apiserver-kubelet-client",
             "kube-apiserver-kubelet-client",
-            &["kubeadm:cluster-admins"],
+            &["system:masters"],
         )?;
         let admin = pki.client("admin", "lab-admin", &["system:masters"])?;
         let admin_config = dir.join("admin.kubeconfig");
@@ -248,6 +250,15 @@ impl ControlPlane {
         self.controllers.push(kcm);
         self.controllers.push(scheduler);
         Ok(())
+    }
+
+    /// Leaves every process running after this handle is dropped.
+    pub fn detach(self) {
+        self.etcd.detach();
+        self.apiserver.detach();
+        for c in self.controllers {
+            c.detach();
+        }
     }
 
     /// PIDs of every process it started (the lab's record, for `down`).

@@ -9,10 +9,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str =
-    "usage: lab up [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+const USAGE: &str = "usage: lab up [--kubernetes] [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+  --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
+            every node, the driver installed from deploy/; the life cycle is
+            driven through PVCs and Pods (docs/kubernetes.md)
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
             (label tier=pool): devices for suites that create many volumes";
 
@@ -20,12 +23,14 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut config = LabConfig::standard();
     let mut keep = false;
+    let mut kubernetes = false;
     let mut cmd = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "up" | "down" => cmd = Some(a.clone()),
             "--keep" => keep = true,
+            "--kubernetes" => kubernetes = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
             "--nodes" => {
                 config.nodes = it
@@ -62,7 +67,11 @@ fn main() -> ExitCode {
             let Ok(rt) = tokio::runtime::Runtime::new() else {
                 return ExitCode::FAILURE;
             };
-            match rt.block_on(up(config, keep)) {
+            let run = match kubernetes {
+                true => rt.block_on(up_kubernetes(config, keep)),
+                false => rt.block_on(up(config, keep)),
+            };
+            match run {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("\nlab: {e:#}");
@@ -115,6 +124,49 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
         println!(
             "lab kept running; {} describes it; `lab down` removes it",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    println!(
+        "csi-scsi Kubernetes lab: {} nodes in {}",
+        config.nodes,
+        config.dir.display()
+    );
+    let dir = config.dir.clone();
+    let mut lab = KubeLab::up(config, &mut |s: &str| println!("  - {s}")).await?;
+    println!(
+        "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",
+        start.elapsed().as_secs_f64()
+    );
+    match csi_scsi_tests::lab::kube::scenario::run(&mut lab).await {
+        Ok(r) => println!(
+            "\nSUCCESS: {} steps in {:.1}s (logs: {}/*.log, {}/kube/*.log, {}/nodes/*/kubelet.log)",
+            r.steps.len(),
+            r.total().as_secs_f64(),
+            dir.display(),
+            dir.display(),
+            dir.display()
+        ),
+        Err(e) => {
+            println!(
+                "\nFAILED (logs kept in {}: kube/*.log, controller-0/*.log, nodes/*/kubelet.log, node-*.agent.log)",
+                dir.display()
+            );
+            lab.keep();
+            return Err(e);
+        }
+    }
+    if keep {
+        let m = lab.keep();
+        let path = PathBuf::from("lab.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
+        println!(
+            "lab kept running; {} names its kubeconfig; `lab down` removes it",
             path.display()
         );
     }

@@ -8,6 +8,8 @@
 //! through both targets (multipath), and an emulated Fibre Channel target.
 //! The end-to-end tests drive the same harness.
 
+pub mod cgroups;
+pub mod kube;
 pub mod net;
 pub mod scenario;
 
@@ -45,6 +47,11 @@ pub const POOL_LUN_BYTES: u64 = 64 << 20;
 pub const CHAP_USER: &str = "lab-initiator";
 const CHAP_SECRET: &str = "lab-chap-secret-a1b2";
 
+/// array-a's CHAP secret, for the Kubernetes lab's Secret object.
+pub(crate) fn chap_secret_for_lab() -> &'static str {
+    CHAP_SECRET
+}
+
 /// What to build.
 #[derive(Clone, Debug)]
 pub struct LabConfig {
@@ -70,6 +77,9 @@ pub struct LabConfig {
     /// Serve every LUN through the failing disks ([`crate::disks`]), so a
     /// test can make them fail ([`Lab::disks`]). Off: plain loop devices.
     pub faulty_disks: bool,
+    /// Start the proxy on the embedded store. Off for the Kubernetes lab,
+    /// which starts its own against the API server.
+    pub embedded_proxy: bool,
 }
 
 /// One node of a running lab.
@@ -164,6 +174,9 @@ struct Record {
     subnet: u8,
     nodes: usize,
     pids: Vec<u32>,
+    /// cgroup roots of the Kubernetes lab's kubelets (`/csi-scsi-...`).
+    #[serde(default)]
+    cgroups: Vec<String>,
 }
 
 impl LabConfig {
@@ -180,6 +193,7 @@ impl LabConfig {
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
             faulty_disks: false,
+            embedded_proxy: true,
         }
     }
 
@@ -203,6 +217,7 @@ impl LabConfig {
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
             faulty_disks: false,
+            embedded_proxy: true,
         }
     }
 }
@@ -230,6 +245,7 @@ impl Lab {
             subnet: config.subnet,
             nodes: config.nodes,
             pids: Vec::new(),
+            cgroups: Vec::new(),
         };
         save_record(&dir, &record)?;
 
@@ -428,7 +444,9 @@ impl Lab {
             record,
         };
         lab.proxy_args = lab.proxy_args(&proxy_tls);
-        lab.restart_proxy().await?;
+        if lab.config.embedded_proxy {
+            lab.restart_proxy().await?;
+        }
         Ok(lab)
     }
 
@@ -459,6 +477,19 @@ impl Lab {
         .iter()
         .map(|s| s.to_string())
         .collect()
+    }
+
+    /// Records processes the lab did not start itself (the Kubernetes
+    /// lab's), so `lab down` stops them after a crash too.
+    pub fn record_pids(&mut self, pids: &[u32]) -> anyhow::Result<()> {
+        self.record.pids.extend_from_slice(pids);
+        save_record(&self.config.dir, &self.record)
+    }
+
+    /// Records a cgroup root for `lab down` to empty and remove.
+    pub fn record_cgroup(&mut self, root: &str) -> anyhow::Result<()> {
+        self.record.cgroups.push(root.to_owned());
+        save_record(&self.config.dir, &self.record)
     }
 
     /// The proxy's inventory database.
@@ -851,12 +882,17 @@ pub fn down(dir: &Path) {
         sh_quiet("kill", &["-TERM", &pid.to_string()]);
     }
     // Agents run under nsenter/unshare: match them by their tree too.
-    sh_quiet("pkill", &["-TERM", "-f", &dir.display().to_string()]);
+    kill_matching("-TERM", &dir);
     std::thread::sleep(Duration::from_millis(300));
     for pid in &record.pids {
         sh_quiet("kill", &["-KILL", &pid.to_string()]);
     }
-    sh_quiet("pkill", &["-KILL", "-f", &dir.display().to_string()]);
+    kill_matching("-KILL", &dir);
+    // The Kubernetes lab's containers: their processes live in the
+    // kubelets' cgroup roots, not under the lab's directory.
+    for root in &record.cgroups {
+        cgroups::remove_tree(root);
+    }
     // Loop devices over the lab's files, before the mounts: a loop over a
     // failing disk names its file by a path under the lab only while the
     // disks' FUSE mount is there. A loop still mounted is freed at its
@@ -900,6 +936,29 @@ pub fn down(dir: &Path) {
         Network::new(&record.prefix, record.subnet).destroy(record.nodes);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Signals every process whose command line names `dir`, but not this
+/// one nor its ancestors (`lab up --dir DIR`, and whatever started it,
+/// name it too).
+fn kill_matching(signal: &str, dir: &Path) {
+    let mut spare = vec![std::process::id().to_string()];
+    while let Some(parent) =
+        std::fs::read_to_string(format!("/proc/{}/stat", spare[spare.len() - 1]))
+            .ok()
+            .and_then(|stat| {
+                // pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned))
+            })
+            .filter(|p| p != "0" && p != "1")
+    {
+        spare.push(parent);
+    }
+    let pids = sh("pgrep", &["-f", &dir.display().to_string()]).unwrap_or_default();
+    for pid in pids.lines().filter(|p| !spare.iter().any(|s| s == p)) {
+        sh_quiet("kill", &[signal, pid]);
+    }
 }
 
 fn unescape(s: &str) -> String {

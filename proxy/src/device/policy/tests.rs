@@ -1,6 +1,6 @@
 //! The transitions, table-driven, with no store behind them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::device::{Capability, Cleanup, FsType, Mode};
@@ -54,6 +54,7 @@ fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
         &wwid(i),
         &[("n", &report)],
         &r,
+        &BTreeSet::new(),
         1_000,
         &mut Vec::new(),
     )
@@ -85,17 +86,102 @@ fn request(min: u64, max: u64, selector: &str, nodes: &[&str]) -> BindRequest {
 }
 
 fn merged(existing: &Device, answered: &[(&str, Vec<LunReport>)], now: i64) -> Option<Merged> {
+    merged_departed(existing, answered, &[], now)
+}
+
+fn merged_departed(
+    existing: &Device,
+    answered: &[(&str, Vec<LunReport>)],
+    departed: &[&str],
+    now: i64,
+) -> Option<Merged> {
     let r = round(answered, &[]);
     let by = reports_by_wwid(&r);
     let reports = by.get(existing.wwid.as_str()).cloned().unwrap_or_default();
+    let departed: BTreeSet<String> = departed.iter().map(|n| n.to_string()).collect();
     merge(
         Some(existing),
         &existing.wwid,
         &reports,
         &r,
+        &departed,
         now,
         &mut Vec::new(),
     )
+}
+
+#[test]
+fn the_views_of_departed_nodes_go_and_silent_ones_stay() {
+    // (views before as (node, target), answered with the LUN, departed,
+    // views after, phase after)
+    type Views = &'static [(&'static str, &'static str)];
+    type Nodes = &'static [&'static str];
+    let cases: [(Views, Nodes, Nodes, Views, Phase); 6] = [
+        // Silent (unreachable) nodes keep their views: doubt keeps.
+        (
+            &[("a", "t1"), ("b", "t1")],
+            &["a"],
+            &[],
+            &[("a", "t1"), ("b", "t1")],
+            Phase::Available,
+        ),
+        // A departed node's view goes.
+        (
+            &[("a", "t1"), ("b", "t1")],
+            &["a"],
+            &["b"],
+            &[("a", "t1")],
+            Phase::Available,
+        ),
+        // ... of every target: the node is gone, not its path to one target.
+        (
+            &[("a", "t1"), ("b", "t1"), ("b", "t2")],
+            &["a"],
+            &["b"],
+            &[("a", "t1")],
+            Phase::Available,
+        ),
+        // Another target's view of a node that stays is kept.
+        (
+            &[("a", "t1"), ("c", "t2")],
+            &["a"],
+            &["b"],
+            &[("a", "t1"), ("c", "t2")],
+            Phase::Available,
+        ),
+        // The last node that saw it departed and nobody reports it: Lost.
+        (&[("b", "t1")], &[], &["b"], &[], Phase::Lost),
+        // Departed nodes that saw nothing of it change nothing.
+        (
+            &[("a", "t1")],
+            &["a"],
+            &["z"],
+            &[("a", "t1")],
+            Phase::Available,
+        ),
+    ];
+    for (before, answered, departed, after, phase) in cases {
+        let mut dev = device(1, 100, &[], Phase::Available);
+        dev.nodes = before
+            .iter()
+            .map(|(n, t)| NodeView {
+                node: n.to_string(),
+                target: t.to_string(),
+                paths: vec!["path-1".into()],
+            })
+            .collect();
+        let answered: Vec<(&str, Vec<LunReport>)> =
+            answered.iter().map(|n| (*n, vec![lun(1, 100)])).collect();
+        let out =
+            merged_departed(&dev, &answered, departed, 1_000).map_or(dev.clone(), |m| m.device);
+        let views: Vec<(&str, &str)> = out
+            .nodes
+            .iter()
+            .map(|v| (v.node.as_str(), v.target.as_str()))
+            .collect();
+        assert_eq!(views, after, "{before:?} departed {departed:?}");
+        assert_eq!(out.phase, phase, "{before:?} departed {departed:?}");
+    }
 }
 
 #[test]
@@ -216,6 +302,7 @@ fn a_label_the_device_has_is_kept_and_the_conflict_reported() {
         &dev.wwid,
         &by[dev.wwid.as_str()],
         &r,
+        &BTreeSet::new(),
         1_000,
         &mut conflicts,
     );

@@ -1,0 +1,272 @@
+//! A real Kubernetes node for each lab node: its own containerd (root,
+//! state, socket, CNI bridge in the node's network namespace) and a real
+//! kubelet (root directory = the node's kubelet directory, where the agent
+//! already serves CSI, cgroup root of its own, the node's address), both
+//! in the node's network namespace and the host's mount namespace, so
+//! kubelet, containerd and runc see the same mounts as the agent.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::images::PAUSE;
+use crate::daemon::Daemon;
+use crate::kube::{ControlPlane, GoTools};
+use crate::lab::net::sh;
+
+/// One node's runtime processes and files.
+pub struct KubeNode {
+    /// The Node's name (the lab node's name).
+    pub name: String,
+    /// containerd.
+    pub containerd: Daemon,
+    /// kubelet.
+    pub kubelet: Daemon,
+    /// Its cgroup root (`/csi-scsi-<prefix>-<node>`), removed by `lab down`.
+    pub cgroup_root: String,
+    kubelet_args: Vec<String>,
+    kubelet_log: PathBuf,
+}
+
+/// Where one node's runtime lives.
+pub struct NodeSpec<'a> {
+    /// Node name.
+    pub name: &'a str,
+    /// Its address (in its network namespace).
+    pub ip: IpAddr,
+    /// Its network namespace (`/run/netns/<netns>`).
+    pub netns: &'a str,
+    /// Its directory (`nodes/<name>`).
+    pub base: &'a Path,
+    /// Its kubelet root directory (already a shared mount).
+    pub kubelet_dir: &'a Path,
+    /// Its Pods' subnet (CNI host-local range).
+    pub pod_subnet: String,
+    /// Its cgroup root.
+    pub cgroup_root: String,
+}
+
+impl KubeNode {
+    /// Starts containerd, imports the lab images, then starts kubelet.
+    pub async fn start(
+        spec: &NodeSpec<'_>,
+        plane: &ControlPlane,
+        tools: &GoTools,
+        images: &Path,
+    ) -> anyhow::Result<Self> {
+        let rt = spec.base.join("runtime");
+        let ctrd = rt.join("containerd");
+        let cni = rt.join("cni");
+        std::fs::create_dir_all(&ctrd)?;
+        std::fs::create_dir_all(&cni)?;
+        let sock = ctrd.join("containerd.sock");
+        std::fs::write(
+            cni.join("10-lab.conflist"),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "cniVersion": "1.0.0",
+                "name": "lab",
+                "plugins": [{
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": spec.pod_subnet}]],
+                             "dataDir": rt.join("ipam").display().to_string()}
+                }]
+            }))?,
+        )?;
+        let config = ctrd.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  address = "{sock}.debug"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE}"
+  # root here lacks CAP_SYS_RESOURCE: runc may only raise oom_score_adj.
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{runc}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"#,
+                root = ctrd.join("root").display(),
+                state = ctrd.join("state").display(),
+                sock = sock.display(),
+                opt = ctrd.join("opt").display(),
+                runc = ctrd.join("runc").display(),
+                cni = cni.display(),
+            ),
+        )?;
+        let netns = format!("--net=/run/netns/{}", spec.netns);
+        let containerd = Daemon::spawn_program(
+            Path::new("nsenter"),
+            &[
+                netns.clone(),
+                "containerd".into(),
+                "--config".into(),
+                config.display().to_string(),
+            ],
+            &spec.base.join("containerd.log"),
+        );
+        wait_for_socket(&sock, &containerd).await?;
+        sh(
+            "ctr",
+            &[
+                "--address",
+                &sock.display().to_string(),
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--no-unpack",
+                &images.display().to_string(),
+            ],
+        )
+        .context("importing the lab images")?;
+
+        // The node's identity: system:node:<name> in system:nodes, so the
+        // Node authorizer and NodeRestriction apply as on any cluster.
+        let client = plane.pki.client(
+            &format!("kubelet-{}", spec.name),
+            &format!("system:node:{}", spec.name),
+            &["system:nodes"],
+        )?;
+        let kubeconfig = rt.join("kubelet.kubeconfig");
+        plane
+            .pki
+            .kubeconfig_cert(&kubeconfig, &plane.server, &client)?;
+        let serving = plane.pki.serving(
+            &format!("kubelet-serving-{}", spec.name),
+            &[spec.name],
+            &[spec.ip],
+        )?;
+        let kubelet_config = rt.join("kubelet.yaml");
+        std::fs::write(
+            &kubelet_config,
+            format!(
+                r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {ip}
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: Webhook
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+containerRuntimeEndpoint: unix://{sock}
+# cgroup v1 hosts: cgroupfs (1.35 also needs failCgroupV1: false).
+cgroupDriver: cgroupfs
+# Several kubelets on one host: each removes pod cgroups under its root
+# that it does not know, so each needs a root of its own.
+cgroupRoot: {cgroup_root}
+cgroupsPerQOS: true
+enforceNodeAllocatable: ["pods"]
+# Root here cannot lower OOM scores (no CAP_SYS_RESOURCE).
+oomScoreAdj: 0
+failSwapOn: false
+makeIPTablesUtilChains: false
+# The lab shares one host disk: no evictions or image GC from its use
+# (the images cannot be pulled again: there is no registry).
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 5s
+resolvConf: ""
+"#,
+                ip = spec.ip,
+                ca = plane.pki.ca().display(),
+                cert = serving.cert.display(),
+                key = serving.key.display(),
+                sock = sock.display(),
+                cgroup_root = spec.cgroup_root,
+            ),
+        )?;
+        let kubelet_args = vec![
+            netns,
+            tools.path("kubelet").display().to_string(),
+            format!("--config={}", kubelet_config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--root-dir={}", spec.kubelet_dir.display()),
+            format!("--cert-dir={}", rt.join("kubelet-pki").display()),
+            format!("--hostname-override={}", spec.name),
+            format!("--node-ip={}", spec.ip),
+            "--v=2".into(),
+        ];
+        crate::lab::cgroups::create_root(&spec.cgroup_root)?;
+        let kubelet_log = spec.base.join("kubelet.log");
+        let kubelet = Daemon::spawn_program(Path::new("nsenter"), &kubelet_args, &kubelet_log);
+        Ok(Self {
+            name: spec.name.to_owned(),
+            containerd,
+            kubelet,
+            cgroup_root: spec.cgroup_root.clone(),
+            kubelet_args,
+            kubelet_log,
+        })
+    }
+
+    /// Stops kubelet (SIGTERM, as systemd would): its Pods keep running.
+    pub async fn stop_kubelet(&mut self) {
+        self.kubelet.terminate().await;
+    }
+
+    /// Starts kubelet again with the same flags.
+    pub fn restart_kubelet(&mut self) {
+        self.kubelet =
+            Daemon::spawn_program(Path::new("nsenter"), &self.kubelet_args, &self.kubelet_log);
+    }
+
+    /// Leaves containerd and kubelet running after this handle is dropped.
+    pub fn detach(self) {
+        self.containerd.detach();
+        self.kubelet.detach();
+    }
+
+    /// PIDs to record for `lab down`.
+    pub fn pids(&self) -> Vec<u32> {
+        vec![self.containerd.pid(), self.kubelet.pid()]
+    }
+}
+
+async fn wait_for_socket(sock: &Path, daemon: &Daemon) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        if sock.exists() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("containerd did not start:\n{}", daemon.log())
+}
