@@ -479,6 +479,38 @@ impl Lab {
         .collect()
     }
 
+    /// Grows LUN `name` (`a1`, `mp`, ...) by `by` bytes, as an array
+    /// administrator would: the backing file grows and tgtd re-reads its
+    /// size. Returns the old and new sizes.
+    pub async fn grow_lun(&mut self, name: &str, by: u64) -> anyhow::Result<(u64, u64)> {
+        let path = self
+            .luns
+            .get(name)
+            .with_context(|| format!("no LUN {name}"))?;
+        let old = std::fs::metadata(path)?.len();
+        let new = old + by;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .set_len(new)?;
+        // tgtd caches a LUN's size: re-add the LUN(s) on this file.
+        let tids: &[(u32, u64)] = match name {
+            "a1" => &[(1, 1)],
+            "a2" => &[(1, 2)],
+            "mp" => &[(1, 3), (2, 2)],
+            "b1" => &[(2, 1)],
+            _ => bail!("growing {name} is not supported"),
+        };
+        for &(tid, lun) in tids {
+            self.tgtd
+                .as_mut()
+                .context("tgtd")?
+                .refresh_lun_size(tid, lun)
+                .await?;
+        }
+        Ok((old, new))
+    }
+
     /// Records processes the lab did not start itself (the Kubernetes
     /// lab's), so `lab down` stops them after a crash too.
     pub fn record_pids(&mut self, pids: &[u32]) -> anyhow::Result<()> {

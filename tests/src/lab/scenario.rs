@@ -520,19 +520,7 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
     )
     .context("LUN of the volume")?;
     r.step("expand: the array grows the LUN by 256 MiB; ControllerExpand + NodeExpand (xfs_growfs online)", async {
-        let old = std::fs::metadata(&lun_path)?.len();
-        let new = old + (256 << 20);
-        std::fs::OpenOptions::new().write(true).open(&lun_path)?.set_len(new)?;
-        // tgtd caches a LUN's size: re-add the LUN(s) on this file.
-        let tids: &[(u32, u64)] = match lun_name.as_str() {
-            "a1" => &[(1, 1)],
-            "a2" => &[(1, 2)],
-            "mp" => &[(1, 3), (2, 2)],
-            _ => &[(2, 1)],
-        };
-        for &(tid, lun) in tids {
-            lab.tgtd.as_mut().context("tgtd")?.refresh_lun_size(tid, lun).await?;
-        }
+        let (old, new) = lab.grow_lun(&lun_name, 256 << 20).await?;
         let resp = cl
             .controller
             .controller_expand_volume(ControllerExpandVolumeRequest {

@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use super::images::BUSYBOX;
 use super::{KubeLab, condition_true};
 use crate::kube::Kubectl;
-use crate::lab::scenario::Report;
+use crate::lab::scenario::{Report, lun_file};
 use crate::lab::{CHAP_USER, node_name};
 
 /// The namespace the workloads run in.
@@ -126,29 +126,35 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
-        "expand: the PVC grows to 480Mi; the resizer and kubelet grow it online (df in the Pod)",
-        async {
-            let before = df_kib(&k, "writer")?;
-            k.run(&[
-                "patch",
-                "pvc",
-                "data",
-                "-n",
-                NS,
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"resources":{"requests":{"storage":"480Mi"}}}}"#,
-            ])?;
-            let after = k
-                .wait_for("the filesystem to grow", WAIT, |k| {
-                    let now = df_kib(k, "writer")?;
-                    Ok((now > before).then_some(now))
-                })
-                .await?;
-            Ok(((), format!("df: {before} KiB -> {after} KiB")))
-        },
-    )
+    r.step("expand: the array grows the LUN by 256 MiB, the PVC asks for it; resizer and kubelet grow the filesystem online (df in the Pod)", async {
+        let before = df_kib(&k, "writer")?;
+        let pv = k.get_json(&["pvc", "data", "-n", NS])?["spec"]["volumeName"]
+            .as_str()
+            .context("bound PV")?
+            .to_owned();
+        let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
+            .as_str()
+            .context("the PV's wwid attribute")?
+            .to_owned();
+        let (lun, _) = lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
+        let (_, new) = lab.lab.grow_lun(&lun, 256 << 20).await?;
+        let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{}Mi"}}}}}}}}"#, new >> 20);
+        k.run(&["patch", "pvc", "data", "-n", NS, "--type=merge", "-p", &patch])?;
+        let after = k
+            .wait_for("the filesystem to grow", WAIT, |k| {
+                let now = df_kib(k, "writer")?;
+                Ok((now > before).then_some(now))
+            })
+            .await?;
+        let capacity = k
+            .wait_for("the PVC's capacity", WAIT, |k| {
+                let pvc = k.get_json(&["pvc", "data", "-n", NS])?;
+                let cap = pvc["status"]["capacity"]["storage"].as_str().unwrap_or_default().to_owned();
+                Ok((cap == format!("{}Mi", new >> 20)).then_some(cap))
+            })
+            .await?;
+        Ok(((), format!("LUN {lun} -> {} MiB; df {before} KiB -> {after} KiB; PVC capacity {capacity}", new >> 20)))
+    })
     .await?;
 
     r.step(
