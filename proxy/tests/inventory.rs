@@ -1,6 +1,6 @@
 //! The inventory. `contract` is what every store must do, written once
 //! and run over both: the embedded store on a real SQLite file, and the
-//! Kubernetes store against the fake API server (`kube_backends/fake_api.rs`).
+//! Kubernetes store against a real kube-apiserver (`support/real_kube.rs`).
 //! `sqlite` is what only the embedded store does (the file, migrations);
 //! the Kubernetes store's own tests (requests, caches, 409s, Events) are in
 //! `kube_backends/inventory.rs`. And ControllerUnpublish with the agents
@@ -11,12 +11,10 @@
 mod contract;
 #[path = "support/devices.rs"]
 mod devices;
-// The contract's Kubernetes runs use only part of it.
-#[allow(dead_code)]
-#[path = "kube_backends/fake_api.rs"]
-mod fake_api;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
+#[path = "support/real_kube.rs"]
+mod real_kube;
 #[path = "inventory/sqlite.rs"]
 mod sqlite;
 #[path = "inventory/unpublish.rs"]

@@ -3,7 +3,10 @@
 //! path, resourceVersion precondition, body), how it behaves on 409s,
 //! deleted Pods and expiring Leases, and ControllerUnpublish over them.
 //! What every inventory store does is not here: `inventory.rs` runs that
-//! contract over this store too.
+//! contract over this store, on a real API server. `real_api` is what only
+//! a real kube-apiserver shows (schema and CEL, the status subresource, 410
+//! and re-list, paging, two writers, the Lease between two replicas, RBAC);
+//! the fake stays for exact request sequences and injected faults.
 //! One test binary, submodules below, to link kube once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![warn(clippy::assertions_on_result_states)]
@@ -22,6 +25,10 @@ mod inventory;
 mod leader;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
+#[path = "kube_backends/real_api.rs"]
+mod real_api;
+#[path = "support/real_kube.rs"]
+mod real_kube;
 #[path = "kube_backends/unpublish.rs"]
 mod unpublish;
 

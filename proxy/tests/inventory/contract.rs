@@ -1,9 +1,11 @@
 //! What every store must do, as seen through [`Inventory`]: each test
 //! below is written once, over a [`Fixture`], and the `contract!` macro at
 //! the end runs it twice, in `embedded::` (a SQLite file in a temporary
-//! directory) and in `kube::` (custom resources in the fake API server).
-//! A store-specific test (request shapes, schema, caches) does not belong
-//! here; it lives beside its store (`sqlite.rs`, `kube_backends/inventory.rs`).
+//! directory) and in `kube::` (custom resources in a real kube-apiserver,
+//! `support/real_kube.rs`, one per test binary; these runs take turns, each
+//! on an emptied inventory). A store-specific test (request shapes, schema,
+//! caches) does not belong here; it lives beside its store (`sqlite.rs`,
+//! `kube_backends/`).
 //!
 //! Where the Kubernetes store is only eventually consistent (targets and
 //! resize requests are read from watch caches) a test waits with
@@ -19,13 +21,11 @@ use csi_scsi_proxy::device::{
     BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, Phase, ResizeRequest, SecretRef,
     Target, Transport, policy,
 };
-use csi_scsi_proxy::inventory::{
-    EmbeddedInventory, Inventory, InventoryError, KubeInventory, KubeInventoryConfig,
-};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError};
 use csi_scsi_proxy::selector::Selector;
 
 use crate::devices::{bind_req, labels, lun, publication, round, wwid};
-use crate::fake_api::FakeApi;
+use crate::real_kube;
 
 const GIB: u64 = 1 << 30;
 
@@ -37,7 +37,10 @@ pub struct Fixture {
 
 enum Backing {
     Sqlite(tempfile::TempDir),
-    Kube(FakeApi),
+    /// The real API server, to this test alone.
+    Kube {
+        _exclusive: real_kube::Exclusive,
+    },
 }
 
 impl Fixture {
@@ -51,13 +54,15 @@ impl Fixture {
         }
     }
 
-    /// The Kubernetes store on a new fake API server, its caches listed.
+    /// The Kubernetes store on the real API server, emptied, its caches listed.
     pub async fn kube() -> Self {
-        let api = FakeApi::start().await;
-        let inv = kube_inventory(&api).await;
+        let exclusive = real_kube::exclusive().await;
+        let inv = real_kube::inventory(real_kube::admin().await).await;
         Self {
             inv: Arc::new(inv),
-            backing: Backing::Kube(api),
+            backing: Backing::Kube {
+                _exclusive: exclusive,
+            },
         }
     }
 
@@ -68,23 +73,9 @@ impl Fixture {
             Backing::Sqlite(dir) => Inventory::new(Arc::new(
                 EmbeddedInventory::open(&dir.path().join("inventory.db")).expect("reopen"),
             )),
-            Backing::Kube(api) => kube_inventory(api).await,
+            Backing::Kube { .. } => real_kube::inventory(real_kube::admin().await).await,
         }
     }
-}
-
-async fn kube_inventory(api: &FakeApi) -> Inventory {
-    let store = KubeInventory::start(
-        api.client(),
-        KubeInventoryConfig {
-            namespace: "csi-scsi".into(),
-            sync_timeout: Duration::from_secs(10),
-            leader: None,
-            events: None,
-        },
-    );
-    store.wait_until_ready().await.expect("caches listed");
-    Inventory::new(Arc::new(store))
 }
 
 /// Polls `read` until it returns what `want` accepts, for up to 10 s
@@ -745,7 +736,7 @@ macro_rules! contract {
                 }
             )*
         }
-        /// The contract over the Kubernetes store.
+        /// The contract over the Kubernetes store on a real API server.
         mod kube {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

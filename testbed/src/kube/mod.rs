@@ -6,9 +6,11 @@
 pub mod control_plane;
 pub mod kubectl;
 pub mod pki;
+pub mod shared;
 pub mod tools;
 
 pub use control_plane::{ControlPlane, ControlPlaneConfig};
 pub use kubectl::Kubectl;
 pub use pki::KubePki;
+pub use shared::shared_plane;
 pub use tools::GoTools;
