@@ -8,6 +8,7 @@ use csi_scsi_certs::{MaterialPaths, TrustDomain};
 use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
 
 use crate::agents::{Backoff, CallConfig};
+use crate::reconcile::release::ReleaseConfig;
 
 /// csi-scsi proxy (controller plugin): serves CSI Identity and Controller to
 /// the external-provisioner, -attacher and -resizer sidecars on a Unix
@@ -101,6 +102,16 @@ pub struct Args {
     #[arg(long, default_value = "7200", value_name = "SECONDS")]
     pub wipe_timeout: u64,
 
+    /// Wipes of deleted volumes' LUNs running at once (leader only;
+    /// DeleteVolume answers before the wipe).
+    #[arg(long, default_value = "4")]
+    pub release_workers: usize,
+
+    /// Seconds between scans for LUNs still to be wiped (DeleteVolume
+    /// starts one at once; the scan resumes releases after a restart).
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    pub release_scan_interval: u64,
+
     /// Agent calls in flight at once (bounds every fan-out).
     #[arg(long, default_value = "64")]
     pub agent_concurrency: usize,
@@ -168,6 +179,7 @@ pub struct Config {
     pub status_listen: std::net::SocketAddr,
     pub agent_probe_interval: Duration,
     pub calls: CallConfig,
+    pub release: ReleaseConfig,
     pub csi_socket: PathBuf,
     pub tls: MaterialPaths,
     pub trust_domain: TrustDomain,
@@ -187,6 +199,16 @@ impl Args {
         if self.agent_concurrency == 0 {
             return Err("--agent-concurrency: must be at least 1".into());
         }
+        if self.release_workers == 0 {
+            return Err("--release-workers: must be at least 1".into());
+        }
+        // A failed wipe (in use, I/O errors) is retried, but not hammered.
+        let release = ReleaseConfig {
+            workers: self.release_workers,
+            scan_interval: Duration::from_secs(self.release_scan_interval.max(1)),
+            retry: Backoff::try_new(Duration::from_secs(10), Duration::from_secs(1800), 0.2)
+                .map_err(|e| e.to_string())?,
+        };
         let calls = CallConfig {
             connect_timeout: Duration::from_secs(5),
             deadline: Duration::from_secs(self.agent_timeout.max(1)),
@@ -228,6 +250,7 @@ impl Args {
             status_listen: self.status_listen,
             agent_probe_interval: Duration::from_secs(self.agent_probe_interval.max(1)),
             calls,
+            release,
             csi_socket,
             tls: MaterialPaths::in_dir(&self.tls_dir),
             trust_domain,

@@ -22,7 +22,7 @@ use crate::directory::{AgentDirectory, DirectoryCheck, FileDirectory};
 use crate::inventory::{EmbeddedInventory, Inventory};
 use crate::leader::{LeaderGate, LeaderHandle, run_while_leader};
 use crate::lifecycle::Lifecycle;
-use crate::reconcile::{discovery, targets_file};
+use crate::reconcile::{discovery, release, targets_file};
 use crate::secrets::{DirSecrets, NoSecrets, SecretSource};
 
 /// Plugin capabilities of the controller side.
@@ -99,6 +99,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     background.spawn(run_while_leader(backends.leader.clone(), move || {
         discovery::run(discovering.clone(), interval, trigger.clone(), concurrency)
+    }));
+    // The wipes of deleted volumes, off the CSI call path; a new leader's
+    // first scan resumes what the last one left.
+    let (releasing, release_config) = (life.clone(), config.release.clone());
+    background.spawn(run_while_leader(backends.leader.clone(), move || {
+        release::run(releasing.clone(), release_config.clone())
     }));
 
     // Probe (the sidecars wait for it) and /readyz alike: until the

@@ -57,6 +57,7 @@ struct Gauges {
     devices: Family<PhaseLabels, Gauge>,
     agents: Family<StateLabels, Gauge>,
     resizes_pending: Gauge,
+    releases_running: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -203,6 +204,10 @@ impl StatusSource for ProxyStatus {
             self.gauges
                 .set_devices(by_phase.iter().map(|(k, v)| (*k, *v)));
             self.gauges.set_resizes_pending(resizes.len() as u64);
+            set_gauge(
+                &self.gauges.releases_running,
+                self.life.releases().running() as u64,
+            );
             self.update_agent_gauges(&agents);
             let leader = match &self.leader {
                 Some((handle, mode)) => doc::Leader {
@@ -258,6 +263,10 @@ impl StatusSource for ProxyStatus {
                 self.gauges
                     .set_resizes_pending(r.iter().filter(|r| !r.done).count() as u64);
             }
+            set_gauge(
+                &self.gauges.releases_running,
+                self.life.releases().running() as u64,
+            );
             let agents = self.agents();
             self.update_agent_gauges(&agents);
         })
@@ -273,6 +282,7 @@ impl Gauges {
             devices: Family::default(),
             agents: Family::default(),
             resizes_pending: Gauge::default(),
+            releases_running: Gauge::default(),
         };
         metrics.register(
             "devices",
@@ -288,6 +298,12 @@ impl Gauges {
             "resize_requests_pending",
             "Resize requests waiting for a storage administrator to grow a LUN",
             gauges.resizes_pending.clone(),
+        );
+        // Pending releases are the devices in phase Releasing or Failed.
+        metrics.register(
+            "releases_running",
+            "Wipes of deleted volumes' LUNs running now (on the leader)",
+            gauges.releases_running.clone(),
         );
         gauges
     }

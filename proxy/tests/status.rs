@@ -80,6 +80,7 @@ async fn the_document_reads_back_in_the_clis_types() {
         "csi_scsi_agents{state=\"unknown\"} 1",
         "csi_scsi_agents{state=\"reachable\"} 0",
         "csi_scsi_resize_requests_pending 1",
+        "csi_scsi_releases_running 0",
     ] {
         assert!(text.contains(series), "{series} in {text}");
     }

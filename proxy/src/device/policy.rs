@@ -12,10 +12,13 @@
 //!     |            |  |   \ lost     |   \ lost                    |   | wipe_failed
 //!     |            |  |    v         |    v                        |   v
 //!     +--------- Lost <----+         +-> Lost (keeps binding)      |  Failed
-//!                  ^                                               |   | (a retried
-//!                  +------ released (no node sees it) <------------+   |  delete)
-//!                          released ----> Available <------------------+
+//!                  ^                                               |   | (retried by
+//!                  +------ released (no node sees it) <------------+   |  a release
+//!                          released ----> Available <------------------+   worker)
 //! ```
+//!
+//! Releasing and Failed are both [`releasing`]: the volume is deleted and
+//! a release worker (`crate::reconcile::release`) still has to wipe it.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -253,7 +256,7 @@ pub fn unpublish(dev: &mut Device, node: &str) {
 }
 
 /// Its volume was deleted: it goes Releasing until wiped. `false` when it
-/// is Releasing or Failed already (a retried delete resumes the wipe).
+/// is Releasing or Failed already (a retried delete changes nothing).
 pub fn start_release(dev: &mut Device) -> bool {
     if matches!(dev.phase, Phase::Releasing | Phase::Failed) {
         return false;
@@ -263,7 +266,14 @@ pub fn start_release(dev: &mut Device) -> bool {
     true
 }
 
-/// The wipe failed: never offered again until someone looks at it.
+/// Whether `dev`'s volume is deleted and its wipe is still to be done
+/// (Releasing, or Failed by an earlier wipe): no CreateVolume, publication
+/// or volume of its name may use it, and a release worker retries it.
+pub fn releasing(dev: &Device) -> bool {
+    matches!(dev.phase, Phase::Releasing | Phase::Failed)
+}
+
+/// The wipe failed: never offered again until a retried wipe succeeds.
 pub fn wipe_failed(dev: &mut Device, reason: String) {
     dev.phase = Phase::Failed;
     dev.reason = reason;

@@ -103,6 +103,25 @@ impl Inventory {
         self.store.devices(after, limit).await
     }
 
+    /// The WWIDs of every device whose release is still to be done
+    /// (`policy::releasing`), in WWID order.
+    pub async fn releasing(&self) -> Result<Vec<String>, InventoryError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.store.devices(after.as_deref(), 500).await?;
+            out.extend(
+                page.iter()
+                    .filter(|d| policy::releasing(d))
+                    .map(|d| d.wwid.clone()),
+            );
+            match page.last() {
+                Some(last) if page.len() == 500 => after = Some(last.wwid.clone()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     /// Count of devices per phase.
     pub async fn phase_counts(&self) -> Result<Vec<(Phase, u64)>, InventoryError> {
         Ok(self.store.summary().await?.phases)

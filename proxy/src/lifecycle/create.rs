@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::Lifecycle;
-use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType};
+use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType, policy};
 use crate::error::ProxyError;
 use crate::inventory::InventoryError;
 use crate::parameters::ClassParameters;
@@ -83,7 +83,8 @@ impl Lifecycle {
     }
 }
 
-/// Whether `dev`, already bound to `req.name`, satisfies `req`.
+/// Whether `dev`, already bound to `req.name`, satisfies `req` (and is
+/// not a deleted volume's LUN).
 fn compatible(
     dev: &Device,
     req: &CreateRequest,
@@ -95,6 +96,14 @@ fn compatible(
             difference,
         })
     };
+    // The volume of this name was deleted and its LUN is still being
+    // wiped: never hand that out. The name is free once it is released.
+    if policy::releasing(dev) {
+        return Err(ProxyError::Busy(format!(
+            "volume name {} (its deleted volume's LUN {} is still being released)",
+            req.name, dev.wwid
+        )));
+    }
     let Some(b) = &dev.binding else {
         return conflict("the bound device lost its binding".into());
     };

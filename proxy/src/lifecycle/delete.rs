@@ -1,17 +1,87 @@
-//! DeleteVolume: release the LUN, wipe it through an agent that sees it,
-//! and offer it again. A failed wipe leaves it Failed, never Available.
+//! DeleteVolume: the LUN goes Releasing and the call answers at once; a
+//! release worker (`crate::reconcile::release`) wipes it through an agent
+//! that sees it, one attempt at a time through [`Lifecycle::release`], and
+//! offers it again. A failed wipe leaves it Failed, never Available, and is
+//! retried.
+//!
+//! Why not wipe inside DeleteVolume: zeroing a real LUN outlasts the
+//! provisioner's `--timeout`, and a wipe cut off by the caller is forgotten
+//! and started over by the next retry.
 
-use csi_scsi_proto::agent::WipeRequest;
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use csi_scsi_proto::agent::{WipeMode, WipeRequest};
+use tokio::sync::Notify;
 
 use super::Lifecycle;
 use crate::agents::AgentError;
-use crate::device::{Device, Phase, policy};
+use crate::device::{Device, policy};
 use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
 
+/// What one release attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// Wiped (or nothing to wipe) and recorded: Available, or Lost when no
+    /// node sees it.
+    Done,
+    /// Nothing to do: no such device, or its release is finished already.
+    NotReleasing,
+}
+
+/// The releases asked for and running in this process: DeleteVolume adds
+/// to `wanted` and wakes the workers; the workers mark what they wipe.
+#[derive(Debug, Default)]
+pub struct Releases {
+    wanted: Mutex<BTreeSet<String>>,
+    running: Mutex<BTreeSet<String>>,
+    wake: Notify,
+}
+
+impl Releases {
+    /// Asks the workers to release `wwid` soon.
+    pub fn want(&self, wwid: &str) {
+        lock(&self.wanted).insert(wwid.to_owned());
+        self.wake.notify_one();
+    }
+
+    /// Takes the WWIDs asked for since the last call.
+    pub fn take_wanted(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *lock(&self.wanted))
+    }
+
+    /// Waits until [`Self::want`] is called (a call made before counts).
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Marks `wwid` as being wiped; `false` when it is already, so one LUN
+    /// is never wiped by two workers at once.
+    pub fn start(&self, wwid: &str) -> bool {
+        lock(&self.running).insert(wwid.to_owned())
+    }
+
+    /// The wipe of `wwid` ended (done, failed or aborted).
+    pub fn end(&self, wwid: &str) {
+        lock(&self.running).remove(wwid);
+    }
+
+    /// How many releases are running now.
+    pub fn running(&self) -> usize {
+        lock(&self.running).len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Lifecycle {
-    /// Deletes the volume `id`. Unknown or stale IDs succeed without
-    /// touching anything.
+    /// Deletes the volume `id`: its LUN goes Releasing (no publication,
+    /// CreateVolume or volume of its name can use it from then on) and the
+    /// release workers are woken. Unknown or stale IDs, and a volume being
+    /// released already, succeed without touching anything.
     pub async fn delete(&self, id: &str, request_id: &str) -> Result<(), ProxyError> {
         // "If a volume corresponding to the specified volume_id does not
         // exist or the artifacts associated with the volume do not exist
@@ -21,7 +91,7 @@ impl Lifecycle {
             return Ok(());
         };
         let _guard = self.lock(vol.wwid()).await?;
-        let Some(dev) = self.inventory.device(vol.wwid()).await? else {
+        let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
         if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
@@ -35,48 +105,56 @@ impl Lifecycle {
                 reason: "unpublish it first",
             });
         }
-        self.release(dev, request_id).await
-    }
-
-    /// Resumes the release of `wwid` left Releasing (a restart mid-wipe,
-    /// agents down), under its lock so a DeleteVolume retry and this pass
-    /// never wipe at once. `Ok(false)`: nothing to resume.
-    pub async fn resume_release(&self, wwid: &str, request_id: &str) -> Result<bool, ProxyError> {
-        // Held: a DeleteVolume is at it right now; the pass moves on.
-        let Ok(_guard) = self
-            .locks
-            .lock_timeout(wwid.to_owned(), std::time::Duration::from_millis(10))
-            .await
-        else {
-            return Ok(false);
-        };
-        match self.inventory.device(wwid).await? {
-            Some(dev) if dev.phase == Phase::Releasing => {
-                self.release(dev, request_id).await.map(|()| true)
-            }
-            _ => Ok(false),
-        }
-    }
-
-    /// Wipes a device whose volume is gone and makes it Available. Resumes
-    /// a release interrupted by a restart or a failed wipe. The caller
-    /// holds the device's lock.
-    async fn release(&self, mut dev: Device, request_id: &str) -> Result<(), ProxyError> {
         if policy::start_release(&mut dev) {
-            dev = self.inventory.update(dev).await?;
+            self.inventory.update(dev).await?;
+            tracing::info!(volume_id = %id, %request_id, "volume deleted: LUN Releasing, to be wiped");
         }
-        let Some(cleanup) = dev.binding.as_ref().map(|b| b.cleanup) else {
-            // Releasing with no binding: nothing says how to wipe it, so
-            // it is not offered again by itself.
+        self.releases.want(vol.wwid());
+        Ok(())
+    }
+
+    /// One attempt at releasing `wwid`: wipe it through an agent that sees
+    /// it and make it Available. Only a release worker calls this, and only
+    /// one at a time per LUN ([`Releases::start`]). A wipe that failed is
+    /// recorded (`policy::wipe_failed`) and returned as the error.
+    pub async fn release(&self, wwid: &str, request_id: &str) -> Result<Released, ProxyError> {
+        let Some(dev) = self.inventory.device(wwid).await? else {
+            return Ok(Released::NotReleasing);
+        };
+        if !policy::releasing(&dev) {
+            return Ok(Released::NotReleasing);
+        }
+        let Some(binding) = dev.binding.as_ref() else {
+            // Nothing says how to wipe it, so it is not offered again by
+            // itself.
             return Err(ProxyError::DeviceState {
                 wwid: dev.wwid.clone(),
                 state: format!("{:?} without a binding", dev.phase),
                 reason: "the cleanup it was created with is unknown".into(),
             });
         };
-        let Some(mode) = cleanup.wipe_mode() else {
-            return self.make_available(dev).await;
-        };
+        let (uid, cleanup) = (binding.uid.clone(), binding.cleanup);
+        if let Some(mode) = cleanup.wipe_mode() {
+            if let Err(e) = self.wipe(&dev, mode, request_id).await {
+                if let ProxyError::Agent(
+                    failed @ (AgentError::Refused { .. } | AgentError::Failed { .. }),
+                ) = &e
+                {
+                    let reason = format!("wipe failed: {failed}");
+                    tracing::warn!(%wwid, %reason, "release failed; retried later");
+                    self.record(wwid, &uid, |d| policy::wipe_failed(d, reason.clone()))
+                        .await?;
+                }
+                return Err(e);
+            }
+            tracing::info!(%wwid, cleanup = cleanup.as_str(), "LUN wiped");
+        }
+        self.record(wwid, &uid, policy::released).await?;
+        Ok(Released::Done)
+    }
+
+    /// Asks the agents that see `dev`, one after another, to wipe it.
+    async fn wipe(&self, dev: &Device, mode: WipeMode, request_id: &str) -> Result<(), ProxyError> {
         let nodes = dev.node_names();
         if nodes.is_empty() {
             return Err(ProxyError::DeviceState {
@@ -92,10 +170,7 @@ impl Lifecycle {
                 mode: mode as i32,
             };
             match self.agents.call(node, wipe, request_id).await {
-                Ok(_) => {
-                    tracing::info!(wwid = %dev.wwid, %node, cleanup = cleanup.as_str(), "LUN wiped");
-                    return self.make_available(dev).await;
-                }
+                Ok(_) => return Ok(()),
                 // Not present, or unreachable, on this node: try another.
                 Err(
                     e @ (AgentError::NotSent(_)
@@ -103,17 +178,13 @@ impl Lifecycle {
                     | AgentError::Unreachable { .. }
                     | AgentError::TimedOut { .. }),
                 ) => failures.push(e.to_string()),
-                // The agent is still busy with an earlier wipe of it (a
-                // retry overtook it): not a failed wipe; ask again later.
+                // The agent is still busy with an earlier wipe of it (one
+                // a restarted proxy started): not a failed wipe; ask later.
                 Err(AgentError::Busy { .. }) => {
                     return Err(ProxyError::Busy(format!("wipe of {}", dev.wwid)));
                 }
-                // The wipe itself failed (in use, I/O error): never offer
-                // this LUN again until someone looks at it.
+                // The wipe itself failed (in use, I/O error).
                 Err(e @ (AgentError::Refused { .. } | AgentError::Failed { .. })) => {
-                    policy::wipe_failed(&mut dev, format!("wipe failed: {e}"));
-                    tracing::warn!(wwid = %dev.wwid, reason = %dev.reason, "release failed");
-                    self.inventory.update(dev).await?;
                     return Err(e.into());
                 }
             }
@@ -124,9 +195,24 @@ impl Lifecycle {
         })
     }
 
-    async fn make_available(&self, mut dev: Device) -> Result<(), ProxyError> {
-        policy::released(&mut dev);
-        self.inventory.update(dev).await?;
+    /// Applies `change` to `wwid` if it is still the release of binding
+    /// `uid`. Read afresh: during a wipe of hours discovery writes the
+    /// device too, and the result must not be lost to that race.
+    async fn record(
+        &self,
+        wwid: &str,
+        uid: &str,
+        change: impl Fn(&mut Device) + Send,
+    ) -> Result<(), ProxyError> {
+        self.inventory
+            .modify(wwid, move |d| {
+                let ours = policy::releasing(d) && d.binding.as_ref().is_some_and(|b| b.uid == uid);
+                if ours {
+                    change(d);
+                }
+                ours
+            })
+            .await?;
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! The volume life cycle on the controller side: create (bind a LUN),
-//! delete (release and wipe), publish/unpublish (attach/detach on a node),
+//! delete (release, and one wipe attempt for the release workers), publish/unpublish (attach/detach on a node),
 //! expand, and the read-only queries. No gRPC types cross into here except
 //! the agent API's messages; the CSI layer parses and maps.
 
@@ -22,6 +22,7 @@ use crate::inventory::Inventory;
 use crate::secrets::SecretSource;
 
 pub use create::CreateRequest;
+pub use delete::{Released, Releases};
 pub use query::VolumeView;
 
 /// The topology key every node reports in NodeGetInfo.
@@ -38,6 +39,8 @@ pub struct Lifecycle {
     /// Operations on one volume (or one request name) run one at a time;
     /// different keys run in parallel.
     locks: KeyedLocks<String>,
+    /// Releases asked for by DeleteVolume and run by the release workers.
+    releases: Releases,
 }
 
 impl Lifecycle {
@@ -52,12 +55,18 @@ impl Lifecycle {
             agents,
             secrets,
             locks: KeyedLocks::default(),
+            releases: Releases::default(),
         }
     }
 
     /// The inventory.
     pub fn inventory(&self) -> &Arc<Inventory> {
         &self.inventory
+    }
+
+    /// The releases asked for and running.
+    pub fn releases(&self) -> &Releases {
+        &self.releases
     }
 
     /// The agent pool.

@@ -1,6 +1,7 @@
 //! Discovery: fan `Discover` out to the agents whose nodes match each
-//! target, merge the reports by WWID into the inventory, and resume
-//! releases that a restart or an outage interrupted.
+//! target, and merge the reports by WWID into the inventory. Releases are
+//! not its business (`super::release`): a wipe of hours must not hold up
+//! new LUNs or Lost detection.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use csi_scsi_proto::agent::{DiscoverRequest, Lun};
 use tokio::sync::Notify;
 
 use crate::agents::fan_out;
-use crate::device::{DiscoveryRound, LunReport, Phase, Target};
+use crate::device::{DiscoveryRound, LunReport, Target};
 use crate::directory::{AgentEntry, NodeAgent};
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
@@ -27,8 +28,6 @@ pub struct PassSummary {
     pub lost: usize,
     /// Node/target pairs that did not answer.
     pub unanswered: usize,
-    /// Releases resumed and completed.
-    pub released: usize,
 }
 
 /// Whether `node` (with `entry`) should reach `target`.
@@ -111,35 +110,7 @@ pub async fn reconcile_once(
             tracing::warn!(%wwid, target = %target.name, "device no longer reported by any node: Lost");
         }
     }
-    summary.released = resume_releases(life, &request_id).await;
     Ok(summary)
-}
-
-/// Finishes releases left Releasing (a restart mid-wipe, agents down).
-async fn resume_releases(life: &Lifecycle, request_id: &str) -> usize {
-    let mut done = 0;
-    let mut after: Option<String> = None;
-    loop {
-        let Ok(page) = life.inventory().devices(after.as_deref(), 500).await else {
-            return done;
-        };
-        let last = page.last().map(|d| d.wwid.clone());
-        for dev in page.into_iter().filter(|d| d.phase == Phase::Releasing) {
-            let wwid = dev.wwid.clone();
-            match life.resume_release(&wwid, request_id).await {
-                Ok(true) => {
-                    tracing::info!(%wwid, "resumed release completed");
-                    done += 1;
-                }
-                Ok(false) => {}
-                Err(e) => tracing::info!(%wwid, error = %e, "release still pending"),
-            }
-        }
-        match last {
-            Some(l) => after = Some(l),
-            None => return done,
-        }
-    }
 }
 
 /// Runs passes every `interval` and whenever `trigger` is notified, until
@@ -162,7 +133,6 @@ pub async fn run(
                 added = s.added,
                 lost = s.lost,
                 unanswered = s.unanswered,
-                released = s.released,
                 "discovery pass"
             ),
             Err(e) => tracing::warn!(error = %e, "discovery pass failed"),

@@ -1,4 +1,5 @@
 //! Reconcilers: plain async functions run periodically and on triggers.
 
 pub mod discovery;
+pub mod release;
 pub mod targets_file;

@@ -23,9 +23,26 @@ pub fn lifecycle(
     directory: Arc<dyn AgentDirectory>,
     scratch: &Path,
 ) -> Lifecycle {
+    lifecycle_trusting(&test_ca(), inventory, directory, scratch)
+}
+
+/// A throwaway CA of the test trust domain.
+pub fn test_ca() -> CertificateAuthority {
     csi_scsi_certs::install_crypto_provider();
     let domain = TrustDomain::new("csi-scsi.local").expect("domain");
-    let ca = CertificateAuthority::create(&domain, Validity::days(1)).expect("CA");
+    CertificateAuthority::create(&domain, Validity::days(1)).expect("CA")
+}
+
+/// As [`lifecycle`], with the proxy certificate issued by `ca` (so agents
+/// with certificates from `ca` answer it).
+pub fn lifecycle_trusting(
+    ca: &CertificateAuthority,
+    inventory: Arc<Inventory>,
+    directory: Arc<dyn AgentDirectory>,
+    scratch: &Path,
+) -> Lifecycle {
+    csi_scsi_certs::install_crypto_provider();
+    let domain = TrustDomain::new("csi-scsi.local").expect("domain");
     let proxy = ca
         .issue(&Identity::Proxy, Validity::days(1))
         .expect("issue");
@@ -37,7 +54,7 @@ pub fn lifecycle(
     let calls = CallConfig {
         connect_timeout: Duration::from_millis(500),
         deadline: Duration::from_secs(2),
-        wipe_deadline: Duration::from_secs(2),
+        wipe_deadline: Duration::from_secs(20),
         attempts: 2,
         backoff: Backoff::try_new(Duration::from_millis(10), Duration::from_millis(50), 0.0)
             .expect("backoff"),

@@ -332,7 +332,8 @@ pub async fn start_proxy(
 }
 
 /// A CreateVolume for `name` on `node`: 1 MiB or more, devices labelled
-/// `tier=fast`, cleanup `none` (delete makes the device Available at once).
+/// `tier=fast`, cleanup `none` (after a delete, a release worker makes the
+/// device Available at once: no wipe).
 pub fn create_request(name: &str, node: &str) -> csi_scsi_proto::csi::CreateVolumeRequest {
     csi_scsi_proto::csi::CreateVolumeRequest {
         name: name.into(),

@@ -467,6 +467,9 @@ impl Lab {
             &dir.join("secrets").display().to_string(),
             "--discovery-interval",
             "5",
+            // Releases a kill interrupted resume within seconds.
+            "--release-scan-interval",
+            "5",
             "--agent-timeout",
             "30",
             "--status-listen",

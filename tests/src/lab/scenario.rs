@@ -371,6 +371,21 @@ pub fn lun_file(lab: &Lab, wwid: &str) -> Option<(String, PathBuf)> {
         .then(|| ("fc1".to_owned(), lab.luns["fc1"].clone()))
 }
 
+/// Waits until a deleted volume's LUN is offered again (the capacity grows
+/// past `before`): DeleteVolume answers before the proxy's release worker
+/// has wiped it.
+async fn released(c: &mut ControllerClient<Channel>, before: i64) -> anyhow::Result<()> {
+    let until = Instant::now() + Duration::from_secs(600);
+    while capacity(c, None, "").await? <= before {
+        ensure!(
+            Instant::now() < until,
+            "the LUN is not Available again after 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 /// Whether every byte of `file` reads as zero.
 pub fn all_zero(file: &Path) -> anyhow::Result<bool> {
     let mut f = std::fs::File::open(file)?;
@@ -583,13 +598,12 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
                 })
                 .await
                 .context("DeleteVolume")?;
+            released(&mut cl.controller, before).await?;
             ensure!(
                 all_zero(&lun_path)?,
                 "{} still holds data",
                 lun_path.display()
             );
-            let after = capacity(&mut cl.controller, None, "").await?;
-            ensure!(after > before, "the LUN is not Available again");
             Ok((
                 (),
                 format!(
@@ -652,6 +666,7 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
         "node-c: unpublish, detach; DeleteVolume with discard cleanup",
         async {
             unmount_and_detach(lab, &mut cl, &raw, "node-c", "pod-3").await?;
+            let before = capacity(&mut cl.controller, None, "").await?;
             cl.controller
                 .delete_volume(DeleteVolumeRequest {
                     volume_id: raw.volume_id.clone(),
@@ -659,6 +674,7 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
                 })
                 .await
                 .context("DeleteVolume")?;
+            released(&mut cl.controller, before).await?;
             ensure!(all_zero(&lab.luns["fc1"])?, "fc1 still holds data");
             Ok(((), "fc1 discarded (reads back as zeroes)".into()))
         },

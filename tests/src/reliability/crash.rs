@@ -964,7 +964,7 @@ impl Suite {
     /// store, the LUNs and the nodes' mounts.
     async fn finish(&self, pool: usize) -> anyhow::Result<()> {
         let db = self.lab.lock().await.proxy_store();
-        // Releases interrupted for good resume on discovery passes (5 s).
+        // Releases interrupted for good resume on the release scans (5 s).
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut rows;
         loop {

@@ -380,13 +380,17 @@ fn fits_checks_phase_size_labels_and_visibility() {
 #[test]
 fn release_fail_and_release_again_count_the_failures() {
     let mut dev = device(1, 100, &["a"], Phase::Bound);
+    assert!(!releasing(&dev));
     assert!(start_release(&mut dev));
     assert_eq!(dev.phase, Phase::Releasing);
+    assert!(releasing(&dev), "a worker wipes it");
     wipe_failed(&mut dev, "EIO".into());
     assert_eq!((dev.phase, dev.wipe_failures), (Phase::Failed, 1));
-    // A retried delete resumes from Failed without a new Releasing write.
+    assert!(releasing(&dev), "a worker retries it");
+    // A retried delete changes nothing: no new Releasing write.
     assert!(!start_release(&mut dev));
     released(&mut dev);
+    assert!(!releasing(&dev));
     assert_eq!(dev.phase, Phase::Available);
     assert!(dev.binding.is_none() && dev.published.is_empty() && dev.reason.is_empty());
     assert_eq!(dev.wipe_failures, 1, "the count outlives the binding");

@@ -5,8 +5,10 @@
 //! EIO on every write during the wipe of a delete. Each call fails with a
 //! retryable code, in bounded time, writing nothing (the LUN's first 4 MiB
 //! and last MiB read back the same); once healed, the same call succeeds,
-//! and the marker reads back (no volume with data was formatted), or the
-//! wipe completes.
+//! and the marker reads back (no volume with data was formatted). The
+//! delete answers OK before its wipe: the wipe that meets EIO leaves the
+//! LUN Failed, never Available, and once healed the retried wipe
+//! completes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -143,22 +145,62 @@ impl Suite {
         self.must(&Op::Unpublish(vol.clone(), node.to_owned()), &what)
             .await;
 
-        // The wipe meets EIO on every write: refused, nothing reported
-        // wiped; healed, the delete wipes.
+        // The wipe meets EIO on every write. DeleteVolume answers OK (it
+        // does not wait for the wipe); the release worker's wipe fails and
+        // the LUN goes Failed, never Available; healed, the retried wipe
+        // (the proxy's backoff starts at 10 s) zeroes it.
         let what = format!("round {round}: DeleteVolume with every write to {disk} failing");
+        let wwid = vol.id.split(':').next().unwrap_or_default().to_owned();
         self.inject(&disk, Fault::WriteError(0..u64::MAX))?;
-        let o = self.call(&Op::Delete(vol.clone()), DEADLINE).await;
-        self.disks().heal(&disk)?;
-        self.report.check(!o.ok(), || {
-            format!("{what}: answered OK though no write could reach the LUN")
-        });
-        self.refused_by_disk(&what, (!o.ok()).then_some(o.code), o.took, figures);
         self.delete(&vol, &what).await;
+        let failed = self.phase_becomes(&wwid, "Failed", FAILING_BOUND).await?;
+        self.disks().heal(&disk)?;
+        self.report.check(failed.is_ok(), || {
+            format!("{what}: the LUN did not go Failed though no write could reach it ({failed:?})")
+        });
+        let wiped = self
+            .phase_becomes(&wwid, "Available", Duration::from_secs(120))
+            .await?;
+        self.report.check(wiped.is_ok(), || {
+            format!("{what}: after the heal the retried wipe did not complete ({wiped:?})")
+        });
         self.report
             .check(crate::lab::scenario::all_zero(&file)?, || {
-                format!("{what}: after the heal the delete succeeded but {disk} is not zeroed")
+                format!("{what}: after the heal the LUN is Available but {disk} is not zeroed")
             });
         Ok(())
+    }
+
+    /// Waits up to `bound` for the proxy's store to record `wwid` in
+    /// `phase`; `Err` with the phases seen on the way if it never does. A
+    /// LUN seen Available on the way to Failed is a failure at once.
+    async fn phase_becomes(
+        &self,
+        wwid: &str,
+        phase: &str,
+        bound: Duration,
+    ) -> anyhow::Result<Result<(), Vec<String>>> {
+        let db = self.lab.proxy_store();
+        let start = Instant::now();
+        let mut seen: Vec<String> = Vec::new();
+        loop {
+            let now = crate::reliability::store::run(
+                &db,
+                &format!("SELECT phase FROM devices WHERE wwid = '{wwid}'"),
+            )?
+            .trim()
+            .to_owned();
+            if seen.last() != Some(&now) {
+                seen.push(now.clone());
+            }
+            if now == phase {
+                return Ok(Ok(()));
+            }
+            if (phase == "Failed" && now == "Available") || start.elapsed() > bound {
+                return Ok(Err(seen));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn disks(&self) -> &crate::disks::FaultyDisks {

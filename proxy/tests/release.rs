@@ -1,0 +1,299 @@
+//! DeleteVolume and the release workers, over the embedded store (a real
+//! SQLite file), the real agent pool and mutual TLS, and a stub agent
+//! whose wipes can be slow or fail: DeleteVolume answers before the wipe,
+//! the wipe runs once per release and never twice at once, a restarted
+//! proxy resumes it, a LUN being released is never handed out, and a
+//! failed wipe is counted and retried.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/agent_stub.rs"]
+mod agent_stub;
+#[path = "support/devices.rs"]
+mod devices;
+// Only `lifecycle_trusting` and `test_ca` are used here.
+#[allow(dead_code)]
+#[path = "support/lifecycle.rs"]
+mod lifecycle_support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use csi_scsi_certs::CertificateAuthority;
+use csi_scsi_proxy::agents::{Backoff, deadline};
+use csi_scsi_proxy::device::{Access, Device, Mode, Phase};
+use csi_scsi_proxy::directory::FileDirectory;
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
+use csi_scsi_proxy::lifecycle::{CreateRequest, Lifecycle};
+use csi_scsi_proxy::parameters::ClassParameters;
+use csi_scsi_proxy::reconcile::release::{self, ReleaseConfig};
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use agent_stub::{StubAgent, WipeBehaviour};
+use devices::{lun, round, wwid};
+
+/// One node (`node-a`) that sees LUNs 1..=n, served by a stub agent.
+struct Fixture {
+    dir: tempfile::TempDir,
+    ca: CertificateAuthority,
+    agent: StubAgent,
+    agents: Arc<FileDirectory>,
+}
+
+/// A proxy: a controller and its release workers over the fixture's store.
+struct Proxy {
+    life: Arc<Lifecycle>,
+    workers: tokio::task::JoinHandle<()>,
+}
+
+impl Fixture {
+    async fn new(luns: u32, wipe: Duration, failures: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = lifecycle_support::test_ca();
+        let wwids: Vec<String> = (1..=luns).map(wwid).collect();
+        let seen: Vec<&str> = wwids.iter().map(String::as_str).collect();
+        let behaviour = WipeBehaviour {
+            duration: wipe,
+            failures_left: Mutex::new(failures),
+        };
+        let agent = agent_stub::start(&ca, "node-a", &seen, behaviour, dir.path()).await;
+        let agents_file = dir.path().join("agents");
+        std::fs::write(&agents_file, format!("node-a {}\n", agent.address)).unwrap();
+        let agents = FileDirectory::load(&agents_file).unwrap();
+        let f = Self {
+            dir,
+            ca,
+            agent,
+            agents,
+        };
+        let inv = f.inventory();
+        let reports = (1..=luns).map(|i| lun(i, 1 << 30)).collect();
+        inv.apply_discovery(round("t1", &[("node-a", reports)], &[]))
+            .await
+            .unwrap();
+        f
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("inventory.db")
+    }
+
+    fn inventory(&self) -> Arc<Inventory> {
+        Arc::new(Inventory::new(Arc::new(
+            EmbeddedInventory::open(&self.db()).unwrap(),
+        )))
+    }
+
+    /// A proxy (a fresh process, as far as its state goes) with `workers`
+    /// release workers, scanning often and retrying soon.
+    fn proxy(&self, workers: usize) -> Proxy {
+        let life = Arc::new(lifecycle_support::lifecycle_trusting(
+            &self.ca,
+            self.inventory(),
+            self.agents.clone(),
+            self.dir.path(),
+        ));
+        let config = ReleaseConfig {
+            workers,
+            scan_interval: Duration::from_millis(200),
+            retry: Backoff::try_new(Duration::from_millis(100), Duration::from_millis(400), 0.0)
+                .unwrap(),
+        };
+        let workers = tokio::spawn(release::run(life.clone(), config));
+        Proxy { life, workers }
+    }
+}
+
+impl Proxy {
+    /// Kills it: its workers stop mid-call, as in a crash or a lost Lease.
+    async fn kill(self) {
+        self.workers.abort();
+        let _ = self.workers.await;
+    }
+
+    async fn create(&self, name: &str) -> Result<Device, Status> {
+        self.life
+            .create(CreateRequest {
+                name: name.into(),
+                required_bytes: 1,
+                limit_bytes: 0,
+                access: vec![Access {
+                    block: false,
+                    fs_type: None,
+                    mode: Mode::SingleNodeWriter,
+                }],
+                parameters: ClassParameters::parse(&HashMap::new()).unwrap(),
+                nodes: Vec::new(),
+            })
+            .await
+            .map_err(Status::from)
+    }
+
+    async fn device(&self, wwid: &str) -> Device {
+        self.life.inventory().device(wwid).await.unwrap().unwrap()
+    }
+
+    /// Waits (up to 15 s) until `wwid` is in `phase`.
+    async fn wait_for(&self, wwid: &str, phase: Phase) -> Device {
+        let until = Instant::now() + Duration::from_secs(15);
+        loop {
+            let d = self.device(wwid).await;
+            if d.phase == phase {
+                return d;
+            }
+            assert!(
+                Instant::now() < until,
+                "{wwid} still {:?} ({}), not {phase:?}",
+                d.phase,
+                d.reason
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn volume_id(d: &Device) -> String {
+    format!("{}:{}", d.wwid, d.binding.as_ref().unwrap().uid)
+}
+
+#[tokio::test]
+async fn delete_volume_answers_within_the_callers_deadline_while_a_slow_wipe_runs_on() {
+    let f = Fixture::new(1, Duration::from_secs(2), 0).await;
+    let p = f.proxy(2);
+    let vol = p.create("pv-1").await.unwrap();
+    let id = volume_id(&vol);
+
+    // The provisioner's `--timeout`, shorter than the wipe.
+    let start = Instant::now();
+    deadline::within(
+        Some(start + Duration::from_secs(1)),
+        p.life.delete(&id, "t"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(p.device(&vol.wwid).await.phase, Phase::Releasing);
+
+    let released = p.wait_for(&vol.wwid, Phase::Available).await;
+    assert!(start.elapsed() >= Duration::from_secs(2), "not wiped first");
+    assert!(released.binding.is_none());
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    assert_eq!(f.agent.log.finished(&vol.wwid), 1);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn retried_deletes_wipe_the_lun_exactly_once() {
+    let f = Fixture::new(1, Duration::from_millis(800), 0).await;
+    let p = f.proxy(4);
+    let vol = p.create("pv-1").await.unwrap();
+    let id = volume_id(&vol);
+
+    for _ in 0..5 {
+        p.life.delete(&id, "t").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.wait_for(&vol.wwid, Phase::Available).await;
+    // Retries after the release, and several scans, change nothing.
+    p.life.delete(&id, "t").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    assert_eq!(
+        f.agent.log.busy_answers(),
+        0,
+        "no second wipe was even asked"
+    );
+    assert_eq!(p.device(&vol.wwid).await.phase, Phase::Available);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_restarted_proxy_resumes_a_release_cut_off_mid_wipe_and_never_wipes_twice_at_once() {
+    let f = Fixture::new(1, Duration::from_millis(1500), 0).await;
+    let first = f.proxy(2);
+    let vol = first.create("pv-1").await.unwrap();
+    first.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while f.agent.log.running() == 0 {
+        assert!(Instant::now() < until, "the wipe never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.kill().await;
+
+    // The agent erases on; the new proxy finds the LUN Releasing.
+    let second = f.proxy(2);
+    assert_eq!(second.device(&vol.wwid).await.phase, Phase::Releasing);
+    let released = second.wait_for(&vol.wwid, Phase::Available).await;
+    assert!(released.binding.is_none());
+    assert_eq!(
+        f.agent.log.most_at_once(),
+        1,
+        "two wipes of one LUN at once"
+    );
+    // The agent does not remember the wipe the restart cut off, so it is
+    // run again once it ends: one more wipe per restart, never more.
+    assert!(f.agent.log.busy_answers() >= 1, "met the running wipe");
+    assert_eq!(f.agent.log.started(&vol.wwid), 2);
+    second.kill().await;
+}
+
+#[tokio::test]
+async fn a_lun_being_released_is_never_bound_and_its_volume_name_waits_for_it() {
+    let f = Fixture::new(1, Duration::from_millis(1500), 0).await;
+    let p = f.proxy(2);
+    let vol = p.create("pv-1").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+
+    let other = p.create("pv-2").await.unwrap_err();
+    assert_eq!(other.code(), Code::ResourceExhausted, "{other:?}");
+    // The deleted volume's name is not its old volume any more.
+    let same_name = p.create("pv-1").await.unwrap_err();
+    assert_eq!(same_name.code(), Code::Aborted, "{same_name:?}");
+    assert_eq!(p.device(&vol.wwid).await.phase, Phase::Releasing);
+
+    p.wait_for(&vol.wwid, Phase::Available).await;
+    let again = p.create("pv-1").await.unwrap();
+    assert_eq!(again.wwid, vol.wwid);
+    assert_ne!(volume_id(&again), volume_id(&vol), "a new volume");
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_failed_wipe_is_counted_and_retried_until_it_succeeds() {
+    let f = Fixture::new(1, Duration::from_millis(50), 2).await;
+    let p = f.proxy(2);
+    let vol = p.create("pv-1").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+
+    let released = p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 3);
+    assert_eq!(released.wipe_failures, 2);
+    assert!(released.binding.is_none() && released.reason.is_empty());
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn no_more_wipes_run_at_once_than_there_are_workers() {
+    let f = Fixture::new(5, Duration::from_millis(300), 0).await;
+    let p = f.proxy(2);
+    let mut vols = Vec::new();
+    for i in 0..5 {
+        vols.push(p.create(&format!("pv-{i}")).await.unwrap());
+    }
+    for v in &vols {
+        p.life.delete(&volume_id(v), "t").await.unwrap();
+    }
+    for v in &vols {
+        p.wait_for(&v.wwid, Phase::Available).await;
+        assert_eq!(f.agent.log.started(&v.wwid), 1);
+    }
+    assert_eq!(f.agent.log.most_at_once(), 2);
+    p.kill().await;
+}

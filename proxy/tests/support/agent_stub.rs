@@ -1,0 +1,229 @@
+//! An agent stand-in for the proxy's own tests: the real agent API served
+//! over real mutual TLS (a node certificate from the test CA), whose Wipe
+//! behaves as the agent's does towards the proxy: it refuses a WWID it does
+//! not see (NOT_FOUND), answers ABORTED while a wipe of that WWID runs,
+//! keeps wiping when the caller goes away, and can be told to take long or
+//! to fail. Every wipe is logged. The other calls are UNIMPLEMENTED.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use csi_scsi_certs::{
+    CertificateAuthority, Identity, MaterialPaths, MaterialStore, Role, TrustDomain, Validity,
+    server_config, write_issued,
+};
+use csi_scsi_proto::agent::agent_server::{Agent, AgentServer};
+use csi_scsi_proto::agent::{
+    AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest,
+    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress,
+    WipeRequest,
+};
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+/// What the stub's wipes did.
+#[derive(Debug, Default)]
+pub struct WipeLog {
+    state: Mutex<LogState>,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    started: BTreeMap<String, u32>,
+    finished: BTreeMap<String, u32>,
+    running: BTreeSet<String>,
+    busy_answers: u32,
+    most_at_once: usize,
+}
+
+impl WipeLog {
+    /// Wipes of `wwid` started.
+    pub fn started(&self, wwid: &str) -> u32 {
+        self.lock().started.get(wwid).copied().unwrap_or(0)
+    }
+
+    /// Wipes of `wwid` that ran to their end (success or failure).
+    pub fn finished(&self, wwid: &str) -> u32 {
+        self.lock().finished.get(wwid).copied().unwrap_or(0)
+    }
+
+    /// Wipes running now.
+    pub fn running(&self) -> usize {
+        self.lock().running.len()
+    }
+
+    /// Most wipes that ran at once, over every WWID.
+    pub fn most_at_once(&self) -> usize {
+        self.lock().most_at_once
+    }
+
+    /// ABORTED answers given because that WWID was being wiped.
+    pub fn busy_answers(&self) -> u32 {
+        self.lock().busy_answers
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How the stub's wipes behave.
+#[derive(Debug)]
+pub struct WipeBehaviour {
+    /// How long one wipe takes.
+    pub duration: Duration,
+    /// The next this many wipes fail with INTERNAL (an I/O error).
+    pub failures_left: Mutex<u32>,
+}
+
+/// A running stub agent for one node.
+pub struct StubAgent {
+    /// Where it listens.
+    pub address: SocketAddr,
+    /// What its wipes did.
+    pub log: Arc<WipeLog>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for StubAgent {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Serves a stub agent for `node` that sees `wwids`, with a certificate
+/// from `ca` written under `scratch`.
+pub async fn start(
+    ca: &CertificateAuthority,
+    node: &str,
+    wwids: &[&str],
+    behaviour: WipeBehaviour,
+    scratch: &std::path::Path,
+) -> StubAgent {
+    let domain = TrustDomain::new("csi-scsi.local").expect("domain");
+    let issued = ca
+        .issue(&Identity::Node(node.to_owned()), Validity::days(1))
+        .expect("issue");
+    let dir = scratch.join(format!("agent-{node}-tls"));
+    write_issued(&dir, &issued).expect("write TLS material");
+    let store = MaterialStore::load(
+        MaterialPaths::in_dir(&dir),
+        Role::Agent {
+            node: node.to_owned(),
+        },
+        domain,
+    )
+    .expect("TLS material");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let log = Arc::new(WipeLog::default());
+    let service = Service {
+        wwids: wwids.iter().map(|w| (*w).to_owned()).collect(),
+        behaviour: Arc::new(behaviour),
+        log: log.clone(),
+    };
+    let incoming =
+        csi_scsi_daemon::tls_incoming(listener, server_config(store).expect("server config"));
+    let server = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(AgentServer::new(service))
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    StubAgent {
+        address,
+        log,
+        server,
+    }
+}
+
+struct Service {
+    wwids: BTreeSet<String>,
+    behaviour: Arc<WipeBehaviour>,
+    log: Arc<WipeLog>,
+}
+
+type WipeStream = Pin<Box<dyn Stream<Item = Result<WipeProgress, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for Service {
+    async fn discover(
+        &self,
+        _: Request<DiscoverRequest>,
+    ) -> Result<Response<DiscoverResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+
+    async fn attach(&self, _: Request<AttachRequest>) -> Result<Response<AttachResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+
+    async fn detach(&self, _: Request<DetachRequest>) -> Result<Response<DetachResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+
+    type WipeStream = WipeStream;
+
+    async fn wipe(&self, request: Request<WipeRequest>) -> Result<Response<WipeStream>, Status> {
+        let wwid = request.into_inner().wwid;
+        if !self.wwids.contains(&wwid) {
+            return Err(Status::not_found(format!("no device {wwid} on this node")));
+        }
+        {
+            let mut s = self.log.lock();
+            if !s.running.insert(wwid.clone()) {
+                s.busy_answers += 1;
+                return Err(Status::aborted(format!("{wwid} is being wiped")));
+            }
+            *s.started.entry(wwid.clone()).or_default() += 1;
+            s.most_at_once = s.most_at_once.max(s.running.len());
+        }
+        // As the agent's erase in spawn_blocking: it runs to its end even
+        // when the caller is gone.
+        let (behaviour, log) = (self.behaviour.clone(), self.log.clone());
+        let erase = tokio::spawn(async move {
+            tokio::time::sleep(behaviour.duration).await;
+            let failed = {
+                let mut left = behaviour
+                    .failures_left
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let failed = *left > 0;
+                *left = left.saturating_sub(1);
+                failed
+            };
+            let mut s = log.lock();
+            s.running.remove(&wwid);
+            *s.finished.entry(wwid.clone()).or_default() += 1;
+            if failed {
+                Err(Status::internal(format!("I/O error wiping {wwid}")))
+            } else {
+                Ok(())
+            }
+        });
+        match erase.await {
+            Ok(Ok(())) => {
+                let done = WipeProgress {
+                    done: true,
+                    ..WipeProgress::default()
+                };
+                Ok(Response::new(Box::pin(futures::stream::iter([Ok(done)]))))
+            }
+            Ok(Err(status)) => Err(status),
+            Err(e) => Err(Status::internal(e.to_string())),
+        }
+    }
+
+    async fn rescan(&self, _: Request<RescanRequest>) -> Result<Response<RescanResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+}
