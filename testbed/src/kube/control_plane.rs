@@ -109,6 +109,13 @@ impl ControlPlane {
         )?;
         let admin = pki.client("admin", "lab-admin", &["system:masters"])?;
         let admin_config = dir.join("admin.kubeconfig");
+        // Every request at Metadata level: who asked what (the bench counts
+        // the proxy's requests per volume; a failed test shows who was refused).
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(
+            &audit_policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n- level: Metadata\n",
+        )?;
         pki.kubeconfig_cert(&admin_config, &server, &admin)?;
         let apiserver = Daemon::spawn_program(
             tools.path("kube-apiserver"),
@@ -140,6 +147,9 @@ impl ControlPlane {
                 "--allow-privileged=true",
                 "--anonymous-auth=false",
                 "--profiling=false",
+                &format!("--audit-policy-file={}", audit_policy.display()),
+                &format!("--audit-log-path={}", dir.join("audit.log").display()),
+                "--audit-log-maxsize=200",
                 "--endpoint-reconciler-type=none",
                 "--v=1",
             ]),
@@ -250,6 +260,11 @@ impl ControlPlane {
         self.controllers.push(kcm);
         self.controllers.push(scheduler);
         Ok(())
+    }
+
+    /// The API server's audit log (JSON lines, one event per request stage).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
     }
 
     /// Leaves every process running after this handle is dropped.

@@ -9,12 +9,15 @@
 //!    (and, for row 4, the proxy's memory holding them).
 //! 4. [`memory`]: the agent's memory, idle and with 100 volumes staged.
 //! 5. [`node_path`]: NodeStage + NodePublish vs `mount` + a bind mount.
+//! 6. [`kube`]: N PVCs and Pods in the Kubernetes lab vs the embedded lab
+//!    publishing the same N volumes over CSI; proxy memory and API requests.
 
 pub mod fanout;
 pub mod fixture;
 pub mod forwarding;
 pub mod helpers;
 pub mod inventory;
+pub mod kube;
 pub mod memory;
 pub mod node_path;
 pub mod proc;

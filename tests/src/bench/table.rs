@@ -21,6 +21,8 @@ pub enum Unit {
     OpsPerSec,
     /// Open file descriptors.
     Fds,
+    /// API requests.
+    Requests,
 }
 
 /// A row's target.
@@ -52,7 +54,7 @@ pub enum Verdict {
 /// One line of the table.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
-    /// Row group, 1 to 5, as in the issue.
+    /// Row group, 1 to 6.
     pub section: u8,
     /// What is measured (and against what).
     pub name: String,
@@ -163,6 +165,7 @@ pub fn format_value(v: f64, unit: Unit) -> String {
         Unit::Mebibytes => format!("{v:.1} MiB"),
         Unit::OpsPerSec => format!("{v:.0} ops/s"),
         Unit::Fds => format!("{v:.0} fds"),
+        Unit::Requests => format!("{v:.1} req"),
     }
 }
 

@@ -16,7 +16,9 @@ use std::time::Instant;
 
 use csi_scsi_tests::bench::proc::Machine;
 use csi_scsi_tests::bench::table::{Row, Verdict, ids, render};
-use csi_scsi_tests::bench::{Options, fanout, forwarding, helpers, inventory, memory, node_path};
+use csi_scsi_tests::bench::{
+    Options, fanout, forwarding, helpers, inventory, kube, memory, node_path,
+};
 
 const USAGE: &str = "\
 usage: bench [--quick] [--json FILE] [--rows LIST] [--keep]
@@ -26,7 +28,8 @@ Runs the csi-scsi benchmarks and prints the table (see BENCHMARKS.md).
                 its figures mean nothing
   --json FILE   also write the table, with the machine, as JSON to FILE
                 (`-` for stdout, after the table)
-  --rows LIST   only these row groups, e.g. 1,3 (default: 1,2,3,4,5)
+  --rows LIST   only these row groups, e.g. 1,3 (default: 1,2,3,4,5,6;
+                6 starts the Kubernetes lab: root and the Go tools)
   --keep        keep the scratch directory (logs of every process)
 
 Build first, in the profile you run: the bench starts the csi-scsi-agent
@@ -44,7 +47,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
     let mut out = Args {
         opts: Options { quick: false },
         json: None,
-        rows: vec![1, 2, 3, 4, 5],
+        rows: vec![1, 2, 3, 4, 5, 6],
         keep: false,
     };
     let mut it = args.iter();
@@ -59,8 +62,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .ok_or("--rows needs a list")?
                     .split(',')
                     .map(|r| match r.trim().parse::<u8>() {
-                        Ok(n @ 1..=5) => Ok(n),
-                        _ => Err(format!("--rows: {r:?} is not a row group 1-5")),
+                        Ok(n @ 1..=6) => Ok(n),
+                        _ => Err(format!("--rows: {r:?} is not a row group 1-6")),
                     })
                     .collect::<Result<_, _>>()?;
             }
@@ -164,6 +167,10 @@ async fn run(args: Args, bin_dir: &std::path::Path) -> anyhow::Result<ExitCode> 
                 tokio::spawn(inventory::run(args.opts, dir)),
             ),
             4 => ("agent memory", tokio::spawn(memory::run(args.opts, dir))),
+            6 => (
+                "Kubernetes: PVCs and Pods",
+                tokio::task::spawn_blocking(move || kube::run(args.opts, dir)),
+            ),
             _ => ("node path", tokio::spawn(node_path::run(args.opts, dir))),
         };
         eprintln!("== {group}: {name} ...");

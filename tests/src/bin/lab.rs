@@ -15,7 +15,7 @@ use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 const USAGE: &str = "usage: lab up [--kubernetes] [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
-            driven through PVCs and Pods (docs/kubernetes.md)
+            driven through PVCs and Pods (docs/kubernetes-lab.md)
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
             (label tier=pool): devices for suites that create many volumes";
 
@@ -154,7 +154,7 @@ async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         ),
         Err(e) => {
             println!(
-                "\nFAILED (logs kept in {}: kube/*.log, controller-0/*.log, nodes/*/kubelet.log, node-*.agent.log)",
+                "\nFAILED (logs kept in {}: kube/*.log, controller-*/*.log, nodes/*/kubelet.log, node-*.agent.log)",
                 dir.display()
             );
             lab.keep();

@@ -20,7 +20,7 @@ pub struct ContainerSpec {
 }
 
 /// What the rendered install holds for the lab to run by hand.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Rendered {
     /// The controller Deployment's containers by name.
     pub controller: BTreeMap<String, ContainerSpec>,

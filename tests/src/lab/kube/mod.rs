@@ -7,6 +7,7 @@ pub mod images;
 pub mod install;
 pub mod node;
 pub mod scenario;
+pub mod targets;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,7 +35,7 @@ pub const TOOLS: &[&str] = &[
 ];
 
 /// The sidecars of the controller Deployment the lab runs beside the proxy.
-const SIDECARS: &[&str] = &["csi-provisioner", "csi-attacher", "csi-resizer"];
+pub(crate) const SIDECARS: &[&str] = &["csi-provisioner", "csi-attacher", "csi-resizer"];
 
 /// A running Kubernetes lab.
 pub struct KubeLab {
@@ -44,12 +45,39 @@ pub struct KubeLab {
     pub plane: ControlPlane,
     /// containerd and kubelet per node.
     pub nodes: Vec<KubeNode>,
-    /// The proxy (kubernetes backend) and its sidecars.
-    pub controller: Vec<Daemon>,
+    /// The controller replicas: each a proxy (kubernetes backend) and its sidecars.
+    pub controller: Vec<Replica>,
+    /// The rendered overlay (the Deployment's containers), to start more replicas.
+    pub rendered: install::Rendered,
     /// kubectl as cluster-admin: what a user of the lab runs.
     pub kubectl: Kubectl,
     /// The driver's namespace.
     pub namespace: String,
+}
+
+/// One controller replica: what one Pod of the Deployment would run.
+pub struct Replica {
+    /// `csi-scsi-controller-<index>`: its POD_NAME, the proxy's Lease
+    /// identity and the sidecars' hostname (their Lease identity).
+    pub pod: String,
+    /// The proxy.
+    pub proxy: Daemon,
+    /// The sidecars by name.
+    pub sidecars: Vec<(String, Daemon)>,
+}
+
+impl Replica {
+    /// The proxy's PID.
+    pub fn pid(&self) -> u32 {
+        self.proxy.pid()
+    }
+
+    /// Every process of the replica.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.proxy.pid())
+            .chain(self.sidecars.iter().map(|(_, d)| d.pid()))
+            .collect()
+    }
 }
 
 /// `lab.json` of a Kubernetes lab: the embedded lab's, plus the kubeconfig.
@@ -68,7 +96,8 @@ impl KubeLab {
     /// Builds and starts everything; `progress` hears about each step.
     pub async fn up(mut config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
-        config.pool_luns = config.pool_luns.max(4);
+        // The raw-block volume and the two-replica batch (6) on the pool.
+        config.pool_luns = config.pool_luns.max(8);
         progress(
             "Go tools: Kubernetes 1.33, etcd and the CSI sidecars from tools/ (cached after the first build)",
         );
@@ -168,6 +197,7 @@ impl KubeLab {
             controller: Vec::new(),
             kubectl,
             namespace,
+            rendered: rendered.clone(),
         };
         match this.install(&rendered, progress).await {
             Ok(()) => Ok(this),
@@ -210,7 +240,7 @@ impl KubeLab {
     }
 
     /// Starts one controller replica (`index`): the proxy and its sidecars.
-    async fn start_controller(
+    pub(crate) async fn start_controller(
         &mut self,
         rendered: &install::Rendered,
         index: &str,
@@ -283,7 +313,7 @@ impl KubeLab {
             socket.display(),
             tail(&proxy.log())
         );
-        self.controller.push(proxy);
+        let mut sidecars = Vec::new();
         for name in SIDECARS {
             let spec = rendered
                 .controller
@@ -294,15 +324,33 @@ impl KubeLab {
             // In a Pod the sidecars use the in-cluster config of the same
             // ServiceAccount; here its token comes in a kubeconfig.
             args.push(format!("--kubeconfig={}", kubeconfig.display()));
+            // Their Lease identity is the hostname (the Pod's name in a
+            // Pod): a UTS namespace of their own gives each replica its
+            // own, else two replicas on this host would share one identity
+            // and both lead. `exec` keeps the PID the sidecar's.
+            let mut wrapped: Vec<String> = vec![
+                "--uts".into(),
+                "sh".into(),
+                "-c".into(),
+                r#"hostname "$0" && exec "$@""#.into(),
+                pod.clone(),
+                self.plane.tools.path(name).display().to_string(),
+            ];
+            wrapped.extend(args);
             let sidecar = Daemon::spawn_with(
-                self.plane.tools.path(name),
-                &args,
+                Path::new("unshare"),
+                &wrapped,
                 &env_owned,
                 &dir.join(format!("{name}.log")),
             );
             self.lab.record_pids(&[sidecar.pid()])?;
-            self.controller.push(sidecar);
+            sidecars.push(((*name).to_owned(), sidecar));
         }
+        self.controller.push(Replica {
+            pod,
+            proxy,
+            sidecars,
+        });
         Ok(())
     }
 
@@ -343,8 +391,11 @@ impl KubeLab {
             controller,
             ..
         } = self;
-        for d in controller {
-            d.detach();
+        for r in controller {
+            r.proxy.detach();
+            for (_, d) in r.sidecars {
+                d.detach();
+            }
         }
         for n in nodes {
             n.detach();

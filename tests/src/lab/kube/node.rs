@@ -204,6 +204,9 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 5s
+# kubelet calls NodeExpandVolume for an online resize on a pod sync, whose
+# default period (1m, plus up to 50% jitter) made the expand step ~80 s.
+syncFrequency: 5s
 resolvConf: ""
 "#,
                 ip = spec.ip,
@@ -243,7 +246,8 @@ resolvConf: ""
         self.kubelet.terminate().await;
     }
 
-    /// Starts kubelet again with the same flags.
+    /// Starts kubelet again with the same flags (record its new PID for
+    /// `lab down`: [`KubeNode::pids`]).
     pub fn restart_kubelet(&mut self) {
         self.kubelet =
             Daemon::spawn_program(Path::new("nsenter"), &self.kubelet_args, &self.kubelet_log);

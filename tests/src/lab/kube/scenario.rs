@@ -56,16 +56,27 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
                 Ok((n >= 6).then_some(n))
             })
             .await?;
-        Ok(((), format!("{devices} SCSIDevices")))
+        // The proxy's best-effort status write (RBAC: scsitargets/status).
+        let (phase, answered) = k
+            .wait_for("SCSITarget array-a status (phase, nodes)", WAIT, |k| {
+                let t = k.get_json(&["scsitarget", "array-a"])?;
+                let phase = t["status"]["phase"].as_str().unwrap_or_default().to_owned();
+                let nodes = t["status"]["nodes"].as_array().map_or(0, Vec::len);
+                Ok((!phase.is_empty() && nodes == lab.nodes.len()).then_some((phase, nodes)))
+            })
+            .await?;
+        Ok(((), format!("{devices} SCSIDevices; SCSITarget array-a status: phase {phase}, {answered} nodes")))
     })
     .await?;
 
     r.step(
-        "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool)",
+        "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool; one that matches no LUN)",
         async {
             k.run(&["create", "namespace", NS])?;
             k.apply(&storage_class("lab-xfs", "array=a", "xfs", "zero"))?;
             k.apply(&storage_class("lab-pool", "tier=pool", "ext4", "discard"))?;
+            k.apply(&storage_class("lab-none", "tier=none", "ext4", "none"))?;
+            k.apply(&storage_class("lab-chap", "array=a", "ext4", "discard"))?;
             Ok(((), String::new()))
         },
     )
@@ -73,6 +84,19 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
 
     let node_a = node_name(0);
     let node_b = node_name(1);
+    let node_c = node_name(2);
+
+    r.step(
+        "unbindable: PVCs no LUN can take (a selector matching none; 50 GiB) carry Events that say why",
+        async { Ok(((), unbindable(&k, &node_a).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "wrong CHAP: the Secret's password is wrong; the attach fails on the VolumeAttachment and the Pod; fixing the Secret lets it start",
+        async { Ok(((), wrong_chap(&mut *lab, &node_c).await?)) },
+    )
+    .await?;
     r.step(
         "provision + stage + publish: a PVC and a Pod on node-a that writes a marker",
         async {
@@ -126,35 +150,27 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step("expand: the array grows the LUN by 256 MiB, the PVC asks for it; resizer and kubelet grow the filesystem online (df in the Pod)", async {
-        let before = df_kib(&k, "writer")?;
-        let pv = k.get_json(&["pvc", "data", "-n", NS])?["spec"]["volumeName"]
-            .as_str()
-            .context("bound PV")?
-            .to_owned();
-        let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
-            .as_str()
-            .context("the PV's wwid attribute")?
-            .to_owned();
-        let (lun, _) = lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
-        let (_, new) = lab.lab.grow_lun(&lun, 256 << 20).await?;
-        let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{}Mi"}}}}}}}}"#, new >> 20);
-        k.run(&["patch", "pvc", "data", "-n", NS, "--type=merge", "-p", &patch])?;
-        let after = k
-            .wait_for("the filesystem to grow", WAIT, |k| {
-                let now = df_kib(k, "writer")?;
-                Ok((now > before).then_some(now))
-            })
-            .await?;
-        let capacity = k
-            .wait_for("the PVC's capacity", WAIT, |k| {
-                let pvc = k.get_json(&["pvc", "data", "-n", NS])?;
-                let cap = pvc["status"]["capacity"]["storage"].as_str().unwrap_or_default().to_owned();
-                Ok((cap == format!("{}Mi", new >> 20)).then_some(cap))
-            })
-            .await?;
-        Ok(((), format!("LUN {lun} -> {} MiB; df {before} KiB -> {after} KiB; PVC capacity {capacity}", new >> 20)))
+    r.step("expand: the PVC asks for 256 MiB more; the proxy records a PendingResizeRequest beside it and an Event; the array grows the LUN; resizer and kubelet grow the filesystem online (df in the Pod)", async {
+        Ok(((), expand(&mut *lab).await?))
     })
+    .await?;
+
+    r.step(
+        "kubelet restart: node-a's kubelet restarts under a running Pod; the volume stays mounted, no NodeUnstage",
+        async { Ok(((), kubelet_restart(&mut *lab, 0).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "node NotReady: node-c's kubelet stops; the Node goes NotReady, the proxy keeps its views and its attachment (unreachable is not gone); kubelet back, Ready",
+        async { Ok(((), node_not_ready(&mut *lab, 2).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "node deleted: node-c's Node is deleted (kubelet stopped) and its agent unlisted; the proxy prunes it from the SCSIDevice views; kubelet re-registers it, CSINode and views return",
+        async { Ok(((), node_deleted(&mut *lab, 2).await?)) },
+    )
     .await?;
 
     r.step(
@@ -178,6 +194,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             );
             Ok(((), String::new()))
         },
+    )
+    .await?;
+
+    r.step(
+        "two replicas: a second controller replica; 6 PVCs with Pods on the pool; the leading replica is SIGKILLed mid-batch; the other takes over",
+        async { Ok(((), two_replicas(&mut *lab).await?)) },
     )
     .await?;
 
@@ -290,4 +312,702 @@ fn df_kib(k: &Kubectl, pod: &str) -> anyhow::Result<u64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .with_context(|| format!("df output {out:?}"))
+}
+
+/// The Events about `name` in [`NS`] (core and events.k8s.io alike).
+fn events_of(k: &Kubectl, name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let selector = format!("involvedObject.name={name}");
+    let list = k.get_json(&["events", "-n", NS, "--field-selector", &selector])?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Who reported an Event (events.k8s.io: reportingComponent; core: source).
+fn reporter(e: &serde_json::Value) -> &str {
+    e["reportingComponent"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .or_else(|| e["source"]["component"].as_str())
+        .unwrap_or_default()
+}
+
+/// Deletes Pods then PVCs by name and waits for them to go.
+fn delete_workloads(k: &Kubectl, pods: &[&str], pvcs: &[&str]) -> anyhow::Result<()> {
+    for (kind, names) in [("pod", pods), ("pvc", pvcs)] {
+        if names.is_empty() {
+            continue;
+        }
+        let mut args = vec!["delete", kind, "-n", NS, "--wait=true", "--timeout=120s"];
+        args.extend_from_slice(names);
+        k.run(&args)?;
+    }
+    Ok(())
+}
+
+/// The first `n` characters of a message's gRPC description (after
+/// `desc = `), or of the message.
+fn excerpt(s: &str, n: usize) -> String {
+    let s = s.rsplit("desc = ").next().unwrap_or(s).replace('\n', " ");
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s,
+    }
+}
+
+/// PVCs that cannot bind: the Event on each says why.
+async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
+    let cases = [
+        ("nofit", "lab-none", "32Mi", "no available device fits"),
+        (
+            "huge",
+            "lab-pool",
+            "50Gi",
+            "no device of the requested size exists",
+        ),
+    ];
+    for (name, class, size, _) in cases {
+        k.apply(&pvc(name, class, "Filesystem", size))?;
+        k.apply(&pod(name, node, name, false, "sleep 100000"))?;
+    }
+    let mut out = Vec::new();
+    for (name, _, _, why) in cases {
+        let (reason, by, message) = k
+            .wait_for(
+                &format!("an Event on PVC {name} saying {why:?}"),
+                WAIT,
+                |k| {
+                    let events = events_of(k, name)?;
+                    Ok(events
+                        .iter()
+                        .find(|e| {
+                            e["type"] == "Warning"
+                                && e["message"].as_str().is_some_and(|m| m.contains(why))
+                        })
+                        .map(|e| {
+                            (
+                                e["reason"].as_str().unwrap_or_default().to_owned(),
+                                reporter(e).to_owned(),
+                                e["message"].as_str().unwrap_or_default().to_owned(),
+                            )
+                        }))
+                },
+            )
+            .await?;
+        let phase = k.get_json(&["pvc", name, "-n", NS])?["status"]["phase"].clone();
+        anyhow::ensure!(phase == "Pending", "PVC {name} is {phase}, not Pending");
+        // The driver's own Event (events.rs NoDeviceFits), when it sends one.
+        let own = events_of(k, name)?
+            .iter()
+            .any(|e| reporter(e) == "csi-scsi.io" && e["reason"] == "NoDeviceFits");
+        out.push(format!(
+            "{name}: {reason} from {}: {:?}{}",
+            by.split('_').next().unwrap_or(&by),
+            excerpt(&message, 120),
+            if own {
+                "; NoDeviceFits from csi-scsi.io"
+            } else {
+                "; no NoDeviceFits Event from csi-scsi.io"
+            }
+        ));
+    }
+    delete_workloads(k, &["nofit", "huge"], &["nofit", "huge"])?;
+    Ok(out.join("\n      "))
+}
+
+/// The VolumeAttachment of PV `pv` on `node`, if any.
+fn attachment(k: &Kubectl, pv: &str, node: &str) -> anyhow::Result<Option<serde_json::Value>> {
+    let list = k.get_json(&["volumeattachments"])?;
+    Ok(list["items"].as_array().and_then(|items| {
+        items
+            .iter()
+            .find(|va| {
+                va["spec"]["source"]["persistentVolumeName"] == pv && va["spec"]["nodeName"] == node
+            })
+            .cloned()
+    }))
+}
+
+fn bound_pv(k: &Kubectl, claim: &str) -> anyhow::Result<String> {
+    k.get_json(&["pvc", claim, "-n", NS])?["spec"]["volumeName"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .with_context(|| format!("PVC {claim} is not bound"))
+}
+
+/// Writes the CHAP password where the proxy reads it: the Secret object
+/// (the API-reading proxy) and the lab's secrets directory (`--secrets-dir`,
+/// what a mounted Secret would be).
+fn set_chap_password(lab: &KubeLab, password: &str) -> anyhow::Result<()> {
+    let patch = format!(r#"{{"stringData":{{"password":"{password}"}}}}"#);
+    lab.kubectl.run(&[
+        "patch",
+        "secret",
+        "chap-array-a",
+        "-n",
+        &lab.namespace,
+        "--type=merge",
+        "-p",
+        &patch,
+    ])?;
+    std::fs::write(
+        lab.lab.config.dir.join("secrets/chap-array-a/password"),
+        password,
+    )?;
+    Ok(())
+}
+
+/// A wrong CHAP password: the attach fails where users look; the right one
+/// lets the same Pod start, with no restart of anything.
+async fn wrong_chap(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let index = lab
+        .nodes
+        .iter()
+        .position(|n| n.name == node)
+        .context("the node")?;
+    set_chap_password(lab, "wrong-chap-password")?;
+    let failed = async {
+        // The node must log in again to meet the password: log it out of
+        // array-a (no volume of array-a is attached there).
+        lab.lab.logout_iscsi(index, "array-a")?;
+        k.apply(&pvc("chap", "lab-chap", "Filesystem", "100Mi"))?;
+        k.apply(&pod("chap", node, "chap", false, "sleep 100000"))?;
+        let pv = k
+            .wait_for("PVC chap bound", WAIT, |k| Ok(bound_pv(k, "chap").ok()))
+            .await?;
+        let error = k
+            .wait_for("the VolumeAttachment's attachError", WAIT, |k| {
+                Ok(attachment(k, &pv, node)?.and_then(|va| {
+                    va["status"]["attachError"]["message"]
+                        .as_str()
+                        .map(str::to_owned)
+                }))
+            })
+            .await?;
+        let event = k
+            .wait_for("FailedAttachVolume on the Pod", WAIT, |k| {
+                Ok(events_of(k, "chap")?
+                    .iter()
+                    .find(|e| e["reason"] == "FailedAttachVolume")
+                    .map(|e| e["message"].as_str().unwrap_or_default().to_owned()))
+            })
+            .await?;
+        anyhow::Ok((error, event))
+    }
+    .await;
+    // Put the right password back whatever happened.
+    set_chap_password(lab, crate::lab::chap_secret_for_lab())?;
+    let (error, event) = failed?;
+    anyhow::ensure!(
+        error.to_lowercase().contains("chap")
+            || error.to_lowercase().contains("auth")
+            || error.to_lowercase().contains("login"),
+        "attachError does not name the login failure: {error}"
+    );
+    let fixed = std::time::Instant::now();
+    wait_running(&k, "chap").await?;
+    let took = fixed.elapsed();
+    delete_workloads(&k, &["chap"], &["chap"])?;
+    Ok(format!(
+        "attachError: {:?}\n      Pod event FailedAttachVolume: {:?}\n      Secret fixed: Pod Running {:.1}s later, nothing restarted",
+        excerpt(&error, 150),
+        excerpt(&event, 80),
+        took.as_secs_f64()
+    ))
+}
+
+fn pvc_events_from_driver(k: &Kubectl, claim: &str) -> anyhow::Result<Vec<String>> {
+    Ok(events_of(k, claim)?
+        .iter()
+        .filter(|e| reporter(e) == "csi-scsi.io")
+        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Expansion as a storage administrator sees it: the claim asks first, the
+/// driver records the request beside the PVC, the array grows the LUN.
+async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let before = df_kib(&k, "writer")?;
+    let pv = bound_pv(&k, "data")?;
+    let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
+        .as_str()
+        .context("the PV's wwid attribute")?
+        .to_owned();
+    let (lun, _) = lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
+    let now = std::fs::metadata(&lab.lab.luns[&lun])?.len();
+    let want = (now + (256 << 20)) >> 20;
+    let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{want}Mi"}}}}}}}}"#);
+    k.run(&[
+        "patch",
+        "pvc",
+        "data",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        &patch,
+    ])?;
+    // The proxy's best-effort writes: the request beside the PVC (no other
+    // namespace), and an Event on the PVC.
+    let request = k
+        .wait_for("a PendingResizeRequest in the PVC's namespace", WAIT, |k| {
+            let list = k.get_json(&["pendingresizerequests", "-A"])?;
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            if let Some(elsewhere) = items.iter().find(|r| r["metadata"]["namespace"] != NS) {
+                bail!(
+                    "PendingResizeRequest {} in namespace {}, not {NS}",
+                    elsewhere["metadata"]["name"],
+                    elsewhere["metadata"]["namespace"]
+                );
+            }
+            Ok(items
+                .first()
+                .and_then(|r| r["metadata"]["name"].as_str().map(str::to_owned)))
+        })
+        .await?;
+    k.wait_for(
+        "a ResizePending Event from csi-scsi.io on the PVC",
+        WAIT,
+        |k| {
+            Ok(pvc_events_from_driver(k, "data")?
+                .iter()
+                .any(|r| r == "ResizePending")
+                .then_some(()))
+        },
+    )
+    .await?;
+    let grown = std::time::Instant::now();
+    let (_, new) = lab.lab.grow_lun(&lun, 256 << 20).await?;
+    anyhow::ensure!(new >> 20 == want, "LUN grew to {new} bytes, not {want} MiB");
+    let after = k
+        .wait_for("the filesystem to grow", WAIT, |k| {
+            let now = df_kib(k, "writer")?;
+            Ok((now > before).then_some(now))
+        })
+        .await?;
+    let capacity = k
+        .wait_for("the PVC's capacity", WAIT, |k| {
+            let pvc = k.get_json(&["pvc", "data", "-n", NS])?;
+            let cap = pvc["status"]["capacity"]["storage"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            Ok((cap == format!("{want}Mi")).then_some(cap))
+        })
+        .await?;
+    let took = grown.elapsed();
+    let reasons = k
+        .wait_for(
+            "a ResizeCompleted Event from csi-scsi.io on the PVC",
+            WAIT,
+            |k| {
+                let r = pvc_events_from_driver(k, "data")?;
+                Ok(r.iter().any(|r| r == "ResizeCompleted").then_some(r))
+            },
+        )
+        .await?;
+    let done =
+        k.get_json(&["pendingresizerequests", &request, "-n", NS])?["status"]["done"].clone();
+    Ok(format!(
+        "PendingResizeRequest {NS}/{request} (done: {done}); csi-scsi.io Events on the PVC: {}\n      LUN {lun} -> {want} MiB; df {before} KiB -> {after} KiB {:.1}s after the array grew it; PVC capacity {capacity}",
+        reasons.join(", "),
+        took.as_secs_f64()
+    ))
+}
+
+/// How many times the node's agent log shows `method` called.
+fn agent_calls(lab: &KubeLab, node: &str, method: &str) -> usize {
+    let log = std::fs::read_to_string(lab.lab.config.dir.join(format!("{node}.agent.log")))
+        .unwrap_or_default();
+    let needle = format!("rpc{{method={method} ");
+    log.matches(&needle).count()
+}
+
+/// How many Detach calls (distinct request IDs) the node's agent served.
+fn agent_detaches(lab: &KubeLab, node: &str) -> usize {
+    let log = std::fs::read_to_string(lab.lab.config.dir.join(format!("{node}.agent.log")))
+        .unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split_once(r#"agent_api{method="Detach" "#))
+        .filter_map(|(_, rest)| rest.split("request_id=").nth(1))
+        .filter_map(|r| r.split(['}', ' ']).next())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+/// Waits for kubelet on `node` to renew its node Lease after `since`
+/// (server time, RFC 3339): a kubelet that is up again, not a Ready
+/// condition left over from before it stopped.
+async fn wait_lease_renewed(k: &Kubectl, node: &str, since: &str) -> anyhow::Result<()> {
+    k.wait_for(
+        &format!("kubelet on {node} to renew its Lease"),
+        WAIT,
+        |k| {
+            let lease = k.get_json(&["lease", node, "-n", "kube-node-lease"])?;
+            let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default();
+            // Compare at second precision: renewTime has microseconds.
+            Ok(
+                (renewed.get(..19).unwrap_or_default() > since.get(..19).unwrap_or_default())
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+}
+
+async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> anyhow::Result<()> {
+    let what = if ready { "Ready" } else { "NotReady" };
+    k.wait_for(&format!("Node {node} {what}"), WAIT, |k| {
+        let n = k.get_json(&["node", node])?;
+        Ok((condition_true(&n, "Ready") == ready).then_some(()))
+    })
+    .await
+}
+
+async fn restart_kubelet(lab: &mut KubeLab, i: usize) -> anyhow::Result<()> {
+    lab.nodes[i].restart_kubelet();
+    let pid = lab.nodes[i].kubelet.pid();
+    lab.lab.record_pids(&[pid])
+}
+
+/// kubelet restarts under a running Pod: it reconstructs the volume.
+async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let node = lab.nodes[i].name.clone();
+    let unstage = agent_calls(lab, &node, "NodeUnstageVolume");
+    let unpublish = agent_calls(lab, &node, "NodeUnpublishVolume");
+    let stage = agent_calls(lab, &node, "NodeStageVolume");
+    anyhow::ensure!(
+        stage > 0,
+        "no NodeStageVolume in {node}'s agent log: wrong log format?"
+    );
+    let uid = k.get_json(&["pod", "writer", "-n", NS])?["metadata"]["uid"].clone();
+    lab.nodes[i].stop_kubelet().await;
+    let stopped = chrono_now(&k)?;
+    restart_kubelet(lab, i).await?;
+    let t = std::time::Instant::now();
+    wait_lease_renewed(&k, &node, &stopped).await?;
+    wait_node_ready(&k, &node, true).await?;
+    let ready = t.elapsed();
+    wait_running(&k, "writer").await?;
+    let p = k.get_json(&["pod", "writer", "-n", NS])?;
+    anyhow::ensure!(p["metadata"]["uid"] == uid, "the Pod was replaced");
+    let got = exec(&k, "writer", &["cat", "/data/marker"])?;
+    anyhow::ensure!(got.trim() == "lab-marker-1", "marker read back as {got:?}");
+    // A few syncs, so a wrong teardown would have happened.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (u2, p2) = (
+        agent_calls(lab, &node, "NodeUnstageVolume"),
+        agent_calls(lab, &node, "NodeUnpublishVolume"),
+    );
+    anyhow::ensure!(
+        u2 == unstage && p2 == unpublish,
+        "kubelet tore the volume down after its restart: NodeUnstageVolume {unstage} -> {u2}, NodeUnpublishVolume {unpublish} -> {p2}"
+    );
+    let restarts = p["status"]["containerStatuses"][0]["restartCount"].clone();
+    let restaged = agent_calls(lab, &node, "NodeStageVolume") - stage;
+    Ok(format!(
+        "{node}'s kubelet back (Lease renewed, Ready) {:.1}s after the restart; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
+        ready.as_secs_f64()
+    ))
+}
+
+/// Devices of array-c (the pool, which every node sees).
+fn pool_devices(k: &Kubectl) -> anyhow::Result<Vec<serde_json::Value>> {
+    let list = k.get_json(&["scsidevices"])?;
+    Ok(list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| d["spec"]["target"] == "array-c")
+        .collect())
+}
+
+fn sees(d: &serde_json::Value, node: &str) -> bool {
+    d["status"]["nodeNames"]
+        .as_array()
+        .is_some_and(|n| n.iter().any(|n| n == node))
+}
+
+/// A node whose kubelet stops is unreachable, not gone.
+async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let node = lab.nodes[i].name.clone();
+    k.apply(&pvc("cvol", "lab-pool", "Filesystem", "32Mi"))?;
+    k.apply(&pod(
+        "cpod",
+        &node,
+        "cvol",
+        false,
+        "echo on-c > /data/m && sleep 100000",
+    ))?;
+    wait_running(&k, "cpod").await?;
+    let pv = bound_pv(&k, "cvol")?;
+    let detaches = agent_detaches(lab, &node);
+    let stopped = chrono_now(&k)?;
+    lab.nodes[i].stop_kubelet().await;
+    let t = std::time::Instant::now();
+    let checked = async {
+        wait_node_ready(&k, &node, false).await?;
+        let not_ready = t.elapsed();
+        // A discovery pass since the kubelet stopped.
+        k.wait_for("a discovery pass after the kubelet stopped", WAIT, |k| {
+            let t = k.get_json(&["scsitarget", "array-c"])?;
+            let last = t["status"]["lastDiscovery"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            Ok((last > stopped).then_some(()))
+        })
+        .await?;
+        let devices = pool_devices(&k)?;
+        let missing: Vec<_> = devices.iter().filter(|d| !sees(d, &node)).collect();
+        anyhow::ensure!(
+            !devices.is_empty() && missing.is_empty(),
+            "{} of {} pool devices lost {node} from their views while it was only NotReady",
+            missing.len(),
+            devices.len()
+        );
+        let va = attachment(&k, &pv, &node)?.context("the VolumeAttachment went")?;
+        anyhow::ensure!(
+            va["status"]["attached"] == true && va["metadata"]["deletionTimestamp"].is_null(),
+            "the VolumeAttachment on {node} is being detached: {}",
+            va["status"]
+        );
+        anyhow::Ok((not_ready, devices.len()))
+    }
+    .await;
+    let detached = agent_detaches(lab, &node) - detaches;
+    let restarted = chrono_now(&k)?;
+    restart_kubelet(lab, i).await?;
+    let (not_ready, n) = checked?;
+    anyhow::ensure!(
+        detached == 0,
+        "{detached} Detach calls on {node} while it was NotReady"
+    );
+    wait_lease_renewed(&k, &node, &restarted).await?;
+    wait_node_ready(&k, &node, true).await?;
+    wait_running(&k, "cpod").await?;
+    let back = t.elapsed();
+    let got = exec(&k, "cpod", &["cat", "/data/m"])?;
+    anyhow::ensure!(got.trim() == "on-c", "marker on {node} read as {got:?}");
+    delete_workloads(&k, &["cpod"], &["cvol"])?;
+    Ok(format!(
+        "{node} NotReady {:.1}s after kubelet stopped; after a discovery pass {n} pool devices still list it, its VolumeAttachment still attached, no Detach on its agent; Ready again at {:.1}s, the Pod's data intact",
+        not_ready.as_secs_f64(),
+        back.as_secs_f64()
+    ))
+}
+
+/// The API server's clock, RFC 3339 (seconds), as the proxy writes it.
+fn chrono_now(k: &Kubectl) -> anyhow::Result<String> {
+    // A fresh object's creationTimestamp is the server's time.
+    let name = "lab-clock";
+    let _ = k.run(&["delete", "configmap", name, "-n", NS, "--ignore-not-found"]);
+    k.run(&["create", "configmap", name, "-n", NS])?;
+    let cm = k.get_json(&["configmap", name, "-n", NS])?;
+    let _ = k.run(&["delete", "configmap", name, "-n", NS]);
+    cm["metadata"]["creationTimestamp"]
+        .as_str()
+        .map(str::to_owned)
+        .context("creationTimestamp")
+}
+
+/// A deleted Node is gone: its views go; re-registered, they return.
+async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let node = lab.nodes[i].name.clone();
+    let agents = lab.lab.config.dir.join("agents.txt");
+    let listed = std::fs::read_to_string(&agents)?;
+    lab.nodes[i].stop_kubelet().await;
+    k.run(&["delete", "node", &node, "--wait=true", "--timeout=60s"])?;
+    // The agents run as host processes listed in a file (no DaemonSet Pod
+    // that would go with its Node): drop the node's line, as the Pod would go.
+    let without: String = listed
+        .lines()
+        .filter(|l| l.split_whitespace().next() != Some(node.as_str()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&agents, without)?;
+    let t = std::time::Instant::now();
+    let pruned = k
+        .wait_for(
+            &format!("{node} pruned from the SCSIDevice views"),
+            WAIT,
+            |k| {
+                let all = k.get_json(&["scsidevices"])?;
+                let items = all["items"].as_array().cloned().unwrap_or_default();
+                Ok((!items.is_empty() && items.iter().all(|d| !sees(d, &node)))
+                    .then_some(items.len()))
+            },
+        )
+        .await;
+    std::fs::write(&agents, &listed)?;
+    restart_kubelet(lab, i).await?;
+    let pruned = pruned?;
+    let pruned_at = t.elapsed();
+    wait_node_ready(&k, &node, true).await?;
+    k.wait_for(&format!("CSINode {node} with csi-scsi.io"), WAIT, |k| {
+        let csinode = k.get_json(&["csinode", &node])?;
+        let has = csinode["spec"]["drivers"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["name"] == "csi-scsi.io"));
+        Ok(has.then_some(()))
+    })
+    .await?;
+    let registered = t.elapsed();
+    let n = k
+        .wait_for(
+            &format!("{node} back in the pool devices' views"),
+            WAIT,
+            |k| {
+                let devices = pool_devices(k)?;
+                Ok(
+                    (!devices.is_empty() && devices.iter().all(|d| sees(d, &node)))
+                        .then_some(devices.len()),
+                )
+            },
+        )
+        .await?;
+    Ok(format!(
+        "Node {node} deleted, its agents-file line removed: gone from all {pruned} SCSIDevice views {:.1}s later; re-registered (Node Ready, CSINode) at {:.1}s; back in {n} pool devices' views at {:.1}s",
+        pruned_at.as_secs_f64(),
+        registered.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    ))
+}
+
+fn lease_holder(k: &Kubectl, ns: &str, lease: &str) -> anyhow::Result<String> {
+    k.get_json(&["lease", lease, "-n", ns])?["spec"]["holderIdentity"]
+        .as_str()
+        .map(str::to_owned)
+        .context("no holder")
+}
+
+/// Two controller replicas; the leader dies in the middle of a batch.
+async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
+    const BATCH: usize = 6;
+    let k = lab.kubectl.clone();
+    let ns = lab.namespace.clone();
+    let rendered = lab.rendered.clone();
+    lab.start_controller(&rendered, "1").await?;
+    let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
+    let name = |i: usize| format!("batch-{i}");
+    let create = |i: usize| -> anyhow::Result<()> {
+        k.apply(&pvc(&name(i), "lab-pool", "Filesystem", "32Mi"))?;
+        k.apply(&pod(
+            &name(i),
+            &nodes[i % nodes.len()],
+            &name(i),
+            false,
+            "echo batch > /data/m && sleep 100000",
+        ))?;
+        Ok(())
+    };
+    for i in 0..BATCH / 2 {
+        create(i)?;
+    }
+    let leader = lease_holder(&k, &ns, "csi-scsi-proxy")?;
+    let victim = lab
+        .controller
+        .iter()
+        .position(|r| r.pod == leader)
+        .with_context(|| format!("the proxy Lease is held by {leader}, no replica of the lab"))?;
+    let bound_at_kill = (0..BATCH / 2)
+        .filter(|i| bound_pv(&k, &name(*i)).is_ok())
+        .count();
+    let running_at_kill = (0..BATCH / 2)
+        .filter(|i| {
+            k.get_json(&["pod", &name(*i), "-n", NS])
+                .is_ok_and(|p| p["status"]["phase"] == "Running")
+        })
+        .count();
+    let dead = lab.controller.remove(victim);
+    for pid in dead.pids() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    drop(dead);
+    let killed = std::time::Instant::now();
+    for i in BATCH / 2..BATCH {
+        create(i)?;
+    }
+    let survivor = lab.controller[0].pod.clone();
+    k.wait_for("the proxy Lease taken over", WAIT, |k| {
+        Ok((lease_holder(k, &ns, "csi-scsi-proxy")? == survivor).then_some(()))
+    })
+    .await?;
+    let took_over = killed.elapsed();
+    for i in 0..BATCH {
+        wait_running(&k, &name(i)).await?;
+    }
+    let all_up = killed.elapsed();
+    // One LUN per volume: no device bound twice, no volume on two devices.
+    let devices = k.get_json(&["scsidevices"])?;
+    let mut ids = std::collections::BTreeSet::new();
+    for d in devices["items"].as_array().cloned().unwrap_or_default() {
+        if let Some(id) = d["status"]["volumeId"].as_str().filter(|s| !s.is_empty()) {
+            anyhow::ensure!(
+                ids.insert(id.to_owned()),
+                "volume {id} bound on two SCSIDevices"
+            );
+        }
+    }
+    let mut wwids = std::collections::BTreeSet::new();
+    for i in 0..BATCH {
+        let pv = bound_pv(&k, &name(i))?;
+        let handle = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeHandle"]
+            .as_str()
+            .context("volumeHandle")?
+            .to_owned();
+        anyhow::ensure!(
+            ids.contains(&handle),
+            "{pv}'s volume {handle} is on no SCSIDevice"
+        );
+        let wwid = handle.split(':').next().unwrap_or_default().to_owned();
+        anyhow::ensure!(wwids.insert(wwid.clone()), "two PVs on LUN {wwid}");
+    }
+    let mut exited = Vec::new();
+    for r in &mut lab.controller {
+        if let Some(s) = r.proxy.try_exit() {
+            exited.push(format!("{} proxy: {s}", r.pod));
+        }
+        for (n, d) in &mut r.sidecars {
+            if let Some(s) = d.try_exit() {
+                exited.push(format!("{} {n}: {s}", r.pod));
+            }
+        }
+    }
+    anyhow::ensure!(
+        exited.is_empty(),
+        "the surviving replica lost processes: {}",
+        exited.join("; ")
+    );
+    let leases = k.get_json(&["leases", "-n", &ns])?;
+    let sidecar_leaders: Vec<String> = leases["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|l| l["metadata"]["name"] != "csi-scsi-proxy")
+        .map(|l| {
+            format!(
+                "{}={}",
+                l["metadata"]["name"].as_str().unwrap_or_default(),
+                l["spec"]["holderIdentity"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    Ok(format!(
+        "killed {leader} (proxy + {} sidecars, SIGKILL) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {survivor} holds csi-scsi-proxy {:.1}s later\n      sidecar Leases: {}\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the kill; {survivor}'s processes all alive",
+        super::SIDECARS.len(),
+        BATCH / 2,
+        took_over.as_secs_f64(),
+        sidecar_leaders.join(", "),
+        wwids.len(),
+        all_up.as_secs_f64()
+    ))
 }
