@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::device::{Cleanup, FsType};
+use crate::events::ClaimRef;
 use crate::selector::{InvalidSelector, Selector, excerpt};
 
 /// Parsed, validated StorageClass parameters.
@@ -18,6 +19,9 @@ pub struct ClassParameters {
     pub fs_type: Option<FsType>,
     /// The parameters that identify the request (provisioner keys removed).
     pub identity: BTreeMap<String, String>,
+    /// The claim behind the request, when the provisioner names it
+    /// (`--extra-create-metadata`): Events about it go there.
+    pub claim: Option<ClaimRef>,
 }
 
 /// Why the parameters were refused. A key or value is quoted as an
@@ -43,6 +47,9 @@ pub enum InvalidParameter {
 
 /// Prefix of the keys the external-provisioner adds (`--extra-create-metadata`).
 const PROVISIONER_PREFIX: &str = "csi.storage.k8s.io/";
+/// The claim's name and namespace among them.
+const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
 
 impl ClassParameters {
     /// Validates every key and value.
@@ -54,6 +61,7 @@ impl ClassParameters {
             cleanup: Cleanup::Zero,
             fs_type: None,
             identity: BTreeMap::new(),
+            claim: None,
         };
         for (k, v) in params {
             if k.starts_with(PROVISIONER_PREFIX) {
@@ -66,6 +74,12 @@ impl ClassParameters {
                 "fsType" => out.fs_type = Some(fs_type(v)?),
                 other => return Err(InvalidParameter::Unknown(excerpt(other))),
             }
+        }
+        if let (Some(name), Some(namespace)) = (params.get(PVC_NAME), params.get(PVC_NAMESPACE)) {
+            out.claim = Some(ClaimRef {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            });
         }
         Ok(out)
     }
@@ -114,6 +128,23 @@ mod tests {
         assert_eq!(c.cleanup, Cleanup::Random3);
         assert_eq!(c.fs_type, Some(FsType::Xfs));
         assert_eq!(c.identity.len(), 3);
+        assert_eq!(c.claim, None, "a name without a namespace names no claim");
+        let c = ClassParameters::parse(&p(&[
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "lab"),
+        ]))
+        .expect("valid");
+        assert_eq!(
+            c.claim,
+            Some(ClaimRef {
+                namespace: "lab".into(),
+                name: "data".into()
+            })
+        );
+        assert!(
+            c.identity.is_empty(),
+            "provisioner keys do not identify the request"
+        );
     }
 
     #[test]

@@ -67,7 +67,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
     pool.set_metrics(&metrics);
-    let life = Arc::new(Lifecycle::new(inventory.clone(), pool, secrets));
+    let mut life = Lifecycle::new(inventory.clone(), pool, secrets);
+    if let Some(events) = backends.events.clone() {
+        life = life.with_events(events);
+    }
+    let life = Arc::new(life);
 
     let mut socket = CsiSocket::bind(&config.csi_socket).await?;
     let status_listener = StatusListener::bind(config.status_listen)
@@ -181,6 +185,7 @@ struct Backends {
     election: Option<crate::leader::LeaderElection>,
     targets_changed: Arc<Notify>,
     store_check: Box<dyn Check>,
+    events: Option<crate::events::VolumeEvents>,
 }
 
 /// The kube watch caches are synced.
@@ -214,6 +219,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 election: None,
                 targets_changed: Arc::new(Notify::new()),
                 store_check: Box::new(StoreCheck(store)),
+                events: None,
             })
         }
         Backend::Kubernetes {
@@ -239,6 +245,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 election: Some(b.election),
                 targets_changed: b.targets_changed,
                 store_check: Box::new(SyncedCheck(b.kube_inventory)),
+                events: Some(b.events),
             })
         }
     }

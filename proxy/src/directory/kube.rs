@@ -8,6 +8,7 @@
 //! terminating or not Ready drops out; the snapshot is republished only
 //! when it changes. Its node is gone only once its Node object is deleted.
 
+use crate::reflect::Wake;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,7 @@ impl PodDirectory {
             watcher::Config::default().labels(&config.selector),
             pods_writer,
             trim_pod,
-            Some(changed.clone()),
+            Wake::EveryChange(changed.clone()),
             listed.clone(),
         );
         let node_task = crate::reflect::spawn(
@@ -80,7 +81,7 @@ impl PodDirectory {
                 n.metadata.managed_fields = None;
                 n.metadata.annotations = None;
             },
-            Some(changed.clone()),
+            Wake::EveryChange(changed.clone()),
             listed.clone(),
         );
 

@@ -16,6 +16,7 @@
 //! writes or re-reads after a 409 is kept in a small overlay until the
 //! watch delivers that version or a newer one.
 
+use crate::reflect::Wake;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -123,7 +124,7 @@ impl KubeInventory {
                 all(),
                 device_writer,
                 drop_managed_fields,
-                None,
+                Wake::Nobody,
                 synced.clone(),
             ),
             reflect::spawn(
@@ -131,7 +132,7 @@ impl KubeInventory {
                 all(),
                 target_writer,
                 drop_managed_fields,
-                Some(targets_changed.clone()),
+                Wake::SpecChange(targets_changed.clone()),
                 synced.clone(),
             ),
             reflect::spawn(
@@ -139,7 +140,7 @@ impl KubeInventory {
                 all(),
                 resize_writer,
                 drop_managed_fields,
-                None,
+                Wake::Nobody,
                 synced.clone(),
             ),
         ];

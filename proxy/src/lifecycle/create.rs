@@ -69,14 +69,21 @@ impl Lifecycle {
             }
             Err(InventoryError::NoFit(why)) => {
                 let largest = self.inventory.largest_size().await?;
-                if largest < req.required_bytes {
-                    Err(ProxyError::CapacityOutOfRange(format!(
+                let err = if largest < req.required_bytes {
+                    ProxyError::CapacityOutOfRange(format!(
                         "{} bytes requested, the largest LUN has {largest}",
                         req.required_bytes
-                    )))
+                    ))
                 } else {
-                    Err(ProxyError::NoDeviceFits(why))
+                    ProxyError::NoDeviceFits(why)
+                };
+                if let (Some(events), Some(claim)) = (&self.events, &req.parameters.claim) {
+                    // Best effort, off the call's path: the provisioner
+                    // retries at once and must not wait for the API.
+                    let (events, claim, detail) = (events.clone(), claim.clone(), err.to_string());
+                    tokio::spawn(async move { events.no_device_fits(&claim, &detail).await });
                 }
+                Err(err)
             }
             Err(e) => Err(e.into()),
         }

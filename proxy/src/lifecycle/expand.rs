@@ -49,20 +49,39 @@ impl Lifecycle {
         let is_block = block.unwrap_or(bound_block);
         let node_expansion = !is_block;
         if dev.size_bytes < required {
-            // Ask the nodes that see it to re-read its capacity.
-            let mut grown = dev.size_bytes;
-            for node in dev.node_names() {
+            // Ask the nodes that see it to re-read its capacity, all at once
+            // (each rescan takes about a second on a real host).
+            let rescans = dev.node_names().into_iter().map(|node| {
                 let rescan = RescanRequest {
                     wwid: dev.wwid.clone(),
                 };
-                match self.agents.call(&node, rescan, request_id).await {
-                    Ok(r) => grown = grown.max(r.size_bytes),
-                    Err(e) => tracing::warn!(%node, error = %e, "rescan failed"),
+                async move {
+                    match self.agents.call(&node, rescan, request_id).await {
+                        Ok(r) => Some(r.size_bytes),
+                        Err(e) => {
+                            tracing::warn!(%node, error = %e, "rescan failed");
+                            None
+                        }
+                    }
                 }
-            }
+            });
+            let grown = futures::future::join_all(rescans)
+                .await
+                .into_iter()
+                .flatten()
+                .fold(dev.size_bytes, u64::max);
             if grown > dev.size_bytes {
-                dev.size_bytes = grown;
-                dev = self.inventory.update(dev).await?;
+                // Applied to a fresh read: discovery may have written the
+                // device while the rescans ran.
+                dev = self
+                    .inventory
+                    .modify(&dev.wwid, |d| {
+                        let larger = grown > d.size_bytes;
+                        d.size_bytes = d.size_bytes.max(grown);
+                        larger
+                    })
+                    .await?
+                    .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
             }
         }
         let name = format!("resize-{}", binding.volume_name);

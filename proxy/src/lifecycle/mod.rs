@@ -9,6 +9,7 @@ mod expand;
 mod publish;
 mod query;
 
+use crate::events::VolumeEvents;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub struct Lifecycle {
     locks: KeyedLocks<String>,
     /// Releases asked for by DeleteVolume and run by the release workers.
     releases: Releases,
+    /// Events on claims (the Kubernetes backend; none in embedded mode).
+    events: Option<VolumeEvents>,
 }
 
 impl Lifecycle {
@@ -56,7 +59,15 @@ impl Lifecycle {
             secrets,
             locks: KeyedLocks::default(),
             releases: Releases::default(),
+            events: None,
         }
+    }
+
+    /// Publishes Events on claims through `events` (a claim that cannot
+    /// be provisioned says why where its owner looks).
+    pub fn with_events(mut self, events: VolumeEvents) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// The inventory.

@@ -15,7 +15,7 @@ use super::Options;
 use super::proc::rss_mib;
 use super::table::{Row, Unit};
 use crate::lab::kube::KubeLab;
-use crate::lab::scenario::{Clients, attach_and_mount_fs, capability, prefer};
+use crate::lab::scenario::{Clients, attach_and_mount_fs, capability, capacity, prefer};
 use crate::lab::{Lab, LabConfig, node_name};
 
 const SECTION: u8 = 6;
@@ -80,7 +80,18 @@ async fn embedded_floor(n: usize, dir: &Path) -> anyhow::Result<Duration> {
     let mut config = LabConfig::for_test(dir);
     config.pool_luns = n;
     let lab = Lab::up(config, &mut |_| {}).await?;
-    let clients = Clients::connect(&lab).await?;
+    let mut clients = Clients::connect(&lab).await?;
+    // Every pool LUN discovered (seen by all three nodes) before the clock starts.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while capacity(&mut clients.controller, Some(&node_name(2)), "tier=pool").await?
+        < (n as i64) * (crate::lab::POOL_LUN_BYTES as i64)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the pool was not discovered in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let started = Instant::now();
     let publishes = (0..n).map(|i| {
         let mut cl = Clients {
@@ -152,8 +163,15 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     // The targets, as in the lab's scenario; wait until the pool is in the inventory.
     crate::lab::kube::targets::create_targets(&lab)?;
     k.wait_for("the pool LUNs discovered", Duration::from_secs(120), |k| {
-        let list = k.get_json(&["scsidevices", "-l", "tier=pool"])?;
-        Ok((list["items"].as_array().map_or(0, Vec::len) >= n).then_some(()))
+        let list = k.get_json(&["scsidevices"])?;
+        let pool = list["items"].as_array().map_or(0, |d| {
+            d.iter()
+                .filter(|d| {
+                    d["spec"]["labels"]["tier"] == "pool" && d["status"]["phase"] == "Available"
+                })
+                .count()
+        });
+        Ok((pool >= n).then_some(()))
     })
     .await?;
     let mut items = Vec::new();

@@ -394,19 +394,23 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
             .await?;
         let phase = k.get_json(&["pvc", name, "-n", NS])?["status"]["phase"].clone();
         anyhow::ensure!(phase == "Pending", "PVC {name} is {phase}, not Pending");
-        // The driver's own Event (events.rs NoDeviceFits), when it sends one.
-        let own = events_of(k, name)?
-            .iter()
-            .any(|e| reporter(e) == "csi-scsi.io" && e["reason"] == "NoDeviceFits");
+        // The driver's own Event (events.rs NoDeviceFits): a missing
+        // events.k8s.io RBAC rule fails here, not only in a log line.
+        k.wait_for(
+            &format!("a NoDeviceFits Event from csi-scsi.io on PVC {name}"),
+            WAIT,
+            |k| {
+                Ok(events_of(k, name)?
+                    .iter()
+                    .any(|e| reporter(e) == "csi-scsi.io" && e["reason"] == "NoDeviceFits")
+                    .then_some(()))
+            },
+        )
+        .await?;
         out.push(format!(
-            "{name}: {reason} from {}: {:?}{}",
+            "{name}: {reason} from {}: {:?}; NoDeviceFits from csi-scsi.io",
             by.split('_').next().unwrap_or(&by),
             excerpt(&message, 120),
-            if own {
-                "; NoDeviceFits from csi-scsi.io"
-            } else {
-                "; no NoDeviceFits Event from csi-scsi.io"
-            }
         ));
     }
     delete_workloads(k, &["nofit", "huge"], &["nofit", "huge"])?;
