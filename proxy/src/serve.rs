@@ -60,9 +60,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let backends = backends(&config).await?;
     let directory = backends.directory.clone();
     let inventory = backends.inventory.clone();
-    let secrets: Arc<dyn SecretSource> = match &config.secrets_dir {
-        Some(dir) => Arc::new(DirSecrets(dir.clone())),
-        None => Arc::new(NoSecrets),
+    let secrets: Arc<dyn SecretSource> = match (backends.secrets.clone(), &config.secrets_dir) {
+        (Some(api), dir) => {
+            // Kept for old manifests; the API is the one source there.
+            if let Some(dir) = dir {
+                tracing::warn!(dir = %dir.display(), "--secrets-dir is ignored with the kubernetes backend: CHAP Secrets are read through the API from the driver's namespace");
+            }
+            api
+        }
+        (None, Some(dir)) => Arc::new(DirSecrets(dir.clone())),
+        (None, None) => Arc::new(NoSecrets),
     };
     let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
@@ -181,6 +188,8 @@ struct Backends {
     election: Option<crate::leader::LeaderElection>,
     targets_changed: Arc<Notify>,
     store_check: Box<dyn Check>,
+    /// The backend's own Secret source (Kubernetes: the API).
+    secrets: Option<Arc<dyn SecretSource>>,
 }
 
 /// The kube watch caches are synced.
@@ -214,6 +223,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 election: None,
                 targets_changed: Arc::new(Notify::new()),
                 store_check: Box::new(StoreCheck(store)),
+                secrets: None,
             })
         }
         Backend::Kubernetes {
@@ -239,6 +249,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 election: Some(b.election),
                 targets_changed: b.targets_changed,
                 store_check: Box::new(SyncedCheck(b.kube_inventory)),
+                secrets: Some(b.secrets),
             })
         }
     }
