@@ -11,6 +11,11 @@
 //! resourceVersions are decimal etcd revisions; one that is not is
 //! refused as a store error rather than guessed at.
 //!
+//! Finalizers keep what holds live data: `csi-scsi.io/bound-volume` on a
+//! device a volume lives on, `csi-scsi.io/target-in-use` on a target such a
+//! device is reached through. A `kubectl delete` of either only marks it
+//! until the volume is released.
+//!
 //! The cache lags the API server by one watch event. So that a caller
 //! reads its own writes (bind, then publish), every object this backend
 //! writes or re-reads after a 409 is kept in a small overlay until the
