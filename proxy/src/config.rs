@@ -76,7 +76,8 @@ pub struct Args {
     pub targets_file: Option<PathBuf>,
 
     /// Directory of Secrets (one directory per Secret, one file per key)
-    /// holding CHAP credentials that targets refer to.
+    /// holding CHAP credentials that targets refer to (embedded backend;
+    /// ignored with kubernetes, which reads Secrets through the API).
     #[arg(long, env = "SECRETS_DIR")]
     pub secrets_dir: Option<PathBuf>,
 

@@ -4,6 +4,7 @@
 use crate::agents::AgentError;
 use crate::inventory::InventoryError;
 use crate::parameters::InvalidParameter;
+use crate::secrets::SecretError;
 
 /// A controller-side failure.
 #[derive(Debug, thiserror::Error)]
@@ -123,14 +124,9 @@ pub enum ProxyError {
     /// Another operation on the same volume held it too long.
     #[error("another operation on {0} is in progress; retry")]
     Busy(String),
-    /// A CHAP secret could not be read.
-    #[error("secret {name}: {reason}")]
-    Secret {
-        /// The Secret name.
-        name: String,
-        /// Why (never its content).
-        reason: String,
-    },
+    /// A CHAP Secret could not be used (never its content).
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// The inventory failed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),

@@ -133,6 +133,25 @@ impl VolumeEvents {
     /// Wiping a released LUN failed: it stays Failed until someone looks.
     /// Reported on the PersistentVolume `volume` (the PVC is usually gone).
     pub async fn wipe_failed(&self, volume: &str, wwid: &str, reason: &str) {
+        let note = format!(
+            "wiping LUN {wwid} failed, it is not offered again until an administrator looks: {reason}"
+        );
+        self.on_volume(volume, "WipeFailed", "Delete", note, wwid)
+            .await;
+    }
+
+    /// Someone asked to delete the SCSIDevice the volume lives on: it stays
+    /// (a finalizer) and stays bound until the volume is deleted and the
+    /// LUN released. Reported on the PersistentVolume `volume`.
+    pub async fn bound_device_delete_requested(&self, volume: &str, wwid: &str) {
+        let note = format!(
+            "deletion of SCSIDevice for LUN {wwid} was requested while this volume lives on it: the device stays bound until the volume is deleted and the LUN wiped, then the deletion completes"
+        );
+        self.on_volume(volume, "BoundDeviceDeleteRequested", "Delete", note, wwid)
+            .await;
+    }
+
+    async fn on_volume(&self, volume: &str, reason: &str, action: &str, note: String, wwid: &str) {
         let uid = match Api::<PersistentVolume>::all(self.client.clone())
             .get_opt(volume)
             .await
@@ -150,13 +169,10 @@ impl VolumeEvents {
             uid,
             ..ObjectReference::default()
         };
-        let note = format!(
-            "wiping LUN {wwid} failed, it is not offered again until an administrator looks: {reason}"
-        );
         self.publish(
             EventType::Warning,
-            "WipeFailed",
-            "Delete",
+            reason,
+            action,
             note,
             &regarding,
             Some(device_ref(wwid)),

@@ -15,6 +15,7 @@ use crate::directory::{AgentDirectory, FileDirectory, PodDirectory, PodDirectory
 use crate::events::VolumeEvents;
 use crate::inventory::{Inventory, KubeInventory, KubeInventoryConfig};
 use crate::leader::{LeaderElection, LeaderHandle, LeaseConfig, LeaseConfigError};
+use crate::secrets::{KubeSecrets, SecretSource};
 
 /// The field manager of every object the proxy writes, so that
 /// `kubectl get --show-managed-fields` names the proxy, not a user agent.
@@ -39,7 +40,8 @@ pub fn patch_params() -> PatchParams {
 /// The settings `serve.rs` takes from its flags.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
-    /// The driver's namespace (agent Pods, the Lease, fallback for resize requests).
+    /// The driver's namespace (agent Pods, the Lease, CHAP Secrets, fallback
+    /// for resize requests).
     pub namespace: String,
     /// Where the agents are listed (their Pods, or a file).
     pub agents: AgentSource,
@@ -70,6 +72,8 @@ pub struct KubeBackends {
     pub events: VolumeEvents,
     /// Notified when SCSITargets change: trigger a discovery pass.
     pub targets_changed: Arc<Notify>,
+    /// CHAP Secrets, read through the API from the driver's namespace.
+    pub secrets: Arc<dyn SecretSource>,
 }
 
 /// Why the backends could not start.
@@ -120,6 +124,8 @@ pub fn kube_backends_with(
             events: Some(events.clone()),
         },
     );
+    let secrets: Arc<dyn SecretSource> =
+        Arc::new(KubeSecrets::new(client.clone(), &options.namespace));
     let directory: Arc<dyn AgentDirectory> = match options.agents {
         AgentSource::Pods { selector, port } => PodDirectory::spawn(
             client,
@@ -144,5 +150,6 @@ pub fn kube_backends_with(
         leader,
         election,
         events,
+        secrets,
     })
 }

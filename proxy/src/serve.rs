@@ -60,9 +60,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let backends = backends(&config).await?;
     let directory = backends.directory.clone();
     let inventory = backends.inventory.clone();
-    let secrets: Arc<dyn SecretSource> = match &config.secrets_dir {
-        Some(dir) => Arc::new(DirSecrets(dir.clone())),
-        None => Arc::new(NoSecrets),
+    let secrets: Arc<dyn SecretSource> = match (backends.secrets.clone(), &config.secrets_dir) {
+        (Some(api), dir) => {
+            // Kept for old manifests; the API is the one source there.
+            if let Some(dir) = dir {
+                tracing::warn!(dir = %dir.display(), "--secrets-dir is ignored with the kubernetes backend: CHAP Secrets are read through the API from the driver's namespace");
+            }
+            api
+        }
+        (None, Some(dir)) => Arc::new(DirSecrets(dir.clone())),
+        (None, None) => Arc::new(NoSecrets),
     };
     let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
@@ -186,6 +193,8 @@ struct Backends {
     targets_changed: Arc<Notify>,
     store_check: Box<dyn Check>,
     events: Option<crate::events::VolumeEvents>,
+    /// The backend's own Secret source (Kubernetes: the API).
+    secrets: Option<Arc<dyn SecretSource>>,
 }
 
 /// The kube watch caches are synced.
@@ -220,6 +229,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 targets_changed: Arc::new(Notify::new()),
                 store_check: Box::new(StoreCheck(store)),
                 events: None,
+                secrets: None,
             })
         }
         Backend::Kubernetes {
@@ -246,6 +256,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 targets_changed: b.targets_changed,
                 store_check: Box::new(SyncedCheck(b.kube_inventory)),
                 events: Some(b.events),
+                secrets: Some(b.secrets),
             })
         }
     }

@@ -19,6 +19,8 @@ mod devices;
 mod directory;
 #[path = "kube_backends/fake_api.rs"]
 mod fake_api;
+#[path = "kube_backends/finalizers.rs"]
+mod finalizers;
 #[path = "kube_backends/inventory.rs"]
 mod inventory;
 #[path = "kube_backends/leader.rs"]

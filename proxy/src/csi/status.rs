@@ -8,6 +8,7 @@ use tonic::{Code, Status};
 use crate::agents::{AgentError, PoolError, Refusal};
 use crate::error::ProxyError;
 use crate::inventory::InventoryError;
+use crate::secrets::SecretError;
 
 impl From<ProxyError> for Status {
     fn from(e: ProxyError) -> Self {
@@ -24,7 +25,19 @@ impl From<ProxyError> for Status {
             ProxyError::PublishedIncompatibly { .. } => Code::AlreadyExists,
             ProxyError::DeviceState { .. } => Code::Unavailable,
             ProxyError::Busy(_) => Code::Aborted,
-            ProxyError::Secret { .. } => Code::FailedPrecondition,
+            // The target is misconfigured: retrying cannot help until
+            // an administrator fixes it.
+            ProxyError::Secret(
+                SecretError::ForeignNamespace { .. }
+                | SecretError::InvalidName(_)
+                | SecretError::NoSource(_),
+            ) => Code::FailedPrecondition,
+            // Not there yet, or the API is down: the caller retries.
+            ProxyError::Secret(
+                SecretError::NotFound(_)
+                | SecretError::MissingKey { .. }
+                | SecretError::Unreadable { .. },
+            ) => Code::Unavailable,
             ProxyError::AgentsUnavailable { .. } => Code::Unavailable,
             // The external-attacher retries: the agent may come back.
             ProxyError::NodeUnreachable { .. } => Code::Unavailable,

@@ -273,6 +273,13 @@ pub fn releasing(dev: &Device) -> bool {
     matches!(dev.phase, Phase::Releasing | Phase::Failed)
 }
 
+/// Whether a volume lives on `dev` (bound, or deleted but not yet wiped,
+/// or Lost with its binding): its record must not be dropped or re-created
+/// free. Only a release clears the binding.
+pub fn holds_volume(dev: &Device) -> bool {
+    dev.binding.is_some()
+}
+
 /// The wipe failed: never offered again until a retried wipe succeeds.
 pub fn wipe_failed(dev: &mut Device, reason: String) {
     dev.phase = Phase::Failed;

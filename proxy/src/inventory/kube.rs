@@ -11,18 +11,23 @@
 //! resourceVersions are decimal etcd revisions; one that is not is
 //! refused as a store error rather than guessed at.
 //!
+//! Finalizers keep what holds live data: `csi-scsi.io/bound-volume` on a
+//! device a volume lives on, `csi-scsi.io/target-in-use` on a target such a
+//! device is reached through. A `kubectl delete` of either only marks it
+//! until the volume is released.
+//!
 //! The cache lags the API server by one watch event. So that a caller
 //! reads its own writes (bind, then publish), every object this backend
 //! writes or re-reads after a 409 is kept in a small overlay until the
 //! watch delivers that version or a newer one.
 
 use crate::reflect::Wake;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch};
 use kube::runtime::reflector::{self, Store};
@@ -33,16 +38,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{InventoryError, Summary, Write};
-use crate::device::policy::{PreferenceKey, preference, preference_key};
+use crate::device::policy::{self, PreferenceKey, preference, preference_key};
 use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::kube_wiring::{patch_params, post_params};
 use crate::leader::LeaderHandle;
 use crate::reflect;
 use crate::resources::{
-    PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus, SCSIDevice,
-    SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
-    TargetNodeStatus, object_name,
+    DEVICE_FINALIZER, PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
+    SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
+    TARGET_FINALIZER, TargetNodeStatus, object_name,
 };
 
 /// Tries of a target write against a stale cache.
@@ -90,6 +95,8 @@ struct Inner {
     synced: watch::Sender<usize>,
     leader: Option<LeaderHandle>,
     events: Option<VolumeEvents>,
+    /// UIDs of bound devices whose deletion request was reported already.
+    delete_reported: Mutex<HashSet<String>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -160,6 +167,7 @@ impl KubeInventory {
                 synced,
                 leader,
                 events,
+                delete_reported: Mutex::new(HashSet::new()),
                 tasks,
             }),
         }
@@ -241,8 +249,18 @@ impl KubeInventory {
             known.status.as_ref(),
             Timestamp::now(),
         ));
+        let holds = policy::holds_volume(dev);
+        let was_holding = known.to_device().is_ok_and(|d| policy::holds_volume(&d));
+        // A volume coming onto the device: the finalizer goes on with (or
+        // before) the status that says so. The server refuses a new
+        // finalizer on an object marked for deletion; such a device is
+        // never bound (`available`), so only a record from before
+        // finalizers can get here, and it is written without one.
+        if holds && known.meta().deletion_timestamp.is_none() {
+            set_finalizer(&mut want.metadata, DEVICE_FINALIZER, true);
+        }
         let mut latest = known.clone();
-        if want.spec != known.spec {
+        if want.spec != known.spec || want.metadata.finalizers != known.metadata.finalizers {
             let sent = want.clone();
             latest = match self
                 .inner
@@ -267,7 +285,20 @@ impl KubeInventory {
                 Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
             };
         }
+        // Free again: the finalizer comes off only once the status says
+        // so, and a deletion asked for meanwhile then completes.
+        if !holds
+            && has_finalizer(&*latest, DEVICE_FINALIZER)
+            && let Some(next) = self.drop_device_finalizer(&latest).await
+        {
+            latest = next;
+        }
         let written = latest.to_device().map_err(|e| store(e.to_string()))?;
+        if holds != was_holding {
+            for target in device_targets(&latest) {
+                self.sync_target_finalizer(&target).await;
+            }
+        }
         let was = known.status.as_ref().map(|s| s.phase);
         if written.phase == Phase::Failed && was != Some(Phase::Failed) {
             self.spawn_wipe_failed(&written);
@@ -293,11 +324,13 @@ impl KubeInventory {
     /// Creates the object of a device first seen, then writes its status.
     async fn create_device(&self, dev: &Device) -> Result<Device, InventoryError> {
         let name = object_name(&dev.wwid);
+        let mut metadata = ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        };
+        set_finalizer(&mut metadata, DEVICE_FINALIZER, policy::holds_volume(dev));
         let obj = SCSIDevice {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
+            metadata,
             spec: SCSIDeviceSpec::from_device(dev),
             status: None,
         };
@@ -320,6 +353,151 @@ impl KubeInventory {
                 .to_device()
                 .map_err(|e| store(e.to_string())),
             Err(e) => Err(self.write_failed(&name, &dev.wwid, e).await),
+        }
+    }
+
+    /// Takes the bound-volume finalizer off a device that holds no volume
+    /// (best effort: the sweep after each discovery round retries). The
+    /// new version, unless the object is now deleted.
+    async fn drop_device_finalizer(&self, obj: &SCSIDevice) -> Option<Arc<SCSIDevice>> {
+        let name = obj.name_any();
+        let mut sent = obj.clone();
+        set_finalizer(&mut sent.metadata, DEVICE_FINALIZER, false);
+        let deleting = obj.meta().deletion_timestamp.is_some();
+        match self
+            .inner
+            .devices
+            .replace(&name, &post_params(), &sent)
+            .await
+        {
+            // Marked for deletion: the server deletes it now, so the
+            // overlay must not keep it alive for discovery's next look.
+            Ok(_) if deleting => {
+                tracing::info!(device = %name, "device released; its pending deletion completes");
+                self.inner.device_cache.forget(&name);
+                None
+            }
+            Ok(o) => Some(self.inner.device_cache.remember(strip(o))),
+            Err(e) => {
+                tracing::warn!(device = %name, error = %e, "could not remove the bound-volume finalizer; the next discovery round retries");
+                None
+            }
+        }
+    }
+
+    /// Puts the target-in-use finalizer on `target` while a device that
+    /// holds a volume is reached through it, and takes it off after.
+    async fn sync_target_finalizer(&self, target: &str) {
+        let in_use = self
+            .all_devices()
+            .iter()
+            .filter(|o| device_targets(o).contains(target))
+            .any(|o| o.to_device().is_ok_and(|d| policy::holds_volume(&d)));
+        let key = reflector::ObjectRef::new(target);
+        let mut current = self.inner.target_cache.get(&key);
+        for _ in 0..ATTEMPTS {
+            let object = match current.take() {
+                Some(o) => o,
+                None => match self.inner.targets.get_opt(target).await {
+                    Ok(Some(o)) => Arc::new(o),
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(%target, error = %e, "could not read the SCSITarget for its finalizer");
+                        return;
+                    }
+                },
+            };
+            let has = has_finalizer(&*object, TARGET_FINALIZER);
+            // No new finalizer on a target being deleted (the server
+            // refuses it); one kept from before stays while in use.
+            let want = in_use && (has || object.meta().deletion_timestamp.is_none());
+            if want == has {
+                return;
+            }
+            let mut next = (*object).clone();
+            set_finalizer(&mut next.metadata, TARGET_FINALIZER, want);
+            match self
+                .inner
+                .targets
+                .replace(target, &post_params(), &next)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%target, in_use, "SCSITarget in-use finalizer updated");
+                    return;
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(e) => {
+                    tracing::warn!(%target, error = %e, "could not update the SCSITarget's in-use finalizer");
+                    return;
+                }
+            }
+        }
+        tracing::warn!(%target, "SCSITarget finalizer not updated: it kept changing");
+    }
+
+    /// After a round: every device of the target carries the finalizer
+    /// exactly while it holds a volume (records from before finalizers,
+    /// removals that failed), the target its own; and a deletion asked of
+    /// a bound device is reported once.
+    async fn sweep_finalizers(&self, target: &str) {
+        let objects: Vec<Arc<SCSIDevice>> = self
+            .all_devices()
+            .into_iter()
+            .filter(|o| device_targets(o).contains(target))
+            .collect();
+        for obj in objects {
+            let Ok(dev) = obj.to_device() else { continue };
+            let holds = policy::holds_volume(&dev);
+            let has = has_finalizer(&*obj, DEVICE_FINALIZER);
+            if holds && obj.meta().deletion_timestamp.is_some() {
+                self.report_delete_of_bound(&obj, &dev);
+            } else if holds && !has {
+                let mut sent = (*obj).clone();
+                set_finalizer(&mut sent.metadata, DEVICE_FINALIZER, true);
+                match self
+                    .inner
+                    .devices
+                    .replace(&obj.name_any(), &post_params(), &sent)
+                    .await
+                {
+                    Ok(o) => {
+                        self.inner.device_cache.remember(strip(o));
+                    }
+                    Err(e) => {
+                        tracing::warn!(wwid = %dev.wwid, error = %e, "could not add the bound-volume finalizer")
+                    }
+                }
+            } else if !holds && has {
+                let _ = self.drop_device_finalizer(&obj).await;
+            }
+        }
+        self.sync_target_finalizer(target).await;
+    }
+
+    /// Someone asked to delete a device a volume lives on: it stays (the
+    /// finalizer) and stays bound; say so once, in the log and on the PV.
+    fn report_delete_of_bound(&self, obj: &SCSIDevice, dev: &Device) {
+        let uid = obj.uid().unwrap_or_default();
+        let first = self
+            .inner
+            .delete_reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid);
+        if !first {
+            return;
+        }
+        let volume = dev
+            .binding
+            .as_ref()
+            .map(|b| b.volume_name.clone())
+            .unwrap_or_default();
+        tracing::warn!(wwid = %dev.wwid, %volume, phase = %dev.phase.as_str(), "deletion of SCSIDevice requested while a volume lives on it: it stays bound until the volume is deleted and the LUN released");
+        if let Some(events) = self.inner.events.clone() {
+            let wwid = dev.wwid.clone();
+            tokio::spawn(async move { events.bound_device_delete_requested(&volume, &wwid).await });
         }
     }
 
@@ -433,18 +611,22 @@ impl KubeInventory {
         tracing::warn!(target = %round.target, "SCSITarget status not written: it kept changing");
     }
 
-    /// The PVC bound to the PersistentVolume `volume`, from its claimRef.
-    async fn claim_of(&self, volume: &str) -> Option<ClaimRef> {
+    /// The PVC bound to the PersistentVolume `volume`, from its claimRef,
+    /// with the claim's UID when the claimRef carries one.
+    async fn claim_of(&self, volume: &str) -> Option<(ClaimRef, Option<String>)> {
         let pv = Api::<PersistentVolume>::all(self.inner.client.clone())
             .get_opt(volume)
             .await;
         match pv {
             Ok(Some(pv)) => {
                 let r = pv.spec?.claim_ref?;
-                Some(ClaimRef {
-                    namespace: r.namespace?,
-                    name: r.name?,
-                })
+                Some((
+                    ClaimRef {
+                        namespace: r.namespace?,
+                        name: r.name?,
+                    },
+                    r.uid,
+                ))
             }
             Ok(None) => None,
             Err(e) => {
@@ -583,9 +765,22 @@ impl super::Store for KubeInventory {
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.wait_until_ready().await?;
+        let leaving: BTreeSet<String> = self
+            .inner
+            .target_cache
+            .state()
+            .iter()
+            .filter(|t| t.meta().deletion_timestamp.is_some())
+            .map(|t| t.name_any())
+            .collect();
         let mut free: Vec<Device> = self
             .all_devices()
             .iter()
+            // Marked for deletion, or reached only through targets being
+            // deleted: never a new volume's home.
+            .filter(|o| {
+                o.meta().deletion_timestamp.is_none() && !device_targets(o).is_subset(&leaving)
+            })
             .filter(|o| {
                 o.status.as_ref().is_some_and(|s| {
                     s.phase == Phase::Available
@@ -651,6 +846,9 @@ impl super::Store for KubeInventory {
 
     async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
         self.write_target_status(round, label_conflicts).await;
+        if self.fence().is_ok() {
+            self.sweep_finalizers(&round.target).await;
+        }
     }
 
     async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
@@ -700,10 +898,13 @@ impl super::Store for KubeInventory {
                 )
             }
             None => {
-                let claim = if volume_name.is_empty() {
-                    None
+                let (claim, claim_uid) = if volume_name.is_empty() {
+                    (None, None)
                 } else {
-                    self.claim_of(&volume_name).await
+                    match self.claim_of(&volume_name).await {
+                        Some((c, uid)) => (Some(c), uid),
+                        None => (None, None),
+                    }
                 };
                 let ns = claim
                     .as_ref()
@@ -726,6 +927,23 @@ impl super::Store for KubeInventory {
                     REQUEST_NAME_ANNOTATION.to_owned(),
                     r.name.clone(),
                 )]));
+                // Owned by its PVC, so it goes with the claim (garbage
+                // collection). Without the claim's UID (PV unreadable, no
+                // claimRef, or one without a UID) there is no owner to
+                // name: an ownerReference must carry the UID, and a wrong
+                // one would have the request collected at once.
+                if let (Some(c), Some(uid)) = (&claim, claim_uid) {
+                    obj.metadata.owner_references = Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "PersistentVolumeClaim".into(),
+                        name: c.name.clone(),
+                        uid,
+                        controller: None,
+                        // Blocking the claim's deletion would need update
+                        // on persistentvolumeclaims/finalizers; not wanted.
+                        block_owner_deletion: None,
+                    }]);
+                }
                 let api: Api<PendingResizeRequest> =
                     Api::namespaced(self.inner.client.clone(), &ns);
                 let was = match api.create(&post_params(), &obj).await {
@@ -768,6 +986,15 @@ impl super::Store for KubeInventory {
                 });
             } else if newly_done {
                 tokio::spawn(async move { events.resize_completed(&claim, &wwid, have).await });
+            }
+        }
+        // Done: nothing is left for the administrator to act on (the Event
+        // tells the claim), so the request goes rather than accumulate.
+        if r.done {
+            match api.delete(&object, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(api_error(e)),
             }
         }
         Ok(())
@@ -850,6 +1077,12 @@ where
         by_name.into_values().collect()
     }
 
+    /// Drops the overlay's version of `name` (the object is being deleted).
+    fn forget(&self, name: &str) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.remove(name);
+    }
+
     /// Keeps a version this process wrote or re-read.
     fn remember(&self, obj: K) -> Arc<K> {
         let obj = Arc::new(obj);
@@ -878,6 +1111,35 @@ async fn update_resize_spec(
         .await
         .map_err(api_error)?;
     Ok(())
+}
+
+/// The targets a device is reached through: those of its node views (what
+/// `targets_for` hands attach and detach) and the one that first reported it.
+fn device_targets(obj: &SCSIDevice) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = obj
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter().map(|v| v.target.clone()))
+        .collect();
+    names.insert(obj.spec.target.clone());
+    names
+}
+
+fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
+    obj.meta()
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == finalizer))
+}
+
+/// Adds or removes `finalizer`, leaving any other's in place.
+fn set_finalizer(meta: &mut ObjectMeta, finalizer: &str, present: bool) {
+    let mut list = meta.finalizers.take().unwrap_or_default();
+    list.retain(|f| f != finalizer);
+    if present {
+        list.push(finalizer.to_owned());
+    }
+    meta.finalizers = (!list.is_empty()).then_some(list);
 }
 
 /// What no reader of the caches needs (and a large share of each object).

@@ -115,22 +115,29 @@ impl Lifecycle {
         }
         names.sort();
         names.dedup();
-        names
-            .into_iter()
-            .filter_map(|n| specs.iter().find(|t| t.name == n))
-            .map(|t| self.agent_target(t))
-            .collect()
+        // A target being deleted is still listed (its finalizer holds it
+        // while a bound device is reached through it); one that is gone
+        // cannot be logged into or out of.
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            match specs.iter().find(|t| t.name == n) {
+                Some(t) => out.push(self.agent_target(t).await?),
+                None => {
+                    tracing::warn!(wwid = %device.wwid, %node, target = %n, "the device's SCSITarget no longer exists; it is left out")
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// A target as the agent API describes it, CHAP included.
-    pub fn agent_target(&self, t: &Target) -> Result<agent::Target, ProxyError> {
+    pub async fn agent_target(&self, t: &Target) -> Result<agent::Target, ProxyError> {
         let transport = match &t.transport {
             Transport::Iscsi(iscsi) => {
-                let chap = iscsi
-                    .chap_secret_ref
-                    .as_ref()
-                    .map(|r| self.secrets.chap(r))
-                    .transpose()?;
+                let chap = match &iscsi.chap_secret_ref {
+                    Some(r) => Some(self.secrets.chap(r).await?),
+                    None => None,
+                };
                 agent::target::Transport::Iscsi(agent::IscsiTarget {
                     portals: iscsi.portals.clone(),
                     iqn: iscsi.iqn.clone(),

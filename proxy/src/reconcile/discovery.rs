@@ -64,8 +64,17 @@ pub async fn reconcile_once(
             .filter(|(n, e)| node_matches(&target, n, e))
             .map(|(n, _)| n.clone())
             .collect();
+        // A target whose CHAP Secret is missing or misplaced is skipped,
+        // not the whole pass.
+        let agent_target = match life.agent_target(&target).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(target = %target.name, error = %e, "target not discovered");
+                continue;
+            }
+        };
         let discover = DiscoverRequest {
-            target: Some(life.agent_target(&target)?),
+            target: Some(agent_target),
         };
         let mut round = DiscoveryRound {
             target: target.name.clone(),

@@ -27,6 +27,13 @@ pub use scsi_target::{
 pub const GROUP: &str = "csi-scsi.io";
 /// The API version.
 pub const VERSION: &str = "v1alpha1";
+/// On an SCSIDevice that holds a volume: a `kubectl delete` only marks it
+/// for deletion until the volume is released, so the LUN is never
+/// re-created Available (and bound twice) while its data lives.
+pub const DEVICE_FINALIZER: &str = "csi-scsi.io/bound-volume";
+/// On an SCSITarget through which a bound device is reached: attach and
+/// detach keep their target until the last such volume is released.
+pub const TARGET_FINALIZER: &str = "csi-scsi.io/target-in-use";
 /// The longest Kubernetes object name (a DNS subdomain).
 const MAX_NAME: usize = 253;
 

@@ -12,6 +12,7 @@ use csi_scsi_proxy::device::{DiscoveryRound, Phase, ResizeRequest};
 use csi_scsi_proxy::events::{ClaimRef, VolumeEvents};
 use csi_scsi_proxy::inventory::{Inventory, InventoryError, KubeInventory, KubeInventoryConfig};
 use csi_scsi_proxy::leader::LeaderHandle;
+use csi_scsi_proxy::resources::DEVICE_FINALIZER;
 use csi_scsi_proxy::selector::Selector;
 use serde_json::{Value, json};
 
@@ -196,17 +197,26 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(d.wwid, wwid(1), "smallest fit");
     let writes: Vec<_> = api.writes().into_iter().filter(is_device_write).collect();
-    assert_eq!(writes.len(), 1, "{writes:?}");
-    let w = &writes[0];
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    // First the bound-volume finalizer, conditional on the version read...
+    let f = &writes[0];
+    assert_eq!(
+        (f.method.as_str(), f.path.clone()),
+        ("PUT", format!("{DEVICES}/{}", wwid(1)))
+    );
+    assert_eq!(
+        f.body["metadata"]["resourceVersion"],
+        json!(rv(&small)),
+        "the precondition is the version read"
+    );
+    assert_eq!(f.body["metadata"]["finalizers"], json!([DEVICE_FINALIZER]));
+    // ...then the status, on the version that write made.
+    let w = &writes[1];
     assert_eq!(
         (w.method.as_str(), w.path.clone()),
         ("PUT", format!("{DEVICES}/{}/status", wwid(1)))
     );
-    assert_eq!(
-        w.body["metadata"]["resourceVersion"],
-        json!(rv(&small)),
-        "the precondition is the version read"
-    );
+    assert_ne!(w.body["metadata"]["resourceVersion"], json!(rv(&small)));
     assert_eq!(w.body["status"]["phase"], "Bound");
     assert_eq!(w.body["status"]["binding"]["volumeName"], "pv-1");
     assert_eq!(
@@ -223,7 +233,7 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     // A retry of the same name binds nothing new.
     let retry = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(retry.wwid, wwid(1));
-    assert_eq!(api.writes().into_iter().filter(is_device_write).count(), 1);
+    assert_eq!(api.writes().into_iter().filter(is_device_write).count(), 2);
 }
 
 #[tokio::test]
@@ -248,11 +258,12 @@ async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
     assert_eq!(
         calls,
         [
-            format!("PUT {DEVICES}/{}/status", wwid(1)),
+            format!("PUT {DEVICES}/{}", wwid(1)),
             format!("GET {DEVICES}/{}", wwid(1)),
+            format!("PUT {DEVICES}/{}", wwid(2)),
             format!("PUT {DEVICES}/{}/status", wwid(2)),
         ],
-        "stale bind, re-read, bind elsewhere"
+        "stale bind (its finalizer write refused), re-read, bind elsewhere"
     );
     let first_put = api.writes().into_iter().find(is_device_write).unwrap();
     assert_eq!(
@@ -474,7 +485,7 @@ async fn a_resize_request_lands_beside_the_claim() {
     let listed = inv.resizes().await.unwrap();
     assert_eq!(listed[0].name, "resize-pv-1");
     assert_eq!(listed[0].requested_bytes, 2 << 30);
-    // Done: the status says so, in place.
+    // Done: the status says so, then the request goes.
     inv.put_resize(ResizeRequest {
         done: true,
         current_bytes: 2 << 30,
@@ -482,11 +493,20 @@ async fn a_resize_request_lands_beside_the_claim() {
     })
     .await
     .unwrap();
-    let obj = api
-        .get("pendingresizerequests", "apps", "resize-pv-1")
-        .unwrap();
-    assert_eq!(obj["status"]["done"], true);
-    assert_eq!(api.all("pendingresizerequests").len(), 1);
+    let last: Vec<_> = api
+        .writes()
+        .iter()
+        .skip(2)
+        .map(|w| format!("{} {}", w.method, w.path))
+        .collect();
+    assert_eq!(
+        last,
+        [
+            "PATCH /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests/resize-pv-1/status",
+            "DELETE /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests/resize-pv-1",
+        ]
+    );
+    assert!(api.all("pendingresizerequests").is_empty());
 }
 
 #[tokio::test]

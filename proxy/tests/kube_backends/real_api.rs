@@ -10,10 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use csi_scsi_proxy::device::{Phase, ResizeRequest};
+use csi_scsi_proxy::device::{Phase, ResizeRequest, policy};
 use csi_scsi_proxy::inventory::{Inventory, InventoryError};
 use csi_scsi_proxy::leader::{LeaderElection, LeaderHandle, LeaseConfig};
-use csi_scsi_proxy::resources::{SCSIDevice, SCSITarget};
+use csi_scsi_proxy::resources::{
+    DEVICE_FINALIZER, PendingResizeRequest, SCSIDevice, SCSITarget, TARGET_FINALIZER,
+};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{
@@ -27,16 +29,19 @@ use crate::real_kube::{self, NAMESPACE};
 
 const GIB: u64 = 1 << 30;
 
-fn erased<K: kube::Resource<DynamicType = ()>>() -> ApiResource {
+pub(crate) fn erased<K: kube::Resource<DynamicType = ()>>() -> ApiResource {
     ApiResource::erase::<K>(&())
 }
 
 /// A cluster-scoped object of kind `K` with `body` (spec, status) as JSON.
-fn object<K: kube::Resource<DynamicType = ()>>(name: &str, body: Value) -> DynamicObject {
+pub(crate) fn object<K: kube::Resource<DynamicType = ()>>(
+    name: &str,
+    body: Value,
+) -> DynamicObject {
     DynamicObject::new(name, &erased::<K>()).data(body)
 }
 
-fn api_code(e: &kube::Error) -> Option<u16> {
+pub(crate) fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
@@ -44,7 +49,7 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 }
 
 /// Polls `check` (async) until it holds, or fails after `secs`.
-async fn until<F, Fut>(what: &str, secs: u64, mut check: F)
+pub(crate) async fn until<F, Fut>(what: &str, secs: u64, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -555,7 +560,7 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
 // === RBAC ===
 
 /// The shipped RBAC, applied in the driver's namespace.
-fn apply_rbac(plane: &csi_scsi_testbed::kube::ControlPlane) {
+pub(crate) fn apply_rbac(plane: &csi_scsi_testbed::kube::ControlPlane) {
     let rbac = real_kube::deploy("rbac/controller.yaml");
     plane
         .admin
@@ -630,7 +635,22 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     .unwrap();
     assert_eq!(get(&inv, 2).await.size_bytes, 2 * GIB);
     let bound = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
-    let mut failed = bound.clone();
+    // The finalizers of a bound device and of its target: `update` on both.
+    let devices = Api::<SCSIDevice>::all(admin.clone());
+    assert_eq!(
+        devices.get(&bound.wwid).await.unwrap().metadata.finalizers,
+        Some(vec![DEVICE_FINALIZER.to_owned()])
+    );
+    let target = Api::<SCSITarget>::all(admin.clone())
+        .get("t1")
+        .await
+        .unwrap();
+    assert_eq!(
+        target.metadata.finalizers,
+        Some(vec![TARGET_FINALIZER.to_owned()]),
+        "the target-in-use finalizer was not written: is `update` on scsitargets granted?"
+    );
+    let mut failed = inv.device(&bound.wwid).await.unwrap().unwrap();
     failed.wipe_failures = 1;
     inv.update(failed).await.unwrap();
     let target = Api::<SCSITarget>::all(admin.clone())
@@ -658,6 +678,37 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     inv.put_resize(request.clone()).await.unwrap();
     request.done = true;
     inv.put_resize(request).await.unwrap();
+    // Done: deleted (`delete` on pendingresizerequests).
+    assert!(
+        Api::<PendingResizeRequest>::namespaced(admin.clone(), NAMESPACE)
+            .get_opt("resize-pv-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Released: both finalizers come off again.
+    inv.modify(&bound.wwid, policy::start_release)
+        .await
+        .unwrap();
+    inv.modify(&bound.wwid, |d| {
+        policy::released(d);
+        true
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        devices.get(&bound.wwid).await.unwrap().metadata.finalizers,
+        None
+    );
+    assert_eq!(
+        Api::<SCSITarget>::all(admin.clone())
+            .get("t1")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers,
+        None
+    );
     // And it is the service account at work: what the role does not
     // grant is refused.
     let err = Api::<SCSIDevice>::all(client)

@@ -14,7 +14,7 @@ use csi_scsi_proxy::inventory::{Inventory, KubeInventory, KubeInventoryConfig};
 use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::resources::{PendingResizeRequest, SCSIDevice, SCSITarget};
 use csi_scsi_testbed::kube::{ControlPlane, shared_plane};
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -95,6 +95,10 @@ pub async fn exclusive() -> Exclusive {
     let guard = EXCLUSIVE.lock().await;
     let admin = admin().await;
     let all = (DeleteParams::default(), ListParams::default());
+    // A bound device or a target in use carries the proxy's finalizer; no
+    // proxy is left to take it off.
+    drop_finalizers(&Api::<SCSIDevice>::all(admin.clone())).await;
+    drop_finalizers(&Api::<SCSITarget>::all(admin.clone())).await;
     Api::<SCSIDevice>::all(admin.clone())
         .delete_collection(&all.0, &all.1)
         .await
@@ -108,6 +112,22 @@ pub async fn exclusive() -> Exclusive {
         .await
         .expect("delete PendingResizeRequests");
     Exclusive { _guard: guard }
+}
+
+/// Removes every finalizer of every object of `api`.
+async fn drop_finalizers<K>(api: &Api<K>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let none = serde_json::json!({"metadata": {"finalizers": null}});
+    for o in api.list(&ListParams::default()).await.expect("list").items {
+        if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+            let name = o.meta().name.clone().unwrap_or_default();
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&none))
+                .await
+                .expect("drop finalizers");
+        }
+    }
 }
 
 /// The Kubernetes store over `client`, once its caches listed.
