@@ -100,34 +100,13 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     let report = scenario::run(&mut lab).await;
-    match report {
-        Ok(r) => {
-            println!(
-                "\nSUCCESS: {} steps in {:.1}s (logs: {}/*.log)",
-                r.steps.len(),
-                r.total().as_secs_f64(),
-                dir.display()
-            );
-        }
-        Err(e) => {
-            println!(
-                "\nFAILED (logs kept in {}: proxy.log, node-*.agent.log, nodes/*/kernel.log)",
-                dir.display()
-            );
-            lab.keep();
-            return Err(e);
-        }
-    }
-    if keep {
-        let m = lab.keep();
-        let path = PathBuf::from("lab.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
-        println!(
-            "lab kept running; {} describes it; `lab down` removes it",
-            path.display()
-        );
-    }
-    Ok(())
+    let outcome = Outcome {
+        dir: &dir,
+        logs: "*.log",
+        failed_logs: "proxy.log, node-*.agent.log, nodes/*/kernel.log",
+        kept: "describes it",
+    };
+    outcome.finish(report, keep, move || lab.keep())
 }
 
 async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
@@ -143,32 +122,61 @@ async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",
         start.elapsed().as_secs_f64()
     );
-    match csi_scsi_tests::lab::kube::scenario::run(&mut lab).await {
-        Ok(r) => println!(
-            "\nSUCCESS: {} steps in {:.1}s (logs: {}/*.log, {}/kube/*.log, {}/nodes/*/kubelet.log)",
+    let report = csi_scsi_tests::lab::kube::scenario::run(&mut lab).await;
+    let outcome = Outcome {
+        dir: &dir,
+        logs: "*.log, kube/*.log, nodes/*/kubelet.log",
+        failed_logs: "kube/*.log, controller-*/*.log, nodes/*/kubelet.log, node-*.agent.log",
+        kept: "names its kubeconfig",
+    };
+    outcome.finish(report, keep, move || lab.keep())
+}
+
+/// How a lab run ends: what it prints, and `lab.json` when kept.
+struct Outcome<'a> {
+    dir: &'a std::path::Path,
+    logs: &'a str,
+    failed_logs: &'a str,
+    kept: &'a str,
+}
+
+impl Outcome<'_> {
+    /// Prints SUCCESS or FAILED; keeps the lab on failure (for its logs)
+    /// and, with `--keep`, on success too, writing what `keep` returns.
+    fn finish<M: serde::Serialize>(
+        &self,
+        report: anyhow::Result<scenario::Report>,
+        keep: bool,
+        keep_lab: impl FnOnce() -> M,
+    ) -> anyhow::Result<()> {
+        let r = match report {
+            Ok(r) => r,
+            Err(e) => {
+                println!(
+                    "\nFAILED (logs kept in {}: {})",
+                    self.dir.display(),
+                    self.failed_logs
+                );
+                keep_lab();
+                return Err(e);
+            }
+        };
+        println!(
+            "\nSUCCESS: {} steps in {:.1}s (logs in {}: {})",
             r.steps.len(),
             r.total().as_secs_f64(),
-            dir.display(),
-            dir.display(),
-            dir.display()
-        ),
-        Err(e) => {
-            println!(
-                "\nFAILED (logs kept in {}: kube/*.log, controller-*/*.log, nodes/*/kubelet.log, node-*.agent.log)",
-                dir.display()
-            );
-            lab.keep();
-            return Err(e);
-        }
-    }
-    if keep {
-        let m = lab.keep();
-        let path = PathBuf::from("lab.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&m)?)?;
-        println!(
-            "lab kept running; {} names its kubeconfig; `lab down` removes it",
-            path.display()
+            self.dir.display(),
+            self.logs
         );
+        if keep {
+            let path = PathBuf::from("lab.json");
+            std::fs::write(&path, serde_json::to_vec_pretty(&keep_lab())?)?;
+            println!(
+                "lab kept running; {} {}; `lab down` removes it",
+                path.display(),
+                self.kept
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }

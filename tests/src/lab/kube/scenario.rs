@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 use super::images::BUSYBOX;
 use super::{KubeLab, condition_true};
 use crate::kube::Kubectl;
+use crate::lab::node_name;
 use crate::lab::scenario::{Report, lun_file};
-use crate::lab::{CHAP_USER, node_name};
 
 /// The namespace the workloads run in.
 const NS: &str = "lab";
@@ -24,31 +24,9 @@ const WAIT: Duration = Duration::from_secs(120);
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     let mut r = Report::default();
     let k = lab.kubectl.clone();
-    let driver_ns = lab.namespace.clone();
-    let portal = format!("{}:3260", lab.lab.net.host_ip());
 
     r.step("targets: a CHAP Secret and three SCSITargets, created through the API", async {
-        k.apply(&format!(
-            r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"chap-array-a","namespace":"{driver_ns}"}},
-                "stringData":{{"username":"{CHAP_USER}","password":"{secret}"}}}}"#,
-            secret = crate::lab::chap_secret_for_lab()
-        ))?;
-        for (name, iqn, chap, labels) in [
-            ("array-a", "array-a", true, r#"{"array":"a","tier":"fast"}"#),
-            ("array-b", "array-b", false, r#"{"array":"b","tier":"capacity"}"#),
-            ("array-c", "array-c", false, r#"{"array":"c","tier":"pool"}"#),
-        ] {
-            let chap_ref = if chap {
-                format!(r#","chapSecretRef":{{"name":"chap-array-a","namespace":"{driver_ns}"}}"#)
-            } else {
-                String::new()
-            };
-            k.apply(&format!(
-                r#"{{"apiVersion":"csi-scsi.io/v1alpha1","kind":"SCSITarget","metadata":{{"name":"{name}"}},
-                    "spec":{{"iscsi":{{"portals":["{portal}"],"iqn":"iqn.2026-11.io.csi-scsi.lab:{iqn}"{chap_ref}}},
-                    "deviceLabels":{labels}}}}}"#
-            ))?;
-        }
+        super::targets::create_targets(lab)?;
         let devices = k
             .wait_for("SCSIDevices discovered", WAIT, |k| {
                 let list = k.get_json(&["scsidevices"])?;
@@ -438,9 +416,8 @@ fn bound_pv(k: &Kubectl, claim: &str) -> anyhow::Result<String> {
         .with_context(|| format!("PVC {claim} is not bound"))
 }
 
-/// Writes the CHAP password where the proxy reads it: the Secret object
-/// (the API-reading proxy) and the lab's secrets directory (`--secrets-dir`,
-/// what a mounted Secret would be).
+/// Sets the CHAP password in the Secret object: the proxy reads it through
+/// the API at each login, so nothing restarts.
 fn set_chap_password(lab: &KubeLab, password: &str) -> anyhow::Result<()> {
     let patch = format!(r#"{{"stringData":{{"password":"{password}"}}}}"#);
     lab.kubectl.run(&[
@@ -453,10 +430,6 @@ fn set_chap_password(lab: &KubeLab, password: &str) -> anyhow::Result<()> {
         "-p",
         &patch,
     ])?;
-    std::fs::write(
-        lab.lab.config.dir.join("secrets/chap-array-a/password"),
-        password,
-    )?;
     Ok(())
 }
 
@@ -565,9 +538,15 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
                     elsewhere["metadata"]["namespace"]
                 );
             }
-            Ok(items
-                .first()
-                .and_then(|r| r["metadata"]["name"].as_str().map(str::to_owned)))
+            let Some(r) = items.first() else {
+                return Ok(None);
+            };
+            // Owned by its claim, so it goes with the PVC.
+            let owner = &r["metadata"]["ownerReferences"][0];
+            if owner["kind"] != "PersistentVolumeClaim" || owner["name"] != "data" {
+                bail!("PendingResizeRequest owned by {owner}, not PVC data");
+            }
+            Ok(r["metadata"]["name"].as_str().map(str::to_owned))
         })
         .await?;
     k.wait_for(
@@ -611,10 +590,17 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
             },
         )
         .await?;
-    let done =
-        k.get_json(&["pendingresizerequests", &request, "-n", NS])?["status"]["done"].clone();
+    // Done requests are deleted by the proxy.
+    k.wait_for("the done PendingResizeRequest deleted", WAIT, |k| {
+        let list = k.get_json(&["pendingresizerequests", "-n", NS])?;
+        Ok(list["items"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            .then_some(()))
+    })
+    .await?;
     Ok(format!(
-        "PendingResizeRequest {NS}/{request} (done: {done}); csi-scsi.io Events on the PVC: {}\n      LUN {lun} -> {want} MiB; df {before} KiB -> {after} KiB {:.1}s after the array grew it; PVC capacity {capacity}",
+        "PendingResizeRequest {NS}/{request} (owned by PVC data; deleted once done); csi-scsi.io Events on the PVC: {}\n      LUN {lun} -> {want} MiB; df {before} KiB -> {after} KiB {:.1}s after the array grew it; PVC capacity {capacity}",
         reasons.join(", "),
         took.as_secs_f64()
     ))
