@@ -767,3 +767,74 @@ async fn without_the_device_status_rule_discovery_fails_with_403() {
     let err = inv.bind(bind_req("pv-1", &[], "")).await.unwrap_err();
     assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
 }
+
+/// The proxy's own SCSITarget status writes must not wake discovery (each
+/// pass writes them, so discovery would run back to back, as the
+/// Kubernetes lab once showed); a change of the target's spec must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_status_write_does_not_wake_discovery_but_a_spec_change_does() {
+    let _only = real_kube::exclusive().await;
+    let plane = real_kube::plane().await;
+    let admin = real_kube::admin().await;
+    plane
+        .admin
+        .apply(
+            r#"{"apiVersion":"csi-scsi.io/v1alpha1","kind":"SCSITarget","metadata":{"name":"t1"},
+                "spec":{"iscsi":{"portals":["127.0.0.1:3260"],"iqn":"iqn.2026-11.io.example:t1"},
+                "deviceLabels":{"tier":"fast"}}}"#,
+        )
+        .unwrap();
+    let store = real_kube::store(admin.clone(), None).await;
+    let inv = Inventory::new(Arc::new(store.clone()));
+    let reader = &inv;
+    until("the target in the cache", 10, move || async move {
+        reader
+            .targets()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == "t1")
+    })
+    .await;
+    let changed = store.targets_changed();
+    while tokio::time::timeout(Duration::from_millis(500), changed.notified())
+        .await
+        .is_ok()
+    {}
+
+    // A discovery round writes the target's status (its nodes)...
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, GIB)])], &[]))
+        .await
+        .unwrap();
+    let kubectl = &plane.admin;
+    until("the target's status written", 10, move || async move {
+        let t = kubectl.get_json(&["scsitarget", "t1"]).unwrap();
+        t["status"]["nodes"]
+            .as_array()
+            .is_some_and(|n| !n.is_empty())
+    })
+    .await;
+    // ...and wakes no one.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), changed.notified())
+            .await
+            .is_err(),
+        "a status write woke discovery"
+    );
+
+    // An administrator's change of the spec does.
+    plane
+        .admin
+        .run(&[
+            "patch",
+            "scsitarget",
+            "t1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"deviceLabels":{"tier":"slow"}}}"#,
+        ])
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), changed.notified())
+        .await
+        .expect("a spec change wakes discovery");
+}
