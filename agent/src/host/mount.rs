@@ -215,32 +215,84 @@ pub async fn mount_filesystem(
     .await
 }
 
-/// Bind mounts `source` (a directory or a device node) onto `target`, then
-/// applies the per-mount flags of `options` (read-only, nosuid, ...) with a
-/// bind remount, which a plain bind ignores. If the remount fails the bind
-/// is undone, so no half-made mount is left.
+/// Bind mounts `source` (a directory or a device node) onto `target` with
+/// the per-mount flags of `options` (read-only, nosuid, ...). A plain bind
+/// ignores them and a bind remount sets them on this mount only: the
+/// copies propagated to the peers of a shared `target` (kubelet's
+/// directory is Bidirectional, so the host and the Pod's container see
+/// those copies) would stay read-write. So the flags are set on a private
+/// scratch bind first, and `target` is a bind of that one, which carries
+/// them into every copy. If a step fails, what was made is undone.
 pub async fn bind(source: &Path, target: &Path, options: &MountOptions) -> Result<(), AgentError> {
-    let (source, target_owned) = (source.to_owned(), target.to_owned());
-    blocking("bind mount", target_owned.clone(), move || {
-        tracing::debug!(source = %source.display(), target = %target_owned.display(), "bind mount");
+    let flags = options.bind_flags();
+    if flags.is_empty() {
+        return bind_plain(source, target).await;
+    }
+    let scratch = scratch_point(source, target)?;
+    let made = async {
+        bind_plain(source, &scratch).await?;
+        let flagged = async {
+            make_private(&scratch).await?;
+            remount_bind(&scratch, flags).await?;
+            bind_plain(&scratch, target).await
+        }
+        .await;
+        let _ = unmount(&scratch).await;
+        flagged
+    }
+    .await;
+    let _ = std::fs::remove_file(&scratch).or_else(|_| std::fs::remove_dir(&scratch));
+    made
+}
+
+/// A fresh mount point beside nothing shared (the temporary directory), of
+/// the same kind as `source` (a directory, or a file for a device node).
+fn scratch_point(source: &Path, target: &Path) -> Result<PathBuf, AgentError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let scratch = std::env::temp_dir().join(format!(
+        "csi-scsi-bind-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let made = if source.is_dir() {
+        std::fs::create_dir(&scratch)
+    } else {
+        std::fs::File::create(&scratch).map(drop)
+    };
+    made.map_err(|e| AgentError::io(target, e))?;
+    Ok(scratch)
+}
+
+/// A bind mount of `source` onto `target`, no flags.
+async fn bind_plain(source: &Path, target: &Path) -> Result<(), AgentError> {
+    let (source, target) = (source.to_owned(), target.to_owned());
+    blocking("bind mount", target.clone(), move || {
+        tracing::debug!(source = %source.display(), target = %target.display(), "bind mount");
         nix::mount::mount(
             Some(source.as_path()),
-            target_owned.as_path(),
+            target.as_path(),
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )
     })
-    .await?;
-    let flags = options.bind_flags();
-    if flags.is_empty() {
-        return Ok(());
-    }
-    let remounted = remount_bind(target, flags).await;
-    if remounted.is_err() {
-        let _ = unmount(target).await;
-    }
-    remounted
+    .await
+}
+
+/// Makes the mount at `target` private: nothing done to it propagates.
+async fn make_private(target: &Path) -> Result<(), AgentError> {
+    let target = target.to_owned();
+    blocking("make private", target.clone(), move || {
+        nix::mount::mount(
+            None::<&str>,
+            target.as_path(),
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+    })
+    .await
 }
 
 /// Re-applies per-mount `flags` to the bind mount at `target`.

@@ -527,6 +527,45 @@ impl Lab {
         save_record(&self.config.dir, &self.record)
     }
 
+    /// The phase the embedded proxy's store records for `wwid` now
+    /// (empty when it has no such device).
+    pub fn device_phase(&self, wwid: &str) -> anyhow::Result<String> {
+        Ok(crate::reliability::store::run(
+            &self.proxy_store(),
+            &format!("SELECT phase FROM devices WHERE wwid = '{wwid}'"),
+        )?
+        .trim()
+        .to_owned())
+    }
+
+    /// Waits up to `bound` for `wwid` to reach `phase`; the error names
+    /// the phases seen on the way.
+    pub async fn wait_device_phase(
+        &self,
+        wwid: &str,
+        phase: &str,
+        bound: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut seen: Vec<String> = Vec::new();
+        loop {
+            let now = self.device_phase(wwid)?;
+            if now == phase {
+                return Ok(());
+            }
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "{wwid} never {phase} in {bound:?}; seen: {}",
+                    seen.join(" -> ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The proxy's inventory database.
     pub fn proxy_store(&self) -> PathBuf {
         self.config.dir.join("proxy/inventory.db")

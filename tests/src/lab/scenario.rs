@@ -183,7 +183,10 @@ pub async fn attach_and_mount(
     attach_and_mount_as(lab, cl, vol, node, block, pod, false).await
 }
 
-/// [`attach_and_mount`] with ControllerPublishVolume's `readonly` flag.
+/// [`attach_and_mount`] with NodePublishVolume's `readonly` flag (kubelet
+/// sets it for a read-only PV or Pod volume). ControllerPublishVolume is
+/// always read-write: the proxy does not advertise PUBLISH_READONLY, so the
+/// external-attacher sends `readonly: false`.
 pub async fn attach_and_mount_as(
     lab: &Lab,
     cl: &mut Clients,
@@ -216,7 +219,7 @@ pub async fn attach_and_mount_fs(
             volume_id: vol.volume_id.clone(),
             node_id: node.to_owned(),
             volume_capability: Some(cap.clone()),
-            readonly,
+            readonly: false,
             secrets: HashMap::new(),
             volume_context: vol.volume_context.clone(),
         })
@@ -250,7 +253,7 @@ pub async fn attach_and_mount_fs(
         staging_target_path: staging.display().to_string(),
         target_path: target.display().to_string(),
         volume_capability: Some(cap),
-        readonly: false,
+        readonly,
         secrets: HashMap::new(),
         volume_context: vol.volume_context.clone(),
     })

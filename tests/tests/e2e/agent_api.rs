@@ -466,14 +466,33 @@ async fn detach_refuses_a_device_whose_node_cannot_be_checked_and_deletes_nothin
     sh("mkfs.ext4", &["-q", &dev.display().to_string()]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt-hidden");
     std::fs::create_dir_all(&mnt).expect("mkdir");
-    sh(
-        "mount",
-        &[&dev.display().to_string(), &mnt.display().to_string()],
-    )
-    .expect("mount");
+    // Mounted in a private mount namespace the agent's mount table cannot
+    // show (not the host's: once `/` is shared, as the Kubernetes lab
+    // makes it, a host mount would propagate into the agent's namespace).
+    let mut holder = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!(
+            "mount {} {} && exec sleep 600",
+            dev.display(),
+            mnt.display()
+        ))
+        .spawn()
+        .expect("a private mount namespace");
+    let mountinfo = format!("/proc/{}/mountinfo", holder.id());
+    let mnt_text = mnt.display().to_string();
+    for _ in 0..100 {
+        if std::fs::read_to_string(&mountinfo).is_ok_and(|m| m.contains(&mnt_text)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        std::fs::read_to_string(&mountinfo).is_ok_and(|m| m.contains(&mnt_text)),
+        "the private mount"
+    );
     // The node goes missing (udev in the middle of a change) while the
-    // disk is mounted (here in the host's namespace, which the agent's
-    // mount table does not show): no node to open is no proof of "unused".
+    // disk is mounted where the agent cannot see: no node to open is no
+    // proof of "unused".
     let hidden = dev.with_extension("hidden");
     std::fs::rename(&dev, &hidden).expect("hide the node");
     let err = b.detach(detach()).await.expect_err("mounted");
@@ -481,7 +500,9 @@ async fn detach_refuses_a_device_whose_node_cannot_be_checked_and_deletes_nothin
     assert!(err.message().contains("cannot be checked"), "{err}");
     // Unmounted, but with no node an exclusive open cannot be tried:
     // still refused, and the path is still there.
-    sh("umount", &[&mnt.display().to_string()]).expect("umount");
+    // The namespace goes with its last process, and the mount with it.
+    holder.kill().expect("kill the holder");
+    holder.wait().expect("reap the holder");
     let err = b.detach(detach()).await.expect_err("cannot be checked");
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     let sys_block = lab.nodes[1].root.join("sys/block").join(&name);

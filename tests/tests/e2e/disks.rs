@@ -185,16 +185,24 @@ async fn a_wipe_that_meets_write_errors_fails_retryably_and_completes_after_a_he
         volume_id: vol.volume_id.clone(),
         secrets: HashMap::new(),
     };
-    let err = cl
-        .controller
+    // DeleteVolume answers once the volume can never be used again; the
+    // release worker's wipe meets the write errors (the agent answers
+    // UNAVAILABLE) and the LUN waits, Releasing, never offered.
+    cl.controller
         .delete_volume(delete.clone())
         .await
-        .expect_err("the wipe cannot write");
-    assert!(
-        disks.state(&disk).expect("state").failed > 0,
-        "the fault was hit"
-    );
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
+        .expect("delete");
+    let wwid = vol.volume_context["wwid"].clone();
+    let start = Instant::now();
+    while disks.state(&disk).expect("state").failed == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the wipe never met the fault"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let phase = lab.device_phase(&wwid).expect("phase");
+    assert!(phase == "Releasing" || phase == "Failed", "{phase}");
     assert!(
         !scenario::all_zero(&file).expect("read"),
         "the data is still there"
@@ -216,10 +224,14 @@ async fn a_wipe_that_meets_write_errors_fails_retryably_and_completes_after_a_he
     );
 
     disks.heal(&disk).expect("heal");
+    // A retried DeleteVolume is still OK; the worker's retry wipes.
     cl.controller
         .delete_volume(delete)
         .await
-        .expect("the retried delete wipes");
+        .expect("the retried delete");
+    lab.wait_device_phase(&wwid, "Available", Duration::from_secs(180))
+        .await
+        .expect("wiped after the heal");
     assert!(scenario::all_zero(&file).expect("read"), "wiped");
 }
 

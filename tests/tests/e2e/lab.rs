@@ -105,14 +105,8 @@ fn lun_head_is_blank(lab: &Lab, name: &str) -> bool {
     head.iter().all(|&b| b == 0)
 }
 
-fn status_code(e: &anyhow::Error) -> Code {
-    e.downcast_ref::<tonic::Status>()
-        .map(|s| s.code())
-        .unwrap_or(Code::Unknown)
-}
-
 #[tokio::test]
-async fn a_volume_published_read_only_is_never_formatted_and_mounts_read_only() {
+async fn a_read_only_controller_publish_is_refused_and_a_read_only_node_publish_mounts_read_only() {
     let (_dir, lab, mut cl) = lab().await;
     let vol = create(
         &mut cl,
@@ -124,19 +118,9 @@ async fn a_volume_published_read_only_is_never_formatted_and_mounts_read_only() 
     )
     .await
     .expect("create");
-    // Published read-only while blank: NodeStage refuses to format it.
-    let err = attach_and_mount_as(&lab, &mut cl, &vol, "node-a", false, "pod-ro", true)
-        .await
-        .expect_err("a blank volume published read-only cannot be staged");
-    assert_eq!(status_code(&err), Code::FailedPrecondition, "{err:#}");
-    assert!(
-        ["a1", "a2", "mp"]
-            .iter()
-            .all(|l| lun_head_is_blank(&lab, l)),
-        "nothing may be written to a volume published read-only"
-    );
-    // Published there read-only: the same node with readonly=false is
-    // "published but incompatible".
+    // PUBLISH_READONLY is not advertised (the LUN is always attached
+    // read-write): a CO must send readonly=false (spec), and true is
+    // refused before anything is attached or written.
     let publish = |readonly| ControllerPublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: "node-a".into(),
@@ -145,28 +129,17 @@ async fn a_volume_published_read_only_is_never_formatted_and_mounts_read_only() 
         secrets: HashMap::new(),
         volume_context: vol.volume_context.clone(),
     };
-    let again = cl
-        .controller
-        .controller_publish_volume(publish(false))
-        .await;
-    assert_eq!(code(again), Code::AlreadyExists);
-    let same = cl.controller.controller_publish_volume(publish(true)).await;
-    assert_eq!(
-        same.expect("the same publish again is OK")
-            .into_inner()
-            .publish_context["readonly"],
-        "true"
+    let refused = cl.controller.controller_publish_volume(publish(true)).await;
+    assert_eq!(code(refused), Code::InvalidArgument);
+    assert!(
+        ["a1", "a2", "mp"]
+            .iter()
+            .all(|l| lun_head_is_blank(&lab, l)),
+        "nothing may be written by a refused publish"
     );
-    cl.controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            node_id: "node-a".into(),
-            secrets: HashMap::new(),
-        })
-        .await
-        .expect("unpublish");
-    // Written once read-write, then published read-only: the data is there
-    // and the mount refuses writes.
+    // Written once read-write, then published with kubelet's readonly flag
+    // (a read-only PV or Pod volume): the data is there and the mount
+    // refuses writes.
     let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "pod-rw")
         .await
         .expect("read-write publish");
@@ -353,12 +326,20 @@ async fn delete_with_the_node_of_the_last_publish_down_wipes_through_another_nod
         })
         .await
         .expect("delete through node-b or node-c");
+    // The release worker wipes after DeleteVolume answers.
+    lab.wait_device_phase(
+        &vol.volume_context["wwid"],
+        "Available",
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("released");
     let (_, file) = scenario::lun_file(&lab, &vol.volume_context["wwid"]).expect("lun file");
     assert!(scenario::all_zero(&file).expect("read"), "LUN zeroed");
 }
 
 #[tokio::test]
-async fn delete_fails_cleanly_while_no_agent_that_sees_the_lun_answers_then_succeeds() {
+async fn a_lun_no_agent_can_wipe_stays_releasing_until_one_answers() {
     let (_dir, mut lab, mut cl) = lab().await;
     // The FC LUN is zoned to node-b and node-c only.
     let vol = create(
@@ -373,23 +354,25 @@ async fn delete_fails_cleanly_while_no_agent_that_sees_the_lun_answers_then_succ
     .expect("create");
     lab.kill_agent(1);
     lab.kill_agent(2);
-    let err = cl
-        .controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            secrets: HashMap::new(),
-        })
-        .await
-        .expect_err("no agent can wipe");
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
-    lab.restart_agent(1).await.expect("restart");
+    let wwid = vol.volume_context["wwid"].clone();
+    // DeleteVolume answers at once (the volume can never be used again);
+    // the wipe waits for an agent that sees the LUN.
     cl.controller
         .delete_volume(DeleteVolumeRequest {
             volume_id: vol.volume_id.clone(),
             secrets: HashMap::new(),
         })
         .await
-        .expect("delete after the agent returns");
+        .expect("delete");
+    for _ in 0..30 {
+        let phase = lab.device_phase(&wwid).expect("phase");
+        assert_eq!(phase, "Releasing", "unwiped, so never offered again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lab.restart_agent(1).await.expect("restart");
+    lab.wait_device_phase(&wwid, "Available", Duration::from_secs(120))
+        .await
+        .expect("wiped once an agent answers");
     // Available again: the same request binds it anew.
     let db = lab.config.dir.join("proxy/inventory.db");
     let dump = std::process::Command::new("sqlite3")
@@ -506,16 +489,24 @@ async fn a_lun_that_vanishes_while_bound_goes_lost_and_keeps_its_binding() {
     }
     let msg = abnormal.expect("the volume turns abnormal after the next discovery");
     assert!(msg.contains("not visible"), "{msg}");
-    // Its binding is kept: deleting it later still finds it (and waits).
-    let err = cl
-        .controller
+    // Its binding is kept: deleting it later still finds it, and the LUN
+    // waits, unwiped and never offered, until a node sees it again.
+    cl.controller
         .delete_volume(DeleteVolumeRequest {
             volume_id: vol.volume_id.clone(),
             secrets: HashMap::new(),
         })
         .await
-        .expect_err("a Lost LUN cannot be wiped");
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
+        .expect("delete");
+    let wwid = &vol.volume_context["wwid"];
+    for _ in 0..30 {
+        let phase = lab.device_phase(wwid).expect("phase");
+        assert!(
+            phase == "Releasing" || phase == "Lost",
+            "a LUN no node sees is never wiped nor offered: {phase}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A call the proxy gave up on while a node's link was down is never

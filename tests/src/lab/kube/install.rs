@@ -26,6 +26,8 @@ pub struct Rendered {
     pub controller: BTreeMap<String, ContainerSpec>,
     /// The driver's namespace.
     pub namespace: String,
+    /// The ClusterRoles and Roles it grants (the lab checks each is used).
+    pub roles: Vec<serde_json::Value>,
 }
 
 /// Renders `overlay`, applies everything but the workloads and the
@@ -37,6 +39,7 @@ pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
     let mut apply = Vec::new();
     let mut controller = BTreeMap::new();
     let mut namespace = None;
+    let mut roles = Vec::new();
     for doc in docs {
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
         match kind.as_str() {
@@ -61,6 +64,10 @@ pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
             // Run as host processes in this lab; the targets, Secret and
             // StorageClasses are the lab's own.
             "DaemonSet" | "SCSITarget" | "Secret" | "StorageClass" => {}
+            "ClusterRole" | "Role" => {
+                roles.push(doc.clone());
+                apply.push(doc);
+            }
             _ => apply.push(doc),
         }
     }
@@ -83,6 +90,7 @@ pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
     Ok(Rendered {
         controller,
         namespace: namespace.context("the Deployment's namespace")?,
+        roles,
     })
 }
 

@@ -6,6 +6,7 @@
 pub mod images;
 pub mod install;
 pub mod node;
+pub mod rbac;
 pub mod scenario;
 pub mod targets;
 

@@ -222,6 +222,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         },
     )
     .await?;
+
+    r.step(
+        "rbac: the audit log shows no request of the controller refused, and every rule deploy/ grants used by its component",
+        async { Ok(((), super::rbac::check(lab)?)) },
+    )
+    .await?;
     Ok(r)
 }
 
