@@ -86,7 +86,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let got = read().await;
         if want(&got) {
