@@ -689,7 +689,13 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
     wait_running(&k, "writer").await?;
     let p = k.get_json(&["pod", "writer", "-n", NS])?;
     anyhow::ensure!(p["metadata"]["uid"] == uid, "the Pod was replaced");
-    let got = exec(&k, "writer", &["cat", "/data/marker"])?;
+    // The Node and Pod still say Ready from before the restart; exec
+    // answers once the new kubelet has found its Pods again.
+    let got = k
+        .wait_for("kubectl exec through the restarted kubelet", WAIT, |k| {
+            Ok(exec(k, "writer", &["cat", "/data/marker"]).ok())
+        })
+        .await?;
     anyhow::ensure!(got.trim() == "lab-marker-1", "marker read back as {got:?}");
     // A few syncs, so a wrong teardown would have happened.
     tokio::time::sleep(Duration::from_secs(5)).await;
