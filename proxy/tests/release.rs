@@ -287,8 +287,11 @@ async fn no_more_wipes_run_at_once_than_there_are_workers() {
     for i in 0..5 {
         vols.push(p.create(&format!("pv-{i}")).await.unwrap());
     }
-    for v in &vols {
-        p.life.delete(&volume_id(v), "t").await.unwrap();
+    // All five deleted at once (each DeleteVolume waits a moment for a
+    // quick release): five releases wanted together.
+    let ids: Vec<String> = vols.iter().map(volume_id).collect();
+    for r in futures::future::join_all(ids.iter().map(|id| p.life.delete(id, "t"))).await {
+        r.unwrap();
     }
     for v in &vols {
         p.wait_for(&v.wwid, Phase::Available).await;

@@ -77,6 +77,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long DeleteVolume waits for the release it started (well inside
+/// any caller's deadline).
+const QUICK_RELEASE: std::time::Duration = std::time::Duration::from_millis(400);
+
 impl Lifecycle {
     /// Deletes the volume `id`: its LUN goes Releasing (no publication,
     /// CreateVolume or volume of its name can use it from then on) and the
@@ -90,7 +94,7 @@ impl Lifecycle {
             tracing::info!(volume_id = %id, "delete of a volume ID we never issued: nothing to do");
             return Ok(());
         };
-        let _guard = self.lock(vol.wwid()).await?;
+        let guard = self.lock(vol.wwid()).await?;
         let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
@@ -110,6 +114,21 @@ impl Lifecycle {
             tracing::info!(volume_id = %id, %request_id, "volume deleted: LUN Releasing, to be wiped");
         }
         self.releases.want(vol.wwid());
+        drop(guard);
+        // A quick wipe (discard, none, a small LUN) ends while the caller
+        // waits a moment: answering after it, the LUN is offered again and
+        // no node call on the volume meets its wipe. A long one goes on
+        // alone; the answer is OK either way.
+        let until = tokio::time::Instant::now() + QUICK_RELEASE;
+        while tokio::time::Instant::now() < until {
+            match self.inventory.device(vol.wwid()).await? {
+                Some(d)
+                    if policy::releasing(&d)
+                        && d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => {}
+                _ => break,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         Ok(())
     }
 

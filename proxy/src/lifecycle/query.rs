@@ -1,6 +1,7 @@
 //! Read-only questions: one volume, a page of volumes, capacity.
 
 use super::Lifecycle;
+use crate::device::policy;
 use crate::device::{Device, Phase};
 use crate::error::ProxyError;
 use crate::selector::Selector;
@@ -22,7 +23,13 @@ impl Lifecycle {
     pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
         match self.inventory.device(vol.wwid()).await? {
-            Some(d) if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => Ok(view(d)),
+            // A deleted volume (its LUN still being wiped) exists no more.
+            Some(d)
+                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid())
+                    && !policy::releasing(&d) =>
+            {
+                Ok(view(d))
+            }
             _ => Err(ProxyError::VolumeNotFound(id.to_owned())),
         }
     }
@@ -56,7 +63,8 @@ impl Lifecycle {
             let exhausted = page.len() < want.max(64);
             for d in page {
                 after = Some(d.wwid.clone());
-                if d.binding.is_some() {
+                // Deleted volumes whose LUN is still being wiped are gone.
+                if d.binding.is_some() && !policy::releasing(&d) {
                     out.push(view(d));
                     if out.len() == want {
                         let next = out.last().map(|v| v.device.wwid.clone());
