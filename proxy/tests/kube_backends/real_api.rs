@@ -350,10 +350,13 @@ async fn a_watch_whose_resource_version_is_gone_relists_and_reads_stay_right() {
     tokio::time::timeout(Duration::from_secs(30), changed.notified())
         .await
         .expect("the SCSITarget reflector re-listed");
+    // The devices' watch may meet errors while the API server rebuilds the
+    // CRD's storage; the reflector retries with backoff growing to 30 s
+    // per try (a CI run once took longer than 30 s in all).
     let reader = &inv;
     until(
         "the deletion, seen through the re-list",
-        30,
+        120,
         move || async move { reader.device(&wwid(3)).await.unwrap().is_none() },
     )
     .await;
