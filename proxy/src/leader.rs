@@ -85,11 +85,9 @@ pub struct LeaderElection {
 /// A tower layer over the Controller service that answers the calls which
 /// change state ([`ControllerMethod::needs_leader`]) with UNAVAILABLE
 /// unless this replica leads. Reads are served by every replica: each keeps
-/// its own watch caches, and every sidecar calls ControllerGetCapabilities
-/// once at start-up, before its own leader election, and exits if that
-/// fails. The sidecars' elections and the proxy's are independent: nothing
-/// lines them up, so a sidecar leading in a pod whose proxy does not gets
-/// UNAVAILABLE for its writes until one of the Leases moves.
+/// its own watch caches. The sidecars' own elections follow the proxy's
+/// through [`LeaderCheck`] and [`exit_when_leadership_lost`]; the gate is
+/// the fence for any caller that did not wait.
 #[derive(Clone, Debug)]
 pub struct LeaderGate(pub LeaderHandle);
 
@@ -221,6 +219,43 @@ impl LeaderHandle {
         let mut rx = self.rx.clone();
         rx.wait_for(|leads| *leads).await.is_ok()
     }
+}
+
+/// CSI `Probe` is ready only on the leading replica. Each sidecar probes
+/// until ready before it campaigns for its own Lease (csi-lib-utils'
+/// `ProbeForever`), so the sidecars of a replica that does not lead wait
+/// instead of winning their elections and meeting UNAVAILABLE on every
+/// write. Not part of `/readyz`: a standby replica is healthy.
+#[derive(Clone, Debug)]
+pub struct LeaderCheck(pub LeaderHandle);
+
+impl csi_scsi_daemon::Check for LeaderCheck {
+    fn name(&self) -> &str {
+        "leader"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match self.0.is_leader() {
+            true => Ok(()),
+            false => Err(
+                "this replica does not hold the proxy's Lease: its sidecars wait for the Probe while the leader's work"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Waits until this replica, having led, loses the Lease (or the election
+/// stops): the caller then shuts the process down. The CSI socket closes,
+/// the sidecars beside it exit on the lost connection (csi-lib-utils'
+/// `ExitOnConnectionLoss`) and, restarted, wait at the Probe: no sidecar
+/// keeps leading beside a proxy that does not.
+pub async fn exit_when_leadership_lost(handle: LeaderHandle) {
+    let mut rx = handle.subscribe();
+    if rx.wait_for(|leads| *leads).await.is_err() {
+        return;
+    }
+    let _ = rx.wait_for(|leads| !*leads).await;
 }
 
 /// Runs `work()` while this replica leads: starts it on gaining leadership,
@@ -558,6 +593,29 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csi_scsi_daemon::Check;
+
+    #[tokio::test]
+    async fn the_probe_waits_for_leadership_and_losing_it_ends_the_process() {
+        let (tx, rx) = watch::channel(false);
+        let handle = LeaderHandle::from_receiver(rx);
+        let check = LeaderCheck(handle.clone());
+        assert!(check.check().is_err(), "a standby answered the Probe ready");
+        // A standby never lost anything: it waits on.
+        let exit = tokio::spawn(exit_when_leadership_lost(handle));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!exit.is_finished(), "a standby was told to exit");
+        tx.send(true).unwrap();
+        assert!(check.check().is_ok(), "the leader's Probe is not ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!exit.is_finished(), "the leader was told to exit");
+        tx.send(false).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), exit)
+            .await
+            .expect("losing the Lease ends the process")
+            .unwrap();
+        assert!(check.check().is_err());
+    }
 
     #[test]
     fn only_the_calls_that_change_state_need_the_leader() {

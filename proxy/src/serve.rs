@@ -20,7 +20,9 @@ use crate::config::{Backend, Config};
 use crate::csi::ControllerService;
 use crate::directory::{AgentDirectory, DirectoryCheck, FileDirectory};
 use crate::inventory::{EmbeddedInventory, Inventory};
-use crate::leader::{LeaderGate, LeaderHandle, run_while_leader};
+use crate::leader::{
+    LeaderCheck, LeaderGate, LeaderHandle, exit_when_leadership_lost, run_while_leader,
+};
 use crate::lifecycle::Lifecycle;
 use crate::reconcile::{discovery, release, targets_file};
 use crate::secrets::{DirSecrets, NoSecrets, SecretSource};
@@ -148,10 +150,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             async move { stop.signaled().await },
         ),
     );
+    // A replica that lost the Lease exits, taking its sidecars' connections
+    // with it (see `exit_when_leadership_lost`); kubelet restarts it as a
+    // standby.
+    if backends.election.is_some() {
+        let (leader, stop) = (backends.leader.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            exit_when_leadership_lost(leader).await;
+            tracing::warn!(
+                "the proxy's Lease was lost: shutting down, so the sidecars here stop leading too"
+            );
+            stop.trigger();
+        });
+    }
     // The LUN grows on the array; the filesystem grows online on the node.
-    let identity =
-        IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), readiness)
-            .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
+    let probe = readiness.with(LeaderCheck(backends.leader.clone()));
+    let identity = IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), probe)
+        .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
         .layer(metrics.grpc_layer())
         .layer(NameUnservedLayer::new(

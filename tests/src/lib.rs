@@ -9,6 +9,7 @@ pub mod conformance;
 pub mod csi_client;
 pub mod disks;
 pub mod fabric;
+pub mod images;
 pub mod iscsi;
 pub mod kernel;
 pub mod lab;

@@ -150,7 +150,13 @@ impl ControlPlane {
                 &format!("--audit-policy-file={}", audit_policy.display()),
                 &format!("--audit-log-path={}", dir.join("audit.log").display()),
                 "--audit-log-maxsize=200",
-                "--endpoint-reconciler-type=none",
+                // The `kubernetes` Service's endpoints (in-cluster clients
+                // reach the API server through it) name the advertised
+                // address, which may not be loopback.
+                match config.address.is_loopback() {
+                    true => "--endpoint-reconciler-type=none",
+                    false => "--endpoint-reconciler-type=lease",
+                },
                 "--v=1",
             ]),
             &dir.join("kube-apiserver.log"),

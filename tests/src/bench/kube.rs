@@ -212,8 +212,7 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     })
     .await?;
     let elapsed = started.elapsed();
-    let proxy = lab.controller.first().context("the proxy")?;
-    let (_, proxy_hwm_mib) = rss_mib(proxy.pid())?;
+    let proxy_hwm_mib = proxy_hwm_mib(&lab)?;
     let (proxy_requests, sidecar_requests) = count_requests(&audit, audit_start)?;
     Ok(KubeFigures {
         elapsed,
@@ -246,4 +245,17 @@ fn count_requests(audit: &Path, from: u64) -> anyhow::Result<(usize, usize)> {
         }
     }
     Ok((proxy, sidecars))
+}
+
+/// The highest VmHWM of the proxy containers (the leader did the work).
+fn proxy_hwm_mib(lab: &KubeLab) -> anyhow::Result<f64> {
+    use crate::lab::kube::pods;
+    let mut most = 0.0f64;
+    for p in pods::list(&lab.kubectl, &lab.namespace, pods::CONTROLLER_SELECTOR)? {
+        let node = p["spec"]["nodeName"].as_str().context("nodeName")?;
+        let id = pods::container_id(&p, "csi-scsi-proxy")?;
+        let (_, hwm) = rss_mib(lab.container_pid(node, &id)?)?;
+        most = most.max(hwm);
+    }
+    Ok(most)
 }

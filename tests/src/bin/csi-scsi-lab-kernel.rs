@@ -2,15 +2,27 @@
 //! (see `csi_scsi_tests::kernel`). Two roles:
 //!
 //! `csi-scsi-lab-kernel --node N --root DIR --fabric FILE --initiator IQN iscsiadm <args>`
-//! `csi-scsi-lab-kernel --node N --root DIR --fabric FILE --initiator IQN watch`
+//! `csi-scsi-lab-kernel --node N --root DIR --fabric FILE --initiator IQN watch [--iscsid-socket S --argv-log F]`
+//!
+//! Invoked as `iscsiadm` (a copy named so, in the agent's container), it
+//! is the client of the node's `watch --iscsid-socket`: `../iscsid.sock`
+//! beside its own directory (see `csi_scsi_tests::kernel::iscsid`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use csi_scsi_tests::kernel::{NodeContext, iscsiadm, watch};
+use csi_scsi_tests::kernel::{NodeContext, iscsiadm, iscsid, watch};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(socket) = as_iscsiadm() {
+        let (code, out, err) = iscsid::client(&socket, &args);
+        print!("{out}");
+        eprint!("{err}");
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let mut iscsid_socket = None;
+    let mut argv_log = None;
     let mut ctx = NodeContext {
         node: String::new(),
         root: PathBuf::new(),
@@ -26,6 +38,8 @@ fn main() -> ExitCode {
             "--root" => ctx.root = PathBuf::from(v),
             "--fabric" => ctx.fabric = PathBuf::from(v),
             "--initiator" => ctx.initiator = v,
+            "--iscsid-socket" => iscsid_socket = Some(PathBuf::from(v)),
+            "--argv-log" => argv_log = Some(PathBuf::from(v)),
             "--scan-delay-ms" => {
                 ctx.scan_delay = std::time::Duration::from_millis(v.parse().unwrap_or(0))
             }
@@ -49,7 +63,26 @@ fn main() -> ExitCode {
             eprint!("{err}");
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
-        Some("watch") => match rt.block_on(watch::run(ctx)) {
+        Some("watch") => match rt.block_on(async {
+            if let Some(socket) = iscsid_socket {
+                let log = argv_log.unwrap_or_else(|| PathBuf::from("/dev/null"));
+                let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                let command = vec![
+                    exe.display().to_string(),
+                    "--node".into(),
+                    ctx.node.clone(),
+                    "--root".into(),
+                    ctx.root.display().to_string(),
+                    "--fabric".into(),
+                    ctx.fabric.display().to_string(),
+                    "--initiator".into(),
+                    ctx.initiator.clone(),
+                    "iscsiadm".into(),
+                ];
+                tokio::spawn(iscsid::serve(command, socket, log));
+            }
+            watch::run(ctx).await.map_err(|e| e.to_string())
+        }) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("csi-scsi-lab-kernel: {e}");
@@ -63,4 +96,14 @@ fn main() -> ExitCode {
             ExitCode::from(64)
         }
     }
+}
+
+/// The socket to ask when this binary runs as `iscsiadm`.
+fn as_iscsiadm() -> Option<PathBuf> {
+    let argv0 = std::env::args().next()?;
+    if std::path::Path::new(&argv0).file_name()? != "iscsiadm" {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.parent()?.join(iscsid::SOCKET))
 }

@@ -4,20 +4,38 @@
 //! driver on this machine (as root) and play a whole volume life cycle
 //! through it; with `--keep`, leave it running and write `lab.json`.
 //! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
+//! `lab images [--out DIR] [--tag TAG] [--profile PROFILE]`: build every
+//! container image deploy/ uses (recipes in deploy/images/) as
+//! docker-archive tarballs, without Docker or a registry; for a release,
+//! `cargo build --release -p csi-scsi-proxy -p csi-scsi-agent` first, then
+//! `--profile release`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use csi_scsi_tests::images::ImageOptions;
 use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
 const USAGE: &str = "usage: lab up [--kubernetes] [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+       lab images [--out DIR] [--tag TAG] [--profile PROFILE]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
-            (label tier=pool): devices for suites that create many volumes";
+            (label tier=pool): devices for suites that create many volumes
+  images    build every image deploy/ uses (recipes: deploy/images/) as
+            docker-archive tarballs for `ctr -n k8s.io images import` or
+            `docker load -i`; no Docker, no registry
+    --out DIR       where they go (default $CSI_SCSI_CACHE/images,
+                    CSI_SCSI_CACHE defaulting to /var/cache/csi-scsi)
+    --tag TAG       the tag of csi-scsi/proxy and csi-scsi/agent (default dev);
+                    the sidecars keep the tags deploy/ gives them
+    --profile NAME  the binaries' cargo profile, target/NAME/ (default debug);
+                    for release images run
+                    cargo build --release -p csi-scsi-proxy -p csi-scsi-agent
+                    first, then --profile release";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,10 +43,11 @@ fn main() -> ExitCode {
     let mut keep = false;
     let mut kubernetes = false;
     let mut cmd = None;
+    let mut images = ImageOptions::default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "up" | "down" => cmd = Some(a.clone()),
+            "up" | "down" | "images" => cmd = Some(a.clone()),
             "--keep" => keep = true,
             "--kubernetes" => kubernetes = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
@@ -38,6 +57,17 @@ fn main() -> ExitCode {
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(3)
                     .clamp(3, 8)
+            }
+            "--out" | "--tag" | "--profile" => {
+                let Some(value) = it.next() else {
+                    eprintln!("lab: {a} needs a value (try --help)");
+                    return ExitCode::from(64);
+                };
+                match a.as_str() {
+                    "--out" => images.out = PathBuf::from(value),
+                    "--tag" => images.tag = value.clone(),
+                    _ => images.profile = value.clone(),
+                }
             }
             "--pool" => {
                 config.pool_luns = it
@@ -58,6 +88,13 @@ fn main() -> ExitCode {
     }
     csi_scsi_certs::install_crypto_provider();
     match cmd.as_deref() {
+        Some("images") => match build_images(&images) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("\nlab images: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Some("down") => {
             down(&config.dir);
             println!("lab in {} removed", config.dir.display());
@@ -84,6 +121,39 @@ fn main() -> ExitCode {
             ExitCode::from(64)
         }
     }
+}
+
+/// `lab images`: builds every recipe and prints what it wrote.
+fn build_images(opts: &ImageOptions) -> anyhow::Result<()> {
+    println!(
+        "csi-scsi images: deploy/images/ -> {} (binaries from target/{}/; the Go sidecars \
+         from tools/build, about 13 minutes the first time)",
+        opts.out.display(),
+        opts.profile
+    );
+    let start = Instant::now();
+    let built = csi_scsi_tests::images::build(opts)?;
+    let width = |f: fn(&csi_scsi_tests::images::BuiltImage) -> usize, title: &str| {
+        built.iter().map(f).chain([title.len()]).max().unwrap_or(0)
+    };
+    let rw = width(|b| b.reference.len(), "reference");
+    let aw = width(|b| b.archive.display().to_string().len(), "archive");
+    println!("\n{:<rw$}  {:<aw$}  {:>8}", "reference", "archive", "MiB");
+    for b in &built {
+        println!(
+            "{:<rw$}  {:<aw$}  {:>8.1}",
+            b.reference,
+            b.archive.display(),
+            b.bytes as f64 / (1024.0 * 1024.0)
+        );
+    }
+    println!(
+        "\n{} images in {:.1}s (MiB: the uncompressed layer). Load: \
+         ctr -n k8s.io images import FILE, or docker load -i FILE",
+        built.len(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
@@ -125,8 +195,8 @@ async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
     let report = csi_scsi_tests::lab::kube::scenario::run(&mut lab).await;
     let outcome = Outcome {
         dir: &dir,
-        logs: "*.log, kube/*.log, nodes/*/kubelet.log",
-        failed_logs: "kube/*.log, controller-*/*.log, nodes/*/kubelet.log, node-*.agent.log",
+        logs: "*.log, kube/*.log, nodes/*/kubelet.log, the driver's containers in nodes/*/host/var/log/pods",
+        failed_logs: "kube/*.log, nodes/*/kubelet.log, nodes/*/kernel.log, nodes/*/host/var/log/pods/csi-scsi_*/*/*.log",
         kept: "names its kubeconfig",
     };
     outcome.finish(report, keep, move || lab.keep())

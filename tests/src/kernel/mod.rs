@@ -15,6 +15,7 @@
 //! Everything that reads the tree is the agent's production code.
 
 pub mod iscsiadm;
+pub mod iscsid;
 pub mod records;
 pub mod state;
 pub mod watch;

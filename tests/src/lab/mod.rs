@@ -41,6 +41,9 @@ pub const PROXY_STATUS_PORT: u16 = 9812;
 /// Every `iscsiadm` command line a node's agent ran, one a line, in the
 /// node's directory (`nodes/<name>/`).
 pub const ISCSIADM_ARGV_LOG: &str = "iscsiadm-argv.log";
+/// Under `nodes/<node>/`: what the agent's Pod mounts of the node's kernel
+/// stand-in (`bin/iscsiadm`, `iscsid.sock`, `tree/`).
+pub const SEAM_DIR: &str = "seam";
 /// Size of each pool LUN (`LabConfig::pool_luns`).
 pub const POOL_LUN_BYTES: u64 = 64 << 20;
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
@@ -80,6 +83,11 @@ pub struct LabConfig {
     /// Start the proxy on the embedded store. Off for the Kubernetes lab,
     /// which starts its own against the API server.
     pub embedded_proxy: bool,
+    /// Leave the agents to the DaemonSet (the Kubernetes lab): each node
+    /// gets its kernel stand-in and the seam a Pod reaches it through
+    /// (`nodes/<node>/seam`: `bin/iscsiadm` and `iscsid.sock`), no agent
+    /// process.
+    pub agents_as_pods: bool,
 }
 
 /// One node of a running lab.
@@ -194,6 +202,7 @@ impl LabConfig {
             agent_args: Vec::new(),
             faulty_disks: false,
             embedded_proxy: true,
+            agents_as_pods: false,
         }
     }
 
@@ -218,6 +227,7 @@ impl LabConfig {
             agent_args: Vec::new(),
             faulty_disks: false,
             embedded_proxy: true,
+            agents_as_pods: false,
         }
     }
 }
@@ -798,8 +808,24 @@ async fn start_node(
     watch_args.extend([
         "--scan-delay-ms".into(),
         config.fc_scan_delay_ms.to_string(),
-        "watch".into(),
     ]);
+    if config.agents_as_pods {
+        // The agent's container reaches this node's stand-in as the real
+        // iscsiadm reaches iscsid: through a socket on a hostPath volume.
+        let seam = base.join(SEAM_DIR);
+        std::fs::create_dir_all(seam.join("bin"))?;
+        std::fs::create_dir_all(seam.join("tree"))?;
+        std::fs::copy(&kernel, seam.join("bin/iscsiadm"))?;
+        watch_args.extend([
+            "--iscsid-socket".into(),
+            seam.join(crate::kernel::iscsid::SOCKET)
+                .display()
+                .to_string(),
+            "--argv-log".into(),
+            base.join(ISCSIADM_ARGV_LOG).display().to_string(),
+        ]);
+    }
+    watch_args.push("watch".into());
     let watcher = Daemon::spawn_program(&kernel, &watch_args, &base.join("kernel.log"));
     record.pids.push(watcher.pid());
 
@@ -852,14 +878,20 @@ async fn start_node(
         .map(|s| s.to_string()),
     );
     agent_args.extend(config.agent_args.iter().cloned());
-    let agent = Daemon::spawn_program(
-        Path::new("nsenter"),
-        &agent_args,
-        &config.dir.join(format!("{name}.agent.log")),
-    );
-    record.pids.push(agent.pid());
-    save_record(&config.dir, record)?;
-    wait_socket(&csi, &agent).await?;
+    let agent = match config.agents_as_pods {
+        true => None,
+        false => {
+            let agent = Daemon::spawn_program(
+                Path::new("nsenter"),
+                &agent_args,
+                &config.dir.join(format!("{name}.agent.log")),
+            );
+            record.pids.push(agent.pid());
+            save_record(&config.dir, record)?;
+            wait_socket(&csi, &agent).await?;
+            Some(agent)
+        }
+    };
     Ok(LabNode {
         name,
         ip: net.node_ip(i),
@@ -868,7 +900,7 @@ async fn start_node(
         csi,
         api,
         status,
-        agent: Some(agent),
+        agent,
         watcher: Some(watcher),
         agent_args,
     })

@@ -2,13 +2,14 @@
 //! (there is no registry): a docker-archive tarball with one layer, which
 //! each node's containerd imports. `local/busybox:1` runs the workloads;
 //! `local/pause:1` is the same layer with a sleeping entrypoint, the Pod
-//! sandbox image.
+//! sandbox image. The archive is written by [`crate::images::archive`],
+//! as `lab images` writes the driver's.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::super::net::sh;
+use crate::images::archive;
 
 /// The workload image's name as a Pod spec writes it.
 pub const BUSYBOX: &str = "local/busybox:1";
@@ -36,64 +37,29 @@ pub fn build(dir: &Path) -> anyhow::Result<PathBuf> {
             std::os::unix::fs::symlink("busybox", &link)?;
         }
     }
-    let layer = work.join("layer.tar");
-    sh(
-        "tar",
-        &[
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "-C",
-            &rootfs.display().to_string(),
-            "-cf",
-            &layer.display().to_string(),
-            ".",
-        ],
-    )?;
-    let diff_id = sha256(&layer)?;
-    let config = |entrypoint: serde_json::Value| {
-        serde_json::json!({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Env": ["PATH=/bin"], "Entrypoint": entrypoint, "WorkingDir": "/"},
-            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-        })
+    let layer = archive::layer(&rootfs, &work.join("layer.tar"))?;
+    let staging = work.join("archive");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
+    std::fs::create_dir(&staging)?;
+    let image = |reference: &str, entrypoint: &[&str]| archive::Image {
+        references: vec![reference.to_owned()],
+        config: archive::Config {
+            entrypoint: entrypoint.iter().map(|s| (*s).to_owned()).collect(),
+            user: None,
+            env: vec!["PATH=/bin".into()],
+        },
     };
-    std::fs::write(
-        work.join("busybox.json"),
-        serde_json::to_vec(&config(serde_json::Value::Null))?,
-    )?;
-    std::fs::write(
-        work.join("pause.json"),
-        serde_json::to_vec(&config(serde_json::json!(["/bin/sleep", "2147483647"])))?,
-    )?;
-    let manifest = serde_json::json!([
-        {"Config": "busybox.json", "RepoTags": [format!("docker.io/{BUSYBOX}")], "Layers": ["layer.tar"]},
-        {"Config": "pause.json", "RepoTags": [PAUSE], "Layers": ["layer.tar"]},
-    ]);
-    std::fs::write(work.join("manifest.json"), serde_json::to_vec(&manifest)?)?;
     let archive = dir.join("images.tar");
-    sh(
-        "tar",
+    archive::write(
+        &archive,
+        &staging,
+        &layer,
         &[
-            "-C",
-            &work.display().to_string(),
-            "-cf",
-            &archive.display().to_string(),
-            "manifest.json",
-            "busybox.json",
-            "pause.json",
-            "layer.tar",
+            image(BUSYBOX, &[]),
+            image(PAUSE, &["/bin/sleep", "2147483647"]),
         ],
     )?;
     Ok(archive)
-}
-
-fn sha256(path: &Path) -> anyhow::Result<String> {
-    let out = sh("sha256sum", &[&path.display().to_string()])?;
-    Ok(out
-        .split_whitespace()
-        .next()
-        .context("sha256sum output")?
-        .to_owned())
 }

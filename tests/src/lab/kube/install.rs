@@ -1,69 +1,48 @@
 //! Installs the driver the way a user does: `kubectl kustomize` renders
-//! `deploy/overlays/lab`, and the real kubectl applies it. The controller
-//! Deployment's containers and the node DaemonSet are not applied here:
-//! the lab runs the proxy and its sidecars as host processes with exactly
-//! the Deployment's arguments (read from the rendered objects), and the
-//! agents as host processes (the DaemonSet as Pods is the next step).
+//! `deploy/overlays/lab`, and the real kubectl applies it, the Deployment
+//! and the DaemonSet included. The examples' site objects (SCSITargets,
+//! CHAP Secret, StorageClasses) are left out: the lab's steps make their
+//! own through the API.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, bail};
 
 use crate::kube::Kubectl;
 
-/// One container of the rendered controller Deployment.
-#[derive(Clone, Debug)]
-pub struct ContainerSpec {
-    /// Its arguments, as rendered.
-    pub args: Vec<String>,
-}
-
-/// What the rendered install holds for the lab to run by hand.
+/// What the rendered install holds that the lab's steps read.
 #[derive(Clone, Debug)]
 pub struct Rendered {
-    /// The controller Deployment's containers by name.
-    pub controller: BTreeMap<String, ContainerSpec>,
     /// The driver's namespace.
     pub namespace: String,
     /// The ClusterRoles and Roles it grants (the lab checks each is used).
     pub roles: Vec<serde_json::Value>,
 }
 
-/// Renders `overlay`, applies everything but the workloads and the
-/// examples' site objects, and returns the controller's containers.
-pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
+/// Renders `overlay` and applies it: CRDs first, then everything else but
+/// the workloads, then `before_workloads(namespace)` (the certificate
+/// Secret), then the Deployment and the DaemonSet.
+pub fn install(
+    kubectl: &Kubectl,
+    overlay: &Path,
+    before_workloads: impl FnOnce(&str) -> anyhow::Result<()>,
+) -> anyhow::Result<Rendered> {
     let yaml = kubectl.run(&["kustomize", &overlay.display().to_string()])?;
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(&yaml).context("parsing the rendered overlay")?;
     let mut apply = Vec::new();
-    let mut controller = BTreeMap::new();
+    let mut workloads = Vec::new();
     let mut namespace = None;
     let mut roles = Vec::new();
     for doc in docs {
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
         match kind.as_str() {
-            "Deployment" => {
+            "Deployment" | "DaemonSet" => {
                 namespace = doc["metadata"]["namespace"].as_str().map(str::to_owned);
-                for c in doc["spec"]["template"]["spec"]["containers"]
-                    .as_array()
-                    .context("Deployment containers")?
-                {
-                    let name = c["name"].as_str().context("container name")?.to_owned();
-                    let args = c["args"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|v| v.as_str().map(str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    controller.insert(name, ContainerSpec { args });
-                }
+                workloads.push(doc);
             }
-            // Run as host processes in this lab; the targets, Secret and
-            // StorageClasses are the lab's own.
-            "DaemonSet" | "SCSITarget" | "Secret" | "StorageClass" => {}
+            // The lab's steps create their own.
+            "SCSITarget" | "Secret" | "StorageClass" => {}
             "ClusterRole" | "Role" => {
                 roles.push(doc.clone());
                 apply.push(doc);
@@ -71,9 +50,13 @@ pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
             _ => apply.push(doc),
         }
     }
-    if controller.is_empty() {
-        bail!("the overlay renders no controller Deployment");
+    if workloads.len() != 2 {
+        bail!(
+            "the overlay renders {} workloads, not a Deployment and a DaemonSet",
+            workloads.len()
+        );
     }
+    let namespace = namespace.context("the workloads' namespace")?;
     // CRDs first, established before anything names their kinds.
     let (crds, rest): (Vec<_>, Vec<_>) = apply
         .into_iter()
@@ -87,35 +70,11 @@ pub fn install(kubectl: &Kubectl, overlay: &Path) -> anyhow::Result<Rendered> {
         "--all",
     ])?;
     kubectl.apply(&list(rest))?;
-    Ok(Rendered {
-        controller,
-        namespace: namespace.context("the Deployment's namespace")?,
-        roles,
-    })
+    before_workloads(&namespace)?;
+    kubectl.apply(&list(workloads))?;
+    Ok(Rendered { namespace, roles })
 }
 
 fn list(items: Vec<serde_json::Value>) -> String {
     serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
-}
-
-impl ContainerSpec {
-    /// The arguments with `$(VAR)` expanded and each `--flag=value` whose
-    /// flag is in `replace` given the lab's value instead.
-    pub fn args_for_lab(&self, env: &[(&str, &str)], replace: &[(&str, String)]) -> Vec<String> {
-        self.args
-            .iter()
-            .map(|a| {
-                let mut a = a.clone();
-                for (k, v) in env {
-                    a = a.replace(&format!("$({k})"), v);
-                }
-                if let Some((flag, _)) = a.split_once('=')
-                    && let Some((_, value)) = replace.iter().find(|(f, _)| *f == flag)
-                {
-                    return format!("{flag}={value}");
-                }
-                a
-            })
-            .collect()
-    }
 }

@@ -1,11 +1,16 @@
-//! `lab up --kubernetes`: the same storage, nodes and agents as the
-//! embedded lab, under a real Kubernetes control plane, with a real
-//! containerd and kubelet on every node, the driver installed from
-//! `deploy/`, and the proxy with the real CSI sidecars driving it.
+//! `lab up --kubernetes`: the same storage and nodes as the embedded lab,
+//! under a real Kubernetes control plane, with a real containerd, kubelet
+//! and kube-proxy on every node, and the driver installed the way users
+//! install it: images built here and imported into each node's containerd,
+//! `deploy/overlays/lab` applied with kubectl, the agent running as the
+//! DaemonSet and the proxy with the real CSI sidecars as the Deployment.
 
 pub mod images;
 pub mod install;
 pub mod node;
+pub mod node_fs;
+pub mod operations;
+pub mod pods;
 pub mod rbac;
 pub mod scenario;
 pub mod targets;
@@ -18,9 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Lab, LabConfig, Manifest};
 use crate::binaries::binary;
-use crate::daemon::Daemon;
 use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Kubectl};
 use node::{KubeNode, NodeSpec};
+use node_fs::NodeFs;
 
 /// The Go tools the Kubernetes lab runs.
 pub const TOOLS: &[&str] = &[
@@ -30,55 +35,35 @@ pub const TOOLS: &[&str] = &[
     "kube-scheduler",
     "kubectl",
     "kubelet",
+    "kube-proxy",
     "csi-provisioner",
     "csi-attacher",
     "csi-resizer",
 ];
 
-/// The sidecars of the controller Deployment the lab runs beside the proxy.
+/// The sidecars of the controller Deployment.
 pub(crate) const SIDECARS: &[&str] = &["csi-provisioner", "csi-attacher", "csi-resizer"];
+
+/// The tag the lab overlay gives the driver's images.
+pub const LAB_TAG: &str = "dev";
 
 /// A running Kubernetes lab.
 pub struct KubeLab {
-    /// The storage, network, nodes and agents (the embedded lab's, without its proxy).
+    /// The storage, network and nodes (the embedded lab's, without its
+    /// proxy and agents).
     pub lab: Lab,
     /// etcd, API server, controller manager, scheduler.
     pub plane: ControlPlane,
-    /// containerd and kubelet per node.
+    /// containerd, kubelet and kube-proxy per node.
     pub nodes: Vec<KubeNode>,
-    /// The controller replicas: each a proxy (kubernetes backend) and its sidecars.
-    pub controller: Vec<Replica>,
-    /// The rendered overlay (the Deployment's containers), to start more replicas.
+    /// The rendered overlay (its RBAC roles).
     pub rendered: install::Rendered,
     /// kubectl as cluster-admin: what a user of the lab runs.
     pub kubectl: Kubectl,
     /// The driver's namespace.
     pub namespace: String,
-}
-
-/// One controller replica: what one Pod of the Deployment would run.
-pub struct Replica {
-    /// `csi-scsi-controller-<index>`: its POD_NAME, the proxy's Lease
-    /// identity and the sidecars' hostname (their Lease identity).
-    pub pod: String,
-    /// The proxy.
-    pub proxy: Daemon,
-    /// The sidecars by name.
-    pub sidecars: Vec<(String, Daemon)>,
-}
-
-impl Replica {
-    /// The proxy's PID.
-    pub fn pid(&self) -> u32 {
-        self.proxy.pid()
-    }
-
-    /// Every process of the replica.
-    pub fn pids(&self) -> Vec<u32> {
-        std::iter::once(self.proxy.pid())
-            .chain(self.sidecars.iter().map(|(_, d)| d.pid()))
-            .collect()
-    }
+    /// The image archives every node imported.
+    pub images: Vec<PathBuf>,
 }
 
 /// `lab.json` of a Kubernetes lab: the embedded lab's, plus the kubeconfig.
@@ -97,6 +82,7 @@ impl KubeLab {
     /// Builds and starts everything; `progress` hears about each step.
     pub async fn up(mut config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
+        config.agents_as_pods = true;
         // The raw-block volume and the two-replica batch (6) on the pool.
         config.pool_luns = config.pool_luns.max(8);
         progress(
@@ -147,28 +133,45 @@ impl KubeLab {
         let kubectl = plane.admin.clone();
 
         progress(
-            "nodes: containerd, the lab's images (busybox), kubelet per node; waiting for Ready",
+            "images: the driver's (proxy, agent) and the sidecars', built here as docker archives (lab images), and the workloads' busybox",
         );
         sh_ok("mount", &["--make-rshared", "/"])?;
-        let images = images::build(&dir.join("kube"))?;
+        let mut archives = vec![images::build(&dir.join("kube"))?];
+        let built = crate::images::build(&crate::images::ImageOptions {
+            out: dir.join("kube/images"),
+            tag: LAB_TAG.into(),
+            profile: "debug".into(),
+        })?;
+        archives.extend(built.iter().map(|b| b.archive.clone()));
+
+        progress(
+            "nodes: a mount namespace each (deploy/'s hostPaths), containerd with the images imported, kubelet, kube-proxy; waiting for Ready",
+        );
+        let cluster_cidr = format!("198.19.{subnet}.0/24");
         let mut nodes = Vec::new();
+        let mut routes = Vec::new();
         for (i, n) in lab.nodes.iter().enumerate() {
+            let base = dir.join("nodes").join(&n.name);
+            let fs = NodeFs::create(&base, &dir.join("pki").join(format!("{}-tls", n.name)))?;
+            let pod_subnet = format!("198.19.{subnet}.{}/28", 16 * (i + 1));
+            routes.push((pod_subnet.clone(), n.ip.clone()));
             let spec = NodeSpec {
                 name: &n.name,
                 ip: n.ip.parse()?,
                 netns: &lab.net.netns(i),
-                base: &dir.join("nodes").join(&n.name),
-                kubelet_dir: &n.kubelet,
-                pod_subnet: format!("198.19.{subnet}.{}/28", 16 * (i + 1)),
+                base: &base,
+                fs: &fs,
+                pod_subnet,
+                cluster_cidr: cluster_cidr.clone(),
                 cgroup_root: format!("/csi-scsi-{}-{}", lab.config.prefix, n.name),
             };
-            let node = KubeNode::start(&spec, &plane, &tools, &images).await?;
-            nodes.push(node);
+            nodes.push(KubeNode::start(&spec, &plane, &tools, &archives).await?);
         }
         for n in &nodes {
             lab.record_pids(&n.pids())?;
             lab.record_cgroup(&n.cgroup_root)?;
         }
+        route_pod_subnets(lab, &routes)?;
         for n in &nodes {
             kubectl
                 .wait_for(
@@ -183,24 +186,23 @@ impl KubeLab {
                 .with_context(|| tail(&n.kubelet.log()))?;
         }
 
-        progress("driver: deploy/overlays/lab applied with kubectl (CRDs, RBAC, CSIDriver)");
-        let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/lab");
-        let rendered = install::install(&kubectl, &overlay)?;
-        let namespace = rendered.namespace.clone();
-
         progress(
-            "controller: csi-scsi-proxy (kubernetes backend, its ServiceAccount's token) and the sidecars, with the Deployment's flags",
+            "driver: deploy/overlays/lab applied with kubectl; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready",
         );
-        let mut this = Self {
+        let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/lab");
+        let ca = lab.pki.ca_dir();
+        let rendered = install::install(&kubectl, &overlay, |ns| proxy_secret(&kubectl, &ca, ns))?;
+        let namespace = rendered.namespace.clone();
+        let this = Self {
             lab: slot.take().context("the lab")?,
             plane,
             nodes,
-            controller: Vec::new(),
             kubectl,
             namespace,
-            rendered: rendered.clone(),
+            rendered,
+            images: archives,
         };
-        match this.install(&rendered, progress).await {
+        match this.wait_installed().await {
             Ok(()) => Ok(this),
             Err(e) => {
                 let dir = this.lab.config.dir.clone();
@@ -213,146 +215,63 @@ impl KubeLab {
         }
     }
 
-    /// The controller and the nodes' registration.
-    async fn install(
-        &mut self,
-        rendered: &install::Rendered,
-        progress: &mut dyn FnMut(&str),
-    ) -> anyhow::Result<()> {
-        self.start_controller(rendered, "0").await?;
-
-        progress("registration: kubelet registers the agent on every node (CSINode)");
+    /// Waits for the driver's Pods and the nodes' registration.
+    pub async fn wait_installed(&self) -> anyhow::Result<()> {
+        let k = &self.kubectl;
+        let ns = &self.namespace;
+        let nodes = self.nodes.len();
+        k.wait_for(
+            &format!("DaemonSet csi-scsi-node: {nodes} Pods ready"),
+            Duration::from_secs(180),
+            |k| {
+                let ds = k.get_json(&["daemonset", "csi-scsi-node", "-n", ns])?;
+                let st = &ds["status"];
+                Ok((st["numberReady"] == nodes
+                    && st["updatedNumberScheduled"] == nodes
+                    && st["observedGeneration"] == ds["metadata"]["generation"])
+                    .then_some(()))
+            },
+        )
+        .await
+        .with_context(|| pods::describe(k, ns))?;
+        k.wait_for(
+            "Deployment csi-scsi-controller available",
+            Duration::from_secs(180),
+            |k| {
+                let d = k.get_json(&["deployment", "csi-scsi-controller", "-n", ns])?;
+                let want = &d["spec"]["replicas"];
+                let st = &d["status"];
+                Ok((st["availableReplicas"] == *want
+                    && st["updatedReplicas"] == *want
+                    && st["observedGeneration"] == d["metadata"]["generation"])
+                    .then_some(()))
+            },
+        )
+        .await
+        .with_context(|| pods::describe(k, ns))?;
         for n in &self.nodes {
-            self.kubectl
-                .wait_for(
-                    &format!("CSINode {} with csi-scsi.io", n.name),
-                    Duration::from_secs(60),
-                    |k| {
-                        let csinode = k.get_json(&["csinode", &n.name])?;
-                        let has = csinode["spec"]["drivers"]
-                            .as_array()
-                            .is_some_and(|d| d.iter().any(|d| d["name"] == "csi-scsi.io"));
-                        Ok(has.then_some(()))
-                    },
-                )
-                .await?;
+            k.wait_for(
+                &format!("CSINode {} with csi-scsi.io", n.name),
+                Duration::from_secs(60),
+                |k| {
+                    let csinode = k.get_json(&["csinode", &n.name])?;
+                    let has = csinode["spec"]["drivers"]
+                        .as_array()
+                        .is_some_and(|d| d.iter().any(|d| d["name"] == "csi-scsi.io"));
+                    Ok(has.then_some(()))
+                },
+            )
+            .await?;
         }
         Ok(())
     }
 
-    /// Starts one controller replica (`index`): the proxy and its sidecars.
-    pub(crate) async fn start_controller(
-        &mut self,
-        rendered: &install::Rendered,
-        index: &str,
-    ) -> anyhow::Result<()> {
-        let dir = self.lab.config.dir.join(format!("controller-{index}"));
-        std::fs::create_dir_all(&dir)?;
-        let kubeconfig = self.plane.service_account_kubeconfig(
-            &self.namespace,
-            "csi-scsi-controller",
-            &dir.join("controller.kubeconfig"),
-        )?;
-        let socket = dir.join("csi.sock");
-        let pod = format!("csi-scsi-controller-{index}");
-        let ns = self.namespace.clone();
-        let env: [(&str, &str); 2] = [("POD_NAMESPACE", &ns), ("POD_NAME", &pod)];
-        let labdir = &self.lab.config.dir;
-        let proxy_spec = rendered
-            .controller
-            .get("csi-scsi-proxy")
-            .context("no csi-scsi-proxy container in the Deployment")?;
-        let mut proxy_args = proxy_spec.args_for_lab(
-            &env,
-            &[
-                ("--csi-endpoint", format!("unix://{}", socket.display())),
-                (
-                    "--tls-dir",
-                    labdir.join("pki/proxy-tls").display().to_string(),
-                ),
-                (
-                    "--secrets-dir",
-                    labdir.join("secrets").display().to_string(),
-                ),
-                (
-                    "--status-listen",
-                    format!(
-                        "{}:{}",
-                        self.lab.net.host_ip(),
-                        9812 + index.parse::<u16>().unwrap_or(0) * 10
-                    ),
-                ),
-            ],
-        );
-        // The agents run as host processes here (the DaemonSet is the
-        // next step), so the proxy finds them in a file, not as Pods.
-        proxy_args.push(format!(
-            "--agents-file={}",
-            labdir.join("agents.txt").display()
-        ));
-        let env_owned: Vec<(String, String)> = env
+    /// The index of node `name`.
+    pub fn node_index(&self, name: &str) -> anyhow::Result<usize> {
+        self.nodes
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .chain([("KUBECONFIG".to_owned(), kubeconfig.display().to_string())])
-            .collect();
-        let proxy = Daemon::spawn_with(
-            &binary("csi-scsi-proxy"),
-            &proxy_args,
-            &env_owned,
-            &dir.join("proxy.log"),
-        );
-        self.lab.record_pids(&[proxy.pid()])?;
-        for _ in 0..400 {
-            if socket.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        anyhow::ensure!(
-            socket.exists(),
-            "the proxy did not serve {}:\n{}",
-            socket.display(),
-            tail(&proxy.log())
-        );
-        let mut sidecars = Vec::new();
-        for name in SIDECARS {
-            let spec = rendered
-                .controller
-                .get(*name)
-                .with_context(|| format!("no {name} container in the Deployment"))?;
-            let mut args =
-                spec.args_for_lab(&env, &[("--csi-address", socket.display().to_string())]);
-            // In a Pod the sidecars use the in-cluster config of the same
-            // ServiceAccount; here its token comes in a kubeconfig.
-            args.push(format!("--kubeconfig={}", kubeconfig.display()));
-            // Their Lease identity is the hostname (the Pod's name in a
-            // Pod): a UTS namespace of their own gives each replica its
-            // own, else two replicas on this host would share one identity
-            // and both lead. `exec` keeps the PID the sidecar's.
-            let mut wrapped: Vec<String> = vec![
-                "--uts".into(),
-                "sh".into(),
-                "-c".into(),
-                r#"hostname "$0" && exec "$@""#.into(),
-                pod.clone(),
-                self.plane.tools.path(name).display().to_string(),
-            ];
-            wrapped.extend(args);
-            let sidecar = Daemon::spawn_with(
-                Path::new("unshare"),
-                &wrapped,
-                &env_owned,
-                &dir.join(format!("{name}.log")),
-            );
-            self.lab.record_pids(&[sidecar.pid()])?;
-            sidecars.push(((*name).to_owned(), sidecar));
-        }
-        self.controller.push(Replica {
-            pod,
-            proxy,
-            sidecars,
-        });
-        Ok(())
+            .position(|n| n.name == name)
+            .with_context(|| format!("no lab node {name}"))
     }
 
     /// `lab.json` for this lab.
@@ -372,6 +291,55 @@ pub fn condition_true(object: &serde_json::Value, kind: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == "True"))
 }
 
+/// The proxy's client certificate as the Secret the Deployment mounts, made
+/// as docs/kubernetes.md says (`csi-scsi-certs issue-proxy --format secret`).
+fn proxy_secret(kubectl: &Kubectl, ca: &Path, namespace: &str) -> anyhow::Result<()> {
+    let secret = super::net::sh(
+        &binary("csi-scsi-certs").display().to_string(),
+        &[
+            "issue-proxy",
+            "--ca",
+            &ca.display().to_string(),
+            "--format",
+            "secret",
+            "--namespace",
+            namespace,
+            "--out",
+            "-",
+        ],
+    )?;
+    kubectl.apply(&secret)?;
+    Ok(())
+}
+
+/// Routes every node's Pod subnet through that node, on the host (the API
+/// server answers Pods that reach it through the `kubernetes` Service) and
+/// on every other node: a flat Pod network, as a cluster's CNI provides.
+fn route_pod_subnets(lab: &Lab, routes: &[(String, String)]) -> anyhow::Result<()> {
+    for (subnet, via) in routes {
+        sh_ok("ip", &["route", "replace", subnet, "via", via])?;
+        for (i, n) in lab.nodes.iter().enumerate() {
+            if n.ip != *via {
+                sh_ok(
+                    "ip",
+                    &[
+                        "netns",
+                        "exec",
+                        &lab.net.netns(i),
+                        "ip",
+                        "route",
+                        "replace",
+                        subnet,
+                        "via",
+                        via,
+                    ],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn sh_ok(program: &str, args: &[&str]) -> anyhow::Result<()> {
     super::net::sh(program, args).map(drop)
 }
@@ -386,18 +354,8 @@ impl KubeLab {
     pub fn keep(self) -> KubeManifest {
         let m = self.manifest();
         let Self {
-            lab,
-            plane,
-            nodes,
-            controller,
-            ..
+            lab, plane, nodes, ..
         } = self;
-        for r in controller {
-            r.proxy.detach();
-            for (_, d) in r.sidecars {
-                d.detach();
-            }
-        }
         for n in nodes {
             n.detach();
         }

@@ -1,9 +1,10 @@
 //! A real Kubernetes node for each lab node: its own containerd (root,
-//! state, socket, CNI bridge in the node's network namespace) and a real
-//! kubelet (root directory = the node's kubelet directory, where the agent
-//! already serves CSI, cgroup root of its own, the node's address), both
-//! in the node's network namespace and the host's mount namespace, so
-//! kubelet, containerd and runc see the same mounts as the agent.
+//! state, socket, CNI bridge in the node's network namespace), a real
+//! kubelet (root directory `/var/lib/kubelet` as on any node, cgroup root
+//! of its own, the node's address) and kube-proxy (the `kubernetes`
+//! Service for in-cluster clients), all in the node's network namespace
+//! and its own mount namespace ([`super::node_fs`]), where the Pods run
+//! too.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::images::PAUSE;
+use super::node_fs::NodeFs;
 use crate::daemon::Daemon;
 use crate::kube::{ControlPlane, GoTools};
 use crate::lab::net::sh;
@@ -23,10 +25,15 @@ pub struct KubeNode {
     pub containerd: Daemon,
     /// kubelet.
     pub kubelet: Daemon,
+    /// kube-proxy.
+    pub kube_proxy: Daemon,
+    /// Its mount namespace.
+    pub fs: NodeFs,
     /// Its cgroup root (`/csi-scsi-<prefix>-<node>`), removed by `lab down`.
     pub cgroup_root: String,
     kubelet_args: Vec<String>,
     kubelet_log: PathBuf,
+    containerd_socket: PathBuf,
 }
 
 /// Where one node's runtime lives.
@@ -39,21 +46,24 @@ pub struct NodeSpec<'a> {
     pub netns: &'a str,
     /// Its directory (`nodes/<name>`).
     pub base: &'a Path,
-    /// Its kubelet root directory (already a shared mount).
-    pub kubelet_dir: &'a Path,
+    /// Its mount namespace.
+    pub fs: &'a NodeFs,
     /// Its Pods' subnet (CNI host-local range).
     pub pod_subnet: String,
+    /// Every node's Pods (kube-proxy's `--cluster-cidr`).
+    pub cluster_cidr: String,
     /// Its cgroup root.
     pub cgroup_root: String,
 }
 
 impl KubeNode {
-    /// Starts containerd, imports the lab images, then starts kubelet.
+    /// Starts containerd, imports the images (the node's "registry"), then
+    /// starts kubelet and kube-proxy.
     pub async fn start(
         spec: &NodeSpec<'_>,
         plane: &ControlPlane,
         tools: &GoTools,
-        images: &Path,
+        images: &[PathBuf],
     ) -> anyhow::Result<Self> {
         let rt = spec.base.join("runtime");
         let ctrd = rt.join("containerd");
@@ -71,7 +81,10 @@ impl KubeNode {
                     "bridge": "cni0",
                     "isGateway": true,
                     "ipMasq": false,
+                    // The default route through the node: Pods reach the
+                    // API server (the `kubernetes` Service) and other nodes.
                     "ipam": {"type": "host-local", "ranges": [[{"subnet": spec.pod_subnet}]],
+                             "routes": [{"dst": "0.0.0.0/0"}],
                              "dataDir": rt.join("ipam").display().to_string()}
                 }]
             }))?,
@@ -118,10 +131,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             ),
         )?;
         let netns = format!("--net=/run/netns/{}", spec.netns);
+        let mntns = spec.fs.nsenter_arg();
         let containerd = Daemon::spawn_program(
             Path::new("nsenter"),
             &[
                 netns.clone(),
+                mntns.clone(),
                 "containerd".into(),
                 "--config".into(),
                 config.display().to_string(),
@@ -129,20 +144,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             &spec.base.join("containerd.log"),
         );
         wait_for_socket(&sock, &containerd).await?;
-        sh(
-            "ctr",
-            &[
-                "--address",
-                &sock.display().to_string(),
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                "--no-unpack",
-                &images.display().to_string(),
-            ],
-        )
-        .context("importing the lab images")?;
+        for archive in images {
+            sh(
+                "ctr",
+                &[
+                    "--address",
+                    &sock.display().to_string(),
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    "--no-unpack",
+                    &archive.display().to_string(),
+                ],
+            )
+            .with_context(|| format!("importing {}", archive.display()))?;
+        }
 
         // The node's identity: system:node:<name> in system:nodes, so the
         // Node authorizer and NodeRestriction apply as on any cluster.
@@ -218,11 +235,12 @@ resolvConf: ""
             ),
         )?;
         let kubelet_args = vec![
-            netns,
+            netns.clone(),
+            mntns.clone(),
             tools.path("kubelet").display().to_string(),
             format!("--config={}", kubelet_config.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--root-dir={}", spec.kubelet_dir.display()),
+            "--root-dir=/var/lib/kubelet".into(),
             format!("--cert-dir={}", rt.join("kubelet-pki").display()),
             format!("--hostname-override={}", spec.name),
             format!("--node-ip={}", spec.ip),
@@ -231,13 +249,48 @@ resolvConf: ""
         crate::lab::cgroups::create_root(&spec.cgroup_root)?;
         let kubelet_log = spec.base.join("kubelet.log");
         let kubelet = Daemon::spawn_program(Path::new("nsenter"), &kubelet_args, &kubelet_log);
+
+        // kube-proxy as system:kube-proxy (bound to system:node-proxier by
+        // the API server's bootstrap policy), iptables mode in the node's
+        // network namespace. The conntrack sysctls are host-wide: left alone.
+        let proxier = plane.pki.client(
+            &format!("kube-proxy-{}", spec.name),
+            "system:kube-proxy",
+            &[],
+        )?;
+        let proxy_kubeconfig = rt.join("kube-proxy.kubeconfig");
+        plane
+            .pki
+            .kubeconfig_cert(&proxy_kubeconfig, &plane.server, &proxier)?;
+        let kube_proxy = Daemon::spawn_program(
+            Path::new("nsenter"),
+            &[
+                netns,
+                mntns,
+                tools.path("kube-proxy").display().to_string(),
+                format!("--kubeconfig={}", proxy_kubeconfig.display()),
+                format!("--hostname-override={}", spec.name),
+                "--proxy-mode=iptables".into(),
+                format!("--cluster-cidr={}", spec.cluster_cidr),
+                "--conntrack-max-per-core=0".into(),
+                "--conntrack-tcp-timeout-established=0".into(),
+                "--conntrack-tcp-timeout-close-wait=0".into(),
+                "--metrics-bind-address=127.0.0.1:10249".into(),
+                "--healthz-bind-address=127.0.0.1:10256".into(),
+                "--v=2".into(),
+            ],
+            &spec.base.join("kube-proxy.log"),
+        );
         Ok(Self {
             name: spec.name.to_owned(),
             containerd,
             kubelet,
+            kube_proxy,
+            fs: spec.fs.clone(),
             cgroup_root: spec.cgroup_root.clone(),
             kubelet_args,
             kubelet_log,
+            containerd_socket: sock,
         })
     }
 
@@ -253,15 +306,25 @@ resolvConf: ""
             Daemon::spawn_program(Path::new("nsenter"), &self.kubelet_args, &self.kubelet_log);
     }
 
+    /// containerd's socket (for `ctr`).
+    pub fn containerd_socket(&self) -> &Path {
+        &self.containerd_socket
+    }
+
     /// Leaves containerd and kubelet running after this handle is dropped.
     pub fn detach(self) {
         self.containerd.detach();
         self.kubelet.detach();
+        self.kube_proxy.detach();
     }
 
     /// PIDs to record for `lab down`.
     pub fn pids(&self) -> Vec<u32> {
-        vec![self.containerd.pid(), self.kubelet.pid()]
+        vec![
+            self.containerd.pid(),
+            self.kubelet.pid(),
+            self.kube_proxy.pid(),
+        ]
     }
 }
 

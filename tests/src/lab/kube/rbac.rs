@@ -16,26 +16,12 @@ use super::KubeLab;
 
 /// Rules the life cycle cannot reach, by (role, group, resource), and why.
 /// Anything else unused fails.
-const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
-    (
-        "csi-scsi-provisioner",
-        "snapshot.storage.k8s.io",
-        "volumesnapshots",
-        "read only for a PVC whose dataSource names a snapshot",
-    ),
-    (
-        "csi-scsi-controller",
-        "",
-        "pods",
-        "the lab's agents are host processes listed in a file, not the DaemonSet's Pods",
-    ),
-    (
-        "csi-scsi-proxy",
-        "",
-        "nodes",
-        "watched by the Pod directory, which the lab's agents file replaces",
-    ),
-];
+const NOT_REACHED: &[(&str, &str, &str, &str)] = &[(
+    "csi-scsi-provisioner",
+    "snapshot.storage.k8s.io",
+    "volumesnapshots",
+    "read only for a PVC whose dataSource names a snapshot",
+)];
 
 /// One granted permission: API group, resource (with `/subresource`), verb.
 type Grant = (String, String, String);

@@ -17,8 +17,8 @@ use crate::lab::node_name;
 use crate::lab::scenario::{Report, lun_file};
 
 /// The namespace the workloads run in.
-const NS: &str = "lab";
-const WAIT: Duration = Duration::from_secs(120);
+pub(super) const NS: &str = "lab";
+pub(super) const WAIT: Duration = Duration::from_secs(120);
 
 /// Runs the life cycle; every step's result is printed as it finishes.
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
@@ -182,6 +182,24 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "agent crash: the agent's container is SIGKILLed as a new volume's NodeStage comes; kubelet restarts it and retries; the volume is formatted once",
+        async { Ok(((), super::operations::agent_crash(&mut *lab, &node_b).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "drain: kubectl drain the node of a Deployment's Pod with a volume; it runs again on another node with its data",
+        async { Ok(((), super::operations::drain(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "upgrade under load: Pods on every node write and verify while the DaemonSet and the Deployment roll to rebuilt images (another tag) and back",
+        async { Ok(((), super::operations::upgrade(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
         "delete: Pods and PVCs deleted; PVs go, the LUNs are wiped and offered again",
         async {
             k.run(&[
@@ -231,7 +249,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     Ok(r)
 }
 
-fn storage_class(name: &str, selector: &str, fs: &str, cleanup: &str) -> String {
+pub(super) fn storage_class(name: &str, selector: &str, fs: &str, cleanup: &str) -> String {
     format!(
         r#"{{"apiVersion":"storage.k8s.io/v1","kind":"StorageClass","metadata":{{"name":"{name}"}},
             "provisioner":"csi-scsi.io","volumeBindingMode":"WaitForFirstConsumer","allowVolumeExpansion":true,
@@ -240,7 +258,7 @@ fn storage_class(name: &str, selector: &str, fs: &str, cleanup: &str) -> String 
     )
 }
 
-fn pvc(name: &str, class: &str, mode: &str, size: &str) -> String {
+pub(super) fn pvc(name: &str, class: &str, mode: &str, size: &str) -> String {
     format!(
         r#"{{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{{"name":"{name}","namespace":"{NS}"}},
             "spec":{{"storageClassName":"{class}","volumeMode":"{mode}","accessModes":["ReadWriteOnce"],
@@ -248,7 +266,7 @@ fn pvc(name: &str, class: &str, mode: &str, size: &str) -> String {
     )
 }
 
-fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str) -> String {
+pub(super) fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str) -> String {
     let attach = if block {
         r#""volumeDevices":[{"name":"v","devicePath":"/dev/xvda"}]"#.to_owned()
     } else {
@@ -264,7 +282,7 @@ fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str) -> String
     )
 }
 
-async fn wait_running(k: &Kubectl, pod: &str) -> anyhow::Result<()> {
+pub(super) async fn wait_running(k: &Kubectl, pod: &str) -> anyhow::Result<()> {
     let waited = k
         .wait_for(&format!("Pod {pod} Running"), WAIT, |k| {
             let p = k.get_json(&["pod", pod, "-n", NS])?;
@@ -283,7 +301,7 @@ async fn wait_running(k: &Kubectl, pod: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn exec(k: &Kubectl, pod: &str, cmd: &[&str]) -> anyhow::Result<String> {
+pub(super) fn exec(k: &Kubectl, pod: &str, cmd: &[&str]) -> anyhow::Result<String> {
     let mut args = vec!["exec", pod, "-n", NS, "--"];
     args.extend_from_slice(cmd);
     k.run(&args)
@@ -315,7 +333,7 @@ fn reporter(e: &serde_json::Value) -> &str {
 }
 
 /// Deletes Pods then PVCs by name and waits for them to go.
-fn delete_workloads(k: &Kubectl, pods: &[&str], pvcs: &[&str]) -> anyhow::Result<()> {
+pub(super) fn delete_workloads(k: &Kubectl, pods: &[&str], pvcs: &[&str]) -> anyhow::Result<()> {
     for (kind, names) in [("pod", pods), ("pvc", pvcs)] {
         if names.is_empty() {
             continue;
@@ -402,7 +420,11 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
 }
 
 /// The VolumeAttachment of PV `pv` on `node`, if any.
-fn attachment(k: &Kubectl, pv: &str, node: &str) -> anyhow::Result<Option<serde_json::Value>> {
+pub(super) fn attachment(
+    k: &Kubectl,
+    pv: &str,
+    node: &str,
+) -> anyhow::Result<Option<serde_json::Value>> {
     let list = k.get_json(&["volumeattachments"])?;
     Ok(list["items"].as_array().and_then(|items| {
         items
@@ -414,7 +436,7 @@ fn attachment(k: &Kubectl, pv: &str, node: &str) -> anyhow::Result<Option<serde_
     }))
 }
 
-fn bound_pv(k: &Kubectl, claim: &str) -> anyhow::Result<String> {
+pub(super) fn bound_pv(k: &Kubectl, claim: &str) -> anyhow::Result<String> {
     k.get_json(&["pvc", claim, "-n", NS])?["spec"]["volumeName"]
         .as_str()
         .filter(|s| !s.is_empty())
@@ -613,17 +635,15 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
 }
 
 /// How many times the node's agent log shows `method` called.
-fn agent_calls(lab: &KubeLab, node: &str, method: &str) -> usize {
-    let log = std::fs::read_to_string(lab.lab.config.dir.join(format!("{node}.agent.log")))
-        .unwrap_or_default();
+pub(super) fn agent_calls(lab: &KubeLab, node: &str, method: &str) -> usize {
+    let log = lab.agent_log(node);
     let needle = format!("rpc{{method={method} ");
     log.matches(&needle).count()
 }
 
 /// How many Detach calls (distinct request IDs) the node's agent served.
-fn agent_detaches(lab: &KubeLab, node: &str) -> usize {
-    let log = std::fs::read_to_string(lab.lab.config.dir.join(format!("{node}.agent.log")))
-        .unwrap_or_default();
+pub(super) fn agent_detaches(lab: &KubeLab, node: &str) -> usize {
+    let log = lab.agent_log(node);
     log.lines()
         .filter_map(|l| l.split_once(r#"agent_api{method="Detach" "#))
         .filter_map(|(_, rest)| rest.split("request_id=").nth(1))
@@ -708,7 +728,7 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
         "kubelet tore the volume down after its restart: NodeUnstageVolume {unstage} -> {u2}, NodeUnpublishVolume {unpublish} -> {p2}"
     );
     let restarts = p["status"]["containerStatuses"][0]["restartCount"].clone();
-    let restaged = agent_calls(lab, &node, "NodeStageVolume") - stage;
+    let restaged = agent_calls(lab, &node, "NodeStageVolume").saturating_sub(stage);
     Ok(format!(
         "{node}'s kubelet back (Lease renewed, Ready) {:.1}s after the restart; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
         ready.as_secs_f64()
@@ -781,7 +801,7 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         anyhow::Ok((not_ready, devices.len()))
     }
     .await;
-    let detached = agent_detaches(lab, &node) - detaches;
+    let detached = agent_detaches(lab, &node).saturating_sub(detaches);
     let restarted = chrono_now(&k)?;
     restart_kubelet(lab, i).await?;
     let (not_ready, n) = checked?;
@@ -804,7 +824,7 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
 }
 
 /// The API server's clock, RFC 3339 (seconds), as the proxy writes it.
-fn chrono_now(k: &Kubectl) -> anyhow::Result<String> {
+pub(super) fn chrono_now(k: &Kubectl) -> anyhow::Result<String> {
     // A fresh object's creationTimestamp is the server's time.
     let name = "lab-clock";
     let _ = k.run(&["delete", "configmap", name, "-n", NS, "--ignore-not-found"]);
@@ -821,19 +841,17 @@ fn chrono_now(k: &Kubectl) -> anyhow::Result<String> {
 async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let node = lab.nodes[i].name.clone();
-    let agents = lab.lab.config.dir.join("agents.txt");
-    let listed = std::fs::read_to_string(&agents)?;
     lab.nodes[i].stop_kubelet().await;
     k.run(&["delete", "node", &node, "--wait=true", "--timeout=60s"])?;
-    // The agents run as host processes listed in a file (no DaemonSet Pod
-    // that would go with its Node): drop the node's line, as the Pod would go.
-    let without: String = listed
-        .lines()
-        .filter(|l| l.split_whitespace().next() != Some(node.as_str()))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(&agents, without)?;
     let t = std::time::Instant::now();
+    // The controller manager's Pod GC deletes the Pods of a Node that is
+    // gone, the agent's too: the proxy's directory loses it.
+    k.wait_for(&format!("the agent Pod of {node} deleted"), WAIT, |k| {
+        Ok(super::pods::agent_on(k, &lab.namespace, &node)
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
     let pruned = k
         .wait_for(
             &format!("{node} pruned from the SCSIDevice views"),
@@ -846,7 +864,6 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
             },
         )
         .await;
-    std::fs::write(&agents, &listed)?;
     restart_kubelet(lab, i).await?;
     let pruned = pruned?;
     let pruned_at = t.elapsed();
@@ -874,14 +891,14 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         )
         .await?;
     Ok(format!(
-        "Node {node} deleted, its agents-file line removed: gone from all {pruned} SCSIDevice views {:.1}s later; re-registered (Node Ready, CSINode) at {:.1}s; back in {n} pool devices' views at {:.1}s",
+        "Node {node} deleted, its agent Pod garbage-collected: gone from all {pruned} SCSIDevice views {:.1}s later; re-registered (Node Ready, CSINode) at {:.1}s; back in {n} pool devices' views at {:.1}s",
         pruned_at.as_secs_f64(),
         registered.as_secs_f64(),
         t.elapsed().as_secs_f64()
     ))
 }
 
-fn lease_holder(k: &Kubectl, ns: &str, lease: &str) -> anyhow::Result<String> {
+pub(super) fn lease_holder(k: &Kubectl, ns: &str, lease: &str) -> anyhow::Result<String> {
     k.get_json(&["lease", lease, "-n", ns])?["spec"]["holderIdentity"]
         .as_str()
         .map(str::to_owned)
@@ -893,8 +910,12 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     const BATCH: usize = 6;
     let k = lab.kubectl.clone();
     let ns = lab.namespace.clone();
-    let rendered = lab.rendered.clone();
-    lab.start_controller(&rendered, "1").await?;
+    let replicas = super::pods::list(&k, &ns, super::pods::CONTROLLER_SELECTOR)?;
+    anyhow::ensure!(
+        replicas.len() == 2,
+        "the lab overlay runs 2 controller replicas, found {}",
+        replicas.len()
+    );
     let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
     let name = |i: usize| format!("batch-{i}");
     let create = |i: usize| -> anyhow::Result<()> {
@@ -912,11 +933,23 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         create(i)?;
     }
     let leader = lease_holder(&k, &ns, "csi-scsi-proxy")?;
-    let victim = lab
-        .controller
+    let victim = replicas
         .iter()
-        .position(|r| r.pod == leader)
-        .with_context(|| format!("the proxy Lease is held by {leader}, no replica of the lab"))?;
+        .find(|p| super::pods::name(p) == leader)
+        .with_context(|| format!("the proxy Lease is held by {leader}, no controller Pod"))?;
+    let survivor = replicas
+        .iter()
+        .find(|p| super::pods::name(p) != leader)
+        .context("a second replica")?;
+    let survivor_name = super::pods::name(survivor);
+    let containers: Vec<String> = std::iter::once("csi-scsi-proxy")
+        .chain(super::SIDECARS.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    let survivor_restarts: Vec<u64> = containers
+        .iter()
+        .map(|c| super::pods::restarts(survivor, c))
+        .collect();
     let bound_at_kill = (0..BATCH / 2)
         .filter(|i| bound_pv(&k, &name(*i)).is_ok())
         .count();
@@ -926,22 +959,32 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
                 .is_ok_and(|p| p["status"]["phase"] == "Running")
         })
         .count();
-    let dead = lab.controller.remove(victim);
-    for pid in dead.pids() {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
+    // SIGKILL every container of the leading Pod through its node's
+    // containerd (kubelet restarts them, as after an OOM kill).
+    let victim_node = victim["spec"]["nodeName"]
+        .as_str()
+        .context("the leader's node")?
+        .to_owned();
+    let killed_at = chrono_now(&k)?;
+    for c in &containers {
+        let id = super::pods::container_id(victim, c)?;
+        lab.kill_container(&victim_node, &id)?;
     }
-    drop(dead);
     let killed = std::time::Instant::now();
     for i in BATCH / 2..BATCH {
         create(i)?;
     }
-    let survivor = lab.controller[0].pod.clone();
-    k.wait_for("the proxy Lease taken over", WAIT, |k| {
-        Ok((lease_holder(k, &ns, "csi-scsi-proxy")? == survivor).then_some(()))
-    })
-    .await?;
+    let holder = k
+        .wait_for("the proxy Lease renewed by a live replica", WAIT, |k| {
+            let l = k.get_json(&["lease", "csi-scsi-proxy", "-n", &ns])?;
+            let renewed = l["spec"]["renewTime"].as_str().unwrap_or_default();
+            let holder = l["spec"]["holderIdentity"].as_str().unwrap_or_default();
+            Ok(
+                (renewed[..19.min(renewed.len())] > killed_at[..19.min(killed_at.len())])
+                    .then(|| holder.to_owned()),
+            )
+        })
+        .await?;
     let took_over = killed.elapsed();
     for i in 0..BATCH {
         wait_running(&k, &name(i)).await?;
@@ -972,21 +1015,17 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         let wwid = handle.split(':').next().unwrap_or_default().to_owned();
         anyhow::ensure!(wwids.insert(wwid.clone()), "two PVs on LUN {wwid}");
     }
-    let mut exited = Vec::new();
-    for r in &mut lab.controller {
-        if let Some(s) = r.proxy.try_exit() {
-            exited.push(format!("{} proxy: {s}", r.pod));
-        }
-        for (n, d) in &mut r.sidecars {
-            if let Some(s) = d.try_exit() {
-                exited.push(format!("{} {n}: {s}", r.pod));
-            }
-        }
-    }
+    let now = k.get_json(&["pod", &survivor_name, "-n", &ns])?;
+    let restarted: Vec<String> = containers
+        .iter()
+        .zip(&survivor_restarts)
+        .filter(|(c, before)| super::pods::restarts(&now, c) != **before)
+        .map(|(c, _)| c.clone())
+        .collect();
     anyhow::ensure!(
-        exited.is_empty(),
-        "the surviving replica lost processes: {}",
-        exited.join("; ")
+        restarted.is_empty(),
+        "the surviving replica's containers restarted: {}",
+        restarted.join(", ")
     );
     let leases = k.get_json(&["leases", "-n", &ns])?;
     let sidecar_leaders: Vec<String> = leases["items"]
@@ -1004,7 +1043,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         })
         .collect();
     Ok(format!(
-        "killed {leader} (proxy + {} sidecars, SIGKILL) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {survivor} holds csi-scsi-proxy {:.1}s later\n      sidecar Leases: {}\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the kill; {survivor}'s processes all alive",
+        "SIGKILLed every container of {leader} (proxy + {} sidecars) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {holder} holds csi-scsi-proxy {:.1}s later\n      sidecar Leases: {}\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the kill; {survivor_name}'s containers never restarted",
         super::SIDECARS.len(),
         BATCH / 2,
         took_over.as_secs_f64(),

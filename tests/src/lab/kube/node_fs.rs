@@ -1,0 +1,138 @@
+//! Each lab node's own filesystem view. The lab's nodes share one host, but
+//! the DaemonSet's hostPath volumes name fixed host paths
+//! (`/var/lib/kubelet`, `/etc/csi-scsi/tls`, `/etc/iscsi`, ...), which on a
+//! real cluster are each node's own. So every node gets a mount namespace
+//! (a slave of the host's: the host's mounts reach it, its own stay in it)
+//! where those paths are bind mounts of the node's directories; its
+//! containerd, kubelet and kube-proxy run there, and so does every Pod they
+//! start. Nothing in `deploy/` changes for the lab but the kernel
+//! stand-in's seam (`/run/csi-scsi-lab`, see deploy/overlays/lab).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::lab::net::sh;
+
+/// Where the seam is mounted in the node's namespace (the lab overlay's
+/// hostPath volume for the agent).
+pub const SEAM_MOUNT: &str = "/run/csi-scsi-lab";
+
+/// A node's mount namespace, kept alive by a bind mount of its nsfs file.
+#[derive(Clone, Debug)]
+pub struct NodeFs {
+    handle: PathBuf,
+}
+
+/// What the namespace binds over which host path.
+struct Bind {
+    source: PathBuf,
+    target: &'static str,
+    file: bool,
+}
+
+impl NodeFs {
+    /// Creates the namespace of the node whose directory is `base`, with
+    /// the agent's certificate directory `tls`.
+    pub fn create(base: &Path, tls: &Path) -> anyhow::Result<Self> {
+        let host = base.join("host");
+        let dir = |p: &str| host.join(p.trim_start_matches('/'));
+        let mut binds = vec![
+            Bind::dir(base.join("kubelet"), "/var/lib/kubelet"),
+            Bind::dir(tls.to_owned(), "/etc/csi-scsi/tls"),
+            Bind::dir(base.join("tree/etc/iscsi"), "/etc/iscsi"),
+            Bind::dir(base.join(super::super::SEAM_DIR), SEAM_MOUNT),
+            Bind::dir(base.join("tree"), "/run/csi-scsi-lab/tree"),
+        ];
+        for p in [
+            "/var/lib/csi-scsi-agent",
+            "/var/lib/iscsi",
+            "/run/lock/iscsi",
+            "/etc/multipath",
+            "/run/udev",
+            "/lib/modules",
+            // kubelet's container logs, each node's own (a kubelet removes
+            // log directories of Pods it does not know).
+            "/var/log/pods",
+            "/var/log/containers",
+        ] {
+            binds.push(Bind::dir(dir(p), p));
+        }
+        binds.push(Bind {
+            source: dir("/etc/multipath.conf"),
+            target: "/etc/multipath.conf",
+            file: true,
+        });
+        for b in &binds {
+            if b.file {
+                if let Some(parent) = b.source.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(&b.source, "")?;
+                if !Path::new(b.target).exists() {
+                    std::fs::write(b.target, "")?;
+                }
+            } else {
+                std::fs::create_dir_all(&b.source)?;
+                // The mount point, empty, on the host (the namespace only
+                // covers it): created once, never written.
+                if !b.target.starts_with(SEAM_MOUNT) || b.target == SEAM_MOUNT {
+                    std::fs::create_dir_all(b.target)
+                        .with_context(|| format!("creating the mount point {}", b.target))?;
+                }
+            }
+        }
+        // A persistent namespace's file must sit on a private mount.
+        let ns = base.join("ns");
+        std::fs::create_dir_all(&ns)?;
+        let ns_s = ns.display().to_string();
+        sh("mount", &["--bind", &ns_s, &ns_s])?;
+        sh("mount", &["--make-private", &ns_s])?;
+        let handle = ns.join("mnt");
+        std::fs::write(&handle, "")?;
+        sh(
+            "unshare",
+            &[
+                &format!("--mount={}", handle.display()),
+                "--propagation",
+                "slave",
+                "true",
+            ],
+        )
+        .context("creating the node's mount namespace")?;
+        let this = Self { handle };
+        for b in &binds {
+            this.run(
+                "mount",
+                &["--bind", &b.source.display().to_string(), b.target],
+            )?;
+        }
+        // Bidirectional propagation (the agent's mounts reach kubelet and
+        // the Pods) needs a shared mount: shared within this node only.
+        this.run("mount", &["--make-rshared", "/var/lib/kubelet"])?;
+        Ok(this)
+    }
+
+    /// `nsenter`'s argument that enters this namespace.
+    pub fn nsenter_arg(&self) -> String {
+        format!("--mount={}", self.handle.display())
+    }
+
+    /// Runs `program` in this namespace (the host's network).
+    pub fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec![self.nsenter_arg(), program.to_owned()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        sh("nsenter", &refs)
+    }
+}
+
+impl Bind {
+    fn dir(source: PathBuf, target: &'static str) -> Self {
+        Self {
+            source,
+            target,
+            file: false,
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The driver's Pods as the lab's steps look at them: which Pod runs where,
+//! its logs, its containers' processes (through the node's containerd, as
+//! an operator on the node would with `ctr`).
+
+use anyhow::Context;
+
+use super::KubeLab;
+use crate::kube::Kubectl;
+use crate::lab::net::sh;
+
+/// The agent DaemonSet's label.
+pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=csi-scsi-node";
+/// The controller Deployment's label.
+pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=csi-scsi-controller";
+
+/// The driver's Pods with `selector`, as JSON objects.
+pub fn list(k: &Kubectl, ns: &str, selector: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let pods = k.get_json(&["pods", "-n", ns, "-l", selector])?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// The agent Pod on `node` (not being deleted).
+pub fn agent_on(k: &Kubectl, ns: &str, node: &str) -> anyhow::Result<serde_json::Value> {
+    list(k, ns, AGENT_SELECTOR)?
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null())
+        .with_context(|| format!("no agent Pod on {node}"))
+}
+
+/// The Pod's name.
+pub fn name(pod: &serde_json::Value) -> String {
+    pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The containerd ID of `container` in `pod` (`containerd://<id>`).
+pub fn container_id(pod: &serde_json::Value, container: &str) -> anyhow::Result<String> {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == container))
+        .and_then(|c| c["containerID"].as_str())
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .map(str::to_owned)
+        .with_context(|| format!("{} has no running {container}", name(pod)))
+}
+
+/// The restart count of `container` in `pod`.
+pub fn restarts(pod: &serde_json::Value, container: &str) -> u64 {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == container))
+        .and_then(|c| c["restartCount"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Every driver Pod's phase, conditions and container states, and the
+/// namespace's Events: what to read when the install does not come up.
+pub fn describe(k: &Kubectl, ns: &str) -> String {
+    let pods = k
+        .run(&["get", "pods", "-n", ns, "-o", "wide"])
+        .unwrap_or_default();
+    let events = k
+        .run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"])
+        .unwrap_or_default();
+    let tail: Vec<&str> = events.lines().collect();
+    format!(
+        "Pods:\n{pods}\nEvents (last 30):\n{}",
+        tail[tail.len().saturating_sub(30)..].join("\n")
+    )
+}
+
+impl KubeLab {
+    /// `ctr` against node `node`'s containerd, in the CRI namespace.
+    pub fn ctr(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
+        let i = self.node_index(node)?;
+        let sock = self.nodes[i].containerd_socket();
+        let mut all = vec![
+            "--address",
+            sock.to_str().unwrap_or_default(),
+            "-n",
+            "k8s.io",
+        ];
+        all.extend_from_slice(args);
+        sh("ctr", &all)
+    }
+
+    /// The host PID of a container's main process.
+    pub fn container_pid(&self, node: &str, id: &str) -> anyhow::Result<u32> {
+        let tasks = self.ctr(node, &["tasks", "ls"])?;
+        tasks
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(id)).then(|| f.next().and_then(|p| p.parse().ok()))?
+            })
+            .with_context(|| format!("container {id} has no task on {node}"))
+    }
+
+    /// SIGKILLs a container's process (kubelet restarts it).
+    pub fn kill_container(&self, node: &str, id: &str) -> anyhow::Result<()> {
+        self.ctr(node, &["tasks", "kill", "--signal", "SIGKILL", id])
+            .map(drop)
+    }
+
+    /// The agent's log on `node`, every container instance of every agent
+    /// Pod it ran, read from the node's `/var/log/pods` as an operator on
+    /// the node would (kubelet need not be up).
+    pub fn agent_log(&self, node: &str) -> String {
+        let pods = self
+            .lab
+            .config
+            .dir
+            .join("nodes")
+            .join(node)
+            .join("host/var/log/pods");
+        let prefix = format!("{}_csi-scsi-node-", self.namespace);
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&pods)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .flat_map(|e| {
+                std::fs::read_dir(e.path().join("csi-scsi-agent"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .map(|e| e.path())
+            .collect();
+        files.sort_by_key(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok());
+        files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .collect()
+    }
+}
