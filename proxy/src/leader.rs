@@ -605,15 +605,15 @@ mod tests {
         let exit = tokio::spawn(exit_when_leadership_lost(handle));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!exit.is_finished(), "a standby was told to exit");
-        tx.send(true).unwrap();
+        tx.send(true).expect("the handle listens");
         assert!(check.check().is_ok(), "the leader's Probe is not ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!exit.is_finished(), "the leader was told to exit");
-        tx.send(false).unwrap();
+        tx.send(false).expect("the handle listens");
         tokio::time::timeout(Duration::from_secs(5), exit)
             .await
             .expect("losing the Lease ends the process")
-            .unwrap();
+            .expect("the waiter ran");
         assert!(check.check().is_err());
     }
 

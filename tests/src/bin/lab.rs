@@ -187,6 +187,12 @@ async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         config.dir.display()
     );
     let dir = config.dir.clone();
+    // The failing disks (the agent-crash step stalls them) are served by
+    // this process: a kept lab has plain loop devices instead.
+    let config = LabConfig {
+        faulty_disks: !keep,
+        ..config
+    };
     let mut lab = KubeLab::up(config, &mut |s: &str| println!("  - {s}")).await?;
     println!(
         "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",

@@ -48,25 +48,22 @@ pub struct Image {
     pub config: Config,
 }
 
-/// Tars `rootfs` into `tar` (reproducibly: sorted, numeric owner 0:0,
-/// mtime 0) and digests it.
+/// GNU tar's flags for a reproducible archive: sorted, numeric owner 0:0,
+/// mtime 0 (the same files give the same digest).
+const REPRODUCIBLE: &[&str] = &[
+    "--numeric-owner",
+    "--owner=0",
+    "--group=0",
+    "--sort=name",
+    "--mtime=@0",
+];
+
+/// Tars `rootfs` into `tar` (reproducibly) and digests it.
 pub fn layer(rootfs: &Path, tar: &Path) -> anyhow::Result<Layer> {
-    sh(
-        "tar",
-        &[
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "--sort=name",
-            "--mtime=@0",
-            "-C",
-            &rootfs.display().to_string(),
-            "-cf",
-            &tar.display().to_string(),
-            ".",
-        ],
-    )
-    .context("tar of the root filesystem")?;
+    let (root, out) = (rootfs.display().to_string(), tar.display().to_string());
+    let mut args = REPRODUCIBLE.to_vec();
+    args.extend(["-C", &root, "-cf", &out, "."]);
+    sh("tar", &args).context("tar of the root filesystem")?;
     let bytes = std::fs::metadata(tar)?.len();
     Ok(Layer {
         tar: tar.to_owned(),
@@ -100,16 +97,8 @@ pub fn write(archive: &Path, work: &Path, layer: &Layer, images: &[Image]) -> an
         }
     }
     std::fs::write(work.join("manifest.json"), serde_json::to_vec(&manifest)?)?;
-    let mut args: Vec<String> = [
-        "--numeric-owner",
-        "--owner=0",
-        "--group=0",
-        "--sort=name",
-        "--mtime=@0",
-        "-C",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut args: Vec<String> = REPRODUCIBLE.iter().map(|a| (*a).to_owned()).collect();
+    args.push("-C".into());
     args.push(work.display().to_string());
     args.push("-cf".into());
     args.push(archive.display().to_string());

@@ -83,8 +83,10 @@ impl KubeLab {
     pub async fn up(mut config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
         config.agents_as_pods = true;
-        // The raw-block volume and the two-replica batch (6) on the pool.
-        config.pool_luns = config.pool_luns.max(8);
+        // On the pool: the raw-block volume, the two-replica batch (6), the
+        // crash, drain and NotReady volumes and the upgrade's writers (3),
+        // with room for LUNs still being wiped.
+        config.pool_luns = config.pool_luns.max(14);
         progress(
             "Go tools: Kubernetes 1.33, etcd and the CSI sidecars from tools/ (cached after the first build)",
         );

@@ -146,7 +146,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "node deleted: node-c's Node is deleted (kubelet stopped) and its agent unlisted; the proxy prunes it from the SCSIDevice views; kubelet re-registers it, CSINode and views return",
+        "node deleted: node-c's Node is deleted (kubelet stopped); its agent Pod is garbage-collected; the proxy prunes it from the SCSIDevice views; kubelet re-registers it, CSINode and views return",
         async { Ok(((), node_deleted(&mut *lab, 2).await?)) },
     )
     .await?;
@@ -176,7 +176,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "two replicas: a second controller replica; 6 PVCs with Pods on the pool; the leading replica is SIGKILLed mid-batch; the other takes over",
+        "two replicas: the Deployment's two replicas; 6 PVCs with Pods on the pool; every container of the leading Pod is SIGKILLed mid-batch; a live replica leads, all bind",
         async { Ok(((), two_replicas(&mut *lab).await?)) },
     )
     .await?;
@@ -196,6 +196,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "upgrade under load: Pods on every node write and verify while the DaemonSet and the Deployment roll to rebuilt images (another tag) and back",
         async { Ok(((), super::operations::upgrade(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "uninstall and reinstall: the driver removed as docs/kubernetes.md says and applied again; the inventory and the volumes' data stay; the new driver serves the existing PV",
+        async { Ok(((), super::operations::reinstall(&mut *lab).await?)) },
     )
     .await?;
 
@@ -736,7 +742,7 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
 }
 
 /// Devices of array-c (the pool, which every node sees).
-fn pool_devices(k: &Kubectl) -> anyhow::Result<Vec<serde_json::Value>> {
+pub(super) fn pool_devices(k: &Kubectl) -> anyhow::Result<Vec<serde_json::Value>> {
     let list = k.get_json(&["scsidevices"])?;
     Ok(list["items"]
         .as_array()
@@ -966,8 +972,13 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         .context("the leader's node")?
         .to_owned();
     let killed_at = chrono_now(&k)?;
-    for c in &containers {
-        let id = super::pods::container_id(victim, c)?;
+    // The Pod as it is now: a container may have been restarted since the
+    // list (its ID changed).
+    // Sidecars first: killing the proxy first would make them exit on
+    // their own (lost connection) before their turn.
+    let victim = k.get_json(&["pod", &leader, "-n", &ns])?;
+    for c in containers.iter().rev() {
+        let id = super::pods::container_id(&victim, c)?;
         lab.kill_container(&victim_node, &id)?;
     }
     let killed = std::time::Instant::now();
