@@ -375,7 +375,10 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
         let staged = volumes["staged"]
             .as_array()
             .is_some_and(|v| v.iter().any(|v| v["wwid"] == wwid));
-        anyhow::ensure!(staged, "the agent on {n} does not list {pv} ({wwid}) as staged");
+        anyhow::ensure!(
+            staged,
+            "the agent on {n} does not list {pv} ({wwid}) as staged"
+        );
         rebuilt.push(format!(
             "{n}: {} staged",
             status["volumes"]["staged"].as_array().map_or(0, Vec::len)
