@@ -547,31 +547,41 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
     let before = bound(&k)?;
     let pv = bound_pv(&k, "data")?;
     let t = Instant::now();
-    // docs/kubernetes.md, "Uninstall", step 2 (kustomize).
+    // docs/kubernetes.md, "Uninstall", step 2 (kustomize): the workloads,
+    // their Pods gone, then the rest.
+    let label = "app.kubernetes.io/part-of=csi-scsi";
+    k.run(&["-n", &ns, "delete", "deployment,daemonset", "-l", label])?;
+    // Already gone is done too (kubectl may say "no matching resources").
+    if let Err(e) = k.run(&[
+        "-n",
+        &ns,
+        "wait",
+        "--for=delete",
+        "pod",
+        "--timeout=120s",
+        "-l",
+        "app.kubernetes.io/name in (csi-scsi-controller,csi-scsi-node)",
+    ]) && !e.to_string().contains("no matching resources")
+    {
+        return Err(e);
+    }
     k.run(&[
         "-n",
         &ns,
         "delete",
-        "deployment,daemonset,serviceaccount,role,rolebinding",
+        "serviceaccount,role,rolebinding",
         "-l",
-        "app.kubernetes.io/part-of=csi-scsi",
-        "--wait=true",
-        "--timeout=120s",
+        label,
     ])?;
     k.run(&[
         "delete",
         "csidriver,clusterrole,clusterrolebinding",
         "-l",
-        "app.kubernetes.io/part-of=csi-scsi",
-        "--wait=true",
-        "--timeout=120s",
+        label,
     ])?;
-    k.wait_for("every driver Pod gone", WAIT, |k| {
-        let left = pods::list(k, &ns, pods::AGENT_SELECTOR)?.len()
-            + pods::list(k, &ns, pods::CONTROLLER_SELECTOR)?.len();
-        Ok((left == 0).then_some(()))
-    })
-    .await?;
+    let left = pods::list(&k, &ns, pods::AGENT_SELECTOR)?.len()
+        + pods::list(&k, &ns, pods::CONTROLLER_SELECTOR)?.len();
+    anyhow::ensure!(left == 0, "{left} driver Pods left after the uninstall");
     let removed = t.elapsed();
     // Uninstalled: the running Pod keeps its mounted volume.
     let got = exec(&k, "reader", &["cat", "/data/marker"])?;
