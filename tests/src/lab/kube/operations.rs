@@ -99,7 +99,7 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
     let broken = said(&lab.kubelet_log(node)?, "MountVolume.MountDevice failed");
     let got = exec(&k, "crash", &["cat", "/data/m"])?;
     anyhow::ensure!(got.trim() == "crash-marker", "marker read back as {got:?}");
-    let log = lab.agent_log(node);
+    let log = lab.agent_log(node)?;
     let formats = log
         .lines()
         .filter(|l| l.contains(&handle) && l.contains("creating filesystem"))

@@ -106,8 +106,9 @@ impl KubeLab {
 
     /// The agent's log on `node`, every container instance of every agent
     /// Pod it ran, read from the node's `/var/log/pods` as an operator on
-    /// the node would (kubelet need not be up).
-    pub fn agent_log(&self, node: &str) -> String {
+    /// the node would (kubelet need not be up). No log file is an error,
+    /// never an empty log: counting calls in nothing would say "none".
+    pub fn agent_log(&self, node: &str) -> anyhow::Result<String> {
         let pods = self
             .lab
             .config
@@ -117,8 +118,7 @@ impl KubeLab {
             .join("host/var/log/pods");
         let prefix = format!("{}_csi-scsi-node-", self.namespace);
         let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&pods)
-            .into_iter()
-            .flatten()
+            .with_context(|| format!("reading {}", pods.display()))?
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
             .flat_map(|e| {
@@ -129,10 +129,11 @@ impl KubeLab {
             })
             .map(|e| e.path())
             .collect();
+        anyhow::ensure!(!files.is_empty(), "no agent log under {}", pods.display());
         files.sort_by_key(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok());
         files
             .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .map(|f| std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display())))
             .collect()
     }
 }

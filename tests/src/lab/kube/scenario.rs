@@ -641,21 +641,22 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
 }
 
 /// How many times the node's agent log shows `method` called.
-pub(super) fn agent_calls(lab: &KubeLab, node: &str, method: &str) -> usize {
-    let log = lab.agent_log(node);
+pub(super) fn agent_calls(lab: &KubeLab, node: &str, method: &str) -> anyhow::Result<usize> {
+    let log = lab.agent_log(node)?;
     let needle = format!("rpc{{method={method} ");
-    log.matches(&needle).count()
+    Ok(log.matches(&needle).count())
 }
 
 /// How many Detach calls (distinct request IDs) the node's agent served.
-pub(super) fn agent_detaches(lab: &KubeLab, node: &str) -> usize {
-    let log = lab.agent_log(node);
-    log.lines()
+pub(super) fn agent_detaches(lab: &KubeLab, node: &str) -> anyhow::Result<usize> {
+    let log = lab.agent_log(node)?;
+    Ok(log
+        .lines()
         .filter_map(|l| l.split_once(r#"agent_api{method="Detach" "#))
         .filter_map(|(_, rest)| rest.split("request_id=").nth(1))
         .filter_map(|r| r.split(['}', ' ']).next())
         .collect::<std::collections::BTreeSet<_>>()
-        .len()
+        .len())
 }
 
 /// Waits for kubelet on `node` to renew its node Lease after `since`
@@ -697,9 +698,9 @@ async fn restart_kubelet(lab: &mut KubeLab, i: usize) -> anyhow::Result<()> {
 async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let node = lab.nodes[i].name.clone();
-    let unstage = agent_calls(lab, &node, "NodeUnstageVolume");
-    let unpublish = agent_calls(lab, &node, "NodeUnpublishVolume");
-    let stage = agent_calls(lab, &node, "NodeStageVolume");
+    let unstage = agent_calls(lab, &node, "NodeUnstageVolume")?;
+    let unpublish = agent_calls(lab, &node, "NodeUnpublishVolume")?;
+    let stage = agent_calls(lab, &node, "NodeStageVolume")?;
     anyhow::ensure!(
         stage > 0,
         "no NodeStageVolume in {node}'s agent log: wrong log format?"
@@ -726,15 +727,15 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
     // A few syncs, so a wrong teardown would have happened.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (u2, p2) = (
-        agent_calls(lab, &node, "NodeUnstageVolume"),
-        agent_calls(lab, &node, "NodeUnpublishVolume"),
+        agent_calls(lab, &node, "NodeUnstageVolume")?,
+        agent_calls(lab, &node, "NodeUnpublishVolume")?,
     );
     anyhow::ensure!(
         u2 == unstage && p2 == unpublish,
         "kubelet tore the volume down after its restart: NodeUnstageVolume {unstage} -> {u2}, NodeUnpublishVolume {unpublish} -> {p2}"
     );
     let restarts = p["status"]["containerStatuses"][0]["restartCount"].clone();
-    let restaged = agent_calls(lab, &node, "NodeStageVolume").saturating_sub(stage);
+    let restaged = agent_calls(lab, &node, "NodeStageVolume")?.saturating_sub(stage);
     Ok(format!(
         "{node}'s kubelet back (Lease renewed, Ready) {:.1}s after the restart; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
         ready.as_secs_f64()
@@ -773,7 +774,7 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     ))?;
     wait_running(&k, "cpod").await?;
     let pv = bound_pv(&k, "cvol")?;
-    let detaches = agent_detaches(lab, &node);
+    let detaches = agent_detaches(lab, &node)?;
     let stopped = chrono_now(&k)?;
     lab.nodes[i].stop_kubelet().await;
     let t = std::time::Instant::now();
@@ -807,10 +808,13 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         anyhow::Ok((not_ready, devices.len()))
     }
     .await;
-    let detached = agent_detaches(lab, &node).saturating_sub(detaches);
+    // Read before kubelet is back; checked after it is (an error must not
+    // leave the node down).
+    let detached = agent_detaches(lab, &node).map(|d| d.saturating_sub(detaches));
     let restarted = chrono_now(&k)?;
     restart_kubelet(lab, i).await?;
     let (not_ready, n) = checked?;
+    let detached = detached?;
     anyhow::ensure!(
         detached == 0,
         "{detached} Detach calls on {node} while it was NotReady"
