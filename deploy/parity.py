@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Checks that the Helm chart, with its default values, installs exactly
-what the kustomize production overlay installs.
+what the kustomize production overlay installs (or, with --values and
+--overlay, that a values file installs what another overlay does).
 
     python3 deploy/parity.py [--chart deploy/chart/csi-scsi]
                              [--overlay deploy/overlays/production]
+                             [--values FILE] [--skip-kind KIND ...]
+
+--skip-kind leaves out the overlay's objects of that kind (the lab
+overlay renders the examples, which no values file does).
 
 Renders both (`helm template ... --include-crds`, `kubectl kustomize`, with
 the `helm` and `kubectl` on PATH), pairs the objects by apiVersion, kind,
@@ -132,14 +137,20 @@ def main():
     ap.add_argument("--chart", default=os.path.join(here, "chart", "csi-scsi"))
     ap.add_argument("--overlay", default=os.path.join(here, "overlays", "production"))
     ap.add_argument("--namespace", default="csi-scsi")
+    ap.add_argument("--values", help="a values file for the chart (default: its defaults)")
+    ap.add_argument("--skip-kind", action="append", default=[],
+                    help="leave out the overlay's objects of this kind")
     args = ap.parse_args()
 
+    values = ["-f", args.values] if args.values else []
     helm = render(["helm", "template", "csi-scsi", args.chart,
-                   "--namespace", args.namespace, "--include-crds"])
-    kust = render(["kubectl", "kustomize", args.overlay])
+                   "--namespace", args.namespace, "--include-crds"] + values)
+    kust = [d for d in render(["kubectl", "kustomize", args.overlay])
+            if d.get("kind") not in args.skip_kind]
     h = index(helm, "helm", "the chart")
     k = index(kust, "kustomize", "the overlay")
 
+    what = os.path.relpath(args.values) if args.values else "defaults"
     problems = 0
     for only, where in ((sorted(set(k) - set(h)), "the overlay only"),
                         (sorted(set(h) - set(k)), "the chart only")):
@@ -156,9 +167,9 @@ def main():
                                              "helm " + os.path.relpath(args.chart), lineterm="", n=4):
                 print("    " + line)
     if problems:
-        print(f"parity: {problems} difference(s) between the chart's defaults and the overlay")
+        print(f"parity: {problems} difference(s) between the chart ({what}) and the overlay")
         return 1
-    print(f"parity: chart defaults == {os.path.relpath(args.overlay)} ({len(h)} objects)")
+    print(f"parity: chart ({what}) == {os.path.relpath(args.overlay)} ({len(h)} objects)")
     return 0
 
 

@@ -15,6 +15,7 @@ use super::Options;
 use super::proc::rss_mib;
 use super::table::{Row, Unit};
 use crate::lab::kube::KubeLab;
+use crate::lab::kube::install::Via;
 use crate::lab::scenario::{Clients, attach_and_mount_fs, capability, capacity, prefer};
 use crate::lab::{Lab, LabConfig, node_name};
 
@@ -152,7 +153,7 @@ struct KubeFigures {
 async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     let mut config = LabConfig::for_test(dir);
     config.pool_luns = n;
-    let lab = KubeLab::up(config, &mut |_| {}).await?;
+    let lab = KubeLab::up(config, Via::Kustomize, &mut |_| {}).await?;
     let k = lab.kubectl.clone();
     k.run(&["create", "namespace", "bench"])?;
     k.apply(

@@ -1,8 +1,9 @@
 //! `lab`: the local multi-node lab (the README's main job).
 //!
-//! `lab up [--keep] [--dir DIR] [--nodes N] [--pool N]`: build a cluster of this
-//! driver on this machine (as root) and play a whole volume life cycle
-//! through it; with `--keep`, leave it running and write `lab.json`.
+//! `lab up [--kubernetes [--via kustomize|helm]] [--keep] [--dir DIR]
+//! [--nodes N] [--pool N]`: build a cluster of this driver on this machine
+//! (as root) and play a whole volume life cycle through it; with `--keep`,
+//! leave it running and write `lab.json`.
 //! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
 //! `lab images [--out DIR] [--tag TAG] [--profile PROFILE]`: build every
 //! container image deploy/ uses (recipes in deploy/images/) as
@@ -16,13 +17,19 @@ use std::time::Instant;
 
 use csi_scsi_tests::images::ImageOptions;
 use csi_scsi_tests::lab::kube::KubeLab;
+use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str = "usage: lab up [--kubernetes] [--keep] [--dir DIR] [--nodes N] [--pool N] | lab down [--dir DIR]
+const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm]] [--keep] [--dir DIR] [--nodes N] [--pool N]
+       lab down [--dir DIR]
        lab images [--out DIR] [--tag TAG] [--profile PROFILE]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
+    --via kustomize  install, upgrade and reinstall with kubectl and
+                     deploy/overlays/lab (the default)
+    --via helm       the same with helm and deploy/chart/csi-scsi
+                     (ci/lab-values.yaml, equal to the overlay)
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
             (label tier=pool): devices for suites that create many volumes
   images    build every image deploy/ uses (recipes: deploy/images/) as
@@ -42,6 +49,7 @@ fn main() -> ExitCode {
     let mut config = LabConfig::standard();
     let mut keep = false;
     let mut kubernetes = false;
+    let mut via = Via::default();
     let mut cmd = None;
     let mut images = ImageOptions::default();
     let mut it = args.iter();
@@ -58,6 +66,17 @@ fn main() -> ExitCode {
                     .unwrap_or(3)
                     .clamp(3, 8)
             }
+            "--via" => match it.next().map(|v| v.parse::<Via>()) {
+                Some(Ok(v)) => via = v,
+                Some(Err(e)) => {
+                    eprintln!("lab: {e}");
+                    return ExitCode::from(64);
+                }
+                None => {
+                    eprintln!("lab: --via needs kustomize or helm");
+                    return ExitCode::from(64);
+                }
+            },
             "--out" | "--tag" | "--profile" => {
                 let Some(value) = it.next() else {
                     eprintln!("lab: {a} needs a value (try --help)");
@@ -105,7 +124,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             let run = match kubernetes {
-                true => rt.block_on(up_kubernetes(config, keep)),
+                true => rt.block_on(up_kubernetes(config, via, keep)),
                 false => rt.block_on(up(config, keep)),
             };
             match run {
@@ -179,7 +198,7 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
     outcome.finish(report, keep, move || lab.keep())
 }
 
-async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
+async fn up_kubernetes(config: LabConfig, via: Via, keep: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     println!(
         "csi-scsi Kubernetes lab: {} nodes in {}",
@@ -193,7 +212,7 @@ async fn up_kubernetes(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         faulty_disks: !keep,
         ..config
     };
-    let mut lab = KubeLab::up(config, &mut |s: &str| println!("  - {s}")).await?;
+    let mut lab = KubeLab::up(config, via, &mut |s: &str| println!("  - {s}")).await?;
     println!(
         "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",
         start.elapsed().as_secs_f64()

@@ -76,13 +76,24 @@ impl Env {
 
     pub async fn start_agent_with(&self, node: &str, tls: &Path, extra: &[&str]) -> Agent {
         let csi = self.path(&format!("{node}/csi.sock"));
-        let port = free_port();
-        let mut args = self.agent_args(node, tls, &csi, port);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let daemon = Daemon::spawn("csi-scsi-agent", &args, &self.path(&format!("{node}.log")));
-        let api: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        wait_for_sockets(&daemon, &csi, Some(api)).await;
-        Agent { daemon, csi, api }
+        // free_port() releases the port before the agent binds it, so a
+        // parallel test may take it first: then the agent exits naming the
+        // address, and it starts again on another port.
+        for _ in 0..3 {
+            let port = free_port();
+            let mut args = self.agent_args(node, tls, &csi, port);
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let log = self.path(&format!("{node}.log"));
+            // A restarted agent appends to its predecessor's log.
+            let since = std::fs::read_to_string(&log).map_or(0, |l| l.len());
+            let mut daemon = Daemon::spawn("csi-scsi-agent", &args, &log);
+            let api: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+            match wait_for_sockets(&mut daemon, since, &csi, Some(api)).await {
+                Started::Serving => return Agent { daemon, csi, api },
+                Started::PortTaken => continue,
+            }
+        }
+        panic!("the agent of {node} found its port taken three times")
     }
 
     /// Issues the proxy's certificate and starts the proxy.
@@ -105,25 +116,52 @@ impl Env {
             "--status-listen".into(),
             "127.0.0.1:0".into(),
         ];
-        let daemon = Daemon::spawn("csi-scsi-proxy", &args, &self.path("proxy.log"));
-        wait_for_sockets(&daemon, &csi, None).await;
-        Proxy { daemon, csi }
+        let log = self.path("proxy.log");
+        let since = std::fs::read_to_string(&log).map_or(0, |l| l.len());
+        let mut daemon = Daemon::spawn("csi-scsi-proxy", &args, &log);
+        match wait_for_sockets(&mut daemon, since, &csi, None).await {
+            Started::Serving => Proxy { daemon, csi },
+            Started::PortTaken => panic!("the proxy binds only port 0:\n{}", daemon.log()),
+        }
     }
 }
 
-async fn wait_for_sockets(daemon: &Daemon, csi: &Path, api: Option<SocketAddr>) {
-    eventually("daemon sockets", || async {
-        let csi_up = tokio::net::UnixStream::connect(csi).await.is_ok();
-        let api_up = match api {
-            Some(a) => tokio::net::TcpStream::connect(a).await.is_ok(),
-            None => true,
-        };
-        if !(csi_up && api_up) && daemon.log().contains("Error") {
-            panic!("daemon failed to start:\n{}", daemon.log());
+/// How a daemon's start ended.
+enum Started {
+    /// Its sockets accept connections.
+    Serving,
+    /// It exited because its TCP port was taken.
+    PortTaken,
+}
+
+/// Waits until `daemon`'s sockets accept connections; a daemon that exits
+/// first fails the test with its log (from byte `since`), unless its port
+/// was taken.
+async fn wait_for_sockets(
+    daemon: &mut Daemon,
+    since: usize,
+    csi: &Path,
+    api: Option<SocketAddr>,
+) -> Started {
+    eventually("daemon sockets", || {
+        let exited = daemon.try_exit();
+        let log = daemon.log().get(since..).unwrap_or_default().to_owned();
+        async move {
+            if let Some(status) = exited {
+                if log.contains("Address already in use") {
+                    return Some(Started::PortTaken);
+                }
+                panic!("daemon exited ({status}) before serving:\n{log}");
+            }
+            let csi_up = tokio::net::UnixStream::connect(csi).await.is_ok();
+            let api_up = match api {
+                Some(a) => tokio::net::TcpStream::connect(a).await.is_ok(),
+                None => true,
+            };
+            (csi_up && api_up).then_some(Started::Serving)
         }
-        (csi_up && api_up).then_some(())
     })
-    .await;
+    .await
 }
 
 /// Reads the first certificate of a PEM file.

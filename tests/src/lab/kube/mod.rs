@@ -2,8 +2,9 @@
 //! under a real Kubernetes control plane, with a real containerd, kubelet
 //! and kube-proxy on every node, and the driver installed the way users
 //! install it: images built here and imported into each node's containerd,
-//! `deploy/overlays/lab` applied with kubectl, the agent running as the
-//! DaemonSet and the proxy with the real CSI sidecars as the Deployment.
+//! `deploy/overlays/lab` applied with kubectl (or, with `--via helm`, the
+//! chart installed with helm), the agent running as the DaemonSet and the
+//! proxy with the real CSI sidecars as the Deployment.
 
 pub mod images;
 pub mod install;
@@ -23,7 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Lab, LabConfig, Manifest};
 use crate::binaries::binary;
-use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Kubectl};
+use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Helm, Kubectl};
+use install::{Installer, Via};
 use node::{KubeNode, NodeSpec};
 use node_fs::NodeFs;
 
@@ -56,8 +58,10 @@ pub struct KubeLab {
     pub plane: ControlPlane,
     /// containerd, kubelet and kube-proxy per node.
     pub nodes: Vec<KubeNode>,
-    /// The rendered overlay (its RBAC roles).
+    /// What the install holds (its RBAC roles).
     pub rendered: install::Rendered,
+    /// How the driver was installed, and is upgraded and reinstalled.
+    pub installer: Installer,
     /// kubectl as cluster-admin: what a user of the lab runs.
     pub kubectl: Kubectl,
     /// The driver's namespace.
@@ -80,7 +84,11 @@ pub struct KubeManifest {
 
 impl KubeLab {
     /// Builds and starts everything; `progress` hears about each step.
-    pub async fn up(mut config: LabConfig, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Self> {
+    pub async fn up(
+        mut config: LabConfig,
+        via: Via,
+        progress: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
         config.agents_as_pods = true;
         // On the pool: the raw-block volume, the two-replica batch (6), the
@@ -90,11 +98,15 @@ impl KubeLab {
         progress(
             "Go tools: Kubernetes 1.33, etcd and the CSI sidecars from tools/ (cached after the first build)",
         );
-        let tools = GoTools::build(TOOLS)?;
+        let mut tools = TOOLS.to_vec();
+        if via == Via::Helm {
+            tools.push("helm");
+        }
+        let tools = GoTools::build(&tools)?;
         let lab = Lab::up(config, progress).await?;
         let dir = lab.config.dir.clone();
         let mut lab = Some(lab);
-        match Self::start(&mut lab, tools, progress).await {
+        match Self::start(&mut lab, tools, via, progress).await {
             Ok(this) => Ok(this),
             Err(e) => {
                 // Keep the files (logs) for a look; `lab down` removes them.
@@ -112,6 +124,7 @@ impl KubeLab {
     async fn start(
         slot: &mut Option<Lab>,
         tools: GoTools,
+        via: Via,
         progress: &mut dyn FnMut(&str),
     ) -> anyhow::Result<Self> {
         let lab = slot.as_mut().context("the lab")?;
@@ -188,12 +201,19 @@ impl KubeLab {
                 .with_context(|| tail(&n.kubelet.log()))?;
         }
 
-        progress(
-            "driver: deploy/overlays/lab applied with kubectl; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready",
-        );
-        let overlay = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/lab");
+        progress(&format!(
+            "driver: installed with {via}; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready"
+        ));
+        let helm = (via == Via::Helm).then(|| {
+            Helm::new(
+                tools.path("helm"),
+                kubectl.kubeconfig(),
+                &dir.join("kube/helm"),
+            )
+        });
+        let installer = Installer::new(via, &kubectl, helm)?;
         let ca = lab.pki.ca_dir();
-        let rendered = install::install(&kubectl, &overlay, |ns| proxy_secret(&kubectl, &ca, ns))?;
+        let rendered = installer.install(|ns| proxy_secret(&kubectl, &ca, ns))?;
         let namespace = rendered.namespace.clone();
         let this = Self {
             lab: slot.take().context("the lab")?,
@@ -202,6 +222,7 @@ impl KubeLab {
             kubectl,
             namespace,
             rendered,
+            installer,
             images: archives,
         };
         match this.wait_installed().await {

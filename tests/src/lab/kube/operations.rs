@@ -334,9 +334,9 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
     let max_unavailable = k.get_json(&["daemonset", "csi-scsi-node", "-n", &ns])?["spec"]
         ["updateStrategy"]["rollingUpdate"]["maxUnavailable"]
         .clone();
-    let up = roll(lab, NEXT_TAG, Roll::SetImage).await?;
+    let up = roll(lab, NEXT_TAG, Roll::Upgrade).await?;
     let after_up = check_load(lab, &load, &uids, &start).await?;
-    let down = roll(lab, LAB_TAG, Roll::Undo).await?;
+    let down = roll(lab, LAB_TAG, Roll::Rollback).await?;
     let after_down = check_load(lab, &load, &uids, &after_up).await?;
     anyhow::ensure!(
         attachments(&k)? == attached,
@@ -401,42 +401,24 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
 /// How a rollout is started.
 #[derive(Clone, Copy, Debug)]
 enum Roll {
-    /// `kubectl set image` to the new tag.
-    SetImage,
-    /// `kubectl rollout undo` (back to the previous revision).
-    Undo,
+    /// To the new tag (`kubectl set image`, or `helm upgrade`).
+    Upgrade,
+    /// Back to the previous revision (`kubectl rollout undo`, or `helm
+    /// rollback`).
+    Rollback,
 }
 
-/// Rolls the driver's images to `tag` (`how`), waits for both rollouts
-/// and returns what they took; checks the DaemonSet never had more agents
-/// unavailable than its maxUnavailable allows (1 of 3 at 10%, rounded up).
+/// Rolls the driver's images to `tag` (`how`, by the path it was
+/// installed), waits for both rollouts and returns what they took; checks
+/// the DaemonSet never had more agents unavailable than its maxUnavailable
+/// allows (1 of 3 at 10%, rounded up).
 async fn roll(lab: &KubeLab, tag: &str, how: Roll) -> anyhow::Result<String> {
     let k = &lab.kubectl;
     let ns = &lab.namespace;
     let t = Instant::now();
-    for (workload, container, image) in [
-        (
-            "daemonset/csi-scsi-node",
-            "csi-scsi-agent",
-            "csi-scsi/agent",
-        ),
-        (
-            "deployment/csi-scsi-controller",
-            "csi-scsi-proxy",
-            "csi-scsi/proxy",
-        ),
-    ] {
-        match how {
-            Roll::SetImage => k.run(&[
-                "set",
-                "image",
-                "-n",
-                ns,
-                workload,
-                &format!("{container}={image}:{tag}"),
-            ])?,
-            Roll::Undo => k.run(&["rollout", "undo", "-n", ns, workload])?,
-        };
+    match how {
+        Roll::Upgrade => lab.installer.upgrade(ns, tag)?,
+        Roll::Rollback => lab.installer.rollback(ns)?,
     }
     let mut most_unavailable = 0;
     let ds = loop {
@@ -547,38 +529,8 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
     let before = bound(&k)?;
     let pv = bound_pv(&k, "data")?;
     let t = Instant::now();
-    // docs/kubernetes.md, "Uninstall", step 2 (kustomize): the workloads,
-    // their Pods gone, then the rest.
-    let label = "app.kubernetes.io/part-of=csi-scsi";
-    k.run(&["-n", &ns, "delete", "deployment,daemonset", "-l", label])?;
-    // Already gone is done too (kubectl may say "no matching resources").
-    if let Err(e) = k.run(&[
-        "-n",
-        &ns,
-        "wait",
-        "--for=delete",
-        "pod",
-        "--timeout=120s",
-        "-l",
-        "app.kubernetes.io/name in (csi-scsi-controller,csi-scsi-node)",
-    ]) && !e.to_string().contains("no matching resources")
-    {
-        return Err(e);
-    }
-    k.run(&[
-        "-n",
-        &ns,
-        "delete",
-        "serviceaccount,role,rolebinding",
-        "-l",
-        label,
-    ])?;
-    k.run(&[
-        "delete",
-        "csidriver,clusterrole,clusterrolebinding",
-        "-l",
-        label,
-    ])?;
+    // docs/kubernetes.md, "Uninstall", step 2, by the path it was installed.
+    lab.installer.uninstall(&ns)?;
     let left = pods::list(&k, &ns, pods::AGENT_SELECTOR)?.len()
         + pods::list(&k, &ns, pods::CONTROLLER_SELECTOR)?.len();
     anyhow::ensure!(left == 0, "{left} driver Pods left after the uninstall");
@@ -592,8 +544,7 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
     let during = bound(&k)?;
     anyhow::ensure!(during == before, "the uninstall changed the inventory");
     // Install again, exactly as the first time.
-    let overlay = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/lab");
-    super::install::install(&k, &overlay, |_| Ok(()))?;
+    lab.installer.install(|_| Ok(()))?;
     lab.wait_installed().await?;
     let reinstalled = t.elapsed();
     anyhow::ensure!(bound(&k)? == before, "the reinstall changed the inventory");
@@ -626,7 +577,8 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
         "{pv} on {to} after the reinstall read {got:?}"
     );
     Ok(format!(
-        "uninstalled (docs/kubernetes.md: workloads, RBAC, CSIDriver; CRDs, namespace, Secrets kept) in {:.1}s; the mounted volume readable meanwhile; reinstalled and Ready at {:.1}s; {} Bound SCSIDevices unchanged; {pv} moved {from} -> {to} by the new driver, marker intact",
+        "uninstalled by {} (docs/kubernetes.md: workloads, RBAC, CSIDriver; CRDs, namespace, Secrets kept) in {:.1}s; the mounted volume readable meanwhile; reinstalled and Ready at {:.1}s; {} Bound SCSIDevices unchanged; {pv} moved {from} -> {to} by the new driver, marker intact",
+        lab.installer.via,
         removed.as_secs_f64(),
         reinstalled.as_secs_f64(),
         before.len()
