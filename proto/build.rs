@@ -45,4 +45,5 @@ const SECRET_BEARING: &[&str] = &[
     ".csi.v1.NodeStageVolumeRequest",
     ".csi.v1.ValidateVolumeCapabilitiesRequest",
     ".csi.agent.v1.ChapCredentials",
+    ".csi.agent.v1.BeginEnrolmentResponse",
 ];

@@ -51,6 +51,25 @@ pub struct Args {
     #[arg(long, env = "TLS_DIR", default_value = "/etc/csi-scsi/tls")]
     pub tls_dir: PathBuf,
 
+    /// Enrol with this projected ServiceAccount token (audience
+    /// csi-scsi-enrolment), re-read at every enrolment: with it, an agent
+    /// whose --tls-dir holds no usable certificate serves only the
+    /// Enrolment service until the proxy has signed one, and the proxy
+    /// renews it before it expires (docs/certificates.md, "Enrolment").
+    #[arg(long, value_name = "PATH", conflicts_with = "join_token_file")]
+    pub enrol_token_file: Option<PathBuf>,
+
+    /// Enrol with the one-time join token in this file (embedded mode:
+    /// `csi-scsi-proxy join-token`); as --enrol-token-file otherwise.
+    #[arg(long, value_name = "PATH")]
+    pub join_token_file: Option<PathBuf>,
+
+    /// The CA certificate to trust while enrolling, when --tls-dir has no
+    /// ca.crt yet (a mounted ConfigMap); only the proxy it signed may
+    /// enrol this agent.
+    #[arg(long, value_name = "PATH")]
+    pub enrol_ca_file: Option<PathBuf>,
+
     /// SPIFFE trust domain of the cluster's certificates.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "csi-scsi.local")]
     pub trust_domain: String,
@@ -169,6 +188,11 @@ pub struct Config {
     pub agent_listen: SocketAddr,
     pub status_listen: SocketAddr,
     pub tls: MaterialPaths,
+    /// How this agent proves its node when it enrols; `None`: certificates
+    /// come as files only.
+    pub enrolment: Option<crate::api::enrolment::Credential>,
+    /// The CA trusted while enrolling, when `tls.ca` does not exist yet.
+    pub enrol_ca: Option<PathBuf>,
     pub trust_domain: TrustDomain,
     pub required_tools: Vec<PathBuf>,
     pub grace_period: Duration,
@@ -226,6 +250,14 @@ impl Args {
             agent_listen: self.agent_listen,
             status_listen: self.status_listen,
             tls: MaterialPaths::in_dir(&self.tls_dir),
+            enrolment: match (self.enrol_token_file, self.join_token_file) {
+                (Some(path), _) => {
+                    Some(crate::api::enrolment::Credential::ServiceAccountToken(path))
+                }
+                (None, Some(path)) => Some(crate::api::enrolment::Credential::JoinToken(path)),
+                (None, None) => None,
+            },
+            enrol_ca: self.enrol_ca_file,
             trust_domain,
             required_tools: self.required_tools,
             grace_period: Duration::from_secs(self.grace_period),

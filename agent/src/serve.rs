@@ -9,6 +9,7 @@ use csi_scsi_daemon::{
     StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
+use csi_scsi_proto::agent::enrolment_server::EnrolmentServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
 use csi_scsi_proto::csi::node_server::NodeServer;
 use csi_scsi_proto::csi::plugin_capability::service::Type as PluginService;
@@ -18,6 +19,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use crate::api::AgentApi;
+use crate::api::enrolment::EnrolmentService;
 use crate::config::Config;
 use crate::csi::node::NodeService;
 use crate::device::{Attachments, Devices};
@@ -35,14 +37,26 @@ pub const AGENT_API_CONNECTION_GRACE: std::time::Duration = std::time::Duration:
 /// plugin registration (Unix socket) until SIGTERM/SIGINT.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("installing signal handlers")?;
-    let store = MaterialStore::load(
-        config.tls.clone(),
-        Role::Agent {
-            node: config.node_name.clone(),
-        },
-        config.trust_domain.clone(),
-    )
-    .context("loading TLS material")?;
+    let role = Role::Agent {
+        node: config.node_name.clone(),
+    };
+    let store = match &config.enrolment {
+        None => MaterialStore::load(config.tls.clone(), role, config.trust_domain.clone())
+            .context("loading TLS material")?,
+        Some(_) => {
+            let (store, why) = MaterialStore::load_or_enrol(
+                config.tls.clone(),
+                role,
+                config.trust_domain.clone(),
+                config.enrol_ca.as_deref(),
+            )
+            .context("loading TLS material, or the CA to enrol with")?;
+            if let Some(why) = why {
+                tracing::warn!(reason = %why, "no usable certificate; serving the Enrolment service until the proxy enrols this node");
+            }
+            store
+        }
+    };
     store.watch(config.tls_poll_interval);
 
     let mut socket = CsiSocket::bind(&config.csi_socket).await?;
@@ -136,6 +150,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ))
         .add_service(health)
         .add_service(AgentServer::new(agent_api))
+        .add_service(EnrolmentServer::new(EnrolmentService::new(
+            &config.node_name,
+            store.clone(),
+            config.enrolment.clone(),
+        )))
         .serve_with_incoming_shutdown(
             tls_incoming(listener, server_config(store.clone())?),
             shutdown.signaled(),

@@ -42,6 +42,17 @@ impl Validity {
         }
     }
 
+    /// Valid from five minutes ago for `lifetime` from now: the short-lived
+    /// certificates of enrolment.
+    pub fn lasting(lifetime: std::time::Duration) -> Self {
+        let now = OffsetDateTime::now_utc();
+        let lifetime = Duration::try_from(lifetime).unwrap_or(Duration::days(365));
+        Self {
+            not_before: now - Duration::minutes(5),
+            not_after: now + lifetime,
+        }
+    }
+
     pub(crate) fn apply(&self, params: &mut CertificateParams) {
         params.not_before = self.not_before;
         params.not_after = self.not_after;
@@ -60,6 +71,62 @@ impl CertificateAuthority {
         validity: Validity,
     ) -> Result<IssuedCertificate, CertError> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let params = self.params_for(identity, validity)?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedCertificate {
+            identity: identity.clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            ca_pem: self.cert_pem.clone(),
+        })
+    }
+
+    /// Signs an agent's certificate for the public key of `csr_pem` (a
+    /// PKCS#10 request, PEM), naming `node` and, when given, the Node
+    /// object's UID (URI SAN `urn:csi-scsi:node-uid:<uid>`), so that a
+    /// Node deleted and created again under the same name does not take
+    /// over the old certificate. Nothing else in the request is used: the
+    /// names come from what the signer verified.
+    pub fn sign_agent_csr(
+        &self,
+        csr_pem: &str,
+        node: &str,
+        node_uid: Option<&str>,
+        validity: Validity,
+    ) -> Result<SignedCertificate, CertError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
+        let mut params = self.params_for(&Identity::Node(node.to_owned()), validity)?;
+        if let Some(uid) = node_uid {
+            let uri = node_uid_uri(uid);
+            params
+                .subject_alt_names
+                .push(SanType::URI(uri.as_str().try_into().map_err(|_| {
+                    CertError::InvalidName {
+                        what: "node UID",
+                        value: uid.to_owned(),
+                        reason: "cannot appear in a URI",
+                    }
+                })?));
+        }
+        let cert = params.signed_by(&csr.public_key, &self.issuer)?;
+        let (serial, not_after) =
+            crate::material::serial_and_expiry(cert.der()).ok_or_else(|| CertError::BadPem {
+                path: "<signed certificate>".into(),
+                reason: "does not parse".into(),
+            })?;
+        Ok(SignedCertificate {
+            cert_pem: cert.pem(),
+            ca_pem: self.cert_pem.clone(),
+            serial,
+            not_after,
+        })
+    }
+
+    fn params_for(
+        &self,
+        identity: &Identity,
+        validity: Validity,
+    ) -> Result<CertificateParams, CertError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let uri = self.domain.uri(identity);
         let invalid = |what, value: &str| CertError::InvalidName {
@@ -90,14 +157,29 @@ impl CertificateAuthority {
         }
         params.serial_number = Some(random_serial());
         validity.apply(&mut params);
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(IssuedCertificate {
-            identity: identity.clone(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            ca_pem: self.cert_pem.clone(),
-        })
+        Ok(params)
     }
+}
+
+/// The URI SAN that names a Node object's UID.
+pub(crate) fn node_uid_uri(uid: &str) -> String {
+    format!("{NODE_UID_URI_PREFIX}{uid}")
+}
+
+/// Prefix of the URI SAN naming a Node's UID.
+pub(crate) const NODE_UID_URI_PREFIX: &str = "urn:csi-scsi:node-uid:";
+
+/// A certificate signed for a key the signer never saw (an agent's CSR).
+#[derive(Clone, Debug)]
+pub struct SignedCertificate {
+    /// The leaf certificate, PEM.
+    pub cert_pem: String,
+    /// The CA certificate, PEM.
+    pub ca_pem: String,
+    /// Its serial number, lower-case hex.
+    pub serial: String,
+    /// When it expires.
+    pub not_after: std::time::SystemTime,
 }
 
 impl std::fmt::Debug for IssuedCertificate {

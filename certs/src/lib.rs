@@ -11,10 +11,12 @@
 #![forbid(unsafe_code)]
 
 mod authority;
+mod enrol;
 mod error;
 pub mod file_watch;
 mod identity;
 mod issue;
+mod join_token;
 mod material;
 mod pem_files;
 mod reload;
@@ -23,9 +25,11 @@ mod tls;
 mod verify;
 
 pub use authority::CertificateAuthority;
+pub use enrol::{PendingKey, node_uid_of};
 pub use error::CertError;
 pub use identity::{Identity, TrustDomain, identity_of, validate_node_name};
-pub use issue::{IssuedCertificate, Validity};
+pub use issue::{IssuedCertificate, SignedCertificate, Validity};
+pub use join_token::{JoinTokenRefused, JoinTokens};
 pub use material::{Material, MaterialPaths, Role};
 pub use pem_files::{
     CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_durably, write_issued,
@@ -33,7 +37,9 @@ pub use pem_files::{
 };
 pub use reload::MaterialStore;
 pub use secret::secret_manifest;
-pub use tls::{client_config_for_node, server_config};
+pub use tls::{
+    client_config_for_node, client_config_for_node_uid, enrolment_client_config, server_config,
+};
 pub use verify::{IdentityRejected, verify_proxy_chain};
 
 /// Installs ring as the process-wide rustls crypto provider (idempotent).

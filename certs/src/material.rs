@@ -49,8 +49,13 @@ pub struct Material {
     pub(crate) server_verifier: Arc<WebPkiServerVerifier>,
     identity: Identity,
     serial: String,
+    not_before: SystemTime,
     not_after: SystemTime,
+    /// The Node UID our own certificate names, if any.
+    node_uid: Option<String>,
     raw: [Vec<u8>; 3],
+    /// False for the stand-in an agent serves with while it enrols.
+    enrolled: bool,
 }
 
 // === impl Role ===
@@ -111,15 +116,7 @@ impl Material {
             path: paths.key.clone(),
             reason: format!("no private key: {e}"),
         })?;
-        let roots = parse_certs(&paths.ca, ca_pem)?;
-        let mut store = RootCertStore::empty();
-        for root in roots {
-            store.add(root).map_err(|e| CertError::BadPem {
-                path: paths.ca.clone(),
-                reason: format!("unusable CA certificate: {e}"),
-            })?;
-        }
-        let store = Arc::new(store);
+        let (client_verifier, server_verifier) = verifiers(&paths.ca, ca_pem)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mismatch = || CertError::KeyMismatch {
             cert: paths.cert.clone(),
@@ -131,19 +128,6 @@ impl Material {
                 other => CertError::Rustls(other),
             })?;
         certified_key.keys_match().map_err(|_| mismatch())?;
-        let client_verifier =
-            WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
-                .build()
-                .map_err(|e| CertError::BadPem {
-                    path: paths.ca.clone(),
-                    reason: format!("cannot build a verifier from the CA: {e}"),
-                })?;
-        let server_verifier = WebPkiServerVerifier::builder_with_provider(store, provider)
-            .build()
-            .map_err(|e| CertError::BadPem {
-                path: paths.ca.clone(),
-                reason: format!("cannot build a verifier from the CA: {e}"),
-            })?;
 
         let (leaf, intermediates) = chain.split_first().ok_or_else(|| CertError::BadPem {
             path: paths.cert.clone(),
@@ -188,15 +172,59 @@ impl Material {
             path: paths.cert.clone(),
             reason: "certificate does not parse".into(),
         })?;
+        let not_before = not_before_of(leaf).unwrap_or(SystemTime::UNIX_EPOCH);
         Ok(Self {
             certified_key: Arc::new(certified_key),
             client_verifier,
             server_verifier,
             identity: expected,
             serial,
+            not_before,
             not_after,
+            node_uid: crate::node_uid_of(leaf),
             raw,
+            enrolled: true,
         })
+    }
+
+    /// What an agent with no usable certificate serves with while the
+    /// proxy enrols it: a throwaway self-signed certificate no one trusts
+    /// (the proxy's enrolment client alone accepts it), and the CA in `ca`,
+    /// so only the proxy's client certificate is accepted.
+    pub fn enrolling(ca: &Path, role: &Role) -> Result<Self, CertError> {
+        let ca_pem = read_bytes(ca)?;
+        let (client_verifier, server_verifier) = verifiers(ca, &ca_pem)?;
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("csi-scsi {} enrolling", role.identity()),
+        );
+        let cert = params.self_signed(&key)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certified_key = CertifiedKey::from_der(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            &provider,
+        )?;
+        Ok(Self {
+            certified_key: Arc::new(certified_key),
+            client_verifier,
+            server_verifier,
+            identity: role.identity(),
+            serial: String::new(),
+            not_before: SystemTime::UNIX_EPOCH,
+            not_after: SystemTime::UNIX_EPOCH,
+            node_uid: None,
+            raw: [Vec::new(), Vec::new(), ca_pem],
+            enrolled: false,
+        })
+    }
+
+    /// Whether this is a real certificate from the CA (not the stand-in of
+    /// an agent still enrolling).
+    pub fn is_enrolled(&self) -> bool {
+        self.enrolled
     }
 
     /// The identity of our own certificate.
@@ -207,6 +235,16 @@ impl Material {
     /// Serial number of our own certificate, lower-case hex.
     pub fn serial(&self) -> &str {
         &self.serial
+    }
+
+    /// When our own certificate became valid.
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
+    /// The Node UID our own certificate names, if any.
+    pub fn node_uid(&self) -> Option<&str> {
+        self.node_uid.as_deref()
     }
 
     /// When our own certificate expires.
@@ -236,6 +274,35 @@ impl std::fmt::Debug for Material {
     }
 }
 
+/// The client and server verifiers that trust the CA certificates in `pem`.
+fn verifiers(
+    path: &Path,
+    pem: &[u8],
+) -> Result<(Arc<dyn ClientCertVerifier>, Arc<WebPkiServerVerifier>), CertError> {
+    let roots = parse_certs(path, pem)?;
+    let mut store = RootCertStore::empty();
+    for root in roots {
+        store.add(root).map_err(|e| CertError::BadPem {
+            path: path.to_owned(),
+            reason: format!("unusable CA certificate: {e}"),
+        })?;
+    }
+    let store = Arc::new(store);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let unusable = |e: rustls::server::VerifierBuilderError| CertError::BadPem {
+        path: path.to_owned(),
+        reason: format!("cannot build a verifier from the CA: {e}"),
+    };
+    let client_verifier =
+        WebPkiClientVerifier::builder_with_provider(store.clone(), provider.clone())
+            .build()
+            .map_err(unusable)?;
+    let server_verifier = WebPkiServerVerifier::builder_with_provider(store, provider)
+        .build()
+        .map_err(unusable)?;
+    Ok((client_verifier, server_verifier))
+}
+
 fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
@@ -259,4 +326,11 @@ pub(crate) fn serial_and_expiry(der: &[u8]) -> Option<(String, SystemTime)> {
     let secs = cert.validity().not_after.timestamp();
     let not_after = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?);
     Some((serial, not_after))
+}
+
+/// notBefore of a DER certificate.
+fn not_before_of(der: &[u8]) -> Option<SystemTime> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let secs = cert.validity().not_before.timestamp();
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
 }

@@ -47,6 +47,78 @@ impl MaterialStore {
         }))
     }
 
+    /// Loads the files, or, when they hold no usable certificate, serves
+    /// the enrolling stand-in ([`Material::enrolling`], trusting the CA in
+    /// `paths.ca`) until [`MaterialStore::install`] or the files bring a
+    /// real one. Returns why the files were not used, if they were not.
+    pub fn load_or_enrol(
+        paths: MaterialPaths,
+        role: Role,
+        domain: TrustDomain,
+        bootstrap_ca: Option<&std::path::Path>,
+    ) -> Result<(Arc<Self>, Option<CertError>), CertError> {
+        let (material, why) = match Material::load(&paths, &role, &domain) {
+            Ok(m) => (m, None),
+            Err(e) => {
+                // The CA of the files when they have one, else the one given.
+                let ca = match bootstrap_ca {
+                    Some(ca) if !paths.ca.exists() => ca.to_owned(),
+                    _ => paths.ca.clone(),
+                };
+                (Material::enrolling(&ca, &role)?, Some(e))
+            }
+        };
+        Ok((
+            Arc::new(Self {
+                paths,
+                role,
+                domain,
+                current: ArcSwap::from_pointee(material),
+                generation: watch::channel(0).0,
+                rejected: std::sync::Mutex::new(None),
+            }),
+            why,
+        ))
+    }
+
+    /// Checks `issued` as a reload would (key matches, chains to its CA,
+    /// names this role, valid now), writes it over the files and serves it
+    /// from the next handshake. The files are left alone if it is refused.
+    pub fn install(&self, issued: &crate::IssuedCertificate) -> Result<(), CertError> {
+        let raw = [
+            issued.cert_pem.as_bytes().to_vec(),
+            issued.key_pem.as_bytes().to_vec(),
+            issued.ca_pem.as_bytes().to_vec(),
+        ];
+        let material = Material::from_raw(&self.paths, raw, &self.role, &self.domain)?;
+        // The key last: until it lands, a reload reads a mismatched set and
+        // keeps what it has; the CA first, so the new leaf chains.
+        for (path, pem, mode) in [
+            (&self.paths.ca, &issued.ca_pem, 0o644),
+            (&self.paths.cert, &issued.cert_pem, 0o644),
+            (&self.paths.key, &issued.key_pem, 0o600),
+        ] {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|source| CertError::Io {
+                    path: dir.to_owned(),
+                    source,
+                })?;
+            }
+            crate::write_durably(path, pem.as_bytes(), mode).map_err(|source| CertError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        tracing::info!(
+            identity = %material.identity(),
+            serial = material.serial(),
+            "installed a newly issued certificate"
+        );
+        self.current.store(Arc::new(material));
+        self.generation.send_modify(|g| *g += 1);
+        Ok(())
+    }
+
     /// The material in use now.
     pub fn current(&self) -> Arc<Material> {
         self.current.load_full()
@@ -72,7 +144,12 @@ impl MaterialStore {
     /// already reported), `Err` when they changed but are unusable (the old
     /// material stays in use).
     pub fn reload(&self) -> Result<bool, CertError> {
-        let raw = self.paths.read_raw()?;
+        let raw = match self.paths.read_raw() {
+            Ok(raw) => raw,
+            // Enrolling: no files yet is the expected state, not news.
+            Err(_) if !self.current.load().is_enrolled() => return Ok(false),
+            Err(e) => return Err(e),
+        };
         if self.current.load().same_files(&raw) {
             return Ok(false);
         }

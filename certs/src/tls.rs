@@ -40,18 +40,96 @@ pub fn client_config_for_node(
     store: Arc<MaterialStore>,
     node: &str,
 ) -> Result<Arc<ClientConfig>, CertError> {
+    client_config_for_node_uid(store, node, None)
+}
+
+/// [`client_config_for_node`], and when `uid` is given (the Node object's
+/// UID now), a certificate that names another Node UID is refused: it was
+/// issued to a Node since deleted, whatever its name.
+pub fn client_config_for_node_uid(
+    store: Arc<MaterialStore>,
+    node: &str,
+    uid: Option<&str>,
+) -> Result<Arc<ClientConfig>, CertError> {
     let mut config = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(NodeServerVerifier {
             store: store.clone(),
             node: node.to_owned(),
+            uid: uid.map(str::to_owned),
         }))
         .with_client_cert_resolver(Arc::new(CurrentCert(store)));
     config.alpn_protocols = vec![b"h2".to_vec()];
     // Same reason as the server: always verify the agent's current certificate.
     config.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(config))
+}
+
+/// The proxy's client config for the Enrolment service: presents the
+/// proxy's certificate (the agent answers no one else) and accepts any
+/// server certificate, since an enrolling agent has none from the CA yet.
+/// Nothing the agent says over it is trusted: the proxy verifies the
+/// credential the agent relays and sends back only public data.
+pub fn enrolment_client_config(store: Arc<MaterialStore>) -> Result<Arc<ClientConfig>, CertError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider())))
+        .with_client_cert_resolver(Arc::new(CurrentCert(store)));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(Arc::new(config))
+}
+
+/// Accepts any server certificate, still checking that the server holds
+/// its key (the handshake signature).
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

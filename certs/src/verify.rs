@@ -28,6 +28,19 @@ pub enum IdentityRejected {
         /// What the client presented.
         presented: String,
     },
+    /// The certificate names the node dialled, but a Node object of that
+    /// name that has since been deleted.
+    #[error(
+        "the certificate of {node} was issued to Node UID {presented}, but node {node} is now UID {expected}: the Node was deleted and created again; its agent must enrol afresh"
+    )]
+    StaleNode {
+        /// The node name.
+        node: String,
+        /// The Node's UID now.
+        expected: String,
+        /// The UID the certificate names.
+        presented: String,
+    },
     /// The proxy dialled one node and another answered.
     #[error("dialled {expected} but the peer's certificate names {presented}")]
     WrongNode {
@@ -78,6 +91,8 @@ pub(crate) struct ProxyClientVerifier {
 pub(crate) struct NodeServerVerifier {
     pub(crate) store: Arc<MaterialStore>,
     pub(crate) node: String,
+    /// The Node object's UID now, when known.
+    pub(crate) uid: Option<String>,
 }
 
 // === impl ProxyClientVerifier ===
@@ -189,7 +204,20 @@ impl ServerCertVerifier for NodeServerVerifier {
         ) {
             // Exactly the node dialled: a certificate naming several nodes
             // would let one node answer for another.
-            Ok(verified) if raw.len() == 1 && ids == [expected.clone()] => Ok(verified),
+            Ok(verified) if raw.len() == 1 && ids == [expected.clone()] => {
+                // A certificate without a UID (issued by hand) names no
+                // Node object in particular; one with a UID, exactly one.
+                match (&self.uid, crate::node_uid_of(end_entity)) {
+                    (Some(now), Some(issued)) if *now != issued => {
+                        Err(other(IdentityRejected::StaleNode {
+                            node: self.node.clone(),
+                            expected: now.clone(),
+                            presented: issued,
+                        }))
+                    }
+                    _ => Ok(verified),
+                }
+            }
             Ok(_) => Err(wrong_node()),
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },

@@ -605,3 +605,133 @@ fn a_node_name_that_reads_as_an_ip_address_is_refused_at_issue_time() {
         .expect_err("an IP-shaped node name");
     assert!(err.to_string().contains("IP address"), "{err}");
 }
+
+// === Enrolment ===
+
+/// An agent store for `node` enrolled through a CSR, the CA naming
+/// `node_uid`.
+fn enrolled_store(pki: &Pki, node: &str, node_uid: Option<&str>) -> std::sync::Arc<MaterialStore> {
+    let dir = pki
+        .dir
+        .path()
+        .join(format!("enrolled-{node}-{}", node_uid.unwrap_or("none")));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("ca.crt"), pki.ca.cert_pem()).expect("ca");
+    let (store, why) = MaterialStore::load_or_enrol(
+        MaterialPaths::in_dir(&dir),
+        agent(node),
+        pki.domain.clone(),
+        None,
+    )
+    .expect("enrolling store");
+    assert!(why.is_some() && !store.current().is_enrolled());
+    let key = csi_scsi_certs::PendingKey::generate(node).expect("key");
+    let signed = pki
+        .ca
+        .sign_agent_csr(
+            key.csr_pem(),
+            node,
+            node_uid,
+            csi_scsi_certs::Validity::lasting(Duration::from_secs(3600)),
+        )
+        .expect("signed");
+    let issued = key
+        .accept(&signed.cert_pem, &signed.ca_pem)
+        .expect("accepted");
+    store.install(&issued).expect("installed");
+    assert!(store.current().is_enrolled());
+    assert_eq!(store.current().node_uid(), node_uid);
+    store
+}
+
+#[tokio::test]
+async fn an_enrolling_agent_is_trusted_only_once_its_signed_certificate_is_installed() {
+    let pki = Pki::new();
+    let dir = pki.dir.path().join("enrolling");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("ca.crt"), pki.ca.cert_pem()).expect("ca");
+    let (store, _) = MaterialStore::load_or_enrol(
+        MaterialPaths::in_dir(&dir),
+        agent("node-a"),
+        pki.domain.clone(),
+        None,
+    )
+    .expect("enrolling store");
+    let mut server = Server::spawn(server_config(store.clone()).expect("config")).await;
+    // The stand-in certificate: a proxy refuses it.
+    let client = client_config_for_node(pki.store(Role::Proxy), "node-a").expect("client config");
+    expect_err(
+        connect(client.clone(), "node-a", server.addr).await,
+        "client",
+    );
+    let _ = server.next_handshake().await;
+    // The enrolment client (it trusts nothing the agent says) gets through.
+    let enrolment =
+        csi_scsi_certs::enrolment_client_config(pki.store(Role::Proxy)).expect("config");
+    connect(enrolment, "node-a", server.addr)
+        .await
+        .expect("enrolment handshake");
+    server.next_handshake().await.expect("server side");
+
+    // A CSR asking for node-b still gets a node-a certificate: the names
+    // are the signer's.
+    let key = csi_scsi_certs::PendingKey::generate("node-b").expect("key");
+    let signed = pki
+        .ca
+        .sign_agent_csr(
+            key.csr_pem(),
+            "node-a",
+            None,
+            csi_scsi_certs::Validity::lasting(Duration::from_secs(3600)),
+        )
+        .expect("signed");
+    let other = csi_scsi_certs::PendingKey::generate("node-a").expect("key");
+    // Another key's certificate is refused before anything is written.
+    assert!(other.accept(&signed.cert_pem, &signed.ca_pem).is_err());
+    let issued = key
+        .accept(&signed.cert_pem, &signed.ca_pem)
+        .expect("accept");
+    // The certificate names node-a whatever the CSR said: node-a's store
+    // takes it.
+    store.install(&issued).expect("installed");
+    assert!(dir.join("tls.crt").exists() && dir.join("tls.key").exists());
+    connect(client, "node-a", server.addr)
+        .await
+        .expect("a proxy trusts the installed certificate");
+    server.next_handshake().await.expect("server side");
+}
+
+#[tokio::test]
+async fn a_certificate_issued_to_a_deleted_node_of_the_same_name_is_refused() {
+    let pki = Pki::new();
+    let store = enrolled_store(&pki, "node-a", Some("uid-old"));
+    let mut server = Server::spawn(server_config(store).expect("config")).await;
+    // The Node was deleted and created again: a new UID.
+    let client = csi_scsi_certs::client_config_for_node_uid(
+        pki.store(Role::Proxy),
+        "node-a",
+        Some("uid-new"),
+    )
+    .expect("client config");
+    let err = expect_err(connect(client, "node-a", server.addr).await, "client");
+    assert_eq!(
+        identity_rejection(rustls_error(&err)),
+        &IdentityRejected::StaleNode {
+            node: "node-a".into(),
+            expected: "uid-new".into(),
+            presented: "uid-old".into(),
+        }
+    );
+    let _ = server.next_handshake().await;
+    // The same UID: accepted.
+    let client = csi_scsi_certs::client_config_for_node_uid(
+        pki.store(Role::Proxy),
+        "node-a",
+        Some("uid-old"),
+    )
+    .expect("client config");
+    connect(client, "node-a", server.addr)
+        .await
+        .expect("current node");
+    server.next_handshake().await.expect("server side");
+}

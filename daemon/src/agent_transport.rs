@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_certs::{CertError, MaterialStore, client_config_for_node};
+use csi_scsi_certs::{
+    CertError, MaterialStore, client_config_for_node_uid, enrolment_client_config,
+};
 use futures::Stream;
 use rustls::ServerConfig;
 use rustls::pki_types::ServerName;
@@ -63,19 +65,44 @@ pub fn agent_channel(
     store: Arc<MaterialStore>,
     connect_timeout: Duration,
 ) -> Result<Channel, TransportError> {
-    severable_agent_channel(addr, node, store, connect_timeout).map(|(channel, _)| channel)
+    severable_agent_channel(addr, node, None, store, connect_timeout).map(|(channel, _)| channel)
 }
 
-/// [`agent_channel`], with the [`Severance`] that cuts its connections: a
-/// caller that gives up on a call severs the channel, so nothing it sent is
-/// delivered later (see [`crate::agent_tcp`]).
-pub fn severable_agent_channel(
+/// A lazily connected channel for the Enrolment service of the agent at
+/// `addr`: the proxy's certificate is presented, the agent's is not
+/// checked (see [`csi_scsi_certs::enrolment_client_config`]). Never use it
+/// for anything but enrolment.
+pub fn enrolment_channel(
     addr: &str,
     node: &str,
     store: Arc<MaterialStore>,
     connect_timeout: Duration,
+) -> Result<Channel, TransportError> {
+    let config = enrolment_client_config(store)?;
+    connect(addr, node, config, connect_timeout).map(|(channel, _)| channel)
+}
+
+/// [`agent_channel`], with the [`Severance`] that cuts its connections: a
+/// caller that gives up on a call severs the channel, so nothing it sent is
+/// delivered later (see [`crate::agent_tcp`]). With `node_uid`, a
+/// certificate issued to another Node object of that name is refused.
+pub fn severable_agent_channel(
+    addr: &str,
+    node: &str,
+    node_uid: Option<&str>,
+    store: Arc<MaterialStore>,
+    connect_timeout: Duration,
 ) -> Result<(Channel, Severance), TransportError> {
-    let config = client_config_for_node(store, node)?;
+    let config = client_config_for_node_uid(store, node, node_uid)?;
+    connect(addr, node, config, connect_timeout)
+}
+
+fn connect(
+    addr: &str,
+    node: &str,
+    config: Arc<rustls::ClientConfig>,
+    connect_timeout: Duration,
+) -> Result<(Channel, Severance), TransportError> {
     let endpoint = Endpoint::from_shared(format!("https://{addr}"))
         .map_err(|source| TransportError::BadAddress {
             addr: addr.to_owned(),

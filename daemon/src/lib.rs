@@ -23,7 +23,9 @@ pub mod text;
 mod unserved;
 
 pub use agent_tcp::{Severance, UNACKED_LIMIT};
-pub use agent_transport::{TransportError, agent_channel, severable_agent_channel, tls_incoming};
+pub use agent_transport::{
+    TransportError, agent_channel, enrolment_channel, severable_agent_channel, tls_incoming,
+};
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};
 pub use endpoint::{EndpointError, parse_csi_endpoint};

@@ -84,6 +84,13 @@ impl Check for TlsMaterialCheck {
 
     fn check(&self) -> Result<(), String> {
         let material = self.0.current();
+        if !material.is_enrolled() {
+            return Err(format!(
+                "no certificate yet: waiting for the proxy to enrol {} ({} holds none that is usable)",
+                material.identity(),
+                self.0.paths().cert.display()
+            ));
+        }
         if material.remaining().is_zero() {
             return Err(format!(
                 "certificate {} (serial {}) has expired",

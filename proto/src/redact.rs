@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::REDACTED;
-use crate::agent::ChapCredentials;
+use crate::agent::{BeginEnrolmentResponse, ChapCredentials};
 use crate::csi::*;
 
 /// Prints a secrets map as its keys with redacted values.
@@ -70,6 +70,17 @@ impl fmt::Debug for ChapCredentials {
     }
 }
 
+impl fmt::Debug for BeginEnrolmentResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BeginEnrolmentResponse")
+            .field("node", &self.node)
+            .field("credential_kind", &self.credential_kind())
+            .field("credential", &REDACTED)
+            .field("csr_pem", &self.csr_pem)
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +96,18 @@ mod tests {
         assert!(text.contains("naa.6001:1"), "{text}");
         assert!(text.contains("chap-password"), "{text}");
         assert!(!text.contains("hunter2-s3cret"), "{text}");
+    }
+
+    #[test]
+    fn enrolment_debug_hides_the_credential() {
+        let begin = BeginEnrolmentResponse {
+            node: "node-a".into(),
+            credential: "eyJhbGciOiJSUzI1NiJ9.t0ken".into(),
+            ..Default::default()
+        };
+        let text = format!("{begin:?}");
+        assert!(text.contains("node-a"), "{text}");
+        assert!(!text.contains("t0ken"), "{text}");
     }
 
     #[test]

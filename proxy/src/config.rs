@@ -129,9 +129,74 @@ pub struct Args {
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub tls_poll_interval: u64,
 
+    /// The cluster CA (ca.crt, ca.key; a mounted Secret): with it, the
+    /// proxy enrols agents (signs their certificates after checking the
+    /// credential each relays) and renews each at two thirds of its life
+    /// (docs/certificates.md, "Enrolment").
+    #[arg(long, env = "SIGNER_CA_DIR", value_name = "DIR")]
+    pub signer_ca_dir: Option<PathBuf>,
+
+    /// Lifetime of the agent certificates the proxy signs (default 12
+    /// hours); each is renewed with a third of it left.
+    #[arg(long, default_value = "43200", value_name = "SECONDS")]
+    pub agent_cert_lifetime: u64,
+
+    /// Seconds between enrolment passes over the agents (a new agent is
+    /// also looked at as soon as the directory lists it).
+    #[arg(long, default_value = "30", value_name = "SECONDS")]
+    pub enrol_interval: u64,
+
+    /// Join tokens' records (`csi-scsi-certs join-token --dir`): how agents
+    /// prove their node in embedded mode.
+    #[arg(long, env = "JOIN_TOKENS_DIR", value_name = "DIR")]
+    pub join_tokens_dir: Option<PathBuf>,
+
+    /// Audience of the agents' projected ServiceAccount tokens (kubernetes
+    /// backend).
+    #[arg(long, default_value = "csi-scsi-enrolment")]
+    pub enrol_audience: String,
+
+    /// The agent DaemonSet and its ServiceAccount, in --namespace: a token
+    /// is accepted only from a Pod of that DaemonSet running as that
+    /// ServiceAccount on the node it names.
+    #[arg(long, default_value = "csi-scsi-node")]
+    pub agent_daemonset: String,
+
+    /// See --agent-daemonset.
+    #[arg(long, default_value = "csi-scsi-node")]
+    pub agent_service_account: String,
+
     /// Log format: text or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// Agent enrolment: who signs, for how long, and how nodes prove who they are.
+#[derive(Debug, Clone)]
+pub struct EnrolmentConfig {
+    /// ca.crt and ca.key.
+    pub ca_dir: PathBuf,
+    /// Lifetime of a signed agent certificate.
+    pub lifetime: Duration,
+    /// Between passes.
+    pub interval: Duration,
+    /// Join tokens (embedded mode).
+    pub join_tokens: Option<PathBuf>,
+    /// What a ServiceAccount token must say (kubernetes backend).
+    pub token: TokenRules,
+}
+
+/// Whose ServiceAccount tokens enrol an agent.
+#[derive(Debug, Clone)]
+pub struct TokenRules {
+    /// The audience the token is bound to.
+    pub audience: String,
+    /// The agents' namespace.
+    pub namespace: String,
+    /// The agent DaemonSet.
+    pub daemonset: String,
+    /// Its ServiceAccount.
+    pub service_account: String,
 }
 
 /// Where the inventory and the agent directory live.
@@ -186,6 +251,8 @@ pub struct Config {
     pub trust_domain: TrustDomain,
     pub grace_period: Duration,
     pub tls_poll_interval: Duration,
+    /// `None`: agents' certificates come as files only.
+    pub enrolment: Option<EnrolmentConfig>,
 }
 
 impl Args {
@@ -218,6 +285,26 @@ impl Args {
             backoff,
             concurrency: self.agent_concurrency,
         };
+        // Renewal passes run every --enrol-interval: a lifetime shorter
+        // than a few of them would expire between two.
+        if self.agent_cert_lifetime < 3 * self.enrol_interval.max(1) {
+            return Err(format!(
+                "--agent-cert-lifetime: {} s is less than three --enrol-interval passes ({} s each)",
+                self.agent_cert_lifetime, self.enrol_interval
+            ));
+        }
+        let enrolment = self.signer_ca_dir.map(|ca_dir| EnrolmentConfig {
+            ca_dir,
+            lifetime: Duration::from_secs(self.agent_cert_lifetime),
+            interval: Duration::from_secs(self.enrol_interval.max(1)),
+            join_tokens: self.join_tokens_dir,
+            token: TokenRules {
+                audience: self.enrol_audience,
+                namespace: self.namespace.clone(),
+                daemonset: self.agent_daemonset,
+                service_account: self.agent_service_account,
+            },
+        });
         let backend = match self.backend.as_str() {
             "kubernetes" => {
                 if self.pod_name.is_empty() {
@@ -257,6 +344,7 @@ impl Args {
             trust_domain,
             grace_period: Duration::from_secs(self.grace_period),
             tls_poll_interval: Duration::from_secs(self.tls_poll_interval.max(1)),
+            enrolment,
         })
     }
 }

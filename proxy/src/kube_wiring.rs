@@ -74,6 +74,8 @@ pub struct KubeBackends {
     pub targets_changed: Arc<Notify>,
     /// CHAP Secrets, read through the API from the driver's namespace.
     pub secrets: Arc<dyn SecretSource>,
+    /// The client they use (enrolment's TokenReviews).
+    pub client: Client,
 }
 
 /// Why the backends could not start.
@@ -128,7 +130,7 @@ pub fn kube_backends_with(
         Arc::new(KubeSecrets::new(client.clone(), &options.namespace));
     let directory: Arc<dyn AgentDirectory> = match options.agents {
         AgentSource::Pods { selector, port } => PodDirectory::spawn(
-            client,
+            client.clone(),
             PodDirectoryConfig {
                 namespace: options.namespace,
                 selector,
@@ -151,5 +153,6 @@ pub fn kube_backends_with(
         election,
         events,
         secrets,
+        client,
     })
 }

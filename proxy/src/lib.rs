@@ -8,6 +8,7 @@ pub mod config;
 pub mod csi;
 pub mod device;
 pub mod directory;
+pub mod enrolment;
 pub mod error;
 pub mod events;
 pub mod fault;

@@ -73,7 +73,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         (None, Some(dir)) => Arc::new(DirSecrets(dir.clone())),
         (None, None) => Arc::new(NoSecrets),
     };
-    let pool = AgentPool::new(directory, tls.clone(), config.calls.clone());
+    let pool = AgentPool::new(directory.clone(), tls.clone(), config.calls.clone());
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
     pool.set_metrics(&metrics);
     let mut life = Lifecycle::new(inventory.clone(), pool, secrets);
@@ -113,6 +113,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     background.spawn(run_while_leader(backends.leader.clone(), move || {
         discovery::run(discovering.clone(), interval, trigger.clone(), concurrency)
     }));
+    // Agents' certificates: first ones and renewals (leader only).
+    if let Some(enrolment) = &config.enrolment {
+        let enroller = Arc::new(enroller(
+            enrolment,
+            &backends,
+            directory.clone(),
+            tls.clone(),
+        )?);
+        let interval = enrolment.interval;
+        background.spawn(run_while_leader(backends.leader.clone(), move || {
+            enroller.clone().run(interval)
+        }));
+    }
     // The wipes of deleted volumes, off the CSI call path; a new leader's
     // first scan resumes what the last one left.
     let (releasing, release_config) = (life.clone(), config.release.clone());
@@ -199,6 +212,35 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The signer of agents' certificates, with the credential check of the
+/// backend: TokenReview in a cluster, join tokens without one.
+fn enroller(
+    config: &crate::config::EnrolmentConfig,
+    backends: &Backends,
+    directory: Arc<dyn crate::directory::AgentDirectory>,
+    tls: Arc<MaterialStore>,
+) -> anyhow::Result<crate::enrolment::Enroller> {
+    use crate::enrolment::{CredentialCheck, JoinTokenCheck, RenewalsOnly, TokenReviewCheck};
+    let ca = csi_scsi_certs::CertificateAuthority::load(
+        &config.ca_dir.join(csi_scsi_certs::CA_CERT_FILE),
+        &config.ca_dir.join(csi_scsi_certs::CA_KEY_FILE),
+    )
+    .context("loading the signer's CA (--signer-ca-dir)")?;
+    let check: Arc<dyn CredentialCheck> = match (&backends.client, &config.join_tokens) {
+        (Some(client), _) => Arc::new(TokenReviewCheck::new(client.clone(), config.token.clone())),
+        (None, Some(dir)) => Arc::new(JoinTokenCheck(csi_scsi_certs::JoinTokens::new(dir))),
+        (None, None) => Arc::new(RenewalsOnly),
+    };
+    tracing::info!(lifetime = ?config.lifetime, "signing agents' certificates");
+    Ok(crate::enrolment::Enroller::new(
+        directory,
+        tls,
+        ca,
+        config.lifetime,
+        check,
+    ))
+}
+
 /// The inventory, directory and leadership of one backend.
 struct Backends {
     inventory: Arc<Inventory>,
@@ -210,6 +252,8 @@ struct Backends {
     events: Option<crate::events::VolumeEvents>,
     /// The backend's own Secret source (Kubernetes: the API).
     secrets: Option<Arc<dyn SecretSource>>,
+    /// The Kubernetes client, with that backend.
+    client: Option<kube::Client>,
 }
 
 /// The kube watch caches are synced.
@@ -245,6 +289,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 store_check: Box::new(StoreCheck(store)),
                 events: None,
                 secrets: None,
+                client: None,
             })
         }
         Backend::Kubernetes {
@@ -272,6 +317,7 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
                 store_check: Box::new(SyncedCheck(b.kube_inventory)),
                 events: Some(b.events),
                 secrets: Some(b.secrets),
+                client: Some(b.client),
             })
         }
     }

@@ -11,6 +11,8 @@ mod controller;
 mod crash;
 #[path = "e2e/disks.rs"]
 mod disks;
+#[path = "e2e/enrolment.rs"]
+mod enrolment;
 #[path = "e2e/fault.rs"]
 mod fault;
 #[path = "e2e/identity.rs"]

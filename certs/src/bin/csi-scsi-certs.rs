@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use csi_scsi_certs::{
-    CA_CERT_FILE, CA_KEY_FILE, CertError, CertificateAuthority, Identity, TrustDomain, Validity,
-    secret_manifest, write_issued,
+    CA_CERT_FILE, CA_KEY_FILE, CertError, CertificateAuthority, Identity, JoinTokens, TrustDomain,
+    Validity, secret_manifest, write_issued,
 };
 
 /// Trust material for csi-scsi's mutual TLS between the proxy and agents.
@@ -53,6 +53,20 @@ enum Command {
     IssueProxy {
         #[command(flatten)]
         issue: IssueArgs,
+    },
+    /// Make a one-time join token for the agent of one node (embedded
+    /// mode): its digest goes into the proxy's --join-tokens-dir, the token
+    /// to stdout, for that agent's --join-token-file.
+    JoinToken {
+        /// The node whose agent may use it.
+        #[arg(long)]
+        node: String,
+        /// The proxy's --join-tokens-dir.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Minutes it stays valid (unused).
+        #[arg(long, default_value_t = 60)]
+        ttl_minutes: u64,
     },
 }
 
@@ -132,6 +146,19 @@ fn run(command: Command) -> Result<String, CertError> {
                 .clone()
                 .unwrap_or_else(|| format!("csi-scsi-agent-{node}"));
             issue_to(&issue, &Identity::Node(node), &name)
+        }
+        Command::JoinToken {
+            node,
+            dir,
+            ttl_minutes,
+        } => {
+            let token = JoinTokens::new(&dir)
+                .create(&node, std::time::Duration::from_secs(ttl_minutes * 60))?;
+            println!("{token}");
+            Ok(format!(
+                "join token for node {node} recorded in {} (valid {ttl_minutes} min, once)",
+                dir.display()
+            ))
         }
         Command::IssueProxy { issue } => {
             let name = issue

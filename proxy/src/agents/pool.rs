@@ -65,6 +65,7 @@ pub enum PoolError {
 /// One agent's channel in the pool.
 struct Pooled {
     address: String,
+    node_uid: Option<String>,
     id: u64,
     channel: Channel,
     /// Cuts the channel's connections when a call over it is given up.
@@ -108,7 +109,9 @@ impl AgentPool {
                 let Some(pool) = weak.upgrade() else { return };
                 let mut channels = pool.channels.lock().unwrap_or_else(|p| p.into_inner());
                 channels.retain(|node, p| {
-                    let keep = agents.get(node).is_some_and(|a| a.address == p.address);
+                    let keep = agents
+                        .get(node)
+                        .is_some_and(|a| a.address == p.address && a.node_uid == p.node_uid);
                     if !keep {
                         tracing::info!(%node, "agent left or moved; dropping its channel");
                     }
@@ -150,12 +153,14 @@ impl AgentPool {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = channels.get(node)
             && p.address == entry.address
+            && p.node_uid == entry.node_uid
         {
             return Ok((p.id, p.channel.clone()));
         }
         let (ch, severance) = csi_scsi_daemon::severable_agent_channel(
             &entry.address,
             node,
+            entry.node_uid.as_deref(),
             self.tls.clone(),
             self.config.connect_timeout,
         )
@@ -168,6 +173,7 @@ impl AgentPool {
             node.to_owned(),
             Pooled {
                 address: entry.address.clone(),
+                node_uid: entry.node_uid.clone(),
                 id,
                 channel: ch.clone(),
                 severance,

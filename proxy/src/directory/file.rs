@@ -182,6 +182,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)
                 AgentEntry {
                     address: address.to_owned(),
                     labels,
+                    node_uid: None,
                 },
             )
             .is_some()

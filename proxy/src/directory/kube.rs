@@ -21,7 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::{AgentDirectory, AgentEntry, Agents};
+use super::{AgentDirectory, AgentEntry, Agents, Unready};
 
 /// Name of the agent container port; its number wins over the configured one.
 pub const AGENT_PORT_NAME: &str = "agent-api";
@@ -44,6 +44,10 @@ pub struct PodDirectory {
     tx: watch::Sender<Agents>,
     /// The Node objects (metadata only): which nodes exist.
     nodes: Store<PartialObjectMeta<Node>>,
+    /// The agent Pods.
+    pods: Store<Pod>,
+    /// Agent API port when a Pod names none.
+    port: u16,
     /// Whether a snapshot built after both watches listed once is out.
     synced: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -120,6 +124,8 @@ impl PodDirectory {
         Arc::new(Self {
             tx,
             nodes,
+            pods,
+            port: config.port,
             synced,
             tasks: vec![pod_task, node_task, publisher],
         })
@@ -170,6 +176,10 @@ impl AgentDirectory for PodDirectory {
     fn node_exists(&self, node: &str) -> bool {
         !self.is_ready() || self.nodes.get(&ObjectRef::new(node)).is_some()
     }
+
+    fn unready(&self) -> Vec<Unready> {
+        unready(&self.pods, &self.nodes, self.port)
+    }
 }
 
 /// The directory the caches describe now. When two Ready Pods claim one
@@ -179,10 +189,10 @@ fn build(
     nodes: &Store<PartialObjectMeta<Node>>,
     default_port: u16,
 ) -> BTreeMap<String, AgentEntry> {
-    let node_labels: BTreeMap<String, BTreeMap<String, String>> = nodes
+    let node_labels: BTreeMap<String, (BTreeMap<String, String>, Option<String>)> = nodes
         .state()
         .iter()
-        .map(|n| (n.name_any(), n.labels().clone()))
+        .map(|n| (n.name_any(), (n.labels().clone(), n.uid())))
         .collect();
     let mut chosen: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     for pod in pods.state() {
@@ -199,15 +209,55 @@ fn build(
     chosen
         .into_iter()
         .filter_map(|(node, pod)| {
-            let ip = pod.status.as_ref()?.pod_ip.clone()?;
-            let port = agent_port(&pod).unwrap_or(default_port);
-            let address = if ip.contains(':') {
-                format!("[{ip}]:{port}")
-            } else {
-                format!("{ip}:{port}")
-            };
-            let labels = node_labels.get(&node).cloned().unwrap_or_default();
-            Some((node, AgentEntry { address, labels }))
+            let address = pod_address(&pod, default_port)?;
+            let (labels, node_uid) = node_labels.get(&node).cloned().unwrap_or_default();
+            Some((
+                node,
+                AgentEntry {
+                    address,
+                    labels,
+                    node_uid,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// `ip:port` of a Pod's agent API.
+fn pod_address(pod: &Pod, default_port: u16) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    let port = agent_port(pod).unwrap_or(default_port);
+    Some(if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    })
+}
+
+/// The agent Pods that run (scheduled, an IP, not terminating) but are
+/// not Ready: an agent enrolling is one.
+fn unready(
+    pods: &Store<Pod>,
+    nodes: &Store<PartialObjectMeta<Node>>,
+    default_port: u16,
+) -> Vec<Unready> {
+    pods.state()
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && serving_node(pod).is_none())
+        .filter_map(|pod| {
+            let node = pod
+                .spec
+                .as_ref()?
+                .node_name
+                .clone()
+                .filter(|n| !n.is_empty())?;
+            let address = pod_address(pod, default_port)?;
+            let node_uid = nodes.get(&ObjectRef::new(&node)).and_then(|n| n.uid());
+            Some(Unready {
+                node,
+                address,
+                node_uid,
+            })
         })
         .collect()
 }

@@ -20,6 +20,21 @@ pub struct AgentEntry {
     pub address: String,
     /// Node labels (for targets' node selectors).
     pub labels: BTreeMap<String, String>,
+    /// The Node object's UID, when the backend has Node objects: a
+    /// certificate issued to an older Node of that name is refused.
+    pub node_uid: Option<String>,
+}
+
+/// An agent Pod that is not serving yet (not Ready): a node the enroller
+/// may have to give its first certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unready {
+    /// The node it runs on.
+    pub node: String,
+    /// `host:port` of its agent API.
+    pub address: String,
+    /// Its Node object's UID, when known.
+    pub node_uid: Option<String>,
 }
 
 /// A snapshot of the directory.
@@ -37,6 +52,11 @@ pub trait AgentDirectory: Send + Sync {
     /// Whether `node` is still part of the cluster, whatever its agent's
     /// state; `true` while the backend cannot tell yet.
     fn node_exists(&self, node: &str) -> bool;
+    /// Agents that run but do not serve (an agent with no certificate
+    /// yet is not Ready); none when the backend cannot tell.
+    fn unready(&self) -> Vec<Unready> {
+        Vec::new()
+    }
 }
 
 /// What the directory says about one node's agent (`locate`).

@@ -304,7 +304,7 @@ proptest! {
         let want: BTreeMap<String, AgentEntry> = agents
             .iter()
             .map(|(node, (_, address, labels))| {
-                (node.clone(), AgentEntry { address: address.clone(), labels: labels.clone() })
+                (node.clone(), AgentEntry { address: address.clone(), labels: labels.clone(), node_uid: None })
             })
             .collect();
         std::fs::write(&path, lines.join("\n")).expect("write");

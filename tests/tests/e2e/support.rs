@@ -64,6 +64,10 @@ impl Env {
             "1".into(),
             "--grace-period".into(),
             "5".into(),
+            // Registration defaults to the host's /var/lib/kubelet, which
+            // every agent of a parallel test (and a lab) would fight over.
+            "--kubelet-registration".into(),
+            "off".into(),
         ]
     }
 

@@ -1,0 +1,355 @@
+//! Agent enrolment (docs/certificates.md, "Enrolment"): the leader holds
+//! the cluster CA and keeps every agent's certificate current. For each
+//! agent the directory knows (Ready or not), it asks the agent's Enrolment
+//! service what certificate it serves:
+//!
+//! - over a verified connection (the agent's certificate from the CA, naming
+//!   the node dialled and, when known, the Node's UID now): a certificate
+//!   past two thirds of its life is renewed there, the agent's relayed
+//!   ServiceAccount token checked again when it has one;
+//! - otherwise (no certificate yet, expired, or issued to a Node since
+//!   deleted) over an enrolment connection, which does not trust the agent:
+//!   the credential it relays must prove its node before anything is signed.
+//!
+//! The agent makes its key; the proxy signs the CSR's public key with the
+//! names it verified, never the names in the request.
+
+pub mod credentials;
+pub mod token_review;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use csi_scsi_certs::{CertError, CertificateAuthority, MaterialStore, Validity};
+use csi_scsi_proto::agent::enrolment_client::EnrolmentClient;
+use csi_scsi_proto::agent::{
+    BeginEnrolmentRequest, CertificateStatusRequest, CertificateStatusResponse,
+    CompleteEnrolmentRequest, CredentialKind,
+};
+use futures::StreamExt;
+use tonic::transport::Channel;
+
+use crate::directory::AgentDirectory;
+pub use credentials::{CredentialCheck, JoinTokenCheck, Proven, Refusal, RenewalsOnly};
+pub use token_review::TokenReviewCheck;
+
+/// Agents looked at in parallel in one pass.
+const PARALLEL: usize = 8;
+
+/// Why an agent was not (re)enrolled this pass. Logged; the next pass
+/// tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum EnrolError {
+    /// The agent did not answer.
+    #[error("cannot reach the agent of {node} at {address}: {reason}")]
+    Unreachable {
+        /// The node.
+        node: String,
+        /// Where it was dialled.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The agent at the node's address says it is on another node.
+    #[error("the agent at {address} says it runs on node {says}, not {node}: nothing signed")]
+    WrongAgent {
+        /// The node dialled.
+        node: String,
+        /// Where.
+        address: String,
+        /// What it said.
+        says: String,
+    },
+    /// The credential did not prove the node.
+    #[error("enrolment of {node} refused: {refusal}")]
+    Refused {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        refusal: Refusal,
+    },
+    /// The CSR could not be signed.
+    #[error("cannot sign the certificate of {node}: {source}")]
+    Sign {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: CertError,
+    },
+    /// The agent refused the certificate it was sent.
+    #[error("the agent of {node} did not install its certificate: {reason}")]
+    Install {
+        /// The node.
+        node: String,
+        /// What it said.
+        reason: String,
+    },
+}
+
+/// What one look at an agent did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its certificate is good for a while yet.
+    Current,
+    /// It got its first certificate (or one after losing its own).
+    Enrolled {
+        /// Serial of the new certificate.
+        serial: String,
+    },
+    /// Its certificate was renewed over a verified connection.
+    Renewed {
+        /// Serial of the new certificate.
+        serial: String,
+    },
+}
+
+/// The signer: the CA, the lifetime it signs for, and the check of the
+/// credentials agents relay.
+pub struct Enroller {
+    directory: Arc<dyn AgentDirectory>,
+    tls: Arc<MaterialStore>,
+    ca: CertificateAuthority,
+    lifetime: Duration,
+    check: Arc<dyn CredentialCheck>,
+    timeout: Duration,
+}
+
+impl Enroller {
+    /// Signs with `ca` for `lifetime`; dials the agents of `directory` with
+    /// the proxy's `tls`; proves nodes with `check`.
+    pub fn new(
+        directory: Arc<dyn AgentDirectory>,
+        tls: Arc<MaterialStore>,
+        ca: CertificateAuthority,
+        lifetime: Duration,
+        check: Arc<dyn CredentialCheck>,
+    ) -> Self {
+        Self {
+            directory,
+            tls,
+            ca,
+            lifetime,
+            check,
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// A pass now, then one every `interval` and whenever the directory
+    /// changes (a new agent Pod), until dropped.
+    pub async fn run(self: Arc<Self>, interval: Duration) {
+        let mut changes = self.directory.subscribe();
+        loop {
+            self.pass().await;
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// Looks at every agent once; logs and returns what happened to each.
+    pub async fn pass(&self) -> Vec<(String, Result<Outcome, EnrolError>)> {
+        let mut agents: Vec<(String, String, Option<String>)> = self
+            .directory
+            .snapshot()
+            .iter()
+            .map(|(node, a)| (node.clone(), a.address.clone(), a.node_uid.clone()))
+            .collect();
+        agents.extend(
+            self.directory
+                .unready()
+                .into_iter()
+                .map(|u| (u.node, u.address, u.node_uid)),
+        );
+        let results: Vec<_> = futures::stream::iter(agents)
+            .map(|(node, address, uid)| async move {
+                let result = self.visit(&node, &address, uid.as_deref()).await;
+                match &result {
+                    Ok(Outcome::Current) => {}
+                    Ok(Outcome::Enrolled { serial }) => {
+                        tracing::info!(%node, %serial, lifetime = ?self.lifetime, "enrolled the agent: its first certificate signed")
+                    }
+                    Ok(Outcome::Renewed { serial }) => {
+                        tracing::info!(%node, %serial, lifetime = ?self.lifetime, "renewed the agent's certificate")
+                    }
+                    Err(e) => tracing::warn!(%node, error = %e, "agent enrolment"),
+                }
+                (node, result)
+            })
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        results
+    }
+
+    /// Renews or enrols one agent if its certificate needs it.
+    pub async fn visit(
+        &self,
+        node: &str,
+        address: &str,
+        uid: Option<&str>,
+    ) -> Result<Outcome, EnrolError> {
+        let unreachable = |reason: String| EnrolError::Unreachable {
+            node: node.to_owned(),
+            address: address.to_owned(),
+            reason,
+        };
+        // Verified first: the agent's certificate is from the CA, names the
+        // node and, when known, its Node UID now.
+        if let Ok((channel, _)) = csi_scsi_daemon::severable_agent_channel(
+            address,
+            node,
+            uid,
+            self.tls.clone(),
+            self.timeout,
+        ) {
+            let mut client = EnrolmentClient::new(channel);
+            if let Ok(status) = client
+                .certificate_status(self.request(CertificateStatusRequest {}))
+                .await
+            {
+                let status = status.into_inner();
+                if !due(&status, SystemTime::now(), self.lifetime) {
+                    return Ok(Outcome::Current);
+                }
+                let serial = self.enrol(&mut client, node, address, uid, true).await?;
+                return Ok(Outcome::Renewed { serial });
+            }
+        }
+        // No certificate we trust: the credential alone proves the node.
+        let channel =
+            csi_scsi_daemon::enrolment_channel(address, node, self.tls.clone(), self.timeout)
+                .map_err(|e| unreachable(e.to_string()))?;
+        let mut client = EnrolmentClient::new(channel);
+        client
+            .certificate_status(self.request(CertificateStatusRequest {}))
+            .await
+            .map_err(|s| unreachable(s.message().to_owned()))?;
+        let serial = self.enrol(&mut client, node, address, uid, false).await?;
+        Ok(Outcome::Enrolled { serial })
+    }
+
+    /// Begin, check, sign, complete. `verified`: the connection verified the
+    /// agent's current certificate for `node` (a renewal).
+    async fn enrol(
+        &self,
+        client: &mut EnrolmentClient<Channel>,
+        node: &str,
+        address: &str,
+        uid: Option<&str>,
+        verified: bool,
+    ) -> Result<String, EnrolError> {
+        let unreachable = |s: tonic::Status| EnrolError::Unreachable {
+            node: node.to_owned(),
+            address: address.to_owned(),
+            reason: s.message().to_owned(),
+        };
+        let begin = client
+            .begin_enrolment(self.request(BeginEnrolmentRequest {}))
+            .await
+            .map_err(unreachable)?
+            .into_inner();
+        if begin.node != node {
+            return Err(EnrolError::WrongAgent {
+                node: node.to_owned(),
+                address: address.to_owned(),
+                says: begin.node,
+            });
+        }
+        let refused = |refusal| EnrolError::Refused {
+            node: node.to_owned(),
+            refusal,
+        };
+        let kind = begin.credential_kind();
+        let proven = match kind {
+            // A join token works once: a renewal rests on the certificate
+            // the connection verified.
+            CredentialKind::None | CredentialKind::JoinToken | CredentialKind::Unspecified
+                if verified =>
+            {
+                Proven {
+                    node_uid: uid.map(str::to_owned),
+                }
+            }
+            CredentialKind::None | CredentialKind::Unspecified => {
+                return Err(refused(Refusal::WrongKind(
+                    kind,
+                    "an agent without a trusted certificate must relay a credential",
+                )));
+            }
+            _ => self
+                .check
+                .check(node, kind, &begin.credential)
+                .await
+                .map_err(refused)?,
+        };
+        let signed = self
+            .ca
+            .sign_agent_csr(
+                &begin.csr_pem,
+                node,
+                proven.node_uid.as_deref(),
+                Validity::lasting(self.lifetime),
+            )
+            .map_err(|source| EnrolError::Sign {
+                node: node.to_owned(),
+                source,
+            })?;
+        client
+            .complete_enrolment(self.request(CompleteEnrolmentRequest {
+                certificate_pem: signed.cert_pem,
+                ca_pem: signed.ca_pem,
+            }))
+            .await
+            .map_err(|s| EnrolError::Install {
+                node: node.to_owned(),
+                reason: s.message().to_owned(),
+            })?;
+        Ok(signed.serial)
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
+        req.set_timeout(self.timeout);
+        req
+    }
+}
+
+/// Whether a certificate needs renewing: none, or less than a third of
+/// `lifetime` (what this signer issues for) left. Measured from the end:
+/// notBefore is set back for clock skew, and a certificate issued by hand
+/// for a year is renewed in time too, with a short one.
+fn due(status: &CertificateStatusResponse, now: SystemTime, lifetime: Duration) -> bool {
+    if !status.has_certificate {
+        return true;
+    }
+    let now = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let third = i64::try_from(lifetime.as_secs() / 3).unwrap_or(i64::MAX);
+    status.not_after - now <= third
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_is_due_with_a_third_of_the_lifetime_left_or_without_a_certificate() {
+        let status = |has, na| CertificateStatusResponse {
+            has_certificate: has,
+            not_before: 2700,
+            not_after: na,
+            ..Default::default()
+        };
+        let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let life = Duration::from_secs(3000);
+        assert!(!due(&status(true, 6000), at(4999), life));
+        assert!(due(&status(true, 6000), at(5000), life));
+        assert!(due(&status(false, 0), at(1), life));
+        // A year's certificate by hand: renewed only near its end.
+        assert!(!due(&status(true, 40_000_000), at(5000), life));
+    }
+}
