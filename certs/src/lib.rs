@@ -36,7 +36,7 @@ pub use pem_files::{
     write_private_file,
 };
 pub use reload::MaterialStore;
-pub use secret::secret_manifest;
+pub use secret::{ca_manifests, secret_manifest};
 pub use tls::{
     client_config_for_node, client_config_for_node_uid, enrolment_client_config, server_config,
 };

@@ -17,6 +17,8 @@ mod crds;
 mod devices;
 #[path = "kube_backends/directory.rs"]
 mod directory;
+#[path = "kube_backends/enrolment.rs"]
+mod enrolment;
 #[path = "kube_backends/fake_api.rs"]
 mod fake_api;
 #[path = "kube_backends/finalizers.rs"]

@@ -54,6 +54,19 @@ enum Command {
         #[command(flatten)]
         issue: IssueArgs,
     },
+    /// Print the CA as the Secret the proxy signs with (ca.crt, ca.key)
+    /// and the ConfigMap the agents trust (ca.crt), for `kubectl apply -f -`.
+    CaManifests {
+        /// Directory holding the CA's ca.crt and ca.key.
+        #[arg(long)]
+        ca: PathBuf,
+        /// Name of both objects.
+        #[arg(long, default_value = "csi-scsi-ca")]
+        name: String,
+        /// Their namespace (the driver's).
+        #[arg(long, default_value = "csi-scsi")]
+        namespace: String,
+    },
     /// Make a one-time join token for the agent of one node (embedded
     /// mode): its digest goes into the proxy's --join-tokens-dir, the token
     /// to stdout, for that agent's --join-token-file.
@@ -146,6 +159,17 @@ fn run(command: Command) -> Result<String, CertError> {
                 .clone()
                 .unwrap_or_else(|| format!("csi-scsi-agent-{node}"));
             issue_to(&issue, &Identity::Node(node), &name)
+        }
+        Command::CaManifests {
+            ca,
+            name,
+            namespace,
+        } => {
+            let ca = CertificateAuthority::load(&ca.join(CA_CERT_FILE), &ca.join(CA_KEY_FILE))?;
+            print!("{}", csi_scsi_certs::ca_manifests(&ca, &name, &namespace));
+            Ok(format!(
+                "printed Secret and ConfigMap {namespace}/{name} (the Secret holds the CA key)"
+            ))
         }
         Command::JoinToken {
             node,

@@ -151,13 +151,10 @@ impl<R: Rpc> tower::Service<AgentCall<R>> for Caller {
     }
 }
 
-/// A call the transport lost (the agent died, the connection reset, a
-/// stream cut mid-body) is UNAVAILABLE, which the retry layer retries, not the UNKNOWN tonic gives
-/// it: the agent never answered, and every agent call is idempotent.
-fn transport_is_unavailable(status: Status) -> Status {
-    // An answer from the agent carries no source; only a failure of the
-    // connection (tonic's transport error, hyper's body error) does.
-    let lost = std::error::Error::source(&status).map(|e| {
+/// Why the connection under `status` failed (a TLS refusal, a reset), the
+/// whole chain of causes; `None` when the agent answered.
+pub(crate) fn transport_failure(status: &Status) -> Option<String> {
+    std::error::Error::source(status).map(|e| {
         let mut why = e.to_string();
         let mut next = e.source();
         while let Some(inner) = next {
@@ -165,8 +162,16 @@ fn transport_is_unavailable(status: Status) -> Status {
             next = inner.source();
         }
         why
-    });
-    match lost {
+    })
+}
+
+/// A call the transport lost (the agent died, the connection reset, a
+/// stream cut mid-body) is UNAVAILABLE, which the retry layer retries, not the UNKNOWN tonic gives
+/// it: the agent never answered, and every agent call is idempotent.
+fn transport_is_unavailable(status: Status) -> Status {
+    // An answer from the agent carries no source; only a failure of the
+    // connection (tonic's transport error, hyper's body error) does.
+    match transport_failure(&status) {
         Some(why) if status.code() == tonic::Code::Unknown => {
             Status::unavailable(format!("connection to the agent lost: {why}"))
         }

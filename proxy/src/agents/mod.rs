@@ -13,6 +13,7 @@ mod pool;
 mod retry;
 mod stack;
 
+pub(crate) use call::transport_failure;
 pub use call::{AgentCall, Caller, REQUEST_ID_HEADER, Rpc};
 pub use error::{AgentError, Refusal};
 pub use fanout::fan_out;

@@ -44,10 +44,8 @@ pub struct PodDirectory {
     tx: watch::Sender<Agents>,
     /// The Node objects (metadata only): which nodes exist.
     nodes: Store<PartialObjectMeta<Node>>,
-    /// The agent Pods.
-    pods: Store<Pod>,
-    /// Agent API port when a Pod names none.
-    port: u16,
+    /// Agent Pods that run but are not Ready.
+    unready: watch::Sender<Vec<Unready>>,
     /// Whether a snapshot built after both watches listed once is out.
     synced: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -68,6 +66,7 @@ impl PodDirectory {
         let (listed, _) = watch::channel(0usize);
         let (synced, _) = watch::channel(false);
         let (tx, _) = watch::channel(Arc::new(BTreeMap::new()));
+        let (unready_tx, _) = watch::channel(Vec::new());
 
         let pod_task = crate::reflect::spawn(
             pods_api,
@@ -90,8 +89,9 @@ impl PodDirectory {
         );
 
         let publisher = {
-            let (tx, synced, pods, nodes, port, settle) = (
+            let (tx, unready_tx, synced, pods, nodes, port, settle) = (
                 tx.clone(),
+                unready_tx.clone(),
                 synced.clone(),
                 pods.clone(),
                 nodes.clone(),
@@ -105,6 +105,12 @@ impl PodDirectory {
                     // from stores that hold both first lists.
                     let complete = *listed.borrow() >= WATCHES;
                     let agents = build(&pods, &nodes, port);
+                    let waiting = unready(&pods, &nodes, port);
+                    unready_tx.send_if_modified(|current| {
+                        let changed = *current != waiting;
+                        *current = waiting;
+                        changed
+                    });
                     tx.send_if_modified(|current| {
                         if **current == agents {
                             return false;
@@ -124,8 +130,7 @@ impl PodDirectory {
         Arc::new(Self {
             tx,
             nodes,
-            pods,
-            port: config.port,
+            unready: unready_tx,
             synced,
             tasks: vec![pod_task, node_task, publisher],
         })
@@ -178,7 +183,11 @@ impl AgentDirectory for PodDirectory {
     }
 
     fn unready(&self) -> Vec<Unready> {
-        unready(&self.pods, &self.nodes, self.port)
+        self.unready.borrow().clone()
+    }
+
+    fn subscribe_unready(&self) -> Option<watch::Receiver<Vec<Unready>>> {
+        Some(self.unready.subscribe())
     }
 }
 

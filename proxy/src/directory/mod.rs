@@ -57,6 +57,11 @@ pub trait AgentDirectory: Send + Sync {
     fn unready(&self) -> Vec<Unready> {
         Vec::new()
     }
+    /// A receiver that sees every change of [`AgentDirectory::unready`];
+    /// `None` when the backend has no such agents.
+    fn subscribe_unready(&self) -> Option<watch::Receiver<Vec<Unready>>> {
+        None
+    }
 }
 
 /// What the directory says about one node's agent (`locate`).

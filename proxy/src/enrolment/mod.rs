@@ -140,11 +140,19 @@ impl Enroller {
     /// changes (a new agent Pod), until dropped.
     pub async fn run(self: Arc<Self>, interval: Duration) {
         let mut changes = self.directory.subscribe();
+        let mut waiting = self.directory.subscribe_unready();
         loop {
             self.pass().await;
+            let unready_changed = async {
+                match waiting.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
                 changed = changes.changed() => if changed.is_err() { return },
+                open = unready_changed => if !open { return },
             }
         }
     }
@@ -198,6 +206,7 @@ impl Enroller {
         };
         // Verified first: the agent's certificate is from the CA, names the
         // node and, when known, its Node UID now.
+        let mut untrusted = None;
         if let Ok((channel, _)) = csi_scsi_daemon::severable_agent_channel(
             address,
             node,
@@ -206,16 +215,24 @@ impl Enroller {
             self.timeout,
         ) {
             let mut client = EnrolmentClient::new(channel);
-            if let Ok(status) = client
+            match client
                 .certificate_status(self.request(CertificateStatusRequest {}))
                 .await
             {
-                let status = status.into_inner();
-                if !due(&status, SystemTime::now(), self.lifetime) {
-                    return Ok(Outcome::Current);
+                Ok(status) => {
+                    let status = status.into_inner();
+                    if !due(&status, SystemTime::now(), self.lifetime) {
+                        return Ok(Outcome::Current);
+                    }
+                    let serial = self.enrol(&mut client, node, address, uid, true).await?;
+                    return Ok(Outcome::Renewed { serial });
                 }
-                let serial = self.enrol(&mut client, node, address, uid, true).await?;
-                return Ok(Outcome::Renewed { serial });
+                Err(s) => {
+                    untrusted = Some(
+                        crate::agents::transport_failure(&s)
+                            .unwrap_or_else(|| s.message().to_owned()),
+                    );
+                }
             }
         }
         // No certificate we trust: the credential alone proves the node.
@@ -223,10 +240,20 @@ impl Enroller {
             csi_scsi_daemon::enrolment_channel(address, node, self.tls.clone(), self.timeout)
                 .map_err(|e| unreachable(e.to_string()))?;
         let mut client = EnrolmentClient::new(channel);
-        client
+        let status = client
             .certificate_status(self.request(CertificateStatusRequest {}))
             .await
-            .map_err(|s| unreachable(s.message().to_owned()))?;
+            .map_err(|s| unreachable(s.message().to_owned()))?
+            .into_inner();
+        if status.has_certificate {
+            // It has one, but not one the proxy trusts for this node now
+            // (expired, another CA, or a deleted Node's UID): say why.
+            tracing::warn!(
+                %node,
+                reason = untrusted.as_deref().unwrap_or("unknown"),
+                "the agent's certificate is refused; enrolling it afresh"
+            );
+        }
         let serial = self.enrol(&mut client, node, address, uid, false).await?;
         Ok(Outcome::Enrolled { serial })
     }

@@ -259,12 +259,17 @@ impl Lab {
         };
         save_record(&dir, &record)?;
 
-        progress(
-            "certificates: a CA, one agent certificate per node, the proxy's (csi-scsi-certs)",
-        );
         let pki = Pki::init(&dir.join("pki"));
-        for i in 0..config.nodes {
-            pki.issue_agent(&node_name(i), &format!("{}-tls", node_name(i)));
+        if config.agents_as_pods {
+            // The DaemonSet's agents enrol with their projected tokens.
+            progress("certificates: a CA and the proxy's (csi-scsi-certs); agents enrol");
+        } else {
+            progress(
+                "certificates: a CA, the proxy's, a one-time join token per node (csi-scsi-certs join-token); the proxy enrols each agent",
+            );
+            for i in 0..config.nodes {
+                join_token(&dir.join("pki"), &node_name(i))?;
+            }
         }
         let proxy_tls = pki.issue_proxy("proxy-tls");
 
@@ -456,6 +461,9 @@ impl Lab {
         lab.proxy_args = lab.proxy_args(&proxy_tls);
         if lab.config.embedded_proxy {
             lab.restart_proxy().await?;
+            if !lab.config.agents_as_pods {
+                lab.wait_enrolled().await?;
+            }
         }
         Ok(lab)
     }
@@ -486,10 +494,41 @@ impl Lab {
             &self.proxy_status.to_string(),
             "--agent-probe-interval",
             "5",
+            // The signer: agents enrol with their join tokens.
+            "--signer-ca-dir",
+            &self.pki.ca_dir().display().to_string(),
+            "--join-tokens-dir",
+            &dir.join("pki/join-tokens").display().to_string(),
+            "--enrol-interval",
+            "2",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect()
+    }
+
+    /// Waits until the proxy has enrolled every agent (its certificate is
+    /// in its node's `pki/<node>-tls`).
+    async fn wait_enrolled(&self) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        for n in &self.nodes {
+            let cert = self
+                .config
+                .dir
+                .join("pki")
+                .join(format!("{}-tls", n.name))
+                .join(csi_scsi_certs::TLS_CERT_FILE);
+            while !cert.exists() {
+                if tokio::time::Instant::now() > deadline {
+                    bail!(
+                        "the proxy did not enrol {} within 60 s (see proxy.log)",
+                        n.name
+                    );
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
     }
 
     /// Grows LUN `name` (`a1`, `mp`, ...) by `by` bytes, as an array
@@ -855,6 +894,15 @@ async fn start_node(
             &status.to_string(),
             "--tls-dir",
             &tls.display().to_string(),
+            "--join-token-file",
+            &config
+                .dir
+                .join("pki")
+                .join(format!("{name}.join-token"))
+                .display()
+                .to_string(),
+            "--enrol-ca-file",
+            &config.dir.join("pki/ca/ca.crt").display().to_string(),
             "--sysfs-root",
             &root.join("sys").display().to_string(),
             "--dev-root",
@@ -1072,4 +1120,25 @@ fn unescape(s: &str) -> String {
         .replace("\\011", "\t")
         .replace("\\012", "\n")
         .replace("\\134", "\\")
+}
+
+/// A one-time join token for `node`'s agent, made as docs/certificates.md
+/// says (`csi-scsi-certs join-token`): its digest in `pki/join-tokens` (the
+/// proxy's), the token in `pki/<node>.join-token` (the agent's, 0600).
+fn join_token(pki: &Path, node: &str) -> anyhow::Result<()> {
+    let token = sh(
+        &binary("csi-scsi-certs").display().to_string(),
+        &[
+            "join-token",
+            "--node",
+            node,
+            "--dir",
+            &pki.join("join-tokens").display().to_string(),
+            "--ttl-minutes",
+            "10",
+        ],
+    )?;
+    csi_scsi_certs::write_private_file(&pki.join(format!("{node}.join-token")), token.trim())?;
+    std::fs::create_dir_all(pki.join(format!("{node}-tls")))?;
+    Ok(())
 }

@@ -6,6 +6,7 @@
 //! chart installed with helm), the agent running as the DaemonSet and the
 //! proxy with the real CSI sidecars as the Deployment.
 
+pub mod enrolment;
 pub mod images;
 pub mod install;
 pub mod node;
@@ -167,7 +168,7 @@ impl KubeLab {
         let mut routes = Vec::new();
         for (i, n) in lab.nodes.iter().enumerate() {
             let base = dir.join("nodes").join(&n.name);
-            let fs = NodeFs::create(&base, &dir.join("pki").join(format!("{}-tls", n.name)))?;
+            let fs = NodeFs::create(&base)?;
             let pod_subnet = format!("198.19.{subnet}.{}/28", 16 * (i + 1));
             routes.push((pod_subnet.clone(), n.ip.clone()));
             let spec = NodeSpec {
@@ -314,11 +315,26 @@ pub fn condition_true(object: &serde_json::Value, kind: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == "True"))
 }
 
-/// The proxy's client certificate as the Secret the Deployment mounts, made
-/// as docs/kubernetes.md says (`csi-scsi-certs issue-proxy --format secret`).
+/// The trust material the driver's Pods mount, made as docs/kubernetes.md
+/// says: the CA as the signer's Secret and the agents' ConfigMap
+/// (`csi-scsi-certs ca-manifests`), and the proxy's client certificate
+/// (`csi-scsi-certs issue-proxy --format secret`). No agent certificate:
+/// the agents enrol.
 fn proxy_secret(kubectl: &Kubectl, ca: &Path, namespace: &str) -> anyhow::Result<()> {
+    let certs = binary("csi-scsi-certs").display().to_string();
+    let ca_objects = super::net::sh(
+        &certs,
+        &[
+            "ca-manifests",
+            "--ca",
+            &ca.display().to_string(),
+            "--namespace",
+            namespace,
+        ],
+    )?;
+    kubectl.apply(&ca_objects)?;
     let secret = super::net::sh(
-        &binary("csi-scsi-certs").display().to_string(),
+        &certs,
         &[
             "issue-proxy",
             "--ca",

@@ -1,6 +1,6 @@
 //! Each lab node's own filesystem view. The lab's nodes share one host, but
 //! the DaemonSet's hostPath volumes name fixed host paths
-//! (`/var/lib/kubelet`, `/etc/csi-scsi/tls`, `/etc/iscsi`, ...), which on a
+//! (`/var/lib/kubelet`, `/var/lib/csi-scsi-agent`, `/etc/iscsi`, ...), which on a
 //! real cluster are each node's own. So every node gets a mount namespace
 //! (a slave of the host's: the host's mounts reach it, its own stay in it)
 //! where those paths are bind mounts of the node's directories; its
@@ -32,14 +32,12 @@ struct Bind {
 }
 
 impl NodeFs {
-    /// Creates the namespace of the node whose directory is `base`, with
-    /// the agent's certificate directory `tls`.
-    pub fn create(base: &Path, tls: &Path) -> anyhow::Result<Self> {
+    /// Creates the namespace of the node whose directory is `base`.
+    pub fn create(base: &Path) -> anyhow::Result<Self> {
         let host = base.join("host");
         let dir = |p: &str| host.join(p.trim_start_matches('/'));
         let mut binds = vec![
             Bind::dir(base.join("kubelet"), "/var/lib/kubelet"),
-            Bind::dir(tls.to_owned(), "/etc/csi-scsi/tls"),
             Bind::dir(base.join("tree/etc/iscsi"), "/etc/iscsi"),
             Bind::dir(base.join(super::super::SEAM_DIR), SEAM_MOUNT),
             Bind::dir(base.join("tree"), "/run/csi-scsi-lab/tree"),

@@ -19,11 +19,15 @@ pub fn list(k: &Kubectl, ns: &str, selector: &str) -> anyhow::Result<Vec<serde_j
     Ok(pods["items"].as_array().cloned().unwrap_or_default())
 }
 
-/// The agent Pod on `node` (not being deleted).
+/// The agent Pod on `node` (the DaemonSet's, not being deleted).
 pub fn agent_on(k: &Kubectl, ns: &str, node: &str) -> anyhow::Result<serde_json::Value> {
     list(k, ns, AGENT_SELECTOR)?
         .into_iter()
-        .find(|p| p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null())
+        .find(|p| {
+            p["spec"]["nodeName"] == node
+                && p["metadata"]["deletionTimestamp"].is_null()
+                && p["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+        })
         .with_context(|| format!("no agent Pod on {node}"))
 }
 
@@ -109,27 +113,53 @@ impl KubeLab {
     /// the node would (kubelet need not be up). No log file is an error,
     /// never an empty log: counting calls in nothing would say "none".
     pub fn agent_log(&self, node: &str) -> anyhow::Result<String> {
-        let pods = self
-            .lab
-            .config
-            .dir
-            .join("nodes")
-            .join(node)
-            .join("host/var/log/pods");
-        let prefix = format!("{}_csi-scsi-node-", self.namespace);
-        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&pods)
-            .with_context(|| format!("reading {}", pods.display()))?
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-            .flat_map(|e| {
-                std::fs::read_dir(e.path().join("csi-scsi-agent"))
-                    .into_iter()
+        self.container_logs(&[node], "csi-scsi-node-", "csi-scsi-agent")
+    }
+
+    /// Every csi-scsi-proxy container's log still on a node (the
+    /// controller Pods' current and previous instances).
+    pub fn proxy_logs(&self) -> anyhow::Result<String> {
+        let nodes: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        self.container_logs(&nodes, "csi-scsi-controller-", "csi-scsi-proxy")
+    }
+
+    /// The logs of `container` in the driver's Pods named `pod_prefix...`
+    /// on `nodes`, oldest file first.
+    fn container_logs(
+        &self,
+        nodes: &[&str],
+        pod_prefix: &str,
+        container: &str,
+    ) -> anyhow::Result<String> {
+        let prefix = format!("{}_{pod_prefix}", self.namespace);
+        let mut files: Vec<std::path::PathBuf> = Vec::new();
+        for node in nodes {
+            let pods = self
+                .lab
+                .config
+                .dir
+                .join("nodes")
+                .join(node)
+                .join("host/var/log/pods");
+            files.extend(
+                std::fs::read_dir(&pods)
+                    .with_context(|| format!("reading {}", pods.display()))?
                     .flatten()
-                    .flatten()
-            })
-            .map(|e| e.path())
-            .collect();
-        anyhow::ensure!(!files.is_empty(), "no agent log under {}", pods.display());
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .flat_map(|e| {
+                        std::fs::read_dir(e.path().join(container))
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                    })
+                    .map(|e| e.path()),
+            );
+        }
+        anyhow::ensure!(
+            !files.is_empty(),
+            "no {container} log on {}",
+            nodes.join(", ")
+        );
         files.sort_by_key(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok());
         files
             .iter()

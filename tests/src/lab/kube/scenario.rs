@@ -194,6 +194,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "enrolment: every agent enrolled with its projected token and renewed during the run; Pods posing as node-b's agent (node-a's agent token, another ServiceAccount's, a Pod not of the DaemonSet) are refused",
+        async { Ok(((), super::enrolment::enrolment(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
         "upgrade under load: Pods on every node write and verify while the DaemonSet and the Deployment roll to rebuilt images (another tag) and back",
         async { Ok(((), super::operations::upgrade(&mut *lab).await?)) },
     )
