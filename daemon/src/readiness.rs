@@ -12,6 +12,11 @@ pub trait Check: Send + Sync {
     fn name(&self) -> &str;
     /// `Err(reason)` when the condition does not hold now.
     fn check(&self) -> Result<(), String>;
+    /// What an operator should know while the check passes (`/readyz`
+    /// prints it after `ready`).
+    fn note(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Every check of one process.
@@ -61,6 +66,15 @@ impl Readiness {
             .collect()
     }
 
+    /// The notes of the passing checks: `(name, note)`.
+    pub fn notes(&self) -> Vec<(String, String)> {
+        self.checks
+            .iter()
+            .filter(|c| c.check().is_ok())
+            .filter_map(|c| c.note().map(|n| (c.name().to_owned(), n)))
+            .collect()
+    }
+
     /// Whether every check passes now.
     pub fn is_ready(&self) -> bool {
         self.failures().is_empty()
@@ -80,6 +94,15 @@ impl std::fmt::Debug for Readiness {
 impl Check for TlsMaterialCheck {
     fn name(&self) -> &str {
         "tls"
+    }
+
+    fn note(&self) -> Option<String> {
+        let left = self.0.current().remaining().as_secs();
+        Some(format!(
+            "certificate expires in {}h{:02}m",
+            left / 3600,
+            (left % 3600) / 60
+        ))
     }
 
     fn check(&self) -> Result<(), String> {

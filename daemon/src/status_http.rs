@@ -195,7 +195,11 @@ impl StatusService {
             "/readyz" => {
                 let failures = self.readiness.failures();
                 if failures.is_empty() {
-                    text(StatusCode::OK, "ready\n".into())
+                    let mut body = String::from("ready\n");
+                    for (name, note) in self.readiness.notes() {
+                        body.push_str(&format!("[+] {name}: {note}\n"));
+                    }
+                    text(StatusCode::OK, body)
                 } else {
                     let mut body = String::from("not ready\n");
                     for (name, why) in failures {

@@ -146,6 +146,14 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
             "--ignore-not-found",
         ])?;
     }
+    // Step "node deleted": node-c's Node came back with a new UID; its
+    // agent's old certificate was refused, and it enrolled afresh.
+    let node_c = lab.nodes[2].name.clone();
+    let stale = format!("the certificate of {node_c} was issued to Node UID");
+    anyhow::ensure!(
+        logs.contains(&stale),
+        "no refusal of {node_c}'s certificate after its Node was re-created in the proxy's logs"
+    );
     let enrolled = logs.matches("enrolled the agent").count();
     let renewed = logs.matches("renewed the agent's certificate").count();
     // 120 s certificates renewed with 40 s left (the lab overlay), minutes
@@ -155,7 +163,7 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
         "only {renewed} renewals in the proxy's logs"
     );
     Ok(format!(
-        "{certs}\n      the proxy's logs: {enrolled} enrolments, {renewed} renewals so far; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
+        "{certs}\n      the proxy's logs: {enrolled} enrolments ({node_c} again after its Node was re-created: its old certificate, naming the deleted Node's UID, refused), {renewed} renewals so far; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
         refused_in.as_secs_f64(),
         impostors
             .iter()
@@ -193,11 +201,12 @@ fn certificates(lab: &KubeLab) -> anyhow::Result<String> {
             node_uid_of(&der)
         );
         let (_, cert) = x509_parser::parse_x509_certificate(&der).context("x509")?;
+        // notBefore is set back 5 minutes for clock skew.
         let life = cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
-        out.push(format!("{} ({} s)", n.name, life));
+        out.push(format!("{} ({} s)", n.name, life - 300));
     }
     Ok(format!(
-        "every agent enrolled with its projected token; certificates name the node and its Node UID: {}",
+        "every agent enrolled with its projected token; certificates name the node and its Node UID, lifetime: {}",
         out.join(", ")
     ))
 }
