@@ -109,14 +109,19 @@ impl MaterialStore {
                 source,
             })?;
         }
+        self.swap_in(material, "installed a newly issued certificate");
+        Ok(())
+    }
+
+    /// Serves `material` from the next handshake and tells subscribers.
+    fn swap_in(&self, material: Material, what: &'static str) {
         tracing::info!(
             identity = %material.identity(),
             serial = material.serial(),
-            "installed a newly issued certificate"
+            "{what}"
         );
         self.current.store(Arc::new(material));
         self.generation.send_modify(|g| *g += 1);
-        Ok(())
     }
 
     /// The material in use now.
@@ -166,13 +171,7 @@ impl MaterialStore {
             }
         };
         *rejected = None;
-        tracing::info!(
-            identity = %material.identity(),
-            serial = material.serial(),
-            "loaded rotated TLS material"
-        );
-        self.current.store(Arc::new(material));
-        self.generation.send_modify(|g| *g += 1);
+        self.swap_in(material, "loaded rotated TLS material");
         Ok(true)
     }
 

@@ -254,12 +254,7 @@ fn unready(
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none() && serving_node(pod).is_none())
         .filter_map(|pod| {
-            let node = pod
-                .spec
-                .as_ref()?
-                .node_name
-                .clone()
-                .filter(|n| !n.is_empty())?;
+            let node = scheduled_node(pod)?;
             let address = pod_address(pod, default_port)?;
             let node_uid = nodes.get(&ObjectRef::new(&node)).and_then(|n| n.uid());
             Some(Unready {
@@ -271,18 +266,22 @@ fn unready(
         .collect()
 }
 
+/// The node a Pod is scheduled on.
+fn scheduled_node(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())
+}
+
 /// The node a Pod serves, if it is scheduled, Ready, has an IP and is not
 /// terminating.
 fn serving_node(pod: &Pod) -> Option<String> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let node = pod
-        .spec
-        .as_ref()?
-        .node_name
-        .clone()
-        .filter(|n| !n.is_empty())?;
+    let node = scheduled_node(pod)?;
     let status = pod.status.as_ref()?;
     status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
     let ready = status
