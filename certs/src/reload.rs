@@ -49,7 +49,7 @@ impl MaterialStore {
 
     /// Loads the files, or, when they hold no usable certificate, serves
     /// the enrolling stand-in ([`Material::enrolling`], trusting the CA in
-    /// `paths.ca`) until [`MaterialStore::install`] or the files bring a
+    /// `bootstrap_ca`, else in `paths.ca`) until [`MaterialStore::install`] or the files bring a
     /// real one. Returns why the files were not used, if they were not.
     pub fn load_or_enrol(
         paths: MaterialPaths,
@@ -60,12 +60,11 @@ impl MaterialStore {
         let (material, why) = match Material::load(&paths, &role, &domain) {
             Ok(m) => (m, None),
             Err(e) => {
-                // The CA of the files when they have one, else the one given.
-                let ca = match bootstrap_ca {
-                    Some(ca) if !paths.ca.exists() => ca.to_owned(),
-                    _ => paths.ca.clone(),
-                };
-                (Material::enrolling(&ca, &role)?, Some(e))
+                // The CA given for enrolment (the operator's current one)
+                // over a ca.crt left in the files, which may be a CA since
+                // rotated out.
+                let ca = bootstrap_ca.unwrap_or(&paths.ca);
+                (Material::enrolling(ca, &role)?, Some(e))
             }
         };
         Ok((

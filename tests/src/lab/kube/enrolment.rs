@@ -146,36 +146,28 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
             "--ignore-not-found",
         ])?;
     }
-    // Step "node deleted": node-c's Node came back with a new UID, and its
-    // agent enrolled afresh (its certificate names the new UID, checked
-    // above). The old certificate was refused if it was still valid when
-    // the agent came back, or had expired meanwhile (120 s certificates).
+    // Step "node deleted": node-c's Node came back with a new UID, and
+    // node-c's certificate names that UID (checked above): it enrolled
+    // afresh. The proxy's log says why the old one was refused, if the
+    // container that saw it is still the one logging (kubelet keeps the
+    // logs of a Pod's current and last container only).
     let node_c = lab.nodes[2].name.clone();
     let stale = logs.contains(&format!(
         "the certificate of {node_c} was issued to Node UID"
     ));
-    let node_c_enrolments = logs
-        .lines()
-        .filter(|l| l.contains("enrolled the agent") && l.contains(&format!("node={node_c}")))
-        .count();
-    anyhow::ensure!(
-        node_c_enrolments >= 2,
-        "{node_c} enrolled {node_c_enrolments} time(s); its Node was re-created, so twice at least"
-    );
     let enrolled = logs.matches("enrolled the agent").count();
     let renewed = logs.matches("renewed the agent's certificate").count();
-    // 120 s certificates renewed with 40 s left (the lab overlay), minutes
-    // into the run: every agent has been renewed by now.
-    anyhow::ensure!(
-        renewed >= lab.nodes.len(),
-        "only {renewed} renewals in the proxy's logs"
-    );
+    // 120 s certificates renewed with 40 s left (the lab overlay): each
+    // agent about every 80 s, so the logs of a proxy container that has run
+    // a minute or more show renewals (every node's certificate being
+    // current, checked above, says the rest were renewed too).
+    anyhow::ensure!(renewed >= 1, "no renewal in the proxy's logs");
     Ok(format!(
-        "{certs}\n      the proxy's logs: {enrolled} enrolments ({node_c} {node_c_enrolments} times: again after its Node was re-created, {}), {renewed} renewals so far; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
+        "{certs}\n      {node_c} enrolled again after its Node was re-created ({}); the current proxy containers' logs: {enrolled} enrolments, {renewed} renewals; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
         if stale {
-            "its old certificate, naming the deleted Node's UID, refused"
+            "its old certificate, naming the deleted Node's UID, refused, as the proxy's log says"
         } else {
-            "its old certificate expired meanwhile"
+            "its certificate names the new Node's UID"
         },
         refused_in.as_secs_f64(),
         impostors
