@@ -229,6 +229,8 @@ pub enum AgentSource {
         selector: String,
         /// Agent API port when a Pod declares no `agent-api` port.
         port: u16,
+        /// The DaemonSet that must control a Pod for it to count.
+        daemonset: String,
     },
     /// An agents file (agents outside the cluster).
     File(PathBuf),
@@ -301,7 +303,7 @@ impl Args {
             token: TokenRules {
                 audience: self.enrol_audience,
                 namespace: self.namespace.clone(),
-                daemonset: self.agent_daemonset,
+                daemonset: self.agent_daemonset.clone(),
                 service_account: self.agent_service_account,
             },
         });
@@ -318,6 +320,7 @@ impl Args {
                         None => AgentSource::Pods {
                             selector: self.agent_selector,
                             port: self.agent_port,
+                            daemonset: self.agent_daemonset.clone(),
                         },
                     },
                     lease_name: self.lease_name,

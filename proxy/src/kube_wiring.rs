@@ -129,12 +129,17 @@ pub fn kube_backends_with(
     let secrets: Arc<dyn SecretSource> =
         Arc::new(KubeSecrets::new(client.clone(), &options.namespace));
     let directory: Arc<dyn AgentDirectory> = match options.agents {
-        AgentSource::Pods { selector, port } => PodDirectory::spawn(
+        AgentSource::Pods {
+            selector,
+            port,
+            daemonset,
+        } => PodDirectory::spawn(
             client.clone(),
             PodDirectoryConfig {
                 namespace: options.namespace,
                 selector,
                 port,
+                daemonset,
                 settle: Duration::from_millis(500),
             },
         ),

@@ -35,6 +35,10 @@ pub struct PodDirectoryConfig {
     pub selector: String,
     /// Agent API port when the Pod declares no port named `agent-api`.
     pub port: u16,
+    /// The agent DaemonSet: a Ready Pod serves as its node's agent only if
+    /// the DaemonSet controls it (another Pod with the agents' labels could
+    /// otherwise take a node's place in the directory).
+    pub daemonset: String,
     /// Shortest time between two republished snapshots (events are batched).
     pub settle: Duration,
 }
@@ -89,7 +93,7 @@ impl PodDirectory {
         );
 
         let publisher = {
-            let (tx, unready_tx, synced, pods, nodes, port, settle) = (
+            let (tx, unready_tx, synced, pods, nodes, port, settle, daemonset) = (
                 tx.clone(),
                 unready_tx.clone(),
                 synced.clone(),
@@ -97,6 +101,7 @@ impl PodDirectory {
                 nodes.clone(),
                 config.port,
                 config.settle,
+                config.daemonset.clone(),
             );
             tokio::spawn(async move {
                 loop {
@@ -104,7 +109,7 @@ impl PodDirectory {
                     // Read before building: then the snapshot is built
                     // from stores that hold both first lists.
                     let complete = *listed.borrow() >= WATCHES;
-                    let agents = build(&pods, &nodes, port);
+                    let agents = build(&pods, &nodes, port, &daemonset);
                     let waiting = unready(&pods, &nodes, port);
                     unready_tx.send_if_modified(|current| {
                         let changed = *current != waiting;
@@ -197,6 +202,7 @@ fn build(
     pods: &Store<Pod>,
     nodes: &Store<PartialObjectMeta<Node>>,
     default_port: u16,
+    daemonset: &str,
 ) -> BTreeMap<String, AgentEntry> {
     let node_labels: BTreeMap<String, (BTreeMap<String, String>, Option<String>)> = nodes
         .state()
@@ -204,7 +210,11 @@ fn build(
         .map(|n| (n.name_any(), (n.labels().clone(), n.uid())))
         .collect();
     let mut chosen: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
-    for pod in pods.state() {
+    for pod in pods
+        .state()
+        .into_iter()
+        .filter(|p| controlled_by(p, daemonset))
+    {
         let Some(node) = serving_node(&pod) else {
             continue;
         };
@@ -250,6 +260,9 @@ fn unready(
     nodes: &Store<PartialObjectMeta<Node>>,
     default_port: u16,
 ) -> Vec<Unready> {
+    // Whatever controls them: a Pod that is not the DaemonSet's is refused
+    // by the enrolment check itself, with a reason in the proxy's log (a
+    // signal worth having), and can never serve (`build`).
     pods.state()
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none() && serving_node(pod).is_none())
@@ -264,6 +277,15 @@ fn unready(
             })
         })
         .collect()
+}
+
+/// Whether DaemonSet `name` controls the Pod.
+fn controlled_by(pod: &Pod, name: &str) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.name == name)
 }
 
 /// The node a Pod is scheduled on.
@@ -307,7 +329,10 @@ fn agent_port(pod: &Pod) -> Option<u16> {
 fn trim_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
-    pod.metadata.owner_references = None;
+    // Only the controller's reference (`controlled_by` reads it).
+    if let Some(owners) = pod.metadata.owner_references.as_mut() {
+        owners.retain(|o| o.controller == Some(true));
+    }
     if let Some(spec) = pod.spec.take() {
         let containers = spec
             .containers

@@ -22,6 +22,8 @@ pub fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
             "name": name,
             "namespace": "csi-scsi",
             "labels": {"app.kubernetes.io/name": "csi-scsi-node"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "csi-scsi-node",
+                                 "uid": "ds-uid", "controller": true}],
             "managedFields": [{"manager": "kubelet", "operation": "Update"}],
             "annotations": {"big": "x".repeat(1000)},
         },
@@ -62,6 +64,7 @@ pub fn spawn(api: &FakeApi) -> Arc<PodDirectory> {
             selector: "app.kubernetes.io/name=csi-scsi-node".into(),
             port: 9810,
             settle: Duration::from_millis(10),
+            daemonset: "csi-scsi-node".into(),
         },
     )
 }
@@ -229,4 +232,37 @@ async fn before_the_nodes_are_listed_no_node_is_gone() {
     assert_eq!(locate(&dir, "node-z"), NodeAgent::NotSynced);
     let check = DirectoryCheck(dir.clone());
     assert!(check.check().is_err(), "ready before the Nodes were listed");
+}
+
+#[tokio::test]
+async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at() {
+    let api = FakeApi::start().await;
+    for n in ["node-a", "node-b", "node-c"] {
+        api.put("nodes", node(n, "r1"));
+    }
+    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    // An agent still enrolling: not Ready, listed as unready.
+    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    // Pods with the agents' labels that the DaemonSet does not control: a
+    // Ready one (its readiness passed without a certificate) never serves;
+    // an unready one is listed for the enroller, whose token check
+    // refuses it (proxy/tests/kube_backends/enrolment.rs).
+    let mut impostor = pod("impostor", "node-c", "10.0.0.3", true);
+    impostor["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "x", "uid": "cm-uid", "controller": true}]);
+    api.put("pods", impostor);
+    let mut bare = pod("bare", "node-a", "10.0.0.4", false);
+    bare["metadata"]["ownerReferences"] = json!(null);
+    api.put("pods", bare);
+    let dir = spawn(&api);
+    eventually("node-a's agent and the two unready Pods", || {
+        dir.snapshot().contains_key("node-a") && dir.unready().len() == 2
+    })
+    .await;
+    // Settle: the impostors are in the cache by now, and stay out.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(dir.snapshot().keys().collect::<Vec<_>>(), ["node-a"]);
+    let mut unready: Vec<_> = dir.unready().into_iter().map(|u| u.node).collect();
+    unready.sort();
+    assert_eq!(unready, ["node-a", "node-b"]);
 }
