@@ -37,14 +37,23 @@ impl MaterialStore {
         domain: TrustDomain,
     ) -> Result<Arc<Self>, CertError> {
         let material = Material::load(&paths, &role, &domain)?;
-        Ok(Arc::new(Self {
+        Ok(Self::serving(paths, role, domain, material))
+    }
+
+    fn serving(
+        paths: MaterialPaths,
+        role: Role,
+        domain: TrustDomain,
+        material: Material,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             paths,
             role,
             domain,
             current: ArcSwap::from_pointee(material),
             generation: watch::channel(0).0,
             rejected: std::sync::Mutex::new(None),
-        }))
+        })
     }
 
     /// Loads the files, or, when they hold no usable certificate, serves
@@ -67,17 +76,7 @@ impl MaterialStore {
                 (Material::enrolling(ca, &role)?, Some(e))
             }
         };
-        Ok((
-            Arc::new(Self {
-                paths,
-                role,
-                domain,
-                current: ArcSwap::from_pointee(material),
-                generation: watch::channel(0).0,
-                rejected: std::sync::Mutex::new(None),
-            }),
-            why,
-        ))
+        Ok((Self::serving(paths, role, domain, material), why))
     }
 
     /// Checks `issued` as a reload would (key matches, chains to its CA,
