@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use crate::file_watch;
+use crate::pem_files::{io_err, write_file};
 use crate::{CertError, Material, MaterialPaths, Role, TrustDomain};
 
 /// Lets the several files of one rotation (a symlink swap) land together.
@@ -97,15 +98,9 @@ impl MaterialStore {
             (&self.paths.key, &issued.key_pem, 0o600),
         ] {
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|source| CertError::Io {
-                    path: dir.to_owned(),
-                    source,
-                })?;
+                std::fs::create_dir_all(dir).map_err(|source| io_err(dir, source))?;
             }
-            crate::write_durably(path, pem.as_bytes(), mode).map_err(|source| CertError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            write_file(path, pem, mode)?;
         }
         self.swap_in(material, "installed a newly issued certificate");
         Ok(())
@@ -149,8 +144,14 @@ impl MaterialStore {
     pub fn reload(&self) -> Result<bool, CertError> {
         let raw = match self.paths.read_raw() {
             Ok(raw) => raw,
-            // Enrolling: no files yet is the expected state, not news.
-            Err(_) if !self.current.load().is_enrolled() => return Ok(false),
+            // Enrolling: no files yet is the expected state, not news;
+            // any other read error is reported as it is when enrolled.
+            Err(CertError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound
+                    && !self.current.load().is_enrolled() =>
+            {
+                return Ok(false);
+            }
             Err(e) => return Err(e),
         };
         if self.current.load().same_files(&raw) {

@@ -17,6 +17,7 @@
 pub mod credentials;
 pub mod token_review;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -114,6 +115,18 @@ pub struct Enroller {
     lifetime: Duration,
     check: Arc<dyn CredentialCheck>,
     timeout: Duration,
+    /// What the last look at each Ready agent found: a pass does not dial
+    /// an agent (a handshake each) whose certificate it knows is not due.
+    known: std::sync::Mutex<HashMap<String, Known>>,
+}
+
+/// An agent's certificate as last seen, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Known {
+    address: String,
+    uid: Option<String>,
+    /// When it is due for renewal (Unix seconds).
+    due_at: i64,
 }
 
 impl Enroller {
@@ -133,6 +146,7 @@ impl Enroller {
             lifetime,
             check,
             timeout: Duration::from_secs(10),
+            known: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -159,10 +173,18 @@ impl Enroller {
 
     /// Looks at every agent once; logs and returns what happened to each.
     pub async fn pass(&self) -> Vec<(String, Result<Outcome, EnrolError>)> {
+        let now = unix(SystemTime::now());
+        // Ready agents whose certificate is known not to be due are not
+        // dialled; an unready one (enrolling, or its certificate lost) is.
         let mut agents: Vec<(String, String, Option<String>)> = self
             .directory
             .snapshot()
             .iter()
+            .filter(|(node, a)| {
+                !self.known().get(*node).is_some_and(|k| {
+                    k.address == a.address && k.uid == a.node_uid && now < k.due_at
+                })
+            })
             .map(|(node, a)| (node.clone(), a.address.clone(), a.node_uid.clone()))
             .collect();
         agents.extend(
@@ -174,6 +196,9 @@ impl Enroller {
         let results: Vec<_> = futures::stream::iter(agents)
             .map(|(node, address, uid)| async move {
                 let result = self.visit(&node, &address, uid.as_deref()).await;
+                if result.is_err() {
+                    self.known().remove(&node);
+                }
                 match &result {
                     Ok(Outcome::Current) => {}
                     Ok(Outcome::Enrolled { serial }) => {
@@ -222,6 +247,7 @@ impl Enroller {
                 Ok(status) => {
                     let status = status.into_inner();
                     if !due(&status, SystemTime::now(), self.lifetime) {
+                        self.remember(node, address, uid, status.not_after);
                         return Ok(Outcome::Current);
                     }
                     let serial = self.enrol(&mut client, node, address, uid, true).await?;
@@ -334,7 +360,26 @@ impl Enroller {
                 node: node.to_owned(),
                 reason: s.message().to_owned(),
             })?;
+        self.remember(node, address, uid, unix(signed.not_after));
         Ok(signed.serial)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that `node`'s certificate, valid until `not_after`, is due
+    /// with a third of the lifetime left.
+    fn remember(&self, node: &str, address: &str, uid: Option<&str>, not_after: i64) {
+        let third = i64::try_from(self.lifetime.as_secs() / 3).unwrap_or(i64::MAX);
+        self.known().insert(
+            node.to_owned(),
+            Known {
+                address: address.to_owned(),
+                uid: uid.map(str::to_owned),
+                due_at: not_after.saturating_sub(third),
+            },
+        );
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -342,6 +387,12 @@ impl Enroller {
         req.set_timeout(self.timeout);
         req
     }
+}
+
+/// Unix seconds.
+fn unix(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Whether a certificate needs renewing: none, or less than a third of
@@ -352,9 +403,7 @@ fn due(status: &CertificateStatusResponse, now: SystemTime, lifetime: Duration) 
     if !status.has_certificate {
         return true;
     }
-    let now = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let now = unix(now);
     let third = i64::try_from(lifetime.as_secs() / 3).unwrap_or(i64::MAX);
     status.not_after - now <= third
 }
