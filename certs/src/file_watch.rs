@@ -108,6 +108,10 @@ impl Notifier {
         let flags = shared.clone();
         let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
             match e {
+                // Opening and reading the files (this task's own reload
+                // among them) changes nothing: without this, every reload
+                // would wake the task for another one.
+                Ok(e) if matches!(e.kind, notify::EventKind::Access(_)) => return,
                 Ok(e) => {
                     if e.need_rescan() || e.paths.iter().any(|p| names.contains(p)) {
                         flags.direct.store(true, Ordering::Relaxed);

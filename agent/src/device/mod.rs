@@ -21,7 +21,7 @@ pub(crate) use sessions::TargetKey;
 
 use crate::error::AgentError;
 use crate::host::Host;
-use crate::host::sysfs::{self, IscsiSession, Lun, ScsiDisk};
+use crate::host::sysfs::{self, IscsiSession, Lun, MultipathMap, ScsiDisk};
 use csi_scsi_contract::Wwid;
 
 /// The node's devices and sessions.
@@ -120,17 +120,30 @@ impl Devices {
 
 /// `lun`, unless a path under its map reports another WWID (or none).
 pub(crate) fn consistent(host: &Host, lun: Lun) -> Result<Lun, AgentError> {
-    match (&lun.map, lun.foreign_paths.first()) {
-        (Some(map), Some(_)) => Err(AgentError::WwidMismatch {
-            device: host.dev(&map.kernel_name),
-            expected: lun.wwid.clone(),
-            found: format!(
-                "a multipath map holding {} that report(s) another WWID or none",
-                lun.foreign_paths.join(", ")
-            ),
-        }),
-        _ => Ok(lun),
+    if let Some(map) = &lun.map {
+        refuse_foreign(host, map, &lun.foreign_paths)?;
     }
+    Ok(lun)
+}
+
+/// Refuses `map` when it holds `foreign` paths (ones that report another
+/// WWID or none).
+pub(crate) fn refuse_foreign(
+    host: &Host,
+    map: &MultipathMap,
+    foreign: &[String],
+) -> Result<(), AgentError> {
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    Err(AgentError::WwidMismatch {
+        device: host.dev(&map.kernel_name),
+        expected: map.wwid.clone(),
+        found: format!(
+            "a multipath map holding {} that report(s) another WWID or none",
+            foreign.join(", ")
+        ),
+    })
 }
 
 /// Whether `disk` came through `target`.

@@ -61,7 +61,11 @@ impl Mount {
 impl MountTable {
     /// Reads and parses the host's mountinfo file.
     pub fn read(host: &Host) -> std::io::Result<Self> {
-        let bytes = std::fs::read(&host.mountinfo)?;
+        use std::io::Read;
+        // A proc file reports no size: read in large steps, not the small
+        // growing ones a general read starts with.
+        let mut bytes = Vec::with_capacity(64 << 10);
+        std::fs::File::open(&host.mountinfo)?.read_to_end(&mut bytes)?;
         Ok(Self::parse(&String::from_utf8_lossy(&bytes)))
     }
 

@@ -244,7 +244,7 @@ pub enum ByPath {
 pub fn block_wwid(host: &Host, kernel_name: &str) -> std::io::Result<Option<Wwid>> {
     check_plain_name(kernel_name)?;
     let block = host.sys("block").join(kernel_name);
-    match std::fs::read(block.join("dm/uuid")) {
+    match read_small(&block.join("dm/uuid")) {
         Ok(bytes) => return Ok(Wwid::parse(String::from_utf8_lossy(&bytes).trim()).ok()),
         Err(e) if e.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(e),
@@ -256,7 +256,7 @@ pub fn block_wwid(host: &Host, kernel_name: &str) -> std::io::Result<Option<Wwid
 /// sectors, whatever the logical block size).
 pub fn block_size(host: &Host, kernel_name: &str) -> std::io::Result<u64> {
     check_plain_name(kernel_name)?;
-    let bytes = std::fs::read(host.sys("block").join(kernel_name).join("size"))?;
+    let bytes = read_small(&host.sys("block").join(kernel_name).join("size"))?;
     let text = String::from_utf8_lossy(&bytes);
     text.trim()
         .parse::<u64>()
@@ -275,7 +275,7 @@ pub fn block_size(host: &Host, kernel_name: &str) -> std::io::Result<u64> {
 /// Whether `block/<name>/ro` says the device is read-only.
 pub fn block_read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> {
     check_plain_name(kernel_name)?;
-    let bytes = std::fs::read(host.sys("block").join(kernel_name).join("ro"))?;
+    let bytes = read_small(&host.sys("block").join(kernel_name).join("ro"))?;
     Ok(String::from_utf8_lossy(&bytes).trim() == "1")
 }
 
@@ -284,35 +284,68 @@ pub fn block_read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> 
 /// or whose attributes cannot be read, is skipped with a warning. Errors
 /// only when `block/` itself cannot be listed.
 pub fn scsi_disks(host: &Host) -> std::io::Result<Vec<ScsiDisk>> {
+    let mut out = each_block(host, scsi_disk)?;
+    out.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
+    Ok(out)
+}
+
+/// `read` of every entry of `block/`; an entry it cannot read is skipped
+/// with a warning. Errors only when `block/` itself cannot be listed.
+fn each_block<T>(
+    host: &Host,
+    read: impl Fn(&Host, &str) -> std::io::Result<Option<T>>,
+) -> std::io::Result<Vec<T>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(host.sys("block"))?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        match scsi_disk(host, &name) {
+        match read(host, &name) {
             Ok(Some(d)) => out.push(d),
             Ok(None) => {}
             Err(e) => tracing::warn!(disk = %name, error = %e, "skipping unreadable block device"),
         }
     }
-    out.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
     Ok(out)
 }
 
-/// One SCSI disk path by kernel name. `Ok(None)` when it is gone, not a
-/// SCSI disk, or has no valid WWID (warned).
-pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiDisk>> {
+/// Every SCSI disk path on the node with the WWID it reports, and nothing
+/// else read: the cheap walk for finding a LUN's other paths (one device
+/// lookup on a node of hundreds of disks reads three attributes of each,
+/// not a dozen). Skips what [`scsi_disks`] skips.
+pub fn disk_wwids(host: &Host) -> std::io::Result<Vec<(String, Wwid)>> {
+    let mut out = each_block(host, |host, name| {
+        Ok(disk_identity(host, name)?.map(|id| (name.to_owned(), id.wwid)))
+    })?;
+    out.sort();
+    Ok(out)
+}
+
+/// Where a SCSI disk path lives in sysfs and who it says it is.
+struct DiskIdentity {
+    /// `block/<name>/device`: the SCSI device's directory through its link.
+    device: PathBuf,
+    hctl: Hctl,
+    wwid: Wwid,
+}
+
+/// A SCSI disk path's identity by kernel name. `Ok(None)` when it is gone,
+/// not a SCSI disk, or has no valid WWID (warned).
+fn disk_identity(host: &Host, kernel_name: &str) -> std::io::Result<Option<DiskIdentity>> {
     if !is_plain_name(kernel_name) {
         return Ok(None);
     }
-    let block = host.sys("block").join(kernel_name);
-    let dev_dir = match std::fs::canonicalize(block.join("device")) {
-        Ok(d) => d,
+    let device = host.sys("block").join(kernel_name).join("device");
+    // The link's last step names the SCSI device (`../../../1:0:0:2`): one
+    // readlink, where resolving the whole path takes one per component.
+    let target = match std::fs::read_link(&device) {
+        Ok(t) => t,
         // No `device`: loop, dm, md, ram, or the disk just went away.
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
             return Ok(None);
         }
         Err(e) => return Err(e),
     };
-    let Some(hctl) = dev_dir
+    let dev_dir = device.clone();
+    let Some(hctl) = target
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(Hctl::parse)
@@ -336,6 +369,27 @@ pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiD
             tracing::warn!(disk = %kernel_name, %hctl, error = %e, "skipping SCSI disk whose WWID cannot be read");
             return Ok(None);
         }
+    };
+    Ok(Some(DiskIdentity {
+        device: dev_dir,
+        hctl,
+        wwid,
+    }))
+}
+
+/// One SCSI disk path by kernel name. `Ok(None)` when it is gone, not a
+/// SCSI disk, or has no valid WWID (warned).
+pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiDisk>> {
+    let Some(DiskIdentity { device, hctl, wwid }) = disk_identity(host, kernel_name)? else {
+        return Ok(None);
+    };
+    // Canonical: the transport is found among its ancestors.
+    let dev_dir = match std::fs::canonicalize(&device) {
+        Ok(d) => d,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
     };
     let size_bytes = match block_size(host, kernel_name) {
         Ok(s) => s,
@@ -453,12 +507,10 @@ pub fn group_luns(disks: Vec<ScsiDisk>, maps: Vec<MultipathMap>) -> Vec<Lun> {
             map: None,
             foreign_paths: Vec::new(),
         });
-        for slave in &m.slaves {
-            if !lun.paths.iter().any(|p| &p.kernel_name == slave) {
-                tracing::warn!(map = %m.kernel_name, %slave, wwid = %m.wwid, "multipath map holds a path that does not report its WWID; the LUN is refused");
-                lun.foreign_paths.push(slave.clone());
-            }
-        }
+        let paths = &lun.paths;
+        lun.foreign_paths.extend(foreign_slaves(&m, |s| {
+            paths.iter().any(|p| p.kernel_name == s)
+        }));
         if let Some(first) = &lun.map {
             tracing::warn!(wwid = %m.wwid, kept = %first.kernel_name, ignored = %m.kernel_name, "two multipath maps for one WWID");
         } else {
@@ -470,6 +522,17 @@ pub fn group_luns(disks: Vec<ScsiDisk>, maps: Vec<MultipathMap>) -> Vec<Lun> {
             l.paths.sort_by_key(|p| p.hctl);
             l
         })
+        .collect()
+}
+
+/// The paths `map` holds that do not report its WWID (`reports` says which
+/// do): a map holding another LUN's path is not that LUN's device.
+pub fn foreign_slaves(map: &MultipathMap, reports: impl Fn(&str) -> bool) -> Vec<String> {
+    map.slaves
+        .iter()
+        .filter(|slave| !reports(slave))
+        .inspect(|slave| tracing::warn!(map = %map.kernel_name, %slave, wwid = %map.wwid, "multipath map holds a path that does not report its WWID; the LUN is refused"))
+        .cloned()
         .collect()
 }
 
@@ -830,7 +893,7 @@ impl ByPath {
 /// Reads a text attribute: trimmed of blanks and NULs, lossily decoded;
 /// `None` when missing or empty (other read errors are warned about).
 pub(crate) fn read_attr(path: &Path) -> Option<String> {
-    match std::fs::read(path) {
+    match read_small(path) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
             let t = text.trim_matches(|c: char| c == '\0' || c.is_whitespace());
@@ -842,6 +905,28 @@ pub(crate) fn read_attr(path: &Path) -> Option<String> {
             None
         }
     }
+}
+
+/// Reads a text attribute (at most a page, as sysfs serves them) with one
+/// read into a page-sized buffer: open, read, close, where a general file
+/// read also asks for the size and reads again to see the end.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        // A short read of a sysfs attribute (or a small file) is all of it;
+        // a full buffer is read on until the end.
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    Ok(buf)
 }
 
 /// Writes `value` to a kernel trigger file, as `echo value > path` does but
@@ -859,7 +944,7 @@ pub(crate) fn write_trigger(path: &Path, value: &str) -> std::io::Result<()> {
 fn device_wwid(dev_dir: &Path) -> std::io::Result<Option<Wwid>> {
     // Read as bytes: the kernel prints a designator's bytes as they came, and
     // text that is not UTF-8 is an unusable attribute, not an unreadable disk.
-    match std::fs::read(dev_dir.join("wwid")) {
+    match read_small(&dev_dir.join("wwid")) {
         Ok(bytes) => match Wwid::parse(String::from_utf8_lossy(&bytes).trim()) {
             Ok(w) => return Ok(Some(w)),
             Err(e) => {

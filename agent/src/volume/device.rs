@@ -157,21 +157,30 @@ pub async fn reverify(
 /// The device numbers of every path of `wwid` and of its multipath map.
 pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, AgentError> {
     let io = |e| AgentError::io(host.sys("block"), e);
-    let disks = sysfs::scsi_disks(host).map_err(io)?;
-    let maps = sysfs::multipath_maps(host).map_err(io)?;
-    let Some(lun) = sysfs::group_luns(disks, maps)
+    let paths: Vec<String> = sysfs::disk_wwids(host)
+        .map_err(io)?
         .into_iter()
-        .find(|l| &l.wwid == wwid)
-    else {
-        return Ok(Vec::new());
-    };
-    // A map holding another LUN's path is not this volume's device.
-    let lun = crate::device::consistent(host, lun)?;
-    Ok(lun
-        .paths
+        .filter(|(_, w)| w == wwid)
+        .map(|(name, _)| name)
+        .collect();
+    let maps: Vec<_> = sysfs::multipath_maps(host)
+        .map_err(io)?
+        .into_iter()
+        .filter(|m| &m.wwid == wwid)
+        .collect();
+    let map = maps.first();
+    if let Some(first) = map {
+        // A map holding another LUN's path is not this volume's device.
+        let foreign: Vec<String> = maps
+            .iter()
+            .flat_map(|m| sysfs::foreign_slaves(m, |s| paths.iter().any(|p| p == s)))
+            .collect();
+        crate::device::refuse_foreign(host, first, &foreign)?;
+    }
+    Ok(paths
         .iter()
-        .map(|p| p.kernel_name.as_str())
-        .chain(lun.map.as_ref().map(|m| m.kernel_name.as_str()))
+        .map(String::as_str)
+        .chain(map.map(|m| m.kernel_name.as_str()))
         .filter_map(|name| block::device_number(&host.dev(name)).ok())
         .collect())
 }

@@ -64,6 +64,28 @@ async fn stage_filesystem(
     }
     ensure_unused(req, device, table)?;
     let read_only = read_only(host, req, device)?;
+    // A volume that already carries the asked filesystem (a Pod restarting
+    // or moving) needs one superblock read; the whole safe probe runs only
+    // when it does not, and decides alone whether the device is blank.
+    if !filesystem::carries(&device.node, fs).await? {
+        format_if_blank(host, req, device, fs, read_only).await?;
+    }
+    mount::create_dir(staging)?;
+    let options = options.clone().with_read_only(read_only);
+    mount::mount_filesystem(&device.node, staging, fs, &options).await?;
+    tracing::info!(volume_id = %req.volume, device = %device.node.display(), staging = %staging.display(), %fs, "staged");
+    Ok(())
+}
+
+/// Formats the device with `fs` when the whole safe probe finds it blank;
+/// refuses one that carries anything else.
+async fn format_if_blank(
+    host: &Host,
+    req: &StageRequest,
+    device: &Device,
+    fs: FsType,
+    read_only: bool,
+) -> Result<(), AgentError> {
     match filesystem::probe(&device.node).await? {
         Signature::Filesystem(found) if found == fs.name() => {}
         Signature::Blank if req.published_read_only => {
@@ -88,10 +110,6 @@ async fn stage_filesystem(
         }
         other => return Err(foreign(device, fs, &other)),
     }
-    mount::create_dir(staging)?;
-    let options = options.clone().with_read_only(read_only);
-    mount::mount_filesystem(&device.node, staging, fs, &options).await?;
-    tracing::info!(volume_id = %req.volume, device = %device.node.display(), staging = %staging.display(), %fs, "staged");
     Ok(())
 }
 

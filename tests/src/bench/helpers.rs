@@ -1,10 +1,11 @@
 //! The bench binary's helper modes, each run as its own process so the
 //! process being measured holds only what it would hold in production:
 //!
-//! - `__echo --tls-dir D --node N --ports-file F`: the baseline of row 1, a
-//!   bare tonic server over mutual TLS answering one unary RPC (the gRPC
-//!   health check), built exactly as the agent builds its API server
-//!   (`server_config` + `tls_incoming`) with the agent's own certificate.
+//! - `__echo --tls-dir D --node N --ports-file F --socket S`: the baselines
+//!   of row 1, a bare tonic server over mutual TLS answering one unary RPC
+//!   (the gRPC health check), built exactly as the agent builds its API
+//!   server (`server_config` + `tls_incoming`) with the agent's own
+//!   certificate, and the same service on a Unix socket (the CSI hop's floor).
 //! - `__agents --ca D --dir D --count N --ports-file F`: row 2's fleet, N
 //!   agent API servers on loopback ports, each with its own certificate
 //!   (issued here from the CA), answering Discover after the latency
@@ -47,6 +48,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             Path::new(&flag("--tls-dir")?),
             &flag("--node")?,
             Path::new(&flag("--ports-file")?),
+            Path::new(&flag("--socket")?),
         )),
         Some("__agents") => rt.block_on(agents(
             Path::new(&flag("--ca")?),
@@ -58,22 +60,28 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
 }
 
-async fn echo(tls_dir: &Path, node: &str, ports_file: &Path) -> anyhow::Result<()> {
+async fn echo(tls_dir: &Path, node: &str, ports_file: &Path, socket: &Path) -> anyhow::Result<()> {
     let store = MaterialStore::load(
         MaterialPaths::in_dir(tls_dir),
         Role::Agent { node: node.into() },
         TrustDomain::new(DOMAIN)?,
     )?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    write_atomically(ports_file, &format!("{}\n", listener.local_addr()?.port()))?;
+    let port = listener.local_addr()?.port();
+    let unix =
+        tokio_stream::wrappers::UnixListenerStream::new(tokio::net::UnixListener::bind(socket)?);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    Server::builder()
+    let over_unix = Server::builder()
+        .add_service(health.clone())
+        .serve_with_incoming(unix);
+    let over_tls = Server::builder()
         .add_service(health)
-        .serve_with_incoming(tls_incoming(listener, server_config(store)?))
-        .await?;
+        .serve_with_incoming(tls_incoming(listener, server_config(store)?));
+    write_atomically(ports_file, &format!("{}\n", port))?;
+    tokio::try_join!(over_unix, over_tls)?;
     Ok(())
 }
 
