@@ -5,8 +5,9 @@
 //! transaction. Lookups are indexed; CreateVolume never scans every device.
 //! Inspect it with `sqlite3 <file> 'select wwid, phase, volume_name from devices'`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
@@ -86,6 +87,49 @@ const MIGRATIONS: &[&str] = &[
 pub struct EmbeddedInventory {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    cache: Arc<Mutex<ReadCache>>,
+}
+
+/// What the hot paths read (a publish reads its device and the targets)
+/// served from memory. The database stays the only durable truth: an entry
+/// is filled from a committed read and replaced only by a committed write,
+/// so it never shows what is not on disk. This process is the store's only
+/// writer; a write that finds the row changed under it (a lost
+/// compare-and-swap) drops the entry, so the retry reads the file again.
+#[derive(Default)]
+struct ReadCache {
+    targets: Option<Vec<Target>>,
+    /// Devices read by WWID since start (not the whole inventory: discovery
+    /// writes of devices nobody asked for do not fill it).
+    devices: HashMap<String, Device>,
+}
+
+/// The cache behind its lock; a poisoned lock is usable (every update is
+/// one assignment or removal).
+fn locked(cache: &Mutex<ReadCache>) -> MutexGuard<'_, ReadCache> {
+    cache.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// === impl ReadCache ===
+
+impl ReadCache {
+    /// Takes in what a committed write left: the written devices replace
+    /// their entries, a lost compare-and-swap drops its entry.
+    fn committed(&mut self, results: &[Result<Device, InventoryError>]) {
+        for r in results {
+            match r {
+                Ok(dev) => {
+                    if let Some(entry) = self.devices.get_mut(&dev.wwid) {
+                        *entry = dev.clone();
+                    }
+                }
+                Err(InventoryError::Conflict(wwid)) => {
+                    self.devices.remove(wwid);
+                }
+                Err(_) => {}
+            }
+        }
+    }
 }
 
 // === impl EmbeddedInventory ===
@@ -110,6 +154,7 @@ impl EmbeddedInventory {
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
+            cache: Arc::default(),
         })
     }
 
@@ -124,6 +169,11 @@ impl EmbeddedInventory {
             .lock()
             .map(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).is_ok())
             .unwrap_or(false)
+    }
+
+    /// The read cache.
+    fn cache(&self) -> MutexGuard<'_, ReadCache> {
+        locked(&self.cache)
     }
 
     /// Runs `f` on the connection off the async threads.
@@ -388,8 +438,22 @@ fn available(
 #[async_trait]
 impl Store for EmbeddedInventory {
     async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+        if let Some(known) = self.cache().devices.get(wwid) {
+            return Ok(Some(known.clone()));
+        }
+        let cache = self.cache.clone();
         let wwid = wwid.to_owned();
-        self.with(move |c| load(c, &wwid)).await
+        // Read and remembered under the connection's lock, so no write
+        // commits between the read and the entry.
+        self.with(move |c| {
+            let found = load(c, &wwid)?;
+            // Only devices that exist: an unknown WWID asked for is not kept.
+            if let Some(dev) = &found {
+                locked(&cache).devices.insert(wwid, dev.clone());
+            }
+            Ok(found)
+        })
+        .await
     }
 
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
@@ -474,6 +538,7 @@ impl Store for EmbeddedInventory {
         &self,
         writes: Vec<Write>,
     ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError> {
+        let cache = self.cache.clone();
         self.with(move |c| {
             // One transaction (one sync) for a discovery round's writes; a
             // lost compare-and-swap changes nothing and the others commit.
@@ -496,6 +561,9 @@ impl Store for EmbeddedInventory {
                 });
             }
             tx.commit().map_err(sql)?;
+            // Still under the connection's lock: no read of the file can
+            // come between the commit and the cache taking it in.
+            locked(&cache).committed(&results);
             Ok(results)
         })
         .await
@@ -531,7 +599,11 @@ impl Store for EmbeddedInventory {
     }
 
     async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
-        self.with(|c| {
+        if let Some(known) = &self.cache().targets {
+            return Ok(known.clone());
+        }
+        let cache = self.cache.clone();
+        self.with(move |c| {
             let mut stmt = c
                 .prepare("SELECT spec FROM targets ORDER BY name")
                 .map_err(sql)?;
@@ -540,6 +612,7 @@ impl Store for EmbeddedInventory {
                 .map_err(sql)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(sql)?;
+            locked(&cache).targets = Some(specs.clone());
             Ok(specs)
         })
         .await
@@ -547,7 +620,10 @@ impl Store for EmbeddedInventory {
 
     async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
         let spec = json(&target)?;
+        let cache = self.cache.clone();
         self.with(move |c| {
+            // Dropped before the write: a failed write may have committed.
+            locked(&cache).targets = None;
             c.execute(
                 "INSERT INTO targets (name, spec) VALUES (?1, ?2)
                  ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
@@ -561,7 +637,9 @@ impl Store for EmbeddedInventory {
 
     async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
         let name = name.to_owned();
+        let cache = self.cache.clone();
         self.with(move |c| {
+            locked(&cache).targets = None;
             c.execute("DELETE FROM targets WHERE name = ?1", [name])
                 .map_err(sql)?;
             Ok(())

@@ -115,3 +115,49 @@ async fn a_version_1_or_2_store_is_migrated_and_keeps_its_devices_with_no_wipe_f
         assert_eq!(d.generation, 2);
     }
 }
+
+#[tokio::test]
+async fn a_device_changed_under_the_read_cache_is_read_again_by_the_next_write() {
+    // Reads by WWID come from memory; the file stays the truth. A row
+    // changed behind the proxy's back (here by sqlite3) makes the next
+    // write lose its compare-and-swap, which drops the remembered copy:
+    // the retry applies the change to what the file holds, keeping both.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inventory.db");
+    let inv = Inventory::new(Arc::new(EmbeddedInventory::open(&db).unwrap()));
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(7, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let w = wwid(7);
+    let before = inv.device(&w).await.unwrap().expect("discovered");
+    sqlite3(
+        &db,
+        &format!(
+            "UPDATE devices SET reason = 'set outside', generation = generation + 1 WHERE wwid = '{w}';"
+        ),
+    );
+    let after = inv
+        .modify(&w, |d| {
+            d.wipe_failures += 1;
+            true
+        })
+        .await
+        .unwrap()
+        .expect("still there");
+    assert_eq!(after.reason, "set outside", "the write saw the file");
+    assert_eq!(after.wipe_failures, before.wipe_failures + 1);
+    assert_eq!(after.generation, before.generation + 2);
+    // The remembered copy is the written one, and so is the file.
+    let read = inv.device(&w).await.unwrap().expect("there");
+    assert_eq!(
+        (read.reason.as_str(), read.generation),
+        ("set outside", after.generation)
+    );
+    assert_eq!(
+        sqlite3(
+            &db,
+            &format!("SELECT reason, wipe_failures, generation FROM devices WHERE wwid = '{w}';")
+        ),
+        format!("set outside|{}|{}\n", after.wipe_failures, after.generation)
+    );
+}
