@@ -43,8 +43,11 @@ impl Devices {
             return Ok(found);
         }
         // The node's attach limit (NodeGetInfo's max_volumes_per_node).
-        let admission = self.attachments.admit(wwid.as_str())?;
-        let _held = self.lock_targets(targets).await;
+        let mut admission = self.attachments.admit(wwid.as_str())?;
+        // Marked before the lock: a detach that follows sees the targets
+        // in use and keeps their sessions while this attach waits.
+        admission.through(&names);
+        let held = self.lock_targets(targets).await;
         let mut reached = 0;
         let mut last_err = None;
         for t in targets {
@@ -67,11 +70,16 @@ impl Devices {
                 tracing::warn!(target = %t.name, error = %e, "rescan failed");
             }
         }
-        // Wait for the kernel (and udev) to bring the device up.
+        // Sessions are up and the scan asked for: the wait needs no lock,
+        // so attaches through one target overlap (an attach storm).
+        drop(held);
+        // Wait for the kernel (and udev) to bring the device up: the link
+        // first (two readlinks), the whole LUN only once it is there.
+        let mut pause = Duration::from_millis(5);
         let found = loop {
-            if let Some(l) = self.lun(wwid)?
-                && let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
-                    .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
+            if let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
+                .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
+                && let Some(l) = self.lun(wwid)?
             {
                 break (link, l);
             }
@@ -81,7 +89,8 @@ impl Devices {
                     waited: start.elapsed(),
                 });
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         };
         let (link, lun_info) = found;
         // Never hand out a device that is not provably the one asked for.

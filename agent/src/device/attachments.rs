@@ -23,6 +23,10 @@ pub struct Attachments {
     /// The lost-record marker when it could not be written at start: kept
     /// here, so a marker that failed to save still holds targets back.
     unsaved: Mutex<Option<Lost>>,
+    /// Attaches in flight per target name: a target one of them is waiting
+    /// on for its device is in use, though nothing is recorded through it
+    /// yet (so a detach of another LUN does not log out under it).
+    attaching: Mutex<BTreeMap<String, usize>>,
 }
 
 /// A LUN's place under the attach limit, held while it attaches: given up
@@ -32,6 +36,8 @@ pub struct Admission<'a> {
     attachments: &'a Attachments,
     wwid: String,
     reserved: bool,
+    /// Targets marked in use by this attach ([`Admission::through`]).
+    through: Vec<String>,
 }
 
 /// The marker a lost record leaves (`<dir>/attachments.lost.json`): the
@@ -77,6 +83,7 @@ impl Attachments {
             state: Mutex::new(BTreeMap::new()),
             limit: 0,
             unsaved: Mutex::new(None),
+            attaching: Mutex::new(BTreeMap::new()),
         };
         let lost = match std::fs::read_to_string(&path) {
             Ok(text) => match serde_json::from_str(&text) {
@@ -220,6 +227,7 @@ impl Attachments {
                 attachments: self,
                 wwid: wwid.to_owned(),
                 reserved: false,
+                through: Vec::new(),
             });
         }
         if self.limit > 0 && s.len() as u64 >= self.limit {
@@ -233,6 +241,7 @@ impl Attachments {
             attachments: self,
             wwid: wwid.to_owned(),
             reserved: true,
+            through: Vec::new(),
         })
     }
 
@@ -284,9 +293,10 @@ impl Attachments {
     }
 
     fn unused(&self, s: &BTreeMap<String, BTreeSet<String>>, targets: &[String]) -> Vec<String> {
+        let attaching = self.attaching.lock().unwrap_or_else(|p| p.into_inner());
         targets
             .iter()
-            .filter(|t| !s.values().any(|ts| ts.contains(*t)))
+            .filter(|t| !s.values().any(|ts| ts.contains(*t)) && !attaching.contains_key(*t))
             .cloned()
             .collect()
     }
@@ -310,6 +320,19 @@ impl Attachments {
 }
 
 impl Admission<'_> {
+    /// Marks `targets` in use by this attach until it completes or drops.
+    pub fn through(&mut self, targets: &[String]) {
+        let mut attaching = self
+            .attachments
+            .attaching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for t in targets {
+            *attaching.entry(t.clone()).or_default() += 1;
+            self.through.push(t.clone());
+        }
+    }
+
     /// Records the LUN as attached through `targets` (durably, or fails).
     pub fn complete(mut self, targets: impl IntoIterator<Item = String>) -> Result<(), AgentError> {
         self.attachments.add(&self.wwid, targets)?;
@@ -320,6 +343,21 @@ impl Admission<'_> {
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
+        // After `complete`, the record holds the targets: the marks go.
+        let mut attaching = self
+            .attachments
+            .attaching
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for t in self.through.drain(..) {
+            if let Some(n) = attaching.get_mut(&t) {
+                *n -= 1;
+                if *n == 0 {
+                    attaching.remove(&t);
+                }
+            }
+        }
+        drop(attaching);
         if self.reserved {
             let mut s = self
                 .attachments

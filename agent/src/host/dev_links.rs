@@ -32,25 +32,32 @@ pub fn find_by_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Option<LinkedDe
     Ok(None)
 }
 
-/// Every link under `disk/<dir>` (`by-id` or `by-path`) that points at
-/// `kernel_name`, sorted.
-pub fn links_to(host: &Host, dir: &str, kernel_name: &str) -> std::io::Result<Vec<String>> {
+/// Every link of `/dev/disk/<dir>` by the kernel name it resolves to, each
+/// list sorted: one listing for a walk over all disks, where asking per
+/// disk lists the directory once per disk.
+pub fn links_by_device(
+    host: &Host,
+    dir: &str,
+) -> std::io::Result<std::collections::HashMap<String, Vec<String>>> {
     let base = host.dev("disk").join(dir);
     let entries = match std::fs::read_dir(&base) {
         Ok(e) => e,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Default::default()),
         Err(e) => return Err(e),
     };
-    let mut names = Vec::new();
+    let mut by_device: std::collections::HashMap<String, Vec<String>> = Default::default();
     for entry in entries.flatten() {
-        if let Ok(Some(found)) = resolve(host, &entry.path())
-            && found.kernel_name == kernel_name
-        {
-            names.push(entry.file_name().to_string_lossy().into_owned());
+        if let Ok(Some(found)) = resolve(host, &entry.path()) {
+            by_device
+                .entry(found.kernel_name)
+                .or_default()
+                .push(entry.file_name().to_string_lossy().into_owned());
         }
     }
-    names.sort();
-    Ok(names)
+    for names in by_device.values_mut() {
+        names.sort();
+    }
+    Ok(by_device)
 }
 
 /// Follows one link lexically inside the /dev root (links are relative,

@@ -9,7 +9,7 @@
 //! the test harness's kernel stand-in writes it. Everything read is
 //! untrusted: a malformed entry is skipped with a warning, never a panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io::{ErrorKind, Write};
@@ -284,7 +284,8 @@ pub fn block_read_only(host: &Host, kernel_name: &str) -> std::io::Result<bool> 
 /// or whose attributes cannot be read, is skipped with a warning. Errors
 /// only when `block/` itself cannot be listed.
 pub fn scsi_disks(host: &Host) -> std::io::Result<Vec<ScsiDisk>> {
-    let mut out = each_block(host, scsi_disk)?;
+    let links = DiskLinks::read(host);
+    let mut out = each_block(host, |host, name| scsi_disk_linked(host, name, &links))?;
     out.sort_by(|a, b| a.kernel_name.cmp(&b.kernel_name));
     Ok(out)
 }
@@ -380,6 +381,38 @@ fn disk_identity(host: &Host, kernel_name: &str) -> std::io::Result<Option<DiskI
 /// One SCSI disk path by kernel name. `Ok(None)` when it is gone, not a
 /// SCSI disk, or has no valid WWID (warned).
 pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiDisk>> {
+    scsi_disk_linked(host, kernel_name, &DiskLinks::read(host))
+}
+
+/// The `/dev/disk/by-id` and `by-path` links of every device, read once.
+struct DiskLinks {
+    by_id: HashMap<String, Vec<String>>,
+    by_path: HashMap<String, Vec<String>>,
+}
+
+// === impl DiskLinks ===
+
+impl DiskLinks {
+    fn read(host: &Host) -> Self {
+        let read = |dir: &str| {
+            dev_links::links_by_device(host, dir).unwrap_or_else(|e| {
+                tracing::warn!(dir, error = %e, "cannot list /dev/disk links");
+                HashMap::new()
+            })
+        };
+        Self {
+            by_id: read("by-id"),
+            by_path: read("by-path"),
+        }
+    }
+}
+
+/// [`scsi_disk`] with the links already read.
+fn scsi_disk_linked(
+    host: &Host,
+    kernel_name: &str,
+    links: &DiskLinks,
+) -> std::io::Result<Option<ScsiDisk>> {
     let Some(DiskIdentity { device, hctl, wwid }) = disk_identity(host, kernel_name)? else {
         return Ok(None);
     };
@@ -409,8 +442,8 @@ pub fn scsi_disk(host: &Host, kernel_name: &str) -> std::io::Result<Option<ScsiD
         }),
         Err(_) => None,
     };
-    let by_id = links(host, "by-id", kernel_name);
-    let by_path = links(host, "by-path", kernel_name);
+    let by_id = links.by_id.get(kernel_name).cloned().unwrap_or_default();
+    let by_path = links.by_path.get(kernel_name).cloned().unwrap_or_default();
     let transport = transport_of(host, &dev_dir, &by_path);
     Ok(Some(ScsiDisk {
         kernel_name: kernel_name.to_owned(),
@@ -1130,14 +1163,6 @@ fn dir_names(dir: &Path) -> std::io::Result<Vec<String>> {
         .collect();
     names.sort();
     Ok(names)
-}
-
-/// `dev_links::links_to`, with errors warned about and treated as no links.
-fn links(host: &Host, dir: &str, kernel_name: &str) -> Vec<String> {
-    dev_links::links_to(host, dir, kernel_name).unwrap_or_else(|e| {
-        tracing::warn!(dir, disk = %kernel_name, error = %e, "cannot list /dev/disk links");
-        Vec::new()
-    })
 }
 
 /// A kernel name is one path component: no separators, no `..`.

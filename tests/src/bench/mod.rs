@@ -11,6 +11,8 @@
 //! 5. [`node_path`]: NodeStage + NodePublish vs `mount` + a bind mount.
 //! 6. [`kube`]: N PVCs and Pods in the Kubernetes lab vs the embedded lab
 //!    publishing the same N volumes over CSI; proxy memory and API requests.
+//! 7. [`storm`]: 100 volumes published, staged and mounted at once on one
+//!    node vs one alone; the agent's peak memory and descriptors.
 
 pub mod fanout;
 pub mod fixture;
@@ -22,6 +24,7 @@ pub mod memory;
 pub mod node_path;
 pub mod proc;
 pub mod stats;
+pub mod storm;
 pub mod table;
 
 /// How big a run is.

@@ -17,7 +17,7 @@ use std::time::Instant;
 use csi_scsi_tests::bench::proc::Machine;
 use csi_scsi_tests::bench::table::{Row, Verdict, ids, render};
 use csi_scsi_tests::bench::{
-    Options, fanout, forwarding, helpers, inventory, kube, memory, node_path,
+    Options, fanout, forwarding, helpers, inventory, kube, memory, node_path, storm,
 };
 
 const USAGE: &str = "\
@@ -28,8 +28,9 @@ Runs the csi-scsi benchmarks and prints the table (see BENCHMARKS.md).
                 its figures mean nothing
   --json FILE   also write the table, with the machine, as JSON to FILE
                 (`-` for stdout, after the table)
-  --rows LIST   only these row groups, e.g. 1,3 (default: 1,2,3,4,5,6;
-                6 starts the Kubernetes lab: root and the Go tools)
+  --rows LIST   only these row groups, e.g. 1,3 (default: 1,2,3,4,5,6,7;
+                6 starts the Kubernetes lab: root and the Go tools;
+                7 starts the embedded lab with 101 pool LUNs)
   --keep        keep the scratch directory (logs of every process)
 
 Build first, in the profile you run: the bench starts the csi-scsi-agent
@@ -47,7 +48,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
     let mut out = Args {
         opts: Options { quick: false },
         json: None,
-        rows: vec![1, 2, 3, 4, 5, 6],
+        rows: vec![1, 2, 3, 4, 5, 6, 7],
         keep: false,
     };
     let mut it = args.iter();
@@ -62,8 +63,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .ok_or("--rows needs a list")?
                     .split(',')
                     .map(|r| match r.trim().parse::<u8>() {
-                        Ok(n @ 1..=6) => Ok(n),
-                        _ => Err(format!("--rows: {r:?} is not a row group 1-6")),
+                        Ok(n @ 1..=7) => Ok(n),
+                        _ => Err(format!("--rows: {r:?} is not a row group 1-7")),
                     })
                     .collect::<Result<_, _>>()?;
             }
@@ -170,6 +171,10 @@ async fn run(args: Args, bin_dir: &std::path::Path) -> anyhow::Result<ExitCode> 
             6 => (
                 "Kubernetes: PVCs and Pods",
                 tokio::task::spawn_blocking(move || kube::run(args.opts, dir)),
+            ),
+            7 => (
+                "attach storm on one node",
+                tokio::task::spawn_blocking(move || storm::run(args.opts, dir)),
             ),
             _ => ("node path", tokio::spawn(node_path::run(args.opts, dir))),
         };

@@ -84,6 +84,8 @@ impl Report {
 }
 
 /// CSI clients of a lab: the proxy's Controller and every node's Node.
+/// A clone shares the connections.
+#[derive(Clone)]
 pub struct Clients {
     /// The proxy's Controller service.
     pub controller: ControllerClient<Channel>,
