@@ -148,7 +148,7 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             .target(Target::RatioAtMost(1.3))
             .note(format!(
                 "{n} iterations after {warm} warm-up ones, the three kinds interleaved; the agent probes the device \
-                 in process (libblkid), then mounts with mount(2) itself; the baseline runs mount(8) twice on the same device node"
+                 in process (libblkid, the asked type's superblock alone), then mounts with mount(2) itself; the baseline runs mount(8) twice on the same device node"
             )),
         Row::new(5, "NodeStage + NodePublish p99 (vs `mount` + `mount --bind` p99)", Unit::Micros, us(agent.p99()))
             .baseline(us(bare.p99())),
