@@ -25,22 +25,8 @@ const NAME: &str = "Kubernetes: N PVCs + Pods to Running";
 /// Runs the row on a runtime of its own (the labs' progress callbacks are
 /// not `Send`, so it cannot be a spawned task); a failure becomes an error row.
 pub fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
-    if !super::is_root() {
-        return vec![Row::skipped(
-            SECTION,
-            NAME,
-            Unit::Millis,
-            "needs root (the labs)",
-        )];
-    }
     let n = opts.pick(50, 3);
-    let measured = tokio::runtime::Runtime::new()
-        .context("a runtime for the row")
-        .and_then(|rt| rt.block_on(measure(n, &dir)));
-    match measured {
-        Ok(rows) => rows,
-        Err(e) => vec![Row::error(SECTION, NAME, format!("{e:#}"))],
-    }
+    super::on_own_runtime(SECTION, NAME, "needs root (the labs)", measure(n, &dir))
 }
 
 async fn measure(n: usize, dir: &Path) -> anyhow::Result<Vec<Row>> {

@@ -45,3 +45,29 @@ impl Options {
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
+
+/// Runs a row that starts a lab on a runtime of its own (a lab's progress
+/// callback is not `Send`, so the row cannot be a spawned task): skipped
+/// without root, and a failure becomes an error row.
+pub fn on_own_runtime(
+    section: u8,
+    name: &str,
+    needs: &str,
+    rows: impl std::future::Future<Output = anyhow::Result<Vec<table::Row>>>,
+) -> Vec<table::Row> {
+    if !is_root() {
+        return vec![table::Row::skipped(
+            section,
+            name,
+            table::Unit::Millis,
+            needs,
+        )];
+    }
+    let measured = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(rows));
+    match measured {
+        Ok(rows) => rows,
+        Err(e) => vec![table::Row::error(section, name, format!("{e:#}"))],
+    }
+}

@@ -34,22 +34,8 @@ const NAME: &str = "attach storm on one node";
 /// Runs the row on a runtime of its own (the lab's progress callback is
 /// not `Send`); a failure becomes an error row.
 pub fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
-    if !super::is_root() {
-        return vec![Row::skipped(
-            SECTION,
-            NAME,
-            Unit::Millis,
-            "needs root (the lab)",
-        )];
-    }
     let n = opts.pick(100, 5);
-    let measured = tokio::runtime::Runtime::new()
-        .context("a runtime for the row")
-        .and_then(|rt| rt.block_on(measure(n, &dir)));
-    match measured {
-        Ok(rows) => rows,
-        Err(e) => vec![Row::error(SECTION, NAME, format!("{e:#}"))],
-    }
+    super::on_own_runtime(SECTION, NAME, "needs root (the lab)", measure(n, &dir))
 }
 
 /// Times of one volume alone.
@@ -99,36 +85,10 @@ async fn measure(n: usize, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let storm = &volumes[..n];
 
     // One volume alone: first use (formats), then formatted, a few times.
-    let t = Instant::now();
-    attach_and_mount_fs(
-        &lab,
-        &mut clients,
-        alone,
-        &node,
-        false,
-        "ext4",
-        "alone",
-        false,
-    )
-    .await?;
-    let alone_first = t.elapsed();
-    unmount_and_detach(&lab, &mut clients, alone, &node, "alone").await?;
+    let alone_first = one_alone(&lab, &mut clients, alone, &node).await?;
     let mut alone_formatted = Vec::with_capacity(ALONE);
     for _ in 0..ALONE {
-        let t = Instant::now();
-        attach_and_mount_fs(
-            &lab,
-            &mut clients,
-            alone,
-            &node,
-            false,
-            "ext4",
-            "alone",
-            false,
-        )
-        .await?;
-        alone_formatted.push(t.elapsed());
-        unmount_and_detach(&lab, &mut clients, alone, &node, "alone").await?;
+        alone_formatted.push(one_alone(&lab, &mut clients, alone, &node).await?);
     }
     alone_formatted.sort();
     let alone_formatted = alone_formatted[ALONE / 2];
@@ -188,6 +148,20 @@ async fn measure(n: usize, dir: &Path) -> anyhow::Result<Vec<Row>> {
         .baseline(idle_fds as f64)
         .note("sampled every 10 ms from /proc/<agent>/fd"),
     ])
+}
+
+/// Publishes, stages and mounts `vol` alone, timed; then releases it.
+async fn one_alone(
+    lab: &Lab,
+    clients: &mut Clients,
+    vol: &Volume,
+    node: &str,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    attach_and_mount_fs(lab, clients, vol, node, false, "ext4", "alone", false).await?;
+    let took = t.elapsed();
+    unmount_and_detach(lab, clients, vol, node, "alone").await?;
+    Ok(took)
 }
 
 /// Publishes, stages and publishes every volume at once; the time until
