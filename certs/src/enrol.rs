@@ -80,12 +80,14 @@ impl std::fmt::Debug for PendingKey {
 /// The Node UID a DER certificate names (`urn:csi-scsi:node-uid:<uid>`),
 /// if it names exactly one.
 pub fn node_uid_of(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let san = cert.subject_alternative_name().ok()??;
-    let mut uids = san.value.general_names.iter().filter_map(|n| match n {
-        x509_parser::extensions::GeneralName::URI(uri) => uri.strip_prefix(NODE_UID_URI_PREFIX),
-        _ => None,
-    });
+    node_uid_from(&crate::identity::uris_in(der))
+}
+
+/// [`node_uid_of`] over URIs already read.
+pub(crate) fn node_uid_from(uris: &[String]) -> Option<String> {
+    let mut uids = uris
+        .iter()
+        .filter_map(|uri| uri.strip_prefix(NODE_UID_URI_PREFIX));
     let first = uids.next()?;
     uids.next().is_none().then(|| first.to_owned())
 }

@@ -119,23 +119,39 @@ pub fn validate_node_name(node: &str) -> Result<(), CertError> {
 /// Reads the SPIFFE identities of a DER certificate in `domain`. Returns every
 /// `spiffe://` URI SAN, parsed or not, so callers can say what was presented.
 pub(crate) fn identities_in(der: &[u8], domain: &TrustDomain) -> (Vec<Identity>, Vec<String>) {
-    let mut parsed = Vec::new();
-    let mut raw = Vec::new();
+    identities_from(&uris_in(der), domain)
+}
+
+/// Every URI name of a DER certificate's subjectAltName (none when it does
+/// not parse): parsed once where several names are looked for.
+pub(crate) fn uris_in(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
-        return (parsed, raw);
+        return Vec::new();
     };
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for name in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::URI(uri) = name
-                && uri.starts_with("spiffe://")
-            {
-                raw.push((*uri).to_owned());
-                if let Some(id) = domain.parse_uri(uri) {
-                    parsed.push(id);
-                }
-            }
-        }
-    }
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => Some((*uri).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// [`identities_in`] over URIs already read.
+pub(crate) fn identities_from(
+    uris: &[String],
+    domain: &TrustDomain,
+) -> (Vec<Identity>, Vec<String>) {
+    let raw: Vec<String> = uris
+        .iter()
+        .filter(|uri| uri.starts_with("spiffe://"))
+        .cloned()
+        .collect();
+    let parsed = raw.iter().filter_map(|uri| domain.parse_uri(uri)).collect();
     (parsed, raw)
 }
 

@@ -11,7 +11,7 @@ use rustls::{
 };
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::identity::identities_in;
+use crate::identity::{identities_from, identities_in, uris_in};
 use crate::{Identity, MaterialStore};
 
 /// Why a peer with a valid chain was still refused.
@@ -185,7 +185,10 @@ impl ServerCertVerifier for NodeServerVerifier {
         let material = self.store.current();
         let domain = self.store.trust_domain();
         let expected = Identity::Node(self.node.clone());
-        let (ids, raw) = identities_in(end_entity, domain);
+        // One parse for both names looked for (a cold fan-out to a
+        // thousand agents is a thousand of these).
+        let uris = uris_in(end_entity);
+        let (ids, raw) = identities_from(&uris, domain);
         let wrong_node = || {
             other(IdentityRejected::WrongNode {
                 expected: domain.uri(&expected),
@@ -207,7 +210,7 @@ impl ServerCertVerifier for NodeServerVerifier {
             Ok(verified) if raw.len() == 1 && ids == [expected.clone()] => {
                 // A certificate without a UID (issued by hand) names no
                 // Node object in particular; one with a UID, exactly one.
-                match (&self.uid, crate::node_uid_of(end_entity)) {
+                match (&self.uid, crate::enrol::node_uid_from(&uris)) {
                     (Some(now), Some(issued)) if *now != issued => {
                         Err(other(IdentityRejected::StaleNode {
                             node: self.node.clone(),
