@@ -31,7 +31,6 @@ impl Devices {
                 reason: "at least one target is required".into(),
             });
         }
-        let lun = self.stale_path_hint(targets, lun)?;
         let _op = self.begin(wwid)?;
         // Attach is asked again and again (every ControllerPublish retry):
         // a device already attached through these targets is answered from
@@ -42,6 +41,7 @@ impl Devices {
         {
             return Ok(found);
         }
+        let lun = self.stale_path_hint(targets, lun)?;
         // The node's attach limit (NodeGetInfo's max_volumes_per_node).
         let mut admission = self.attachments.admit(wwid.as_str())?;
         // Marked before the lock: a detach that follows sees the targets

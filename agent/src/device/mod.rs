@@ -111,7 +111,19 @@ impl Devices {
     /// multipath map holds a path that reports another WWID, so no attach,
     /// detach, wipe or rescan acts on a LUN that is not provably `wwid`.
     pub fn lun(&self, wwid: &Wwid) -> Result<Option<Lun>, AgentError> {
-        let Some(lun) = self.luns()?.into_iter().find(|l| &l.wwid == wwid) else {
+        // Only this LUN's paths and maps are described: on a node of
+        // hundreds of disks, an attach looks at its own.
+        let io = |e| AgentError::io(self.host.sys("block"), e);
+        let disks = sysfs::disks_with_wwid(&self.host, wwid).map_err(io)?;
+        let maps: Vec<_> = sysfs::multipath_maps(&self.host)
+            .map_err(io)?
+            .into_iter()
+            .filter(|m| &m.wwid == wwid)
+            .collect();
+        let Some(lun) = sysfs::group_luns(disks, maps)
+            .into_iter()
+            .find(|l| &l.wwid == wwid)
+        else {
             return Ok(None);
         };
         consistent(&self.host, lun).map(Some)

@@ -467,10 +467,26 @@ fn scsi_disk_linked(
 
 /// The disk paths that report `wwid`, sorted by kernel name.
 pub fn disks_with_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Vec<ScsiDisk>> {
-    Ok(scsi_disks(host)?
+    // The lean walk finds them; only they are described in full.
+    let names: Vec<String> = disk_wwids(host)?
         .into_iter()
-        .filter(|d| &d.wwid == wwid)
-        .collect())
+        .filter(|(_, w)| w == wwid)
+        .map(|(name, _)| name)
+        .collect();
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let links = DiskLinks::read(host);
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        match scsi_disk_linked(host, &name, &links) {
+            // Read again: it may have changed between the two looks.
+            Ok(Some(d)) if &d.wwid == wwid => out.push(d),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(disk = %name, error = %e, "skipping unreadable block device"),
+        }
+    }
+    Ok(out)
 }
 
 /// Every dm-multipath map (`block/dm-*` with a `dm/uuid` of `mpath-<serial>`),

@@ -17,7 +17,7 @@ use anyhow::Context;
 use csi_scsi_daemon::agent_channel;
 use csi_scsi_proto::agent::AttachRequest;
 use csi_scsi_proto::agent::agent_client::AgentClient;
-use csi_scsi_proto::csi::ControllerPublishVolumeRequest;
+use csi_scsi_proto::csi::{ControllerGetCapabilitiesRequest, ControllerPublishVolumeRequest};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -157,7 +157,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         lun: 0,
     };
 
-    let (mut via_proxy, mut echoed, mut attached, mut unix_echoed) = (
+    let (mut via_proxy, mut echoed, mut attached, mut unix_echoed, mut no_op) = (
+        Samples::with_capacity(n),
         Samples::with_capacity(n),
         Samples::with_capacity(n),
         Samples::with_capacity(n),
@@ -202,6 +203,15 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         }
         for _ in 0..BLOCK {
             let t = Instant::now();
+            c.controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+                .await
+                .context("ControllerGetCapabilities")?;
+            if counted {
+                no_op.push(t.elapsed());
+            }
+        }
+        for _ in 0..BLOCK {
+            let t = Instant::now();
             direct.attach(attach.clone()).await.context("Attach")?;
             if counted {
                 attached.push(t.elapsed());
@@ -235,6 +245,9 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         Row::new(1, "baseline: gRPC echo over a Unix socket p50 (vs mTLS echo p50)", Unit::Micros, us(unix_echoed.p50()))
             .baseline(us(echoed.p50()))
             .note("the same health service as the mTLS echo, served on a Unix socket by the same helper process"),
+        Row::new(1, "breakdown: ControllerGetCapabilities via the proxy p50 (vs Unix echo p50)", Unit::Micros, us(no_op.p50()))
+            .baseline(us(unix_echoed.p50()))
+            .note("a call the proxy answers from memory: its CSI server stack (layers, request span, deadline scope) over the Unix hop"),
         Row::new(1, "proxy's own share (1a − 1c) p50 (vs Unix echo + mTLS echo p50)", Unit::Micros, share(Samples::p50))
             .baseline(floor(Samples::p50))
             .target(Target::RatioAtMost(1.5))
