@@ -251,10 +251,14 @@ pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
 /// of that one type (one superblock read instead of the whole safe probe's
 /// dozens): the fast path of staging a volume that is already formatted.
 /// `false` says nothing more; only [`probe`] may call a device blank. A
-/// read error is not ready. Blocks: run it off the async workers (as
-/// `mount::mount_filesystem_if` does, with the mount it decides).
-pub fn carries_now(device: &Path, fs: FsType) -> Result<bool, AgentError> {
-    let probed = safe_probe(device, Some(fs)).map_err(|reason| AgentError::DeviceNotReady {
+/// read error or a device that does not answer in time is not ready.
+pub async fn carries(device: &Path, fs: FsType) -> Result<bool, AgentError> {
+    let owned = device.to_owned();
+    let probed = super::blocking::within("probe", device, PROBE_TIMEOUT, move || {
+        safe_probe(&owned, Some(fs))
+    })
+    .await?
+    .map_err(|reason| AgentError::DeviceNotReady {
         device: device.to_owned(),
         reason,
     })?;

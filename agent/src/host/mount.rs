@@ -202,51 +202,17 @@ pub async fn mount_filesystem(
 ) -> Result<(), AgentError> {
     let (device, target, options) = (device.to_owned(), target.to_owned(), options.clone());
     blocking("mount", target.clone(), move || {
-        mount_now(&device, &target, fs, &options)
+        tracing::debug!(device = %device.display(), target = %target.display(), %fs, flags = ?options.flags, "mount");
+        let data = options.data_string();
+        nix::mount::mount(
+            Some(device.as_path()),
+            target.as_path(),
+            Some(fs.name()),
+            options.flags,
+            data.as_deref(),
+        )
     })
     .await
-}
-
-/// Mounts `device` at `target` as `fs` if `ready`, run first on the same
-/// blocking thread, says so: one trip off the async workers for a check
-/// and the mount it decides (each trip wakes two threads). `Ok(false)`:
-/// `ready` declined and nothing was mounted.
-pub async fn mount_filesystem_if<R>(
-    device: &Path,
-    target: &Path,
-    fs: FsType,
-    options: &MountOptions,
-    ready: R,
-) -> Result<bool, AgentError>
-where
-    R: FnOnce() -> Result<bool, AgentError> + Send + 'static,
-{
-    let (device, owned, options) = (device.to_owned(), target.to_owned(), options.clone());
-    super::blocking::within("mount", target, super::blocking::MOUNT_TIMEOUT, move || {
-        if !ready()? {
-            return Ok(false);
-        }
-        mount_now(&device, &owned, fs, &options).map_err(|errno| AgentError::Mount {
-            op: "mount",
-            path: owned.clone(),
-            source: errno.into(),
-        })?;
-        Ok(true)
-    })
-    .await?
-}
-
-/// The mount(2) of a filesystem, on the calling thread.
-fn mount_now(device: &Path, target: &Path, fs: FsType, options: &MountOptions) -> nix::Result<()> {
-    tracing::debug!(device = %device.display(), target = %target.display(), %fs, flags = ?options.flags, "mount");
-    let data = options.data_string();
-    nix::mount::mount(
-        Some(device),
-        target,
-        Some(fs.name()),
-        options.flags,
-        data.as_deref(),
-    )
 }
 
 /// Bind mounts `source` (a directory or a device node) onto `target` with

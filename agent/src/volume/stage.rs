@@ -64,18 +64,15 @@ async fn stage_filesystem(
     }
     ensure_unused(req, device, table)?;
     let read_only = read_only(host, req, device)?;
+    // A volume that already carries the asked filesystem (a Pod restarting
+    // or moving) needs one superblock read; the whole safe probe runs only
+    // when it does not, and decides alone whether the device is blank.
+    if !filesystem::carries(&device.node, fs).await? {
+        format_if_blank(host, req, device, fs, read_only).await?;
+    }
     mount::create_dir(staging)?;
     let options = options.clone().with_read_only(read_only);
-    // A volume that already carries the asked filesystem (a Pod restarting
-    // or moving) needs one superblock read before its mount; the whole safe
-    // probe runs only when it does not, and decides alone whether the
-    // device is blank.
-    let node = device.node.clone();
-    let carries = move || filesystem::carries_now(&node, fs);
-    if !mount::mount_filesystem_if(&device.node, staging, fs, &options, carries).await? {
-        format_if_blank(host, req, device, fs, read_only).await?;
-        mount::mount_filesystem(&device.node, staging, fs, &options).await?;
-    }
+    mount::mount_filesystem(&device.node, staging, fs, &options).await?;
     tracing::info!(volume_id = %req.volume, device = %device.node.display(), staging = %staging.display(), %fs, "staged");
     Ok(())
 }
