@@ -37,6 +37,8 @@ pub struct Releases {
     wanted: Mutex<BTreeSet<String>>,
     running: Mutex<BTreeSet<String>>,
     wake: Notify,
+    /// Pinged whenever a release attempt ends.
+    ended: Notify,
 }
 
 impl Releases {
@@ -65,6 +67,13 @@ impl Releases {
     /// The wipe of `wwid` ended (done, failed or aborted).
     pub fn end(&self, wwid: &str) {
         lock(&self.running).remove(wwid);
+        self.ended.notify_waiters();
+    }
+
+    /// Resolves when a release attempt ends after this call (a waiter
+    /// takes it before looking at the LUN, so no end slips between).
+    pub fn ended(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ended.notified()
     }
 
     /// How many releases are running now.
@@ -120,14 +129,19 @@ impl Lifecycle {
         // no node call on the volume meets its wipe. A long one goes on
         // alone; the answer is OK either way.
         let until = tokio::time::Instant::now() + QUICK_RELEASE;
-        while tokio::time::Instant::now() < until {
+        loop {
+            let ended = self.releases.ended();
             match self.inventory.device(vol.wwid()).await? {
                 Some(d)
                     if policy::releasing(&d)
                         && d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => {}
                 _ => break,
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            // Woken by the end of a release (this one's, or another's: the
+            // look above tells), not by a poll.
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                break;
+            }
         }
         Ok(())
     }
