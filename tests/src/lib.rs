@@ -19,3 +19,4 @@ pub mod patience;
 pub mod pki;
 pub mod reliability;
 pub mod tgt;
+pub mod vm;

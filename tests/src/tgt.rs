@@ -274,6 +274,54 @@ impl Tgtd {
         }
     }
 
+    /// Closes every connection to target `tid` (`--op delete --mode
+    /// conn`), as an array dropping its sessions does; initiators
+    /// reconnect unless the ACL now refuses them. Returns how many.
+    pub async fn drop_connections(&mut self, tid: u32) -> Result<usize, TgtError> {
+        let t = tid.to_string();
+        let shown = tgtadm_raw(
+            self.control_port,
+            &["--op", "show", "--mode", "conn", "--tid", &t],
+        )
+        .await?;
+        let mut dropped = 0;
+        let mut session = None;
+        for line in shown.lines().map(str::trim) {
+            if let Some(sid) = line.strip_prefix("Session:") {
+                session = Some(sid.trim().to_owned());
+            } else if let (Some(cid), Some(sid)) = (line.strip_prefix("Connection:"), &session) {
+                self.tgtadm(&[
+                    "--op",
+                    "delete",
+                    "--mode",
+                    "conn",
+                    "--tid",
+                    &t,
+                    "--sid",
+                    sid,
+                    "--cid",
+                    cid.trim(),
+                ])
+                .await?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Adds a portal (`ip:port`) it listens on too.
+    pub async fn add_portal(&mut self, portal: &str) -> Result<(), TgtError> {
+        self.tgtadm(&[
+            "--mode",
+            "portal",
+            "--op",
+            "new",
+            "--param",
+            &format!("portal={portal}"),
+        ])
+        .await
+    }
+
     /// The iSCSI portal it listens on.
     pub fn portal(&self) -> SocketAddr {
         self.portal

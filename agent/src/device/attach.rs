@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 use super::{Devices, TargetSpec, came_through};
 use crate::error::AgentError;
 use crate::host::sysfs::{self, Lun, PathAtAddress};
-use crate::host::{block, dev_links};
+use crate::host::{block, dev_links, multipath};
+
+/// How long an attach on a dm-multipath node waits for multipathd to build
+/// a LUN's map before it settles for a single path nothing holds.
+pub const MAP_GRACE: Duration = Duration::from_secs(10);
 use crate::volume::device::publications;
 use crate::volume::mount_table;
 use csi_scsi_contract::Wwid;
@@ -75,11 +79,13 @@ impl Devices {
         drop(held);
         // Wait for the kernel (and udev) to bring the device up: the link
         // first (two readlinks), the whole LUN only once it is there.
+        let multipathed = multipath::is_configured(&self.host);
         let mut pause = Duration::from_millis(5);
         let found = loop {
             if let Some(link) = dev_links::find_by_wwid(&self.host, wwid)
                 .map_err(|e| AgentError::io(self.host.dev("disk/by-id"), e))?
                 && let Some(l) = self.lun(wwid)?
+                && (!multipathed || self.map_settled(&link.kernel_name, &l, start)?)
             {
                 break (link, l);
             }
@@ -108,6 +114,30 @@ impl Devices {
         admission.complete(targets.iter().map(|t| t.name.clone()))?;
         tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
         Ok((link.link, lun_info))
+    }
+
+    /// On a dm-multipath node, whether the device found for a LUN is the
+    /// one to hand out: its map, once multipathd has built it and udev has
+    /// pointed the link at it. A path handed out before that is taken by
+    /// the map a moment later (mkfs or mount then find it held, or race
+    /// it), so a path alone is used only after [`MAP_GRACE`] with nothing
+    /// holding it: a LUN multipathd leaves alone (`find_multipaths`
+    /// strict, a blacklisted WWID).
+    fn map_settled(&self, linked: &str, lun: &Lun, start: Instant) -> Result<bool, AgentError> {
+        if let Some(map) = &lun.map {
+            return Ok(map.kernel_name == linked);
+        }
+        if start.elapsed() < MAP_GRACE {
+            return Ok(false);
+        }
+        for path in &lun.paths {
+            let held = sysfs::holders(&self.host, &path.kernel_name)
+                .map_err(|e| AgentError::io(self.host.sys("block").join(&path.kernel_name), e))?;
+            if !held.is_empty() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The LUN-number hint `lun`, unless a disk at that address through

@@ -42,17 +42,7 @@ impl Devices {
     async fn remove(&self, wwid: &Wwid, lun: &sysfs::Lun) -> Result<(), AgentError> {
         let paths: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
         let table = mount_table(&self.host)?;
-        let claims = match &lun.map {
-            // The map's paths are held by the map, not by a user: their
-            // mounts and publications are checked, the map is claimed.
-            Some(m) => {
-                for name in &paths {
-                    self.refuse_if_used(wwid, &table, name, Exclusive::No)?;
-                }
-                self.claim_unused(wwid, &table, std::slice::from_ref(&m.kernel_name))?
-            }
-            None => self.claim_unused(wwid, &table, &paths)?,
-        };
+        let claims = self.lun_claims(wwid, &table, lun)?;
         // With no path left a flush would queue forever (and there is
         // nowhere to write to): skip it. Buffers live on the device that
         // was used: the map when there is one (its paths hold none).
@@ -67,12 +57,12 @@ impl Devices {
                 // opened meanwhile makes the removal fail, so nothing is
                 // lost. Then its paths are free to claim.
                 drop(claims);
-                multipath::flush(&self.host, &m.name).await.map_err(|e| {
-                    AgentError::DeviceInUse {
+                flush_map(&self.host, &m.name)
+                    .await
+                    .map_err(|e| AgentError::DeviceInUse {
                         wwid: wwid.clone(),
                         holder: format!("multipath map {}: {e}", m.name),
-                    }
-                })?;
+                    })?;
                 self.claim_unused(wwid, &mount_table(&self.host)?, &paths)?
             }
             None => claims,
@@ -86,15 +76,33 @@ impl Devices {
         Ok(())
     }
 
-    /// Refuses when any of `nodes` (kernel names) is in use (see
-    /// [`Self::use_of`]).
-    pub(crate) fn check_unused(&self, wwid: &Wwid, nodes: &[String]) -> Result<(), AgentError> {
+    /// Refuses when `lun` is in use, checking each device as
+    /// [`Self::lun_claims`] does, and lets the claims go at once.
+    pub(crate) fn check_unused(&self, wwid: &Wwid, lun: &sysfs::Lun) -> Result<(), AgentError> {
         let table = mount_table(&self.host)?;
-        for name in nodes {
-            // Checked and let go at once: `nodes` may name a disk twice.
-            self.refuse_if_used(wwid, &table, name, Exclusive::Claim)?;
+        self.lun_claims(wwid, &table, lun).map(drop)
+    }
+
+    /// Refuses when `lun` is in use; otherwise claims it exclusively. The
+    /// paths under its multipath map are held by the map, not by a user:
+    /// their mounts and publications are checked, the map is claimed.
+    /// Without a map, every path is claimed.
+    fn lun_claims(
+        &self,
+        wwid: &Wwid,
+        table: &MountTable,
+        lun: &sysfs::Lun,
+    ) -> Result<Vec<(String, Option<block::Claim>)>, AgentError> {
+        let paths: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
+        match &lun.map {
+            Some(m) => {
+                for name in &paths {
+                    self.refuse_if_used(wwid, table, name, Exclusive::No)?;
+                }
+                self.claim_unused(wwid, table, std::slice::from_ref(&m.kernel_name))
+            }
+            None => self.claim_unused(wwid, table, &paths),
         }
-        Ok(())
     }
 
     /// Refuses when any of `nodes` is in use; otherwise claims each one
@@ -262,13 +270,54 @@ impl Devices {
                 }
             }
         }
-        let busy = showing.iter().find_map(|d| {
-            self.use_of(&table, &d.kernel_name)
-                .unwrap_or_else(|e| Some(format!("cannot tell: {e}")))
-        });
-        if let Some(why) = busy {
-            tracing::warn!(target = %target.name, %why, "not logging out: a disk of this target is in use");
-            return;
+        // multipathd builds a map for every LUN a login brings, attached
+        // or not: a path held by its own LUN's map is in use only if the
+        // map is. Idle maps go before the logout (they would stay behind
+        // with no path, queueing whatever opens them).
+        let maps = match sysfs::multipath_maps(&self.host) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(target = %target.name, error = %e, "not logging out: the node's multipath maps cannot be read");
+                return;
+            }
+        };
+        let mut idle_maps: Vec<&str> = Vec::new();
+        for d in &showing {
+            let map = maps
+                .iter()
+                .find(|m| m.wwid == d.wwid && m.slaves.contains(&d.kernel_name));
+            let verdict = match map {
+                Some(m) => self
+                    .examine(&table, &d.kernel_name, Exclusive::No)
+                    .and_then(|path| match path {
+                        Use::Busy(why) => Ok(Some(why)),
+                        Use::Free(_) => self.use_of(&table, &m.kernel_name),
+                    }),
+                None => self.use_of(&table, &d.kernel_name),
+            };
+            match verdict {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    tracing::warn!(target = %target.name, %why, "not logging out: a disk of this target is in use");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(target = %target.name, disk = %d.kernel_name, error = %e, "not logging out: whether a disk of this target is in use cannot be told");
+                    return;
+                }
+            }
+            if let Some(m) = map
+                && !idle_maps.contains(&m.name.as_str())
+            {
+                idle_maps.push(&m.name);
+            }
+        }
+        for map in idle_maps {
+            // A map opened since the check refuses the flush: nothing is lost.
+            if let Err(e) = flush_map(&self.host, map).await {
+                tracing::warn!(target = %target.name, %map, error = %e, "not logging out: an idle multipath map of this target could not be removed");
+                return;
+            }
         }
         match self.logout(target).await {
             Ok(()) => {
@@ -281,6 +330,27 @@ impl Devices {
         }
     }
 }
+
+/// Removes map `map`, which the detach has just proven unused. udev
+/// probes a device when a writer closes it (the `watch` rule), so a map
+/// written a moment ago can be open for a few hundred milliseconds more:
+/// "in use" is retried for a bounded time; anything else is final.
+async fn flush_map(host: &crate::host::Host, map: &str) -> Result<(), multipath::MultipathError> {
+    let start = Instant::now();
+    loop {
+        match multipath::flush(host, map).await {
+            Err(multipath::MultipathError::MapInUse { .. }) if start.elapsed() < MAP_BUSY_FOR => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How long a map proven unused may still be reported open (udev's probe)
+/// before the detach gives up.
+const MAP_BUSY_FOR: Duration = Duration::from_secs(5);
 
 /// Flushes the device's buffers (fsync through the detach's own claim on
 /// it), off the async workers and within [`blocking::FLUSH_TIMEOUT`]. A

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::Devices;
 use crate::error::AgentError;
-use crate::host::{block, sysfs};
+use crate::host::{Host, block, multipath, sysfs};
 use csi_scsi_contract::Wwid;
 
 impl Devices {
@@ -30,6 +30,7 @@ impl Devices {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        grow_map(&self.host, wwid).await?;
         Ok(size)
     }
 
@@ -46,4 +47,40 @@ impl Devices {
         let reported = lun.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
         Ok(live.max(reported))
     }
+}
+
+/// Grows the multipath map of `wwid` when its paths are larger (after a
+/// rescan): the map is the device that is mounted, and it keeps the size it
+/// was built with until multipathd resizes it. No map, or a map as large
+/// as its paths, is left alone.
+pub(crate) async fn grow_map(host: &Host, wwid: &Wwid) -> Result<(), AgentError> {
+    let io = |e| AgentError::io(host.sys("block"), e);
+    let paths = sysfs::disks_with_wwid(host, wwid).map_err(io)?;
+    let largest = paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
+    let Some(map) = sysfs::multipath_maps(host)
+        .map_err(io)?
+        .into_iter()
+        .find(|m| &m.wwid == wwid)
+    else {
+        return Ok(());
+    };
+    if map.size_bytes >= largest {
+        return Ok(());
+    }
+    // Paths that disagree on the size are mid-rescan: resizing now would
+    // fail (or settle on the smaller); the next rescan or expand retries.
+    if paths.iter().any(|p| p.size_bytes != largest) {
+        return Err(AgentError::DeviceNotReady {
+            device: host.dev(&map.kernel_name),
+            reason: "its paths report different sizes (a rescan is still under way)".to_owned(),
+        });
+    }
+    multipath::resize(host, &map.name)
+        .await
+        .map_err(|e| AgentError::DeviceNotReady {
+            device: host.dev(&map.kernel_name),
+            reason: format!("its paths grew to {largest} bytes but the map could not follow: {e}"),
+        })?;
+    tracing::info!(%wwid, map = %map.name, from = map.size_bytes, to = largest, "multipath map resized to its paths");
+    Ok(())
 }

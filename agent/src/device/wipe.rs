@@ -69,9 +69,7 @@ impl Devices {
         // Never erase a device that is not provably the one asked for: every
         // path re-reads its identity from the array first.
         crate::volume::device::reverify(&self.host, wwid, &node, &name).await?;
-        let mut all: Vec<String> = lun.paths.iter().map(|p| p.kernel_name.clone()).collect();
-        all.push(name.clone());
-        self.check_unused(wwid, &all)?;
+        self.check_unused(wwid, &lun)?;
 
         if mode == WipeMode::Signatures {
             let _ = tx.send(step(0, 0, 1, 1, "signatures", false)).await;

@@ -82,6 +82,26 @@ pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathErro
     }
 }
 
+/// Grows map `map` to the size of its paths (`multipathd resize map
+/// <map>`): a map keeps the size it was built with until multipathd is
+/// told, whatever its paths report after a rescan.
+pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
+    if map.is_empty() || map.starts_with('-') || !map.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(MultipathError::InvalidMapName(map.to_owned()));
+    }
+    let args: [Arg; 3] = ["resize".into(), "map".into(), map.into()];
+    let out = host.runner.output(&host.tool("multipathd"), &args).await?;
+    // multipathd's client answers "ok" or "fail" (and exits 1 on "fail").
+    if out.code == 0 && out.stdout.trim() == "ok" {
+        return Ok(());
+    }
+    Err(MultipathError::Failed {
+        operation: "resize",
+        code: out.code,
+        detail: out.error_tail(3, TAIL_MAX),
+    })
+}
+
 /// Whether this node uses dm-multipath: the operator named the `multipath`
 /// tool explicitly (`--tool multipath=...`), or the kernel has the
 /// dm-multipath target loaded (`module/dm_multipath` under the sysfs root,

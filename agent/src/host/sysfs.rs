@@ -835,6 +835,22 @@ impl DeviceState {
     }
 }
 
+impl fmt::Display for DeviceState {
+    /// The kernel's spelling.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Running => "running",
+            Self::Offline => "offline",
+            Self::TransportOffline => "transport-offline",
+            Self::Blocked => "blocked",
+            Self::Created => "created",
+            Self::Quiesce => "quiesce",
+            Self::Deleted => "deleted",
+            Self::Unknown(s) => s,
+        })
+    }
+}
+
 // === impl Lun ===
 
 impl Lun {

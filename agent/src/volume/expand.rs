@@ -24,6 +24,9 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     if !mount::exists(path)? {
         return Err(not_at_path("the path does not exist".to_owned()));
     }
+    // The controller's rescan may have reached this node's paths while
+    // its map stayed at the old size.
+    crate::device::grow_map(host, req.volume.wwid()).await?;
     let device = device::require(host, req.volume.wwid())?;
     let size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
     check_range(req, size)?;

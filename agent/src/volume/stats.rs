@@ -12,6 +12,7 @@ use crate::host::Host;
 use crate::host::block::{self, DeviceNumber};
 use crate::host::filesystem;
 use crate::host::mount::{self, BlockRecord};
+use crate::host::sysfs;
 
 /// What a volume uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +53,7 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
     }
     let device = device::find(host, req.volume.wwid())?;
     if let Some(number) = block::node_number(path).map_err(|e| AgentError::io(path, e))? {
-        return block_stats(req, path, number, device.as_ref());
+        return block_stats(host, req, path, number, device.as_ref());
     }
     let table = mount_table(host)?;
     let Some(m) = table.mount_at(path) else {
@@ -61,7 +62,7 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
         {
             // A raw block staging path: measure the device it records.
             return match &device {
-                Some(d) => block_stats(req, &d.node, record.device(), device.as_ref()),
+                Some(d) => block_stats(host, req, &d.node, record.device(), device.as_ref()),
                 None => Ok(gone(req)),
             };
         }
@@ -87,7 +88,7 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
             m.fs_type
         ))
     } else {
-        normal()
+        paths_condition(host, req)?
     };
     Ok(VolumeStats {
         usage: Some(Usage::Filesystem(usage)),
@@ -96,6 +97,7 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
 }
 
 fn block_stats(
+    host: &Host,
     req: &StatsRequest,
     node: &Path,
     number: DeviceNumber,
@@ -110,10 +112,42 @@ fn block_stats(
             usage: Some(Usage::Block {
                 total_bytes: block::size(node).map_err(|e| AgentError::io(node, e))?,
             }),
-            condition: normal(),
+            condition: paths_condition(host, req)?,
         }),
         None => Ok(gone(req)),
     }
+}
+
+/// The condition the LUN's paths give: abnormal when none is running (every
+/// path lost: I/O queues or fails, as the multipath settings say); a
+/// degraded LUN (some paths down) is still normal, and says so.
+fn paths_condition(host: &Host, req: &StatsRequest) -> Result<Condition, AgentError> {
+    let paths = sysfs::disks_with_wwid(host, req.volume.wwid())
+        .map_err(|e| AgentError::io(host.sys("block"), e))?;
+    let running = paths.iter().filter(|p| p.state.is_running()).count();
+    let states = || {
+        paths
+            .iter()
+            .map(|p| format!("{} {}", p.kernel_name, p.state))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Ok(match running {
+        _ if paths.is_empty() => normal(),
+        0 => abnormal(format!(
+            "no path to the LUN is running ({}): I/O to it queues or fails",
+            states()
+        )),
+        n if n < paths.len() => Condition {
+            abnormal: false,
+            message: format!(
+                "degraded: {n} of {} paths running ({})",
+                paths.len(),
+                states()
+            ),
+        },
+        _ => normal(),
+    })
 }
 
 fn gone(req: &StatsRequest) -> VolumeStats {

@@ -20,7 +20,7 @@ use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm]] [--keep] [--dir DIR] [--nodes N] [--pool N]
+const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
        lab down [--dir DIR]
        lab images [--out DIR] [--tag TAG] [--profile PROFILE]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
@@ -30,6 +30,9 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm]] [--keep
                      deploy/overlays/lab (the default)
     --via helm       the same with helm and deploy/chart/csi-scsi
                      (ci/lab-values.yaml, equal to the overlay)
+  --vm      every node a qemu guest booting Debian's kernel: the real iSCSI
+            initiator, udev and dm-multipath (two portals, two paths per LUN),
+            the agent with its production defaults (docs/lab.md, VM nodes)
   --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
             (label tier=pool): devices for suites that create many volumes
   images    build every image deploy/ uses (recipes: deploy/images/) as
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
             "up" | "down" | "images" => cmd = Some(a.clone()),
             "--keep" => keep = true,
             "--kubernetes" => kubernetes = true,
+            "--vm" => config.vm = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
             "--nodes" => {
                 config.nodes = it
@@ -188,7 +192,13 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         "  - up in {:.1}s; the volume life cycle, as the sidecars and kubelet drive it:",
         start.elapsed().as_secs_f64()
     );
-    let report = scenario::run(&mut lab).await;
+    let report = match scenario::run(&mut lab).await {
+        // On VM nodes: what only a real kernel can show, after the life cycle.
+        Ok(mut r) if lab.config.vm => csi_scsi_tests::vm::checks::run(&mut lab, &mut r)
+            .await
+            .map(|()| r),
+        other => other,
+    };
     let outcome = Outcome {
         dir: &dir,
         logs: "*.log",

@@ -11,6 +11,7 @@
 pub mod cgroups;
 pub mod kube;
 pub mod net;
+pub mod node_files;
 pub mod scenario;
 
 use std::collections::BTreeMap;
@@ -31,6 +32,7 @@ use crate::fabric::{Fabric, FcTargetDef, IscsiTargetDef, LunDef};
 use crate::node_tree::NodeTree;
 use crate::pki::Pki;
 use crate::tgt::{LunIdentity, Tgtd};
+use crate::vm::{self, Vm};
 
 /// Port of every agent's API.
 pub const AGENT_PORT: u16 = 9810;
@@ -88,6 +90,9 @@ pub struct LabConfig {
     /// (`nodes/<node>/seam`: `bin/iscsiadm` and `iscsid.sock`), no agent
     /// process.
     pub agents_as_pods: bool,
+    /// Every node a qemu guest with Debian's kernel, the real initiator,
+    /// udev and dm-multipath ([`crate::vm`]); no Fibre Channel target.
+    pub vm: bool,
 }
 
 /// One node of a running lab.
@@ -110,6 +115,8 @@ pub struct LabNode {
     pub agent: Option<Daemon>,
     /// The kernel stand-in's watcher.
     pub watcher: Option<Daemon>,
+    /// The guest, on a VM node (its agent runs inside).
+    pub vm: Option<Vm>,
     agent_args: Vec<String>,
 }
 
@@ -203,6 +210,7 @@ impl LabConfig {
             faulty_disks: false,
             embedded_proxy: true,
             agents_as_pods: false,
+            vm: false,
         }
     }
 
@@ -228,6 +236,7 @@ impl LabConfig {
             faulty_disks: false,
             embedded_proxy: true,
             agents_as_pods: false,
+            vm: false,
         }
     }
 }
@@ -290,6 +299,10 @@ impl Lab {
             ("b1", 1 << 30),
             ("fc1", 512 << 20),
         ] {
+            // A VM node has no Fibre Channel HBA, and no stand-in to fake one.
+            if config.vm && name == "fc1" {
+                continue;
+            }
             let path = luns_dir.join(format!("{name}.img"));
             let f = std::fs::File::create(&path)?;
             f.set_len(size)?;
@@ -306,6 +319,15 @@ impl Lab {
             .context("starting tgtd")?;
         record.pids.push(tgtd.pid());
         save_record(&dir, &record)?;
+        // VM nodes reach every target through two portals, one per NIC:
+        // two paths for every LUN, for dm-multipath.
+        let mut portals = vec![portal.to_string()];
+        if config.vm {
+            let second = net.add_second_host_address()?;
+            let portal2 = format!("{second}:3260");
+            tgtd.add_portal(&portal2).await?;
+            portals.push(portal2);
+        }
         let iqn_a = "iqn.2026-11.io.csi-scsi.lab:array-a";
         let iqn_b = "iqn.2026-11.io.csi-scsi.lab:array-b";
         tgtd.add_target(1, iqn_a).await?;
@@ -338,7 +360,10 @@ impl Lab {
             }
             tgtd.bind_all(3).await?;
         }
-        let fc_nodes: Vec<String> = (1..config.nodes).map(node_name).collect();
+        let fc_nodes: Vec<String> = match config.vm {
+            true => Vec::new(),
+            false => (1..config.nodes).map(node_name).collect(),
+        };
         let mut fabric = Fabric {
             iscsi: vec![
                 IscsiTargetDef {
@@ -354,19 +379,23 @@ impl Lab {
                     luns: vec![lun_def(1, &luns["b1"]), lun_def(2, &luns["mp"])],
                 },
             ],
-            fc: vec![FcTargetDef {
-                wwpn: "500a0981891b8dc5".into(),
-                nodes: fc_nodes.clone(),
-                luns: vec![LunDef {
-                    lun: 0,
-                    file: luns["fc1"].clone(),
-                    data: None,
-                    wwid: "naa.600a098038303053453f463045727031".into(),
-                    vendor: "NETAPP".into(),
-                    model: "LUN C-Mode".into(),
-                    serial: "80SE?F0Erp1".into(),
-                }],
-            }],
+            fc: luns
+                .get("fc1")
+                .map(|fc1| FcTargetDef {
+                    wwpn: "500a0981891b8dc5".into(),
+                    nodes: fc_nodes.clone(),
+                    luns: vec![LunDef {
+                        lun: 0,
+                        file: fc1.clone(),
+                        data: None,
+                        wwid: "naa.600a098038303053453f463045727031".into(),
+                        vendor: "NETAPP".into(),
+                        model: "LUN C-Mode".into(),
+                        serial: "80SE?F0Erp1".into(),
+                    }],
+                })
+                .into_iter()
+                .collect(),
         };
         if !pool.is_empty() {
             fabric.iscsi.push(IscsiTargetDef {
@@ -392,9 +421,13 @@ impl Lab {
         let fabric_path = dir.join("fabric.json");
         fabric.save(&fabric_path)?;
 
-        progress("nodes: device trees, shared kubelet directories, kernel stand-ins, agents");
         let mut nodes = Vec::new();
-        for i in 0..config.nodes {
+        if config.vm {
+            nodes = start_vm_nodes(&config, &net, &mut record, progress).await?;
+        } else {
+            progress("nodes: device trees, shared kubelet directories, kernel stand-ins, agents");
+        }
+        for i in (0..config.nodes).filter(|_| !config.vm) {
             let node = start_node(
                 &config,
                 &net,
@@ -422,21 +455,23 @@ impl Lab {
             .collect();
         std::fs::write(dir.join("agents.txt"), agents)?;
         let mut targets = serde_json::json!([
-            {"name": "array-a", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_a, "chapSecretRef": {"name": "chap-array-a"}},
+            {"name": "array-a", "iscsi": {"portals": portals, "iqn": iqn_a, "chapSecretRef": {"name": "chap-array-a"}},
              "deviceLabels": {"array": "a", "tier": "fast"}},
-            {"name": "array-b", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_b},
-             "deviceLabels": {"array": "b", "tier": "capacity"}},
-            {"name": "fc-1", "fibreChannel": {"wwpns": ["50:0a:09:81:89:1b:8d:c5"]}, "nodes": fc_nodes,
-             "deviceLabels": {"array": "fc", "tier": "fast"}}
+            {"name": "array-b", "iscsi": {"portals": portals, "iqn": iqn_b},
+             "deviceLabels": {"array": "b", "tier": "capacity"}}
         ]);
+        let list = targets.as_array_mut().context("targets")?;
+        if !config.vm {
+            list.push(serde_json::json!(
+                {"name": "fc-1", "fibreChannel": {"wwpns": ["50:0a:09:81:89:1b:8d:c5"]}, "nodes": fc_nodes,
+                 "deviceLabels": {"array": "fc", "tier": "fast"}}
+            ));
+        }
         if config.pool_luns > 0 {
-            targets
-                .as_array_mut()
-                .context("targets")?
-                .push(serde_json::json!(
-                    {"name": "array-c", "iscsi": {"portals": [portal.to_string()], "iqn": iqn_c},
-                     "deviceLabels": {"array": "c", "tier": "pool"}}
-                ));
+            list.push(serde_json::json!(
+                {"name": "array-c", "iscsi": {"portals": portals, "iqn": iqn_c},
+                 "deviceLabels": {"array": "c", "tier": "pool"}}
+            ));
         }
         std::fs::write(
             dir.join("targets.json"),
@@ -518,7 +553,15 @@ impl Lab {
                 .join("pki")
                 .join(format!("{}-tls", n.name))
                 .join(csi_scsi_certs::TLS_CERT_FILE);
-            while !cert.exists() {
+            while !match &n.vm {
+                // The agent's production --tls-dir, in the guest.
+                Some(vm) => vm
+                    .guest
+                    .exec(&["test", "-s", "/etc/csi-scsi/tls/tls.crt"])
+                    .await
+                    .is_ok_and(|(code, _)| code == 0),
+                None => cert.exists(),
+            } {
                 if tokio::time::Instant::now() > deadline {
                     bail!(
                         "the proxy did not enrol {} within 60 s (see proxy.log)",
@@ -744,6 +787,10 @@ impl Lab {
             if let Some(w) = n.watcher.take() {
                 w.detach();
             }
+            if let Some(vm) = n.vm.take() {
+                vm.qemu.detach();
+                vm.relay.detach();
+            }
         }
         if let Some(t) = self.tgtd.take() {
             // Its Drop would stop it: the lab stays up.
@@ -765,6 +812,7 @@ impl Drop for Lab {
         for n in &mut self.nodes {
             n.agent.take();
             n.watcher.take();
+            n.vm.take();
         }
         self.tgtd.take();
         if !self.config.dir.as_os_str().is_empty() {
@@ -950,8 +998,87 @@ async fn start_node(
         status,
         agent,
         watcher: Some(watcher),
+        vm: None,
         agent_args,
     })
+}
+
+/// Boots every node as a VM ([`crate::vm`]) and waits until each serves
+/// CSI; prints the time and memory each took.
+async fn start_vm_nodes(
+    config: &LabConfig,
+    net: &Network,
+    record: &mut Record,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<LabNode>> {
+    let t = std::time::Instant::now();
+    let image = vm::Image::build(&config.dir.join("vm"))?;
+    progress(&format!(
+        "VM image: Debian's kernel and an initramfs from Debian packages with this build's agent ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    ));
+    let t = std::time::Instant::now();
+    progress(&format!(
+        "nodes: {} qemu guests (TCG), each in its node's namespace with two NICs; agents with production defaults",
+        config.nodes
+    ));
+    let second = net.second_host_ip();
+    let mut nodes = Vec::new();
+    for i in 0..config.nodes {
+        let name = node_name(i);
+        let base = config.dir.join("nodes").join(&name);
+        let pki = config.dir.join("pki");
+        let vm = vm::boot(
+            &image,
+            net,
+            &vm::NodeSpec {
+                name: &name,
+                index: i,
+                dir: &base,
+                portal2: &second,
+                join_token: &pki.join(format!("{name}.join-token")),
+                ca: &pki.join("ca/ca.crt"),
+                agent_port: AGENT_PORT,
+                status_port: AGENT_STATUS_PORT,
+            },
+        )?;
+        record.pids.extend([vm.qemu.pid(), vm.relay.pid()]);
+        save_record(&config.dir, record)?;
+        nodes.push(LabNode {
+            name: name.clone(),
+            ip: net.node_ip(i),
+            root: PathBuf::from("/"),
+            kubelet: PathBuf::from("/var/lib/kubelet"),
+            csi: vm.csi.clone(),
+            api: format!("{}:{AGENT_PORT}", net.node_ip(i)).parse()?,
+            status: format!("{}:{AGENT_STATUS_PORT}", net.node_ip(i)).parse()?,
+            agent: None,
+            watcher: None,
+            vm: Some(vm),
+            agent_args: Vec::new(),
+        });
+    }
+    for n in &mut nodes {
+        let booted = std::time::Instant::now();
+        let vm = n.vm.as_mut().context("vm")?;
+        vm.wait_ready(Duration::from_secs(180)).await?;
+        let rss_mib = std::fs::read_to_string(format!("/proc/{}/status", vm.qemu.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+            >> 10;
+        progress(&format!(
+            "{}: booted and serving CSI ({:.1}s after boot began, +{:.1}s waited here); qemu RSS {rss_mib} MiB",
+            n.name,
+            t.elapsed().as_secs_f64(),
+            booted.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(nodes)
 }
 
 async fn wait_socket(path: &Path, daemon: &Daemon) -> anyhow::Result<()> {

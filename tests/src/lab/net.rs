@@ -53,6 +53,21 @@ impl Network {
         format!("198.18.{}.1", self.subnet)
     }
 
+    /// The bridge's second address: tgtd's second portal for VM nodes.
+    pub fn second_host_ip(&self) -> String {
+        format!("198.18.{}.2", self.subnet)
+    }
+
+    /// Adds [`Self::second_host_ip`] to the bridge; returns it.
+    pub fn add_second_host_address(&self) -> anyhow::Result<String> {
+        let ip = self.second_host_ip();
+        sh(
+            "ip",
+            &["addr", "add", &format!("{ip}/24"), "dev", &self.bridge],
+        )?;
+        Ok(ip)
+    }
+
     /// Node `i`'s address.
     pub fn node_ip(&self, i: usize) -> String {
         format!("198.18.{}.{}", self.subnet, 11 + i)

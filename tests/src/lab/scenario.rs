@@ -3,7 +3,7 @@
 //! reported; the end-to-end tests call the same steps.
 
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -229,14 +229,9 @@ pub async fn attach_and_mount_fs(
         .context("ControllerPublishVolume")?
         .into_inner()
         .publish_context;
-    let kubelet = &lab
-        .nodes
-        .iter()
-        .find(|n| n.name == node)
-        .context("node")?
-        .kubelet;
-    let (staging, target) = kubelet_paths(kubelet, &vol.volume_id.replace(':', "-"), pod);
-    std::fs::create_dir_all(&staging)?;
+    let lab_node = lab.nodes.iter().find(|n| n.name == node).context("node")?;
+    let (staging, target) = kubelet_paths(&lab_node.kubelet, &vol.volume_id.replace(':', "-"), pod);
+    lab_node.mkdir(&staging).await?;
     let mut nc = cl.node(node);
     nc.node_stage_volume(NodeStageVolumeRequest {
         volume_id: vol.volume_id.clone(),
@@ -248,7 +243,7 @@ pub async fn attach_and_mount_fs(
     })
     .await
     .context("NodeStageVolume")?;
-    std::fs::create_dir_all(target.parent().context("parent")?)?;
+    lab_node.mkdir(target.parent().context("parent")?).await?;
     nc.node_publish_volume(NodePublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         publish_context: ctx,
@@ -418,6 +413,8 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
     // One file per LUN: the multipath LUN is one file seen through two
     // targets, and one device.
     let want = total;
+    let luns = lab.luns.len();
+    let vm = lab.config.vm;
     let c = &mut cl.controller;
     r.step(
         "discovery: the proxy fans Discover out and merges reports by WWID",
@@ -448,8 +445,13 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
             Ok((
                 (),
                 format!(
-                    "5 LUNs ({} MiB) on 3 targets; {}; array-b's ACL refuses node-c",
+                    "{} LUNs ({} MiB) on {}; {}; array-b's ACL refuses node-c",
+                    luns,
                     want >> 20,
+                    match vm {
+                        true => "2 iSCSI targets, 2 portals each",
+                        false => "3 targets",
+                    },
                     views.join(", ")
                 ),
             ))
@@ -502,8 +504,10 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
         )
         .await?;
     r.step("node-a: the pod writes 1 MiB of data", async {
-        std::fs::write(target.join("data.bin"), &payload)?;
-        std::fs::write(target.join("hello.txt"), "written on node-a\n")?;
+        let node = &lab.nodes[0];
+        node.write_file(&target.join("data.bin"), &payload).await?;
+        node.write_file(&target.join("hello.txt"), b"written on node-a\n")
+            .await?;
         Ok(((), String::new()))
     })
     .await?;
@@ -524,9 +528,10 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
     r.step(
         "node-b: the data written on node-a reads back intact",
         async {
-            let back = std::fs::read(target.join("data.bin"))?;
+            let node = &lab.nodes[1];
+            let back = node.read_file(&target.join("data.bin")).await?;
             ensure!(back == payload, "data differs");
-            let hello = std::fs::read_to_string(target.join("hello.txt"))?;
+            let hello = String::from_utf8(node.read_file(&target.join("hello.txt")).await?)?;
             Ok(((), format!("1 MiB identical; hello.txt: {}", hello.trim())))
         },
     )
@@ -621,47 +626,56 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    let raw = r
-        .step(
+    // The raw block volume: on the Fibre Channel LUN with the stand-in;
+    // on array-a's iSCSI LUNs on VM nodes, which have no FC HBA.
+    let (raw_name, selector, attach_name) = match lab.config.vm {
+        false => (
             "raw block volume on the Fibre Channel LUN: CreateVolume array=fc on node-c",
-            async {
-                let v = create(
-                    &mut cl,
-                    "pvc-lab-block",
-                    256 << 20,
-                    true,
-                    &[("deviceSelector", "array=fc"), ("cleanup", "discard")],
-                    "node-c",
-                )
-                .await?;
-                let d = format!("bound {}", v.volume_id);
-                Ok((v, d))
-            },
-        )
-        .await?;
-    let dev = r
-        .step(
+            "array=fc",
             "node-c: FC attach (host rescan), NodeStage, NodePublish of the block device",
-            async {
-                let t = attach_and_mount(lab, &mut cl, &raw, "node-c", true, "pod-3").await?;
-                Ok((t, String::new()))
-            },
-        )
+        ),
+        true => (
+            "raw block volume on array-a (iSCSI, two paths): CreateVolume array=a on node-c",
+            "array=a",
+            "node-c: iSCSI attach, dm-multipath map, NodeStage, NodePublish of the block device",
+        ),
+    };
+    let raw = r
+        .step(raw_name, async {
+            let v = create(
+                &mut cl,
+                "pvc-lab-block",
+                256 << 20,
+                true,
+                &[("deviceSelector", selector), ("cleanup", "discard")],
+                "node-c",
+            )
+            .await?;
+            let d = format!("bound {}", v.volume_id);
+            Ok((v, d))
+        })
+        .await?;
+    let (raw_lun, raw_file) = lun_file(
+        lab,
+        raw.volume_context
+            .get("wwid")
+            .map(String::as_str)
+            .unwrap_or(""),
+    )
+    .context("LUN of the raw volume")?;
+    let dev = r
+        .step(attach_name, async {
+            let t = attach_and_mount(lab, &mut cl, &raw, "node-c", true, "pod-3").await?;
+            Ok((t, String::new()))
+        })
         .await?;
     r.step(
         "node-c: write and read back through the raw device",
         async {
+            let node = &lab.nodes[2];
             let pattern = b"raw block through csi-scsi\n".repeat(1000);
-            let mut f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&dev)?;
-            f.seek(SeekFrom::Start(1 << 20))?;
-            f.write_all(&pattern)?;
-            f.sync_all()?;
-            let mut back = vec![0u8; pattern.len()];
-            f.seek(SeekFrom::Start(1 << 20))?;
-            f.read_exact(&mut back)?;
+            node.write_at(&dev, 1 << 20, &pattern).await?;
+            let back = node.read_at(&dev, 1 << 20, pattern.len() as u64).await?;
             ensure!(back == pattern, "raw data differs");
             Ok(((), format!("{} bytes at offset 1 MiB", pattern.len())))
         },
@@ -680,8 +694,8 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
                 .await
                 .context("DeleteVolume")?;
             released(&mut cl.controller, before).await?;
-            ensure!(all_zero(&lab.luns["fc1"])?, "fc1 still holds data");
-            Ok(((), "fc1 discarded (reads back as zeroes)".into()))
+            ensure!(all_zero(&raw_file)?, "{raw_lun} still holds data");
+            Ok(((), format!("{raw_lun} discarded (reads back as zeroes)")))
         },
     )
     .await?;

@@ -1,0 +1,452 @@
+//! What only a real kernel can show, played on a VM lab after its life
+//! cycle (`lab up --vm`): each check drives the driver through its CSI
+//! sockets, acts on the fabric or the guest's links as an array or a
+//! pulled cable would, and asserts what the guest's kernel, dm-multipath
+//! and the agent did. Any failed assertion fails the run.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use csi_scsi_proto::csi::*;
+
+use super::guest::Guest;
+use crate::lab::Lab;
+use crate::lab::scenario::{
+    self, Clients, Report, attach_and_mount_fs, create, kubelet_paths, unmount_and_detach,
+};
+use crate::tgt::LunIdentity;
+
+/// Every check, in order. Leaves every volume it made deleted.
+pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
+    let mut cl = Clients::connect(lab).await?;
+    let vol = r
+        .step(
+            "real kernel: CreateVolume pvc-vm-1 (xfs, array=a) and publish it on node-a through both portals",
+            async {
+                // 600 MiB: only array-a's own LUNs fit (not mp, which
+                // array-b exports too), so both paths are array-a's portals.
+                let v = create(
+                    &mut cl,
+                    "pvc-vm-1",
+                    600 << 20,
+                    false,
+                    &[("deviceSelector", "array=a"), ("fsType", "xfs")],
+                    "node-a",
+                )
+                .await?;
+                attach_and_mount_fs(lab, &mut cl, &v, "node-a", false, "xfs", "pod-vm-1", false)
+                    .await?;
+                let map = map_of(guest(lab, 0)?, wwid_of(&v)?).await?;
+                ensure!(
+                    map.active == 2,
+                    "the map should have 2 active paths: {}",
+                    map.listing
+                );
+                Ok((v, format!("map {} with 2 active paths", map.name)))
+            },
+        )
+        .await?;
+    let target = kubelet_paths(
+        &lab.nodes[0].kubelet,
+        &vol.volume_id.replace(':', "-"),
+        "pod-vm-1",
+    )
+    .1;
+
+    r.step(
+        "failover: NIC 2 of node-a cut while a writer writes; writes go on, the path comes back, nothing is lost",
+        async {
+            let node = &lab.nodes[0];
+            let vm = node.vm.as_ref().context("vm")?;
+            let g = &vm.guest;
+            let chunk = |k: u32| -> Vec<u8> {
+                (0..256 * 1024u32)
+                    .map(|i| (i.wrapping_mul(2654435761).wrapping_add(k * 7919) >> 11) as u8)
+                    .collect()
+            };
+            let mut written = 0u32;
+            let mut slowest = Duration::ZERO;
+            let cut_at = Instant::now();
+            vm.set_link(1, false).await?;
+            // Keep writing (each chunk fsynced) until multipath has failed
+            // the cut path and the writes still went through.
+            let mut failed_seen = false;
+            while cut_at.elapsed() < Duration::from_secs(60) {
+                let t = Instant::now();
+                g.write(&target.join(format!("chunk-{written}")), None, &chunk(written))
+                    .await
+                    .with_context(|| format!("write {written} during the cut"))?;
+                slowest = slowest.max(t.elapsed());
+                written += 1;
+                if !failed_seen {
+                    failed_seen = map_of(g, wwid_of(&vol)?).await?.failed == 1;
+                } else if written >= 10 {
+                    break;
+                }
+            }
+            ensure!(failed_seen, "multipath never failed the cut path");
+            vm.set_link(1, true).await?;
+            let back = wait_map(g, wwid_of(&vol)?, |m| m.active == 2, Duration::from_secs(90))
+                .await
+                .context("the path was not reinstated")?;
+            for k in 0..written {
+                let data = g.read(&target.join(format!("chunk-{k}")), None).await?;
+                ensure!(data == chunk(k), "chunk {k} differs after the failover");
+            }
+            Ok((
+                (),
+                format!(
+                    "{written} writes of 256 KiB, each fsynced, the slowest {:.1}s while the path failed; reinstated after {:.1}s: {}",
+                    slowest.as_secs_f64(),
+                    cut_at.elapsed().as_secs_f64(),
+                    back.summary()
+                ),
+            ))
+        },
+    )
+    .await?;
+
+    r.step(
+        "all paths lost while mounted: the array drops node-a's sessions and refuses it; the map queues then fails, stats say so, nothing is detached",
+        async {
+            let g = &guest(lab, 0)?.clone();
+            let wwid = wwid_of(&vol)?;
+            let tgtd = lab.tgtd.as_mut().context("tgtd")?;
+            tgtd.unbind_all(1).await?;
+            let dropped = tgtd.drop_connections(1).await?;
+            wait_map(g, wwid, |m| m.active == 0, Duration::from_secs(60))
+                .await
+                .context("the paths did not fail")?;
+            // A direct read of the map: held while multipath queues
+            // (no_path_retry), then an I/O error.
+            let t = Instant::now();
+            let map = map_of(g, wwid).await?;
+            let (code, out) = g
+                .exec(&[
+                    "dd",
+                    &format!("if=/dev/mapper/{}", map.name),
+                    "of=/dev/null",
+                    "bs=4096",
+                    "count=1",
+                    "iflag=direct",
+                ])
+                .await?;
+            let queued = t.elapsed();
+            ensure!(code != 0, "a read with every path gone succeeded: {out}");
+            let stats = node_stats(&cl, lab, &vol, "node-a", "pod-vm-1").await?;
+            let cond = stats.abnormal_message.context("no condition in NodeGetVolumeStats")?;
+            ensure!(cond.contains("no path"), "the condition does not say the paths are gone: {cond}");
+            let refused = cl
+                .controller
+                .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    node_id: "node-a".into(),
+                    secrets: HashMap::new(),
+                })
+                .await;
+            ensure!(refused.is_err(), "ControllerUnpublish of a mounted volume was accepted");
+            ensure!(
+                map_of(g, wwid).await.is_ok(),
+                "the map is gone: something detached it"
+            );
+            // The array takes node-a back: the paths recover on their own.
+            let tgtd = lab.tgtd.as_mut().context("tgtd")?;
+            tgtd.bind_all(1).await?;
+            let back = wait_map(g, wwid, |m| m.active == 2, Duration::from_secs(120))
+                .await
+                .context("the paths did not come back")?;
+            Ok((
+                (),
+                format!(
+                    "{dropped} connections dropped; a read failed after {:.1}s ({}); condition: {cond}; unpublish refused: {}; back: {}",
+                    queued.as_secs_f64(),
+                    out.lines().next().unwrap_or("").trim(),
+                    refused.err().map(|s| s.code().to_string()).unwrap_or_default(),
+                    back.summary()
+                ),
+            ))
+        },
+    )
+    .await?;
+
+    r.step(
+        "agent restart with the volume mounted: the guest's agent is killed and comes back; it serves the volume from the live sessions, map and mounts",
+        async {
+            let g = guest(lab, 0)?;
+            g.run(&["sh", "-c", "kill -9 $(cat /run/agent.pid)"]).await?;
+            let t = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if let Ok(s) = node_stats(&cl, lab, &vol, "node-a", "pod-vm-1").await {
+                    ensure!(s.abnormal_message.is_none(), "abnormal after restart: {:?}", s.abnormal_message);
+                    break;
+                }
+                ensure!(t.elapsed() < Duration::from_secs(60), "the agent did not come back");
+            }
+            // The data written before the restart is there.
+            let data = g.read(&target.join("chunk-0"), None).await?;
+            ensure!(data.len() == 256 * 1024, "chunk-0 is {} bytes", data.len());
+            Ok(((), format!("serving again after {:.1}s", t.elapsed().as_secs_f64())))
+        },
+    )
+    .await?;
+
+    r.step(
+        "detach on the real kernel: unpublish, unstage, ControllerUnpublish; the map, its paths and their links are gone from node-a",
+        async {
+            unmount_and_detach(lab, &mut cl, &vol, "node-a", "pod-vm-1").await?;
+            let g = guest(lab, 0)?;
+            let left = leftovers(g, wwid_of(&vol)?).await?;
+            ensure!(left.is_empty(), "left behind on node-a: {left}");
+            Ok(((), "no map, no /sys/block path, no /dev/disk link of the LUN".into()))
+        },
+    )
+    .await?;
+
+    r.step(
+        "LUN number reused by the array: node-a's staged-to-be LUN is unmapped and another mapped at its number; NodeStage refuses, nothing is written",
+        async { lun_reuse(lab, &mut cl).await },
+    )
+    .await?;
+
+    r.step("DeleteVolume pvc-vm-1", async {
+        cl.controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                secrets: HashMap::new(),
+            })
+            .await
+            .context("DeleteVolume")?;
+        Ok(((), String::new()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The reuse check: a volume on array-b's LUN, published to node-a; the
+/// array swaps another LUN in at that number; the stage must refuse on
+/// the identity the kernel reads again, and the new LUN stays untouched.
+async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), String)> {
+    // 600 MiB: only b1 fits (LUN 1 of array-b).
+    let v = create(
+        cl,
+        "pvc-vm-reuse",
+        600 << 20,
+        false,
+        &[("deviceSelector", "array=b"), ("fsType", "ext4")],
+        "node-a",
+    )
+    .await?;
+    let wwid = wwid_of(&v)?.to_owned();
+    let (name, file) = scenario::lun_file(lab, &wwid).context("the bound LUN")?;
+    let (tid, lun) = match name.as_str() {
+        "b1" => (2, 1),
+        other => bail!("array=b bound {other}, not b1"),
+    };
+    let ctx = cl
+        .controller
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "node-a".into(),
+            volume_capability: Some(scenario::capability(
+                false,
+                "ext4",
+                csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+            )),
+            readonly: false,
+            secrets: HashMap::new(),
+            volume_context: v.volume_context.clone(),
+        })
+        .await
+        .context("ControllerPublishVolume")?
+        .into_inner()
+        .publish_context;
+    // The array: the LUN goes, another (with a marker) takes its number.
+    let other = lab.config.dir.join("luns/reused.img");
+    let marker = b"another tenant's LUN: never write here".repeat(100);
+    std::fs::write(&other, &marker)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&other)?
+        .set_len(256 << 20)?;
+    let tgtd = lab.tgtd.as_mut().context("tgtd")?;
+    tgtd.remove_lun(tid, lun).await?;
+    tgtd.add_lun(tid, lun, &other, &LunIdentity::lab(7, 1))
+        .await?;
+    let node = &lab.nodes[0];
+    let (staging, _) = kubelet_paths(&node.kubelet, &v.volume_id.replace(':', "-"), "pod-vm-r");
+    node.mkdir(&staging).await?;
+    let staged = cl
+        .node("node-a")
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            publish_context: ctx,
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(scenario::capability(
+                false,
+                "ext4",
+                csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+            )),
+            secrets: HashMap::new(),
+            volume_context: v.volume_context.clone(),
+        })
+        .await;
+    let after = std::fs::read(&other)?;
+    let untouched =
+        after[..marker.len()] == marker[..] && after[marker.len()..].iter().all(|&b| b == 0);
+    // The array puts the volume's LUN back, so the volume can be cleaned up.
+    let tgtd = lab.tgtd.as_mut().context("tgtd")?;
+    tgtd.remove_lun(tid, lun).await?;
+    tgtd.add_lun(tid, lun, &file, &LunIdentity::lab(2, 1))
+        .await?;
+    let status = match staged {
+        Ok(_) => bail!("NodeStage of a LUN whose number was reused succeeded"),
+        Err(s) => s,
+    };
+    ensure!(untouched, "the other LUN was written to");
+    // Rescan node-a's paths so they read the volume's identity again, then clean up.
+    let g = guest(lab, 0)?;
+    g.run(&[
+        "sh",
+        "-c",
+        "for d in /sys/block/sd*/device/rescan; do echo 1 > $d; done",
+    ])
+    .await?;
+    cl.controller
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "node-a".into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("ControllerUnpublishVolume after the LUN came back")?;
+    cl.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("DeleteVolume")?;
+    Ok((
+        (),
+        format!(
+            "{name} swapped for another LUN at LUN {lun}: NodeStage {}: {}; the other LUN untouched",
+            status.code(),
+            status.message()
+        ),
+    ))
+}
+
+/// Node `i`'s guest helper.
+fn guest(lab: &Lab, i: usize) -> anyhow::Result<&Guest> {
+    Ok(&lab.nodes[i].vm.as_ref().context("not a VM node")?.guest)
+}
+
+fn wwid_of(v: &Volume) -> anyhow::Result<&str> {
+    v.volume_context
+        .get("wwid")
+        .map(String::as_str)
+        .context("no wwid in the volume context")
+}
+
+/// A map as `multipath -ll` shows it.
+struct MapView {
+    name: String,
+    active: usize,
+    failed: usize,
+    listing: String,
+}
+
+impl MapView {
+    fn summary(&self) -> String {
+        format!("{} active, {} failed", self.active, self.failed)
+    }
+}
+
+/// The multipath map of `wwid` (`naa.<hex>`) in the guest.
+async fn map_of(g: &Guest, wwid: &str) -> anyhow::Result<MapView> {
+    let name = format!("3{}", wwid.trim_start_matches("naa."));
+    let listing = g.run(&["multipath", "-ll", &name]).await?;
+    ensure!(listing.contains(&name), "no map {name}: {listing}");
+    let active = listing
+        .lines()
+        .filter(|l| l.contains("active ready running"))
+        .count();
+    let failed = listing
+        .lines()
+        .filter(|l| l.contains("failed") && (l.contains(" sd") || l.contains("faulty")))
+        .count();
+    Ok(MapView {
+        name,
+        active,
+        failed,
+        listing,
+    })
+}
+
+/// Waits until the map of `wwid` satisfies `ok`.
+async fn wait_map(
+    g: &Guest,
+    wwid: &str,
+    ok: impl Fn(&MapView) -> bool,
+    within: Duration,
+) -> anyhow::Result<MapView> {
+    let start = Instant::now();
+    loop {
+        let m = map_of(g, wwid).await?;
+        if ok(&m) {
+            return Ok(m);
+        }
+        if start.elapsed() > within {
+            bail!("after {within:?}: {}", m.listing);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What a node still shows of `wwid`: maps, paths, links.
+async fn leftovers(g: &Guest, wwid: &str) -> anyhow::Result<String> {
+    let serial = format!("3{}", wwid.trim_start_matches("naa."));
+    let out = g
+        .run(&[
+            "sh",
+            "-c",
+            &format!(
+                "for d in /sys/block/*; do w=$(cat $d/device/wwid $d/dm/uuid 2>/dev/null); \
+                 case \"$w\" in *{hex}*) echo \"$d $w\";; esac; done; \
+                 ls /dev/disk/by-id /dev/mapper | grep {hex} || true",
+                hex = &serial[1..]
+            ),
+        ])
+        .await?;
+    Ok(out.trim().replace('\n', "; "))
+}
+
+/// NodeGetVolumeStats' condition of `vol` at its published path.
+struct Stats {
+    abnormal_message: Option<String>,
+}
+
+async fn node_stats(
+    cl: &Clients,
+    lab: &Lab,
+    vol: &Volume,
+    node: &str,
+    pod: &str,
+) -> anyhow::Result<Stats> {
+    let n = lab.nodes.iter().find(|n| n.name == node).context("node")?;
+    let (staging, target) = kubelet_paths(&n.kubelet, &vol.volume_id.replace(':', "-"), pod);
+    let s = cl
+        .node(node)
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await?
+        .into_inner();
+    Ok(Stats {
+        abnormal_message: s.volume_condition.filter(|c| c.abnormal).map(|c| c.message),
+    })
+}

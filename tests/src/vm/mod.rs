@@ -1,0 +1,271 @@
+//! Lab nodes with a real kernel (`lab up --vm`): each node is a qemu guest
+//! booting Debian's own kernel from an initramfs the lab builds from Debian
+//! packages (`tests/vm/build-image`), with the kernel iSCSI initiator,
+//! udev and dm-multipath, and the agent running with its production
+//! defaults. The guest's qemu runs inside the node's network namespace:
+//! its user networks reach tgtd's two portals from the node's own address
+//! (so initiator ACLs see the node), and qemu forwards the node's agent,
+//! status and helper ports to the guest. See docs/lab.md, "VM nodes".
+
+pub mod checks;
+pub mod guest;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::binaries::binary;
+use crate::daemon::Daemon;
+use crate::lab::net::{Network, sh};
+
+/// The guest helper's port (forwarded from the node's lab address).
+pub const GUEST_PORT: u16 = 9813;
+/// Memory of each guest, in MiB.
+pub const GUEST_MEMORY_MIB: u32 = 512;
+/// The guest's first user network (eth0: the default route, portal 1).
+const NET0: &str = "198.19.0";
+/// The guest's second user network (eth1: portal 2).
+const NET1: &str = "198.19.1";
+
+/// The node image: Debian's kernel and the initramfs every node shares.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The kernel.
+    pub kernel: PathBuf,
+    /// The shared initramfs (uncompressed newc cpio).
+    pub base: PathBuf,
+}
+
+impl Image {
+    /// Builds the image into `dir` from the Debian packages and this
+    /// build's agent and guest helper.
+    pub fn build(dir: &Path) -> anyhow::Result<Self> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vm/build-image");
+        let out = sh(
+            "bash",
+            &[
+                &script.display().to_string(),
+                &dir.display().to_string(),
+                &binary("csi-scsi-agent").display().to_string(),
+                &binary("csi-scsi-lab-guest").display().to_string(),
+            ],
+        )
+        .context("building the VM node image (tests/vm/build-image)")?;
+        print!("{out}");
+        Ok(Self {
+            kernel: dir.join("vmlinuz"),
+            base: dir.join("base.cpio"),
+        })
+    }
+}
+
+/// What one VM node needs to boot.
+pub struct NodeSpec<'a> {
+    /// Node name.
+    pub name: &'a str,
+    /// Its index in the lab.
+    pub index: usize,
+    /// Its directory (`nodes/<name>`).
+    pub dir: &'a Path,
+    /// The second portal's address (the first is the default route's).
+    pub portal2: &'a str,
+    /// Its one-time join token file and the CA to trust while enrolling.
+    pub join_token: &'a Path,
+    /// The CA certificate.
+    pub ca: &'a Path,
+    /// Agent API and status ports.
+    pub agent_port: u16,
+    /// The agent's status port.
+    pub status_port: u16,
+}
+
+/// A running guest.
+pub struct Vm {
+    /// The qemu process.
+    pub qemu: Daemon,
+    /// The host's end of its CSI socket (a relay to the guest).
+    pub relay: Daemon,
+    /// The relay's socket, where kubelet's CSI socket would be.
+    pub csi: PathBuf,
+    /// The guest helper.
+    pub guest: guest::Guest,
+    /// qemu's monitor socket (links are cut and restored through it).
+    pub monitor: PathBuf,
+    /// The guest's serial console, as a file.
+    pub console: PathBuf,
+}
+
+/// Boots node `spec` from `image` inside namespace `i` of `net`.
+pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result<Vm> {
+    let dir = spec.dir;
+    std::fs::create_dir_all(dir.join("initrd/etc/csi-scsi"))?;
+    let etc = dir.join("initrd/etc/csi-scsi");
+    std::fs::write(
+        etc.join("node.env"),
+        format!(
+            "NODE_NAME={name}\nINITIATOR=iqn.2026-11.io.csi-scsi.lab:{name}\n\
+             ADDR0={NET0}.15/24\nGW0={NET0}.2\nADDR1={NET1}.15/24\nGW1={NET1}.2\n\
+             PORTAL1={portal2}\nGUEST_PORT={GUEST_PORT}\nSTATUS_PORT={status}\n",
+            name = spec.name,
+            portal2 = spec.portal2,
+            status = spec.status_port,
+        ),
+    )?;
+    csi_scsi_certs::write_private_file(
+        &etc.join("join-token"),
+        std::fs::read_to_string(spec.join_token)?.trim(),
+    )?;
+    std::fs::copy(spec.ca, etc.join("ca.crt"))?;
+    // The node's files, appended to the shared image: the kernel unpacks
+    // concatenated archives in order.
+    let initrd = dir.join("initrd.cpio");
+    std::fs::copy(&image.base, &initrd)?;
+    sh(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cd '{}' && find . | cpio -o -H newc --quiet >> '{}'",
+                dir.join("initrd").display(),
+                initrd.display()
+            ),
+        ],
+    )?;
+    std::fs::remove_dir_all(dir.join("initrd"))?;
+
+    let ip = net.node_ip(spec.index);
+    let fwd = |port: u16| format!("hostfwd=tcp:{ip}:{port}-{NET0}.15:{port}");
+    let monitor = dir.join("monitor.sock");
+    let console = dir.join("console.log");
+    let accel = if kvm_usable() {
+        "kvm"
+    } else {
+        "tcg,tb-size=64"
+    };
+    let args: Vec<String> = [
+        "netns",
+        "exec",
+        &net.netns(spec.index),
+        "qemu-system-x86_64",
+        "-name",
+        spec.name,
+        "-accel",
+        accel,
+        "-m",
+        &GUEST_MEMORY_MIB.to_string(),
+        "-smp",
+        "1",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-kernel",
+        &image.kernel.display().to_string(),
+        "-initrd",
+        &initrd.display().to_string(),
+        "-append",
+        "console=ttyS0 panic=-1 quiet loglevel=4",
+        "-serial",
+        &format!("file:{}", console.display()),
+        "-serial",
+        &format!("file:{}", dir.join("agent.log").display()),
+        "-monitor",
+        &format!("unix:{},server=on,wait=off", monitor.display()),
+        "-netdev",
+        &format!(
+            "user,id=net0,net={NET0}.0/24,host={NET0}.2,dns={NET0}.3,dhcpstart={NET0}.15,{},{},{}",
+            fwd(spec.agent_port),
+            fwd(spec.status_port),
+            fwd(GUEST_PORT)
+        ),
+        "-device",
+        "virtio-net-pci,netdev=net0",
+        "-netdev",
+        &format!("user,id=net1,net={NET1}.0/24,host={NET1}.2,dns={NET1}.3,dhcpstart={NET1}.15"),
+        "-device",
+        "virtio-net-pci,netdev=net1",
+        "-device",
+        "virtio-rng-pci",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let qemu = Daemon::spawn_program(Path::new("ip"), &args, &dir.join("qemu.log"));
+    let helper: SocketAddr = format!("{ip}:{GUEST_PORT}").parse()?;
+    let csi = dir.join("kubelet/plugins/csi-scsi.io/csi.sock");
+    let relay = Daemon::spawn_program(
+        &binary("csi-scsi-lab-guest"),
+        &[
+            "relay".into(),
+            "--listen".into(),
+            csi.display().to_string(),
+            "--to".into(),
+            helper.to_string(),
+        ],
+        &dir.join("relay.log"),
+    );
+    Ok(Vm {
+        qemu,
+        relay,
+        csi,
+        guest: guest::Guest { addr: helper },
+        monitor,
+        console,
+    })
+}
+
+impl Vm {
+    /// Waits until the guest's helper answers and its agent serves CSI.
+    pub async fn wait_ready(&mut self, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok((0, _)) = self
+                .guest
+                .exec(&[
+                    "test",
+                    "-S",
+                    "/var/lib/kubelet/plugins/csi-scsi.io/csi.sock",
+                ])
+                .await
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline || self.qemu.try_exit().is_some() {
+                bail!(
+                    "the VM node did not come up within {within:?}; its console ({}):\n{}",
+                    self.console.display(),
+                    tail(&self.console, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Cuts (`up` false) or restores the guest's NIC `nic` (0 or 1), as a
+    /// pulled cable would: qemu's `set_link`.
+    pub async fn set_link(&self, nic: usize, up: bool) -> anyhow::Result<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut m = tokio::net::UnixStream::connect(&self.monitor).await?;
+        let cmd = format!("set_link net{nic} {}\n", if up { "on" } else { "off" });
+        m.write_all(cmd.as_bytes()).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut buf = vec![0u8; 4096];
+        let _ = tokio::time::timeout(Duration::from_millis(200), m.read(&mut buf)).await;
+        Ok(())
+    }
+}
+
+/// The last `n` lines of `path`.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Whether `/dev/kvm` is a KVM that boots a stock kernel. The PVM
+/// software KVM of these machines is not (docs/lab.md), so it is used
+/// only when `CSI_SCSI_VM_KVM=1` says so.
+fn kvm_usable() -> bool {
+    std::env::var("CSI_SCSI_VM_KVM").as_deref() == Ok("1") && Path::new("/dev/kvm").exists()
+}
