@@ -288,6 +288,13 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
                     {
                         missing = 1;
                     }
+                    // The root of a filesystem whose device fails (every path
+                    // to its LUN lost): nothing below can be read, so nothing
+                    // below is followed; the rest is taken as written. The
+                    // call then reports the failing volume, not "no volume".
+                    Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                        missing = 1;
+                    }
                     Err(e) => return Err(e),
                 }
             }

@@ -395,6 +395,10 @@ pub fn exists(path: &Path) -> Result<bool, AgentError> {
     match std::fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        // The mount point of a filesystem whose device fails (its LUN lost
+        // every path, the filesystem shut down): it is there, and kubelet
+        // must still be able to unmount it.
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(true),
         Err(e) => Err(AgentError::io(path, e)),
     }
 }

@@ -51,6 +51,21 @@ pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError>
     if !mount::exists(path)? {
         return Err(not_at_path(req, "the path does not exist"));
     }
+    // The volume is there and failing (its LUN's paths lost, the
+    // filesystem shut down): a condition, not an error.
+    if let Err(e) = std::fs::metadata(path)
+        && e.raw_os_error() == Some(libc::EIO)
+    {
+        let paths = paths_condition(host, req)?;
+        return Ok(VolumeStats {
+            usage: None,
+            condition: abnormal(format!(
+                "{} cannot be read (I/O error); {}",
+                path.display(),
+                paths.message
+            )),
+        });
+    }
     let device = device::find(host, req.volume.wwid())?;
     if let Some(number) = block::node_number(path).map_err(|e| AgentError::io(path, e))? {
         return block_stats(host, req, path, number, device.as_ref());

@@ -192,6 +192,7 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
         "  - up in {:.1}s; the volume life cycle, as the sidecars and kubelet drive it:",
         start.elapsed().as_secs_f64()
     );
+    let vm = lab.config.vm;
     let report = match scenario::run(&mut lab).await {
         // On VM nodes: what only a real kernel can show, after the life cycle.
         Ok(mut r) if lab.config.vm => csi_scsi_tests::vm::checks::run(&mut lab, &mut r)
@@ -202,7 +203,10 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
     let outcome = Outcome {
         dir: &dir,
         logs: "*.log",
-        failed_logs: "proxy.log, node-*.agent.log, nodes/*/kernel.log",
+        failed_logs: match vm {
+            true => "proxy.log, nodes/*/agent.log, nodes/*/console.log",
+            false => "proxy.log, node-*.agent.log, nodes/*/kernel.log",
+        },
         kept: "describes it",
     };
     outcome.finish(report, keep, move || lab.keep())

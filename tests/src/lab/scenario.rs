@@ -268,6 +268,15 @@ pub async fn unmount_and_detach(
     pod: &str,
 ) -> anyhow::Result<()> {
     unmount(lab, cl, vol, node, pod).await?;
+    controller_unpublish(cl, vol, node).await
+}
+
+/// ControllerUnpublishVolume of `vol` from `node` (the attacher's detach).
+pub async fn controller_unpublish(
+    cl: &mut Clients,
+    vol: &Volume,
+    node: &str,
+) -> anyhow::Result<()> {
     cl.controller
         .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
             volume_id: vol.volume_id.clone(),
@@ -276,6 +285,18 @@ pub async fn unmount_and_detach(
         })
         .await
         .context("ControllerUnpublishVolume")?;
+    Ok(())
+}
+
+/// DeleteVolume of `vol` (the provisioner's delete).
+pub async fn delete(cl: &mut Clients, vol: &Volume) -> anyhow::Result<()> {
+    cl.controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("DeleteVolume")?;
     Ok(())
 }
 
@@ -601,13 +622,7 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
         "DeleteVolume: the agent zeroes the LUN; it reads back as zeroes and is Available again",
         async {
             let before = capacity(&mut cl.controller, None, "").await?;
-            cl.controller
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    secrets: HashMap::new(),
-                })
-                .await
-                .context("DeleteVolume")?;
+            delete(&mut cl, &vol).await?;
             released(&mut cl.controller, before).await?;
             ensure!(
                 all_zero(&lun_path)?,
@@ -686,13 +701,7 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
         async {
             unmount_and_detach(lab, &mut cl, &raw, "node-c", "pod-3").await?;
             let before = capacity(&mut cl.controller, None, "").await?;
-            cl.controller
-                .delete_volume(DeleteVolumeRequest {
-                    volume_id: raw.volume_id.clone(),
-                    secrets: HashMap::new(),
-                })
-                .await
-                .context("DeleteVolume")?;
+            delete(&mut cl, &raw).await?;
             released(&mut cl.controller, before).await?;
             ensure!(all_zero(&raw_file)?, "{raw_lun} still holds data");
             Ok(((), format!("{raw_lun} discarded (reads back as zeroes)")))

@@ -13,7 +13,7 @@ use csi_scsi_proto::csi::*;
 use super::guest::Guest;
 use crate::lab::Lab;
 use crate::lab::scenario::{
-    self, Clients, Report, attach_and_mount_fs, create, kubelet_paths, unmount_and_detach,
+    self, Clients, Report, attach_and_mount_fs, create, kubelet_paths, unmount, unmount_and_detach,
 };
 use crate::tgt::LunIdentity;
 
@@ -54,17 +54,17 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
     )
     .1;
 
-    r.step(
+    let chunk = |k: u32| -> Vec<u8> {
+        (0..256 * 1024u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(k * 7919) >> 11) as u8)
+            .collect()
+    };
+    let written = r.step(
         "failover: NIC 2 of node-a cut while a writer writes; writes go on, the path comes back, nothing is lost",
         async {
             let node = &lab.nodes[0];
             let vm = node.vm.as_ref().context("vm")?;
             let g = &vm.guest;
-            let chunk = |k: u32| -> Vec<u8> {
-                (0..256 * 1024u32)
-                    .map(|i| (i.wrapping_mul(2654435761).wrapping_add(k * 7919) >> 11) as u8)
-                    .collect()
-            };
             let mut written = 0u32;
             let mut slowest = Duration::ZERO;
             let cut_at = Instant::now();
@@ -95,7 +95,7 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
                 ensure!(data == chunk(k), "chunk {k} differs after the failover");
             }
             Ok((
-                (),
+                written,
                 format!(
                     "{written} writes of 256 KiB, each fsynced, the slowest {:.1}s while the path failed; reinstated after {:.1}s: {}",
                     slowest.as_secs_f64(),
@@ -137,14 +137,7 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
             let stats = node_stats(&cl, lab, &vol, "node-a", "pod-vm-1").await?;
             let cond = stats.abnormal_message.context("no condition in NodeGetVolumeStats")?;
             ensure!(cond.contains("no path"), "the condition does not say the paths are gone: {cond}");
-            let refused = cl
-                .controller
-                .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    node_id: "node-a".into(),
-                    secrets: HashMap::new(),
-                })
-                .await;
+            let refused = scenario::controller_unpublish(&mut cl, &vol, "node-a").await;
             ensure!(refused.is_err(), "ControllerUnpublish of a mounted volume was accepted");
             ensure!(
                 map_of(g, wwid).await.is_ok(),
@@ -156,13 +149,25 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
             let back = wait_map(g, wwid, |m| m.active == 2, Duration::from_secs(120))
                 .await
                 .context("the paths did not come back")?;
+            // The filesystem may have shut down on the failed I/O: kubelet
+            // remounts (unstage, stage); everything fsynced before is there.
+            unmount(lab, &mut cl, &vol, "node-a", "pod-vm-1").await?;
+            attach_and_mount_fs(lab, &mut cl, &vol, "node-a", false, "xfs", "pod-vm-1", false)
+                .await?;
+            for k in 0..written {
+                let data = g.read(&target.join(format!("chunk-{k}")), None).await?;
+                ensure!(data == chunk(k), "chunk {k} differs after every path was lost");
+            }
             Ok((
                 (),
                 format!(
-                    "{dropped} connections dropped; a read failed after {:.1}s ({}); condition: {cond}; unpublish refused: {}; back: {}",
+                    "{dropped} connections dropped; a read failed after {:.1}s ({}); condition: {cond}; unpublish refused: {}; back: {}; remounted, {written} chunks intact",
                     queued.as_secs_f64(),
                     out.lines().next().unwrap_or("").trim(),
-                    refused.err().map(|s| s.code().to_string()).unwrap_or_default(),
+                    refused
+                        .err()
+                        .and_then(|e| e.downcast_ref::<tonic::Status>().map(|s| s.code().to_string()))
+                        .unwrap_or_default(),
                     back.summary()
                 ),
             ))
@@ -211,13 +216,7 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
     .await?;
 
     r.step("DeleteVolume pvc-vm-1", async {
-        cl.controller
-            .delete_volume(DeleteVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                secrets: HashMap::new(),
-            })
-            .await
-            .context("DeleteVolume")?;
+        scenario::delete(&mut cl, &vol).await?;
         Ok(((), String::new()))
     })
     .await?;
@@ -234,7 +233,7 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
         "pvc-vm-reuse",
         600 << 20,
         false,
-        &[("deviceSelector", "array=b"), ("fsType", "ext4")],
+        &[("deviceSelector", "array=b"), ("fsType", "xfs")],
         "node-a",
     )
     .await?;
@@ -251,7 +250,7 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
             node_id: "node-a".into(),
             volume_capability: Some(scenario::capability(
                 false,
-                "ext4",
+                "xfs",
                 csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
             )),
             readonly: false,
@@ -275,6 +274,17 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
     tgtd.add_lun(tid, lun, &other, &LunIdentity::lab(7, 1))
         .await?;
     let node = &lab.nodes[0];
+    // The array's unit attention says the inquiry data changed; node-a's
+    // paths read it again (as an operator's or a tool's rescan would), so
+    // the kernel now reports the new LUN's WWID under the old map.
+    let g = &node.vm.as_ref().context("vm")?.guest;
+    g.run(&[
+        "sh",
+        "-c",
+        "for d in /sys/block/sd*/device/rescan; do echo 1 > $d; done",
+    ])
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let (staging, _) = kubelet_paths(&node.kubelet, &v.volume_id.replace(':', "-"), "pod-vm-r");
     node.mkdir(&staging).await?;
     let staged = cl
@@ -285,7 +295,7 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
             staging_target_path: staging.display().to_string(),
             volume_capability: Some(scenario::capability(
                 false,
-                "ext4",
+                "xfs",
                 csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
             )),
             secrets: HashMap::new(),
@@ -305,29 +315,30 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
         Err(s) => s,
     };
     ensure!(untouched, "the other LUN was written to");
-    // Rescan node-a's paths so they read the volume's identity again, then clean up.
+    ensure!(
+        status.message().contains("WWID"),
+        "NodeStage was refused, but not for the changed identity: {status:?}"
+    );
+    // The operator's repair once the array has b1 back: node-a's paths
+    // read their identity again, and the maps multipathd built while the
+    // paths reported the other LUN are rebuilt (`multipath -F`: unused maps
+    // only; then `multipath`). Until then the agent refuses to detach a
+    // path another LUN's map holds, as it must.
     let g = guest(lab, 0)?;
+    let before = g.run(&["multipath", "-ll"]).await?;
     g.run(&[
         "sh",
         "-c",
-        "for d in /sys/block/sd*/device/rescan; do echo 1 > $d; done",
+        "for d in /sys/block/sd*/device/rescan; do echo 1 > $d; done; sleep 2; multipath -F; multipath >/dev/null",
     ])
     .await?;
-    cl.controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: "node-a".into(),
-            secrets: HashMap::new(),
-        })
+    wait_map(g, &wwid, |m| m.active == 2, Duration::from_secs(60))
         .await
-        .context("ControllerUnpublishVolume after the LUN came back")?;
-    cl.controller
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            secrets: HashMap::new(),
-        })
+        .with_context(|| format!("b1's map after the repair (before it: {before})"))?;
+    scenario::controller_unpublish(cl, &v, "node-a")
         .await
-        .context("DeleteVolume")?;
+        .context("after the LUN came back")?;
+    scenario::delete(cl, &v).await?;
     Ok((
         (),
         format!(

@@ -71,11 +71,11 @@ pub struct NodeSpec<'a> {
     pub dir: &'a Path,
     /// The second portal's address (the first is the default route's).
     pub portal2: &'a str,
-    /// Its one-time join token file and the CA to trust while enrolling.
+    /// Its one-time join token file.
     pub join_token: &'a Path,
-    /// The CA certificate.
+    /// The CA certificate the agent trusts while enrolling.
     pub ca: &'a Path,
-    /// Agent API and status ports.
+    /// The agent API's port.
     pub agent_port: u16,
     /// The agent's status port.
     pub status_port: u16,

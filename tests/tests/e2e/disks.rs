@@ -287,3 +287,63 @@ async fn a_detach_holds_its_claim_on_the_disk_from_its_check_until_the_paths_are
     answer.expect("the detach completes once the disk answers");
     assert!(!link.exists(), "the paths were deleted");
 }
+
+#[tokio::test]
+async fn a_lun_unmapped_under_a_mounted_volume_is_reported_and_can_still_be_unmounted() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "unmapped").await;
+    let target = attach_and_mount(&lab, &mut cl, &vol, "node-a", false, "reader")
+        .await
+        .expect("publish");
+    let (disk, _) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    disks.inject(&disk, Fault::Unmapped).expect("inject");
+    // A write the filesystem must commit meets the unmapped LUN: XFS shuts
+    // down, and its root answers every call with EIO.
+    let _ = std::fs::write(target.join("after"), b"lost");
+    let _ = std::process::Command::new("sync")
+        .arg("-f")
+        .arg(&target)
+        .status();
+    assert!(
+        disks.state(&disk).expect("state").failed > 0,
+        "the fault was hit"
+    );
+    let (staging, _) = scenario::kubelet_paths(
+        &lab.nodes[0].kubelet,
+        &vol.volume_id.replace(':', "-"),
+        "reader",
+    );
+    let stats = cl
+        .node("node-a")
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await;
+    // Never "no volume there": either a condition that says it fails, or
+    // (when the filesystem still answers from memory) a plain answer.
+    match stats {
+        Ok(s) => {
+            let s = s.into_inner();
+            if let Some(c) = s.volume_condition.filter(|c| c.abnormal) {
+                assert!(c.message.contains("I/O error"), "{}", c.message);
+            }
+        }
+        Err(s) => assert_ne!(s.code(), Code::NotFound, "{s:?}"),
+    }
+    // kubelet can still take the volume down: unmounting needs no I/O.
+    scenario::unmount(&lab, &mut cl, &vol, "node-a", "reader")
+        .await
+        .expect("unpublish and unstage of a volume whose LUN is unmapped");
+    disks.heal(&disk).expect("heal");
+    cl.controller
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: "node-a".into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .expect("detach once the LUN is back");
+}
