@@ -331,7 +331,8 @@ pub async fn unmount(
     Ok(())
 }
 
-/// Creates a volume.
+/// Creates a volume: raw block, or a filesystem of the `fsType` in
+/// `params` (xfs when none is given).
 pub async fn create(
     cl: &mut Clients,
     name: &str,
@@ -340,6 +341,13 @@ pub async fn create(
     params: &[(&str, &str)],
     node: &str,
 ) -> anyhow::Result<Volume> {
+    let fs = match block {
+        true => "",
+        false => params
+            .iter()
+            .find(|(k, _)| *k == "fsType")
+            .map_or("xfs", |(_, v)| *v),
+    };
     let r = cl
         .controller
         .create_volume(CreateVolumeRequest {
@@ -348,11 +356,7 @@ pub async fn create(
                 required_bytes: bytes,
                 limit_bytes: 0,
             }),
-            volume_capabilities: vec![capability(
-                block,
-                if block { "" } else { "xfs" },
-                Mode::SingleNodeWriter,
-            )],
+            volume_capabilities: vec![capability(block, fs, Mode::SingleNodeWriter)],
             parameters: params
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -37,12 +37,11 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
                 .await?;
                 attach_and_mount_fs(lab, &mut cl, &v, "node-a", false, "xfs", "pod-vm-1", false)
                     .await?;
-                let map = map_of(guest(lab, 0)?, wwid_of(&v)?).await?;
-                ensure!(
-                    map.active == 2,
-                    "the map should have 2 active paths: {}",
-                    map.listing
-                );
+                // The attach hands out the map as soon as it exists; a
+                // path whose scan finished later joins it a moment after.
+                let map = wait_map(guest(lab, 0)?, wwid_of(&v)?, |m| m.active == 2, Duration::from_secs(30))
+                    .await
+                    .context("the map should have 2 active paths")?;
                 Ok((v, format!("map {} with 2 active paths", map.name)))
             },
         )
@@ -198,14 +197,44 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
     .await?;
 
     r.step(
-        "detach on the real kernel: unpublish, unstage, ControllerUnpublish; the map, its paths and their links are gone from node-a",
+        "detach on the real kernel: unpublish, unstage, ControllerUnpublish; the map, its paths, their links and array-a's sessions are gone from node-a",
         async {
+            // The agent's log (its second serial port) says when it logs
+            // out; discovery logs in again on its next pass, by design.
+            let log = lab.config.dir.join("nodes/node-a/agent.log");
+            let logouts = || {
+                std::fs::read_to_string(&log)
+                    .map(|t| {
+                        t.lines()
+                            .filter(|l| l.contains("logged out") && l.contains("array-a"))
+                            .count()
+                    })
+                    .unwrap_or(0)
+            };
+            let before = logouts();
             unmount_and_detach(lab, &mut cl, &vol, "node-a", "pod-vm-1").await?;
             let g = guest(lab, 0)?;
             let left = leftovers(g, wwid_of(&vol)?).await?;
             ensure!(left.is_empty(), "left behind on node-a: {left}");
-            Ok(((), "no map, no /sys/block path, no /dev/disk link of the LUN".into()))
+            let until = Instant::now() + Duration::from_secs(5);
+            while logouts() == before {
+                ensure!(
+                    Instant::now() < until,
+                    "node-a did not log out of array-a, which no attached LUN uses any more"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok((
+                (),
+                "no map, no /sys/block path, no /dev/disk link of the LUN; array-a's idle maps removed and its sessions logged out".into(),
+            ))
         },
+    )
+    .await?;
+
+    r.step(
+        "online resize2fs: an ext4 volume on b1 mounted on node-b; the array grows b1; the paths are rescanned, the map resized, ext4 grown while mounted",
+        async { ext4_online_growth(lab, &mut cl).await },
     )
     .await?;
 
@@ -345,6 +374,107 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
             "{name} swapped for another LUN at LUN {lun}: NodeStage {}: {}; the other LUN untouched",
             status.code(),
             status.message()
+        ),
+    ))
+}
+
+/// An ext4 volume grown while mounted: what this machine's kernel cannot
+/// do (no online resize2fs), a real one can.
+async fn ext4_online_growth(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), String)> {
+    // 600 MiB: only b1 fits (1 GiB, LUN 1 of array-b; node-b is in its ACL).
+    let v = create(
+        cl,
+        "pvc-vm-ext4",
+        600 << 20,
+        false,
+        &[
+            ("deviceSelector", "array=b"),
+            ("fsType", "ext4"),
+            ("cleanup", "discard"),
+        ],
+        "node-b",
+    )
+    .await?;
+    let (name, _) = scenario::lun_file(lab, wwid_of(&v)?).context("the bound LUN")?;
+    ensure!(name == "b1", "array=b bound {name}, not b1");
+    let target =
+        attach_and_mount_fs(lab, cl, &v, "node-b", false, "ext4", "pod-vm-e", false).await?;
+    let g = guest(lab, 1)?.clone();
+    let df = |out: String| -> anyhow::Result<u64> {
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|k| k.parse::<u64>().ok())
+            .context("df output")
+    };
+    let t = target.display().to_string();
+    let before = df(g.run(&["df", "-k", &t]).await?)?;
+    let (old, new) = lab.grow_lun("b1", 256 << 20).await?;
+    let cap = || {
+        Some(scenario::capability(
+            false,
+            "ext4",
+            csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+        ))
+    };
+    let resp = cl
+        .controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: new as i64,
+                limit_bytes: 0,
+            }),
+            secrets: HashMap::new(),
+            volume_capability: cap(),
+        })
+        .await
+        .context("ControllerExpandVolume")?
+        .into_inner();
+    ensure!(resp.node_expansion_required, "ext4 needs node expansion");
+    let (staging, _) = kubelet_paths(
+        &lab.nodes[1].kubelet,
+        &v.volume_id.replace(':', "-"),
+        "pod-vm-e",
+    );
+    cl.node("node-b")
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            volume_path: t.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: new as i64,
+                limit_bytes: 0,
+            }),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: cap(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("NodeExpandVolume")?;
+    let after = df(g.run(&["df", "-k", &t]).await?)?;
+    ensure!(
+        after > before + (200 << 10),
+        "ext4 did not grow online: {before} KiB -> {after} KiB"
+    );
+    unmount_and_detach(lab, cl, &v, "node-b", "pod-vm-e").await?;
+    scenario::delete(cl, &v).await?;
+    // The next check binds b1 again: wait for its release (discard) to end.
+    let until = Instant::now() + Duration::from_secs(120);
+    while scenario::capacity(&mut cl.controller, Some("node-a"), "array=b").await? < 600 << 20 {
+        ensure!(
+            Instant::now() < until,
+            "b1 was not released within 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok((
+        (),
+        format!(
+            "LUN {} -> {} MiB; ext4 {} -> {} MiB while mounted",
+            old >> 20,
+            new >> 20,
+            before >> 10,
+            after >> 10
         ),
     ))
 }
