@@ -50,9 +50,7 @@ pub enum MultipathError {
 /// [`MultipathError::MapInUse`]. A map that does not exist is
 /// [`FlushOutcome::NotPresent`], so Detach can be repeated.
 pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathError> {
-    if map.is_empty() || map.starts_with('-') || !map.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(MultipathError::InvalidMapName(map.to_owned()));
-    }
+    check_map_name(map)?;
     let args: [Arg; 2] = ["-f".into(), map.into()];
     let out = host.runner.output(&host.tool("multipath"), &args).await?;
     if out.code == 0 {
@@ -86,9 +84,7 @@ pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathErro
 /// <map>`): a map keeps the size it was built with until multipathd is
 /// told, whatever its paths report after a rescan.
 pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
-    if map.is_empty() || map.starts_with('-') || !map.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(MultipathError::InvalidMapName(map.to_owned()));
-    }
+    check_map_name(map)?;
     let args: [Arg; 3] = ["resize".into(), "map".into(), map.into()];
     let out = host.runner.output(&host.tool("multipathd"), &args).await?;
     // multipathd's client answers "ok" or "fail" (and exits 1 on "fail").
@@ -100,6 +96,15 @@ pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
         code: out.code,
         detail: out.error_tail(3, TAIL_MAX),
     })
+}
+
+/// Refuses a map name that is not one to put on the tools' command line
+/// (empty, an option, or with blanks or control characters).
+fn check_map_name(map: &str) -> Result<(), MultipathError> {
+    if map.is_empty() || map.starts_with('-') || !map.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(MultipathError::InvalidMapName(map.to_owned()));
+    }
+    Ok(())
 }
 
 /// Whether this node uses dm-multipath: the operator named the `multipath`

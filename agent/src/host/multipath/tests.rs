@@ -75,3 +75,50 @@ fn configured_when_the_tool_is_named_or_the_kernel_module_is_loaded() {
     std::fs::create_dir_all(dir.path().join("sys/module/dm_multipath")).expect("mkdir");
     assert!(is_configured(&host));
 }
+
+/// A stand-in `multipathd` client answering `reply` with exit `code`.
+fn fake_multipathd(code: i32, reply: &str) -> (tempfile::TempDir, Host) {
+    let (dir, mut host) = fake_multipath(0, "");
+    let script = dir.path().join("multipathd");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$*\" > '{}/argv'\necho '{reply}'\nexit {code}\n",
+            dir.path().display()
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    host.tools.insert("multipathd".to_owned(), script);
+    (dir, host)
+}
+
+#[tokio::test]
+async fn resize_asks_multipathd_and_takes_only_ok_for_done() {
+    let (dir, host) = fake_multipathd(0, "ok");
+    resize(&host, "3600140500").await.expect("resized");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("argv")).expect("argv"),
+        "resize map 3600140500\n"
+    );
+    // multipathd's client says "fail" (and exits 1) when the map cannot
+    // follow its paths; an exit 0 without "ok" is no proof either.
+    for (code, reply) in [(1, "fail"), (0, "timeout")] {
+        let (_d, host) = fake_multipathd(code, reply);
+        assert!(
+            matches!(
+                resize(&host, "3600140500").await,
+                Err(MultipathError::Failed {
+                    operation: "resize",
+                    ..
+                })
+            ),
+            "{code} {reply}"
+        );
+    }
+    let (_d, host) = fake_multipathd(0, "ok");
+    assert!(matches!(
+        resize(&host, "--all").await,
+        Err(MultipathError::InvalidMapName(_))
+    ));
+}
