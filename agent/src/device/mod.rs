@@ -17,7 +17,7 @@ pub use sessions::{PortalReport, TargetSpec, Transport};
 pub use wipe::{WipeMode, WipeStep};
 
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};
-pub(crate) use rescan::grow_map;
+pub(crate) use rescan::{grow_map, rescan_paths};
 pub(crate) use sessions::TargetKey;
 
 use crate::error::AgentError;

@@ -12,13 +12,9 @@ impl Devices {
     pub async fn rescan(&self, wwid: &Wwid) -> Result<u64, AgentError> {
         let _op = self.begin(wwid)?;
         let before = self.size_of(wwid)?;
-        let lun = self
-            .lun(wwid)?
+        self.lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        for p in &lun.paths {
-            sysfs::rescan_device(&self.host, &p.kernel_name)
-                .map_err(|e| AgentError::io(self.host.sys("block").join(&p.kernel_name), e))?;
-        }
+        rescan_paths(&self.host, wwid)?;
         // A kernel re-reads the capacity within the write; a transport that
         // answers late (and the lab's stand-in) needs a moment. Wait a
         // little for a change, then report what is there.
@@ -47,6 +43,18 @@ impl Devices {
         let reported = lun.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
         Ok(live.max(reported))
     }
+}
+
+/// Asks the SCSI layer to re-read the capacity of every path of `wwid`
+/// (`device/rescan`; synchronous in a kernel).
+pub(crate) fn rescan_paths(host: &Host, wwid: &Wwid) -> Result<(), AgentError> {
+    let paths =
+        sysfs::disks_with_wwid(host, wwid).map_err(|e| AgentError::io(host.sys("block"), e))?;
+    for p in &paths {
+        sysfs::rescan_device(host, &p.kernel_name)
+            .map_err(|e| AgentError::io(host.sys("block").join(&p.kernel_name), e))?;
+    }
+    Ok(())
 }
 
 /// Grows the multipath map of `wwid` when its paths are larger (after a

@@ -24,11 +24,19 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     if !mount::exists(path)? {
         return Err(not_at_path("the path does not exist".to_owned()));
     }
-    // The controller's rescan may have reached this node's paths while
-    // its map stayed at the old size.
-    crate::device::grow_map(host, req.volume.wwid()).await?;
-    let device = device::require(host, req.volume.wwid())?;
-    let size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
+    let wwid = req.volume.wwid();
+    let mut device = device::require(host, wwid)?;
+    let mut size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
+    if req.required_bytes.is_some_and(|required| required > size) {
+        // The controller's rescan may have missed this node (a path in
+        // transition while the array re-presented the LUN), or reached its
+        // paths while the map stayed at the old size: this node reads the
+        // capacity again itself, then the map follows its paths.
+        crate::device::rescan_paths(host, wwid)?;
+        crate::device::grow_map(host, wwid).await?;
+        device = device::require(host, wwid)?;
+        size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
+    }
     check_range(req, size)?;
 
     let node = block::node_number(path).map_err(|e| AgentError::io(path, e))?;
