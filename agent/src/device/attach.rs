@@ -111,6 +111,19 @@ impl Devices {
                     .unwrap_or_else(|| "no WWID".into()),
             });
         }
+        if let Some(map) = &lun_info.map {
+            // Paths of this LUN left outside its map (open while multipathd
+            // built it) and held by nothing: multipathd adds them now.
+            for p in lun_info
+                .paths
+                .iter()
+                .filter(|p| !map.slaves.contains(&p.kernel_name) && p.holders.is_empty())
+            {
+                if let Err(e) = multipath::add_path(&self.host, &p.kernel_name).await {
+                    tracing::warn!(%wwid, path = %p.kernel_name, error = %e, "a path of the LUN stays outside its map");
+                }
+            }
+        }
         admission.complete(targets.iter().map(|t| t.name.clone()))?;
         tracing::info!(%wwid, device = %link.link.display(), paths = lun_info.paths.len(), "attached");
         Ok((link.link, lun_info))

@@ -98,6 +98,23 @@ pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
     })
 }
 
+/// Asks multipathd to add path `path` (a kernel name, `sdb`) to its map
+/// (`multipathd add path`): a path that was open while multipathd built
+/// the map is left out of it, and multipathd does not try again.
+pub async fn add_path(host: &Host, path: &str) -> Result<(), MultipathError> {
+    check_map_name(path)?;
+    let args: [Arg; 3] = ["add".into(), "path".into(), path.into()];
+    let out = host.runner.output(&host.tool("multipathd"), &args).await?;
+    if out.code == 0 && out.stdout.trim() == "ok" {
+        return Ok(());
+    }
+    Err(MultipathError::Failed {
+        operation: "add path",
+        code: out.code,
+        detail: out.error_tail(3, TAIL_MAX),
+    })
+}
+
 /// Refuses a map name that is not one to put on the tools' command line
 /// (empty, an option, or with blanks or control characters).
 fn check_map_name(map: &str) -> Result<(), MultipathError> {
