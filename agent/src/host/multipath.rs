@@ -85,17 +85,7 @@ pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathErro
 /// told, whatever its paths report after a rescan.
 pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
     check_map_name(map)?;
-    let args: [Arg; 3] = ["resize".into(), "map".into(), map.into()];
-    let out = host.runner.output(&host.tool("multipathd"), &args).await?;
-    // multipathd's client answers "ok" or "fail" (and exits 1 on "fail").
-    if out.code == 0 && out.stdout.trim() == "ok" {
-        return Ok(());
-    }
-    Err(MultipathError::Failed {
-        operation: "resize",
-        code: out.code,
-        detail: out.error_tail(3, TAIL_MAX),
-    })
+    multipathd(host, "resize", &["resize".into(), "map".into(), map.into()]).await
 }
 
 /// Asks multipathd to add path `path` (a kernel name, `sdb`) to its map
@@ -103,13 +93,27 @@ pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
 /// the map is left out of it, and multipathd does not try again.
 pub async fn add_path(host: &Host, path: &str) -> Result<(), MultipathError> {
     check_map_name(path)?;
-    let args: [Arg; 3] = ["add".into(), "path".into(), path.into()];
-    let out = host.runner.output(&host.tool("multipathd"), &args).await?;
+    multipathd(
+        host,
+        "add path",
+        &["add".into(), "path".into(), path.into()],
+    )
+    .await
+}
+
+/// Runs one `multipathd` client command: its client answers "ok" or
+/// "fail" (and exits 1 on "fail"); only "ok" with exit 0 is done.
+async fn multipathd(
+    host: &Host,
+    operation: &'static str,
+    args: &[Arg],
+) -> Result<(), MultipathError> {
+    let out = host.runner.output(&host.tool("multipathd"), args).await?;
     if out.code == 0 && out.stdout.trim() == "ok" {
         return Ok(());
     }
     Err(MultipathError::Failed {
-        operation: "add path",
+        operation,
         code: out.code,
         detail: out.error_tail(3, TAIL_MAX),
     })
