@@ -13,6 +13,7 @@
 //! `run_while_leader` for background work.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -69,6 +70,12 @@ pub enum LeaseConfigError {
 #[derive(Clone, Debug)]
 pub struct LeaderHandle {
     rx: watch::Receiver<bool>,
+    /// For an elected leader: until when its last renewal lets it act
+    /// (the renewal attempt's start plus the renew deadline). A process
+    /// frozen past that (a paused container, a stalled VM) has lost the
+    /// Lease to another replica by the time it wakes, and must refuse
+    /// before its elector runs again to notice.
+    valid_until: Option<Arc<Mutex<Option<Instant>>>>,
     /// Keeps the channel open for a handle with no election behind it.
     _fixed: Option<std::sync::Arc<watch::Sender<bool>>>,
 }
@@ -138,6 +145,8 @@ struct Elector {
     api: Api<Lease>,
     config: LeaseConfig,
     tx: watch::Sender<bool>,
+    /// The handle's fence: renewed with every renewal, cleared on loss.
+    valid_until: Arc<Mutex<Option<Instant>>>,
     /// The last Lease record seen and when this replica first saw it.
     observed: Option<(Record, Instant)>,
 }
@@ -195,18 +204,26 @@ impl LeaderHandle {
         let (tx, rx) = watch::channel(true);
         Self {
             rx,
-            _fixed: Some(std::sync::Arc::new(tx)),
+            valid_until: None,
+            _fixed: Some(Arc::new(tx)),
         }
     }
 
     /// A handle that follows `rx` (another election, tests).
     pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
-        Self { rx, _fixed: None }
+        Self {
+            rx,
+            valid_until: None,
+            _fixed: None,
+        }
     }
 
     /// Whether this replica leads now. A stopped election never leads.
     pub fn is_leader(&self) -> bool {
-        self.rx.has_changed().is_ok() && *self.rx.borrow()
+        let renewed = self.valid_until.as_ref().is_none_or(|until| {
+            matches!(*until.lock().unwrap_or_else(|p| p.into_inner()), Some(t) if Instant::now() < t)
+        });
+        self.rx.has_changed().is_ok() && *self.rx.borrow() && renewed
     }
 
     /// A receiver that sees every change.
@@ -291,14 +308,20 @@ impl LeaderElection {
         config.validate()?;
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         let (tx, rx) = watch::channel(false);
+        let valid_until = Arc::new(Mutex::new(None));
         let elector = Elector {
             api: api.clone(),
             config: config.clone(),
             tx,
+            valid_until: valid_until.clone(),
             observed: None,
         };
         Ok(Self {
-            handle: LeaderHandle { rx, _fixed: None },
+            handle: LeaderHandle {
+                rx,
+                valid_until: Some(valid_until),
+                _fixed: None,
+            },
             task: tokio::spawn(elector.run()),
             api,
             config,
@@ -459,6 +482,7 @@ impl Elector {
                 Some(t) if leading => self.config.renew_deadline.saturating_sub(t.elapsed()),
                 _ => self.config.renew_deadline,
             };
+            let started = Instant::now();
             let attempt = tokio::time::timeout(
                 budget.max(Duration::from_millis(1)),
                 self.try_acquire_or_renew(),
@@ -468,6 +492,9 @@ impl Elector {
             match attempt {
                 Ok(true) => {
                     last_renew = Some(Instant::now());
+                    // Others count the lease from when they see this
+                    // renewal, which is after the attempt started.
+                    self.fence(Some(started + self.config.renew_deadline));
                     if !leading {
                         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "acquired the Lease: leading");
                         self.tx.send_replace(true);
@@ -476,6 +503,7 @@ impl Elector {
                 Ok(false) => {
                     if leading {
                         tracing::warn!(lease = %self.config.name, "another replica holds the Lease: no longer leading");
+                        self.fence(None);
                         self.tx.send_replace(false);
                     }
                 }
@@ -485,6 +513,7 @@ impl Elector {
                     tracing::warn!(lease = %self.config.name, error = %e, "Lease not acquired or renewed");
                     if leading && expired {
                         tracing::warn!(lease = %self.config.name, deadline = ?self.config.renew_deadline, "could not renew within the deadline: no longer leading");
+                        self.fence(None);
                         self.tx.send_replace(false);
                     }
                 }
@@ -496,6 +525,11 @@ impl Elector {
             }
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Sets until when the handle may act as leader.
+    fn fence(&self, until: Option<Instant>) {
+        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
     }
 
     /// One attempt: true when this replica holds the Lease afterwards.
@@ -594,6 +628,27 @@ impl Elector {
 mod tests {
     use super::*;
     use csi_scsi_daemon::Check;
+
+    #[tokio::test]
+    async fn a_leader_frozen_past_its_renew_deadline_refuses_before_its_elector_runs_again() {
+        let (tx, rx) = watch::channel(true);
+        let until = Arc::new(Mutex::new(Some(Instant::now() + Duration::from_secs(3600))));
+        let handle = LeaderHandle {
+            rx,
+            valid_until: Some(until.clone()),
+            _fixed: Some(Arc::new(tx)),
+        };
+        assert!(handle.is_leader(), "renewed a moment ago");
+        // The process slept through its renew deadline: the watch still
+        // says leading (nothing ran to change it), the fence does not.
+        *until.lock().expect("lock") = Instant::now().checked_sub(Duration::from_millis(1));
+        assert!(*handle.subscribe().borrow(), "the elector has not run");
+        assert!(!handle.is_leader(), "acted on a lapsed renewal");
+        assert!(LeaderCheck(handle.clone()).check().is_err());
+        // The next renewal lets it act again.
+        *until.lock().expect("lock") = Some(Instant::now() + Duration::from_secs(3600));
+        assert!(handle.is_leader());
+    }
 
     #[tokio::test]
     async fn the_probe_waits_for_leadership_and_losing_it_ends_the_process() {

@@ -300,6 +300,98 @@ pub async fn delete(cl: &mut Clients, vol: &Volume) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The staging and target paths kubelet gives `vol` for `pod` on `node`.
+pub fn volume_paths(
+    lab: &Lab,
+    vol: &Volume,
+    node: &str,
+    pod: &str,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let kubelet = &lab
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .context("node")?
+        .kubelet;
+    Ok(kubelet_paths(
+        kubelet,
+        &vol.volume_id.replace(':', "-"),
+        pod,
+    ))
+}
+
+/// NodeGetVolumeStats of `vol` as published for `pod` on `node`.
+pub async fn volume_stats(
+    lab: &Lab,
+    cl: &Clients,
+    vol: &Volume,
+    node: &str,
+    pod: &str,
+) -> anyhow::Result<NodeGetVolumeStatsResponse> {
+    let (staging, target) = volume_paths(lab, vol, node, pod)?;
+    Ok(cl
+        .node(node)
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .context("NodeGetVolumeStats")?
+        .into_inner())
+}
+
+/// Grows `vol` (a filesystem of `fs`, published for `pod` on `node`) to
+/// `bytes` as the resizer and kubelet do: ControllerExpandVolume, which
+/// must ask for node expansion, then NodeExpandVolume. Returns the
+/// capacity the node reports.
+pub async fn expand(
+    lab: &Lab,
+    cl: &mut Clients,
+    vol: &Volume,
+    node: &str,
+    pod: &str,
+    fs: &str,
+    bytes: u64,
+) -> anyhow::Result<i64> {
+    let range = || {
+        Some(CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        })
+    };
+    let resp = cl
+        .controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: range(),
+            secrets: HashMap::new(),
+            volume_capability: Some(capability(false, fs, Mode::SingleNodeWriter)),
+        })
+        .await
+        .context("ControllerExpandVolume")?
+        .into_inner();
+    ensure!(
+        resp.node_expansion_required,
+        "a {fs} filesystem needs node expansion"
+    );
+    let (staging, target) = volume_paths(lab, vol, node, pod)?;
+    let grown = cl
+        .node(node)
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            capacity_range: range(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(capability(false, fs, Mode::SingleNodeWriter)),
+            secrets: HashMap::new(),
+        })
+        .await
+        .context("NodeExpandVolume")?
+        .into_inner();
+    Ok(grown.capacity_bytes)
+}
+
 /// Unpublishes and unstages `vol` on `node` (the node's side only).
 pub async fn unmount(
     lab: &Lab,
@@ -308,13 +400,7 @@ pub async fn unmount(
     node: &str,
     pod: &str,
 ) -> anyhow::Result<()> {
-    let kubelet = &lab
-        .nodes
-        .iter()
-        .find(|n| n.name == node)
-        .context("node")?
-        .kubelet;
-    let (staging, target) = kubelet_paths(kubelet, &vol.volume_id.replace(':', "-"), pod);
+    let (staging, target) = volume_paths(lab, vol, node, pod)?;
     let mut nc = cl.node(node);
     nc.node_unpublish_volume(NodeUnpublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
@@ -571,50 +657,11 @@ pub async fn run(lab: &mut Lab) -> anyhow::Result<Report> {
     .context("LUN of the volume")?;
     r.step("expand: the array grows the LUN by 256 MiB; ControllerExpand + NodeExpand (xfs_growfs online)", async {
         let (old, new) = lab.grow_lun(&lun_name, 256 << 20).await?;
-        let resp = cl
-            .controller
-            .controller_expand_volume(ControllerExpandVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: new as i64,
-                    limit_bytes: 0,
-                }),
-                secrets: HashMap::new(),
-                volume_capability: Some(capability(false, "xfs", Mode::SingleNodeWriter)),
-            })
-            .await
-            .context("ControllerExpandVolume")?
-            .into_inner();
-        ensure!(resp.node_expansion_required, "a filesystem needs node expansion");
-        let mut nc = cl.node("node-b");
-        let kubelet = &lab.nodes[1].kubelet;
-        let (staging, target) = kubelet_paths(kubelet, &vol.volume_id.replace(':', "-"), "pod-2");
-        let grown = nc
-            .node_expand_volume(NodeExpandVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                volume_path: target.display().to_string(),
-                capacity_range: Some(CapacityRange {
-                    required_bytes: new as i64,
-                    limit_bytes: 0,
-                }),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: Some(capability(false, "xfs", Mode::SingleNodeWriter)),
-                secrets: HashMap::new(),
-            })
-            .await
-            .context("NodeExpandVolume")?
-            .into_inner();
-        let stats = nc
-            .node_get_volume_stats(NodeGetVolumeStatsRequest {
-                volume_id: vol.volume_id.clone(),
-                volume_path: target.display().to_string(),
-                staging_target_path: staging.display().to_string(),
-            })
-            .await?
-            .into_inner();
+        let grown = expand(lab, &mut cl, &vol, "node-b", "pod-2", "xfs", new).await?;
+        let stats = volume_stats(lab, &cl, &vol, "node-b", "pod-2").await?;
         let total = stats.usage.iter().find(|u| u.unit == 1).map(|u| u.total).unwrap_or(0);
         ensure!(total as u64 > old - (64 << 20), "filesystem did not grow: {total}");
-        Ok(((), format!("LUN {} -> {} MiB; filesystem now {} MiB", old >> 20, grown.capacity_bytes >> 20, total >> 20)))
+        Ok(((), format!("LUN {} -> {} MiB; filesystem now {} MiB", old >> 20, grown >> 20, total >> 20)))
     })
     .await?;
     r.step("node-b: unpublish, unstage, detach", async {

@@ -410,47 +410,7 @@ async fn ext4_online_growth(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<(
     let t = target.display().to_string();
     let before = df(g.run(&["df", "-k", &t]).await?)?;
     let (old, new) = lab.grow_lun("b1", 256 << 20).await?;
-    let cap = || {
-        Some(scenario::capability(
-            false,
-            "ext4",
-            csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-        ))
-    };
-    let resp = cl
-        .controller
-        .controller_expand_volume(ControllerExpandVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: new as i64,
-                limit_bytes: 0,
-            }),
-            secrets: HashMap::new(),
-            volume_capability: cap(),
-        })
-        .await
-        .context("ControllerExpandVolume")?
-        .into_inner();
-    ensure!(resp.node_expansion_required, "ext4 needs node expansion");
-    let (staging, _) = kubelet_paths(
-        &lab.nodes[1].kubelet,
-        &v.volume_id.replace(':', "-"),
-        "pod-vm-e",
-    );
-    cl.node("node-b")
-        .node_expand_volume(NodeExpandVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            volume_path: t.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: new as i64,
-                limit_bytes: 0,
-            }),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: cap(),
-            secrets: HashMap::new(),
-        })
-        .await
-        .context("NodeExpandVolume")?;
+    scenario::expand(lab, cl, &v, "node-b", "pod-vm-e", "ext4", new).await?;
     let after = df(g.run(&["df", "-k", &t]).await?)?;
     ensure!(
         after > before + (200 << 10),
@@ -540,10 +500,29 @@ async fn wait_map(
             return Ok(m);
         }
         if start.elapsed() > within {
-            bail!("after {within:?}: {}", m.listing);
+            let why = paths_diagnosis(g)
+                .await
+                .unwrap_or_else(|e| format!("({e:#})"));
+            bail!("after {within:?}: {}\n{why}", m.listing);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The guest's view below the map, for a check that timed out: each SCSI
+/// device's state, each iSCSI session's and connection's, and the
+/// kernel's last words (a path multipath keeps failed is either still
+/// offline here or never logged in again).
+async fn paths_diagnosis(g: &Guest) -> anyhow::Result<String> {
+    g.run(&[
+        "sh",
+        "-c",
+        "for d in /sys/block/sd*; do echo \"$(basename $d) $(cat $d/device/state)\"; done; \
+         for s in /sys/class/iscsi_session/session*; do echo \"$(basename $s) $(cat $s/state) $(cat $s/targetname)\"; done; \
+         for c in /sys/class/iscsi_connection/*; do echo \"$(basename $c) $(cat $c/persistent_address) $(cat $c/state 2>/dev/null)\"; done; \
+         dmesg | tail -n 30",
+    ])
+    .await
 }
 
 /// What a node still shows of `wwid`: maps, paths, links.
@@ -576,17 +555,7 @@ async fn node_stats(
     node: &str,
     pod: &str,
 ) -> anyhow::Result<Stats> {
-    let n = lab.nodes.iter().find(|n| n.name == node).context("node")?;
-    let (staging, target) = kubelet_paths(&n.kubelet, &vol.volume_id.replace(':', "-"), pod);
-    let s = cl
-        .node(node)
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await?
-        .into_inner();
+    let s = scenario::volume_stats(lab, cl, vol, node, pod).await?;
     Ok(Stats {
         abnormal_message: s.volume_condition.filter(|c| c.abnormal).map(|c| c.message),
     })
