@@ -230,7 +230,7 @@ pub async fn attach_and_mount_fs(
         .into_inner()
         .publish_context;
     let lab_node = lab.nodes.iter().find(|n| n.name == node).context("node")?;
-    let (staging, target) = kubelet_paths(&lab_node.kubelet, &vol.volume_id.replace(':', "-"), pod);
+    let (staging, target) = volume_paths(lab, vol, node, pod)?;
     lab_node.mkdir(&staging).await?;
     let mut nc = cl.node(node);
     nc.node_stage_volume(NodeStageVolumeRequest {

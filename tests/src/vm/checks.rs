@@ -13,7 +13,7 @@ use csi_scsi_proto::csi::*;
 use super::guest::Guest;
 use crate::lab::Lab;
 use crate::lab::scenario::{
-    self, Clients, Report, attach_and_mount_fs, create, kubelet_paths, unmount, unmount_and_detach,
+    self, Clients, Report, attach_and_mount_fs, create, unmount, unmount_and_detach,
 };
 use crate::tgt::LunIdentity;
 
@@ -46,12 +46,7 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
             },
         )
         .await?;
-    let target = kubelet_paths(
-        &lab.nodes[0].kubelet,
-        &vol.volume_id.replace(':', "-"),
-        "pod-vm-1",
-    )
-    .1;
+    let target = scenario::volume_paths(lab, &vol, "node-a", "pod-vm-1")?.1;
 
     let chunk = |k: u32| -> Vec<u8> {
         (0..256 * 1024u32)
@@ -314,7 +309,7 @@ async fn lun_reuse(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), Strin
     ])
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (staging, _) = kubelet_paths(&node.kubelet, &v.volume_id.replace(':', "-"), "pod-vm-r");
+    let (staging, _) = scenario::volume_paths(lab, &v, "node-a", "pod-vm-r")?;
     node.mkdir(&staging).await?;
     let staged = cl
         .node("node-a")
