@@ -33,8 +33,10 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
   --vm      every node a qemu guest booting Debian's kernel: the real iSCSI
             initiator, udev and dm-multipath (two portals, two paths per LUN),
             the agent with its production defaults (docs/lab.md, VM nodes)
-  --pool N  N small LUNs (64 MiB, c1..cN) on array-c, which every node sees
-            (label tier=pool): devices for suites that create many volumes
+  --nodes N N nodes, 3 to 8 (default 3)
+  --pool N  N small LUNs (64 MiB, c1..cN, N from 1 to 64) on array-c, which
+            every node sees (label tier=pool): devices for suites that create
+            many volumes
   images    build every image deploy/ uses (recipes: deploy/images/) as
             docker-archive tarballs for `ctr -n k8s.io images import` or
             `docker load -i`; no Docker, no registry
@@ -46,6 +48,27 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
                     for release images run
                     cargo build --release -p csi-scsi-proxy -p csi-scsi-agent
                     first, then --profile release";
+
+/// A flag's count, refused (not clamped or defaulted) when missing, not a
+/// number, or out of `range`: a typo must not run a different lab.
+fn count(
+    flag: &str,
+    value: Option<&String>,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a number (try --help)"))?;
+    let n: usize = value
+        .parse()
+        .map_err(|_| format!("{flag} {value:?}: not a number"))?;
+    if !range.contains(&n) {
+        return Err(format!(
+            "{flag} {n}: must be {} to {}",
+            range.start(),
+            range.end()
+        ));
+    }
+    Ok(n)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -63,13 +86,13 @@ fn main() -> ExitCode {
             "--kubernetes" => kubernetes = true,
             "--vm" => config.vm = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
-            "--nodes" => {
-                config.nodes = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(3)
-                    .clamp(3, 8)
-            }
+            "--nodes" => match count(a, it.next(), 3..=8) {
+                Ok(n) => config.nodes = n,
+                Err(e) => {
+                    eprintln!("lab: {e}");
+                    return ExitCode::from(64);
+                }
+            },
             "--via" => match it.next().map(|v| v.parse::<Via>()) {
                 Some(Ok(v)) => via = v,
                 Some(Err(e)) => {
@@ -92,13 +115,13 @@ fn main() -> ExitCode {
                     _ => images.profile = value.clone(),
                 }
             }
-            "--pool" => {
-                config.pool_luns = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(16)
-                    .clamp(1, 64)
-            }
+            "--pool" => match count(a, it.next(), 1..=64) {
+                Ok(n) => config.pool_luns = n,
+                Err(e) => {
+                    eprintln!("lab: {e}");
+                    return ExitCode::from(64);
+                }
+            },
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;

@@ -161,6 +161,85 @@ async fn a_read_only_controller_publish_is_refused_and_a_read_only_node_publish_
         .expect("detach");
 }
 
+/// Spec, ControllerPublishVolume: published to this node "but is
+/// incompatible with the specified volume_capability" is ALREADY_EXISTS;
+/// the same publication again is OK (idempotent). The refusal changes
+/// nothing: the first publication stays recorded as it was.
+#[tokio::test]
+async fn a_second_publish_to_the_same_node_with_another_access_mode_is_already_exists() {
+    let (_dir, _lab, mut cl) = lab().await;
+    let writer = capability(false, "xfs", Mode::SingleNodeWriter);
+    let reader = capability(false, "xfs", Mode::SingleNodeReaderOnly);
+    let vol = cl
+        .controller
+        .create_volume(CreateVolumeRequest {
+            name: "two-modes".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 100 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![writer.clone(), reader.clone()],
+            parameters: HashMap::from([("deviceSelector".into(), "array=a".into())]),
+            secrets: HashMap::new(),
+            volume_content_source: None,
+            accessibility_requirements: Some(scenario::prefer("node-a")),
+            mutable_parameters: HashMap::new(),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let publish = |cap: &VolumeCapability| ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node-a".into(),
+        volume_capability: Some(cap.clone()),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: vol.volume_context.clone(),
+    };
+    let first = cl
+        .controller
+        .controller_publish_volume(publish(&writer))
+        .await
+        .expect("first publish")
+        .into_inner();
+    let again = cl
+        .controller
+        .controller_publish_volume(publish(&writer))
+        .await
+        .expect("the same publish again")
+        .into_inner();
+    assert_eq!(first.publish_context, again.publish_context);
+    let other = cl
+        .controller
+        .controller_publish_volume(publish(&reader))
+        .await
+        .expect_err("another access mode on the same node");
+    assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
+    assert!(
+        other.message().contains("unpublish it first"),
+        "{}",
+        other.message()
+    );
+    let status = cl
+        .controller
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .status
+        .expect("status");
+    assert_eq!(status.published_node_ids, ["node-a"]);
+    // The writer publication still stands: asking for it again is OK.
+    cl.controller
+        .controller_publish_volume(publish(&writer))
+        .await
+        .expect("the recorded publication is unchanged");
+}
+
 #[tokio::test]
 async fn a_node_at_its_attach_limit_refuses_another_volume_until_one_detaches() {
     let (_dir, _lab, mut cl) =

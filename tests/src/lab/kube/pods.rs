@@ -108,6 +108,17 @@ impl KubeLab {
             .map(drop)
     }
 
+    /// Freezes a container's processes (cgroup freezer): alive, holding
+    /// their sockets and Leases, but silent, as on a stalled node.
+    pub fn freeze_container(&self, node: &str, id: &str) -> anyhow::Result<()> {
+        self.ctr(node, &["tasks", "pause", id]).map(drop)
+    }
+
+    /// Thaws a container [`Self::freeze_container`] froze.
+    pub fn thaw_container(&self, node: &str, id: &str) -> anyhow::Result<()> {
+        self.ctr(node, &["tasks", "resume", id]).map(drop)
+    }
+
     /// The agent's log on `node`, every container instance of every agent
     /// Pod it ran, read from the node's `/var/log/pods` as an operator on
     /// the node would (kubelet need not be up). No log file is an error,
@@ -121,6 +132,11 @@ impl KubeLab {
     pub fn proxy_logs(&self) -> anyhow::Result<String> {
         let nodes: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
         self.container_logs(&nodes, "csi-scsi-controller-", "csi-scsi-proxy")
+    }
+
+    /// The proxy's log in controller Pod `pod` on `node`, every instance.
+    pub fn proxy_log_of(&self, node: &str, pod: &str) -> anyhow::Result<String> {
+        self.container_logs(&[node], &format!("{pod}_"), "csi-scsi-proxy")
     }
 
     /// The logs of `container` in the driver's Pods named `pod_prefix...`

@@ -6,7 +6,11 @@
 //! too many). A rule's spare verbs (`get` beside `list` and `watch`, the
 //! upstream sidecars' Lease verbs) are not asked to be used one by one.
 //! The components share the ServiceAccount, as in the Deployment; the
-//! User-Agent tells them apart.
+//! User-Agent tells them apart. Because they share it, a rule removed from
+//! one component's ClusterRole would still be granted by another's, and no
+//! 403 would show: so every request must also be covered by its own
+//! component's ClusterRole (or, in the driver's namespace, the shared
+//! Role), and removing any rule fails this check.
 
 use std::collections::BTreeSet;
 
@@ -34,6 +38,7 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     );
     let text = std::fs::read_to_string(lab.plane.audit_log()).context("the audit log")?;
     let mut used: BTreeSet<(String, Grant)> = BTreeSet::new();
+    let mut uncovered = BTreeSet::new();
     let mut refused = Vec::new();
     for line in text.lines() {
         let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -56,7 +61,19 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
         if e["responseStatus"]["code"] == 403 {
             refused.push(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
         }
+        let in_namespace = r["namespace"].as_str() == Some(lab.namespace.as_str());
+        // Discovery (`/api`, `/version`) has no objectRef: the built-in
+        // system:discovery role grants it to everyone, not ours.
+        if !r.is_null() && !own_roles_cover(lab, who, in_namespace, &grant) {
+            uncovered.insert(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
+        }
         used.insert((who.to_owned(), grant));
+    }
+    if !uncovered.is_empty() {
+        bail!(
+            "granted only through another component's role (the ServiceAccount is shared; its own role lacks the rule): {}",
+            uncovered.into_iter().collect::<Vec<_>>().join("; ")
+        );
     }
     if !refused.is_empty() {
         refused.sort();
@@ -113,6 +130,26 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
             .collect::<Vec<_>>()
             .join(", ")
     ))
+}
+
+/// Whether `who`'s own ClusterRole, or the shared namespaced Role for a
+/// request in the driver's namespace, grants `grant`.
+fn own_roles_cover(lab: &KubeLab, who: &str, in_namespace: bool, grant: &Grant) -> bool {
+    let (group, resource, verb) = grant;
+    let own = format!("csi-scsi-{who}");
+    lab.rendered.roles.iter().any(|role| {
+        let name = role["metadata"]["name"].as_str();
+        let mine = match role["kind"].as_str() {
+            Some("ClusterRole") => name == Some(own.as_str()),
+            Some("Role") => in_namespace && name == Some("csi-scsi-controller"),
+            _ => false,
+        };
+        mine && role["rules"].as_array().into_iter().flatten().any(|rule| {
+            strings(&rule["apiGroups"]).contains(group)
+                && strings(&rule["resources"]).contains(resource)
+                && strings(&rule["verbs"]).contains(verb)
+        })
+    })
 }
 
 /// The component a request came from, named as its ClusterRole is.

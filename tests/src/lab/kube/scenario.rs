@@ -176,7 +176,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "two replicas: the Deployment's two replicas; 6 PVCs with Pods on the pool; every container of the leading Pod is SIGKILLed mid-batch; a live replica leads, all bind",
+        "two replicas: the Deployment's two replicas; 6 PVCs with Pods on the pool; every container of the leading Pod is frozen mid-batch; the other replica takes every Lease, all bind; thawed, the old leader steps down",
         async { Ok(((), two_replicas(&mut *lab).await?)) },
     )
     .await?;
@@ -208,6 +208,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "uninstall and reinstall: the driver removed as docs/kubernetes.md says and applied again; the inventory and the volumes' data stay; the new driver serves the existing PV",
         async { Ok(((), super::operations::reinstall(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "cleanup modes: a pool PVC of class cleanup=none and one of cleanup=random-1, each written and deleted; the LUN keeps its data (none) or holds random bytes in its place (random-1), and is offered again",
+        async { Ok(((), cleanup_modes(&mut *lab, &node_a).await?)) },
     )
     .await?;
 
@@ -539,6 +545,94 @@ fn pvc_events_from_driver(k: &Kubectl, claim: &str) -> anyhow::Result<Vec<String
         .filter(|e| reporter(e) == "csi-scsi.io")
         .filter_map(|e| e["reason"].as_str().map(str::to_owned))
         .collect())
+}
+
+/// The two cleanup modes the rest of the life cycle does not delete with:
+/// `none` leaves the tenant's bytes (the operator asked for that), and
+/// `random-1` leaves none of them, and no filesystem either. Read from
+/// the LUN's backing file on the array, as the next tenant would see it.
+async fn cleanup_modes(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let mut seen = Vec::new();
+    for mode in ["none", "random-1"] {
+        let class = format!("lab-cleanup-{mode}");
+        let name = format!("cleanup-{mode}");
+        let marker = format!("tenant data kept or shredded: cleanup {mode}");
+        k.apply(&storage_class(&class, "tier=pool", "ext4", mode))?;
+        k.apply(&pvc(&name, &class, "Filesystem", "32Mi"))?;
+        k.apply(&pod(
+            &name,
+            node,
+            &name,
+            false,
+            &format!("echo '{marker}' > /data/m && sync && sleep 100000"),
+        ))?;
+        wait_running(&k, &name).await?;
+        let pv = bound_pv(&k, &name)?;
+        let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
+            .as_str()
+            .context("the PV's wwid attribute")?
+            .to_owned();
+        let (lun, file) =
+            lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
+        for (kind, object) in [("pod", &name), ("pvc", &name)] {
+            k.run(&[
+                "delete",
+                kind,
+                object,
+                "-n",
+                NS,
+                "--wait=true",
+                "--timeout=120s",
+            ])?;
+        }
+        let device = wwid.strip_prefix("naa.").unwrap_or(&wwid).to_owned();
+        k.wait_for(&format!("PV {pv} gone and {lun} Available"), WAIT, |k| {
+            let pv_left = k
+                .run(&["get", "pv", &pv, "--ignore-not-found", "-o", "name"])?
+                .trim()
+                .to_owned();
+            let devices = k.get_json(&["scsidevices"])?;
+            let available = devices["items"].as_array().into_iter().flatten().any(|d| {
+                d["spec"]["wwid"]
+                    .as_str()
+                    .is_some_and(|w| w.contains(&device))
+                    && d["status"]["phase"] == "Available"
+            });
+            Ok((pv_left.is_empty() && available).then_some(()))
+        })
+        .await?;
+        let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        let kept = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
+        // ext4's superblock magic 0xEF53 at byte 1080.
+        let ext4 = bytes.get(1080..1082) == Some(&[0x53, 0xef][..]);
+        // Which MiBs read all zero: random-1 zeroes the first and the last
+        // (the agent's probe areas, so the next stage sees a blank LUN)
+        // and leaves random bytes everywhere else.
+        let zero: Vec<usize> = bytes
+            .chunks(1 << 20)
+            .enumerate()
+            .filter(|(_, c)| c.iter().all(|b| *b == 0))
+            .map(|(i, _)| i)
+            .collect();
+        let last = (bytes.len() >> 20).saturating_sub(1);
+        match mode {
+            "none" => anyhow::ensure!(
+                kept && ext4,
+                "cleanup none on {lun}: the tenant's data should stay (marker found: {kept}, ext4: {ext4})"
+            ),
+            _ => anyhow::ensure!(
+                !kept && !ext4 && zero == [0, last],
+                "cleanup random-1 on {lun}: marker found: {kept}, ext4 left: {ext4}, all-zero MiBs {zero:?} (want the first and the last only)"
+            ),
+        }
+        seen.push(format!(
+            "{mode}: {lun} Available again, marker {}, ext4 {}",
+            if kept { "kept" } else { "gone" },
+            if ext4 { "kept" } else { "gone" }
+        ));
+    }
+    Ok(seen.join("; "))
 }
 
 /// Expansion as a storage administrator sees it: the claim asks first, the
@@ -975,38 +1069,91 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
                 .is_ok_and(|p| p["status"]["phase"] == "Running")
         })
         .count();
-    // SIGKILL every container of the leading Pod through its node's
-    // containerd (kubelet restarts them, as after an OOM kill).
+    // Freeze every container of the leading Pod through its node's
+    // containerd: alive, holding its Leases, but silent, as on a stalled
+    // node. A SIGKILL would not do: kubelet restarts the containers under
+    // the same Pod name, the Lease identity, and they may lead again.
     let victim_node = victim["spec"]["nodeName"]
         .as_str()
         .context("the leader's node")?
         .to_owned();
-    let killed_at = chrono_now(&k)?;
     // The Pod as it is now: a container may have been restarted since the
     // list (its ID changed).
-    // Sidecars first: killing the proxy first would make them exit on
-    // their own (lost connection) before their turn.
     let victim = k.get_json(&["pod", &leader, "-n", &ns])?;
-    for c in containers.iter().rev() {
-        let id = super::pods::container_id(&victim, c)?;
-        lab.kill_container(&victim_node, &id)?;
-    }
+    let victim_restarts: Vec<u64> = containers
+        .iter()
+        .map(|c| super::pods::restarts(&victim, c))
+        .collect();
+    let ids = containers
+        .iter()
+        .map(|c| super::pods::container_id(&victim, c))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut frozen = Vec::new();
+    let froze = (|| {
+        for id in &ids {
+            lab.freeze_container(&victim_node, id)?;
+            frozen.push(id.clone());
+        }
+        anyhow::Ok(())
+    })();
     let killed = std::time::Instant::now();
-    for i in BATCH / 2..BATCH {
-        create(i)?;
-    }
-    let holder = k
-        .wait_for("the proxy Lease renewed by a live replica", WAIT, |k| {
-            let l = k.get_json(&["lease", "csi-scsi-proxy", "-n", &ns])?;
-            let renewed = l["spec"]["renewTime"].as_str().unwrap_or_default();
-            let holder = l["spec"]["holderIdentity"].as_str().unwrap_or_default();
-            Ok(
-                (renewed[..19.min(renewed.len())] > killed_at[..19.min(killed_at.len())])
-                    .then(|| holder.to_owned()),
+    // Thawed whatever happens: a frozen replica left behind would stall
+    // the steps after this one.
+    let takeover = async {
+        froze?;
+        for i in BATCH / 2..BATCH {
+            create(i)?;
+        }
+        // The server's clock once all is frozen: a Lease renewed after it
+        // was renewed by a live replica. (The provisioner's Lease identity
+        // is its own random one, not the Pod name, so the holder's name
+        // alone cannot say whose it is.)
+        let frozen_at = chrono_now(&k)?;
+        let all_renewed = |k: &Kubectl| -> anyhow::Result<Option<Vec<String>>> {
+            let leases = k.get_json(&["leases", "-n", &ns])?;
+            let items = leases["items"].as_array().cloned().unwrap_or_default();
+            let second = |t: &str| t.get(..19).unwrap_or(t).to_owned();
+            let renewed = items.iter().all(|l| {
+                second(l["spec"]["renewTime"].as_str().unwrap_or_default()) > second(&frozen_at)
+            });
+            // The proxy's and each sidecar's Lease.
+            Ok((items.len() > super::SIDECARS.len() && renewed).then(|| {
+                items
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "{}={}",
+                            l["metadata"]["name"].as_str().unwrap_or_default(),
+                            l["spec"]["holderIdentity"].as_str().unwrap_or_default()
+                        )
+                    })
+                    .collect()
+            }))
+        };
+        let proxy_at = k
+            .wait_for("the proxy Lease taken by the other replica", WAIT, |k| {
+                Ok((lease_holder(k, &ns, "csi-scsi-proxy")? == survivor_name)
+                    .then(|| killed.elapsed()))
+            })
+            .await?;
+        let leases = k
+            .wait_for(
+                "every Lease renewed after the freeze (by the other replica)",
+                WAIT,
+                all_renewed,
             )
-        })
-        .await?;
-    let took_over = killed.elapsed();
+            .await?;
+        anyhow::Ok((proxy_at, leases))
+    }
+    .await;
+    let thawed: Vec<String> = frozen
+        .iter()
+        .filter_map(|id| lab.thaw_container(&victim_node, id).err())
+        .map(|e| format!("{e:#}"))
+        .collect();
+    let (took_over, sidecar_leaders) = takeover?;
+    anyhow::ensure!(thawed.is_empty(), "thawing {leader}: {}", thawed.join("; "));
+    let thawed_at = killed.elapsed();
     for i in 0..BATCH {
         wait_running(&k, &name(i)).await?;
     }
@@ -1048,27 +1195,69 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         "the surviving replica's containers restarted: {}",
         restarted.join(", ")
     );
-    let leases = k.get_json(&["leases", "-n", &ns])?;
-    let sidecar_leaders: Vec<String> = leases["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .filter(|l| l["metadata"]["name"] != "csi-scsi-proxy")
-        .map(|l| {
-            format!(
-                "{}={}",
-                l["metadata"]["name"].as_str().unwrap_or_default(),
-                l["spec"]["holderIdentity"].as_str().unwrap_or_default()
-            )
+    // The thawed replica stepped down: it did not take the Leases back,
+    // and its containers came back Ready (an exit on the lost Lease, or on
+    // the proxy's socket going away, is a restart each; more is a loop).
+    let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
+    anyhow::ensure!(
+        holder == survivor_name,
+        "{leader}, thawed, took the proxy Lease back from {survivor_name}"
+    );
+    let victim_restarted = k
+        .wait_for(&format!("{leader} Ready again after the thaw"), WAIT, |k| {
+            let p = k.get_json(&["pod", &leader, "-n", &ns])?;
+            let statuses = p["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            Ok(statuses.iter().all(|c| c["ready"] == true).then(|| {
+                containers
+                    .iter()
+                    .zip(&victim_restarts)
+                    .map(|(c, before)| {
+                        (
+                            c.clone(),
+                            super::pods::restarts(&p, c).saturating_sub(*before),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            }))
         })
+        .await?;
+    let excess: Vec<String> = victim_restarted
+        .iter()
+        .filter(|(_, n)| *n > 2)
+        .map(|(c, n)| format!("{c} {n}"))
         .collect();
+    anyhow::ensure!(
+        excess.is_empty(),
+        "{leader}'s containers restarted more than twice after the thaw: {}",
+        excess.join(", ")
+    );
+    let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
+    anyhow::ensure!(
+        holder == survivor_name,
+        "{leader}, restarted, took the proxy Lease back from {survivor_name}"
+    );
+    let stepped_down = lab
+        .proxy_log_of(&victim_node, &leader)?
+        .contains("leadership lost");
+    anyhow::ensure!(
+        stepped_down,
+        "no proxy log says leadership lost: the thawed leader never noticed"
+    );
     Ok(format!(
-        "SIGKILLed every container of {leader} (proxy + {} sidecars) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {holder} holds csi-scsi-proxy {:.1}s later\n      sidecar Leases: {}\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the kill; {survivor_name}'s containers never restarted",
+        "froze every container of {leader} (proxy + {} sidecars) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {survivor_name} holds csi-scsi-proxy {:.1}s later\n      Leases: {}; thawed at {:.1}s: {leader} logged leadership lost and came back Ready (restarts: {}), the Leases stay {survivor_name}'s\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the freeze; {survivor_name}'s containers never restarted",
         super::SIDECARS.len(),
         BATCH / 2,
         took_over.as_secs_f64(),
         sidecar_leaders.join(", "),
+        thawed_at.as_secs_f64(),
+        victim_restarted
+            .iter()
+            .map(|(c, n)| format!("{c} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         wwids.len(),
         all_up.as_secs_f64()
     ))
