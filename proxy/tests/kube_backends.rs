@@ -1,12 +1,13 @@
-//! The Kubernetes backends against a local server that speaks the API's
-//! JSON (`kube_backends/fake_api.rs`): what each backend sends (method,
-//! path, resourceVersion precondition, body), how it behaves on 409s,
-//! deleted Pods and expiring Leases, and ControllerUnpublish over them.
-//! What every inventory store does is not here: `inventory.rs` runs that
-//! contract over this store, on a real API server. `real_api` is what only
-//! a real kube-apiserver shows (schema and CEL, the status subresource, 410
-//! and re-list, paging, two writers, the Lease between two replicas, RBAC);
-//! the fake stays for exact request sequences and injected faults.
+//! The Kubernetes backends against a real kube-apiserver and etcd, started
+//! once for this binary (`support/real_kube.rs`): what each backend does
+//! with Pods, Nodes, Leases and the csi-scsi.io kinds, how it behaves on
+//! 409s, deleted Pods and expiring Leases, and ControllerUnpublish over
+//! them. What every inventory store does is not here: `inventory.rs` runs
+//! that contract over this store. `real_api` is what only a real server
+//! shows (schema and CEL, the status subresource, 410 and re-list, paging,
+//! two writers, the Lease between two replicas, RBAC). A local fake server
+//! (`kube_backends/fake_api.rs`) stays for request bodies, writes the watch
+//! never delivers, and injected faults; its module doc lists its tests.
 //! One test binary, submodules below, to link kube once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![warn(clippy::assertions_on_result_states)]

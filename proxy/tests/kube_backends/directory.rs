@@ -1,5 +1,7 @@
 //! The agent directory from the agent DaemonSet's Pods, and which nodes
-//! still exist from the Node objects.
+//! still exist from the Node objects, on the real kube-apiserver. There is
+//! no kubelet: a test sets a Pod's readiness and IP through the status
+//! subresource, and a Pod deleted with a grace period stays terminating.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,23 +10,24 @@ use csi_scsi_daemon::Check;
 use csi_scsi_proxy::directory::{
     AgentDirectory, DirectoryCheck, NodeAgent, PodDirectory, PodDirectoryConfig,
 };
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::eventually;
-use crate::fake_api::FakeApi;
+use crate::real_api::{Log, admin_logging};
+use crate::real_kube;
 
-/// An agent Pod on `node`, Ready or not.
+/// An agent Pod on `node`, Ready or not (its status is written apart).
 pub fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "namespace": "csi-scsi",
             "labels": {"app.kubernetes.io/name": "csi-scsi-node"},
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "csi-scsi-node",
                                  "uid": "ds-uid", "controller": true}],
-            "managedFields": [{"manager": "kubelet", "operation": "Update"}],
             "annotations": {"big": "x".repeat(1000)},
         },
         "spec": {
@@ -34,39 +37,219 @@ pub fn pod(name: &str, node: &str, ip: &str, ready: bool) -> Value {
                 {"name": "agent", "image": "a", "ports": [{"name": "agent-api", "containerPort": 9811}, {"name": "healthz", "containerPort": 9808}]},
             ],
         },
-        "status": {
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
-        },
+        "status": pod_status(ip, ready),
     })
 }
 
-/// A Node object.
-pub fn node(name: &str, rack: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"rack": rack}}})
+/// What kubelet would report of a running Pod.
+fn pod_status(ip: &str, ready: bool) -> Value {
+    let ready = if ready { "True" } else { "False" };
+    json!({
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": ready}],
+    })
 }
 
-/// The directory over `api`'s agent Pods, once both watches listed.
-pub async fn ready_directory(api: &FakeApi) -> Arc<PodDirectory> {
-    let dir = spawn(api);
-    tokio::time::timeout(crate::patience(), dir.wait_until_ready())
-        .await
+/// Node objects are cluster-wide and these tests name theirs alike
+/// (`node-a`...): one test at a time holds them.
+static NODES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A test's agent Pods, in a namespace of its own, and its Nodes (every
+/// `node-*` Node of an earlier test deleted first).
+pub struct Agents {
+    pub namespace: String,
+    pods: Api<Pod>,
+    nodes: Api<Node>,
+    _nodes: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Agents {
+    /// Takes the Nodes (after [`real_kube::exclusive`], if the test holds
+    /// that too) and creates `namespace`.
+    pub async fn new(namespace: &str) -> Self {
+        let guard = NODES.lock().await;
+        let admin = real_kube::admin().await;
+        let nodes = Api::<Node>::all(admin.clone());
+        for n in nodes.list(&ListParams::default()).await.unwrap() {
+            let name = n.metadata.name.unwrap_or_default();
+            if name.starts_with("node-") {
+                nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+            }
+        }
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        // No controller-manager makes it, and Pods need it.
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+        Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &sa)
+            .await
+            .unwrap();
+        Self {
+            namespace: namespace.into(),
+            pods: Api::namespaced(admin, namespace),
+            nodes,
+            _nodes: guard,
+        }
+    }
+
+    /// Creates Node `name` in `rack`.
+    pub async fn node(&self, name: &str, rack: &str) {
+        let node: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"rack": rack}}}))
+                .unwrap();
+        self.nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+    }
+
+    pub async fn delete_node(&self, name: &str) {
+        self.nodes
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Creates the Pod `body` (from [`pod`]) unless it exists, then writes
+    /// its status as kubelet would.
+    pub async fn put(&self, body: Value) {
+        let name = body["metadata"]["name"].as_str().unwrap().to_owned();
+        if self.pods.get_opt(&name).await.unwrap().is_none() {
+            let pod: Pod = serde_json::from_value(body.clone()).unwrap();
+            self.pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .unwrap();
+        }
+        self.pods
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": body["status"]})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Removes the Pod at once, as kubelet does once its containers stopped.
+    pub async fn delete_pod(&self, name: &str) {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        self.pods.delete(name, &now).await.unwrap();
+    }
+
+    /// Deletes the Pod with a grace period: with no kubelet to finish the
+    /// job, it stays terminating.
+    pub async fn terminate_pod(&self, name: &str) {
+        self.pods
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let pod = self.pods.get(name).await.unwrap();
+        assert!(pod.metadata.deletion_timestamp.is_some(), "{pod:?}");
+    }
+
+    /// The directory over this namespace's agent Pods, as `client`, once
+    /// both watches listed.
+    pub async fn ready_directory(&self, client: kube::Client) -> Arc<PodDirectory> {
+        let dir = self.spawn(client);
+        tokio::time::timeout(crate::patience(), dir.wait_until_ready())
+            .await
+            .unwrap();
+        dir
+    }
+
+    /// The directory over this namespace's agent Pods, as `client`, listed
+    /// or not.
+    pub fn spawn(&self, client: kube::Client) -> Arc<PodDirectory> {
+        PodDirectory::spawn(
+            client,
+            PodDirectoryConfig {
+                namespace: self.namespace.clone(),
+                selector: "app.kubernetes.io/name=csi-scsi-node".into(),
+                port: 9810,
+                settle: Duration::from_millis(10),
+                daemonset: "csi-scsi-node".into(),
+            },
+        )
+    }
+
+    /// A client as service account `account` of this namespace, granted
+    /// `list` and `watch` on the Nodes or not, and on the namespace's Pods
+    /// once [`Agents::grant_pods`] ran; the log of its requests.
+    pub async fn restricted_client(
+        &self,
+        account: &str,
+        nodes: bool,
+        dir: &std::path::Path,
+    ) -> (kube::Client, Log) {
+        let plane = real_kube::plane().await;
+        let (k, ns) = (&plane.admin, self.namespace.as_str());
+        k.run(&["create", "serviceaccount", account, "-n", ns])
+            .unwrap();
+        k.run(&[
+            "create",
+            "role",
+            "pods",
+            "-n",
+            ns,
+            "--verb=list,watch",
+            "--resource=pods",
+        ])
         .unwrap();
-    dir
-}
+        if nodes {
+            // Cluster-wide: an earlier test may have made it.
+            let _ = k.run(&[
+                "create",
+                "clusterrole",
+                "directory-nodes",
+                "--verb=list,watch",
+                "--resource=nodes",
+            ]);
+            k.run(&[
+                "create",
+                "clusterrolebinding",
+                &format!("{ns}-{account}"),
+                "--clusterrole=directory-nodes",
+                &format!("--serviceaccount={ns}:{account}"),
+            ])
+            .unwrap();
+        }
+        let config = plane
+            .service_account_kubeconfig(ns, account, &dir.join(format!("{account}.kubeconfig")))
+            .unwrap();
+        let log = Log::default();
+        (
+            real_kube::client_logging(&config, Some(log.clone())).await,
+            log,
+        )
+    }
 
-/// The directory over `api`'s agent Pods, listed or not.
-pub fn spawn(api: &FakeApi) -> Arc<PodDirectory> {
-    PodDirectory::spawn(
-        api.client(),
-        PodDirectoryConfig {
-            namespace: "csi-scsi".into(),
-            selector: "app.kubernetes.io/name=csi-scsi-node".into(),
-            port: 9810,
-            settle: Duration::from_millis(10),
-            daemonset: "csi-scsi-node".into(),
-        },
-    )
+    /// Lets `account` list and watch this namespace's Pods.
+    pub async fn grant_pods(&self, account: &str) {
+        let ns = self.namespace.as_str();
+        real_kube::plane()
+            .await
+            .admin
+            .run(&[
+                "create",
+                "rolebinding",
+                account,
+                "-n",
+                ns,
+                "--role=pods",
+                &format!("--serviceaccount={ns}:{account}"),
+            ])
+            .unwrap();
+    }
 }
 
 /// What the directory says about `node`.
@@ -74,18 +257,21 @@ pub fn locate(dir: &PodDirectory, node: &str) -> NodeAgent {
     (dir as &dyn AgentDirectory).locate(node)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() {
-    let api = FakeApi::start().await;
-    api.put("nodes", node("node-a", "r1"));
-    api.put("nodes", node("node-b", "r2"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    let agents = Agents::new("directory-map").await;
+    agents.node("node-a", "r1").await;
+    agents.node("node-b", "r2").await;
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .await;
     // Another DaemonSet's Pod in the namespace: not selected.
     let mut other = pod("other", "node-b", "10.0.0.9", true);
     other["metadata"]["labels"] = json!({"app": "other"});
-    api.put("pods", other);
-    let dir = spawn(&api);
+    agents.put(other).await;
+    let (client, log) = admin_logging().await;
+    let dir = agents.spawn(client);
     let mut rx = dir.subscribe();
     eventually("node-a's agent", || dir.snapshot().contains_key("node-a")).await;
     let snap = dir.snapshot();
@@ -103,49 +289,47 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
         Some("r1")
     );
 
-    // The watch asked for the agent Pods only, in their namespace.
-    let pod_calls: Vec<_> = api
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == "/api/v1/namespaces/csi-scsi/pods")
-        .collect();
+    // The watch asked for the agent Pods only, in their namespace (the
+    // client's own requests: the server keeps no record of queries).
+    let requests = log.lock().unwrap().clone();
+    let pod_calls: Vec<_> = requests.iter().filter(|r| r.contains("/pods")).collect();
     assert!(!pod_calls.is_empty());
     assert!(
         pod_calls
             .iter()
-            .all(|r| r.query.get("labelSelector").map(String::as_str)
-                == Some("app.kubernetes.io/name=csi-scsi-node"))
+            .all(|r| r.contains("/api/v1/namespaces/directory-map/pods?")
+                && r.contains("labelSelector=app.kubernetes.io%2Fname%3Dcsi-scsi-node")),
+        "{pod_calls:?}"
     );
     assert!(
-        api.requests().iter().any(|r| r.path == "/api/v1/nodes"
-            && r.query.get("watch").map(String::as_str) == Some("true")),
-        "nodes are watched, not listed per call"
+        requests
+            .iter()
+            .any(|r| r.contains("/api/v1/nodes?") && r.contains("watch=true")),
+        "nodes are watched, not listed per call: {requests:?}"
     );
 
     // node-b's agent becomes Ready: it appears, and subscribers hear of it.
     rx.borrow_and_update();
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", true));
+    agents.put(pod("agent-b", "node-b", "10.0.0.2", true)).await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert!(rx.has_changed().unwrap());
     assert_eq!(dir.snapshot()["node-b"].address, "10.0.0.2:9811");
 
     // A deleted Pod drops out.
-    api.delete("pods", "csi-scsi", "agent-a");
+    agents.delete_pod("agent-a").await;
     eventually("node-a gone", || !dir.snapshot().contains_key("node-a")).await;
     assert_eq!(dir.snapshot().keys().collect::<Vec<_>>(), ["node-b"]);
 
     // A terminating Pod drops out too.
-    let mut leaving = pod("agent-b", "node-b", "10.0.0.2", true);
-    leaving["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    api.put("pods", leaving);
+    agents.terminate_pod("agent-b").await;
     eventually("node-b gone", || dir.snapshot().is_empty()).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_directory_is_ready_once_both_watches_listed() {
-    let api = FakeApi::start().await;
-    api.put("pods", pod("agent-a", "node-a", "fd00::1", true));
-    let dir = spawn(&api);
+    let agents = Agents::new("directory-ready").await;
+    agents.put(pod("agent-a", "node-a", "fd00::1", true)).await;
+    let dir = agents.spawn(real_kube::admin().await);
     tokio::time::timeout(crate::patience(), dir.wait_until_ready())
         .await
         .unwrap();
@@ -157,14 +341,16 @@ async fn the_directory_is_ready_once_both_watches_listed() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
-    let api = FakeApi::start().await;
-    api.put("nodes", node("node-a", "r1"));
-    api.put("nodes", node("node-b", "r1"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
-    let dir = ready_directory(&api).await;
+    let agents = Agents::new("directory-unready").await;
+    agents.node("node-a", "r1").await;
+    agents.node("node-b", "r1").await;
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .await;
+    let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-a's agent", || {
         matches!(locate(&dir, "node-a"), NodeAgent::Listed(_))
     })
@@ -178,53 +364,62 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
 
     // node-a goes NotReady (its kubelet stops): its agent Pod turns
     // not Ready, the node stays.
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", false));
+    agents
+        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .await;
     eventually("node-a's agent not ready", || {
         !dir.snapshot().contains_key("node-a")
     })
     .await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
     // Its agent Pod deleted (evicted, drained): still not gone.
-    api.delete("pods", "csi-scsi", "agent-a");
-    api.delete("pods", "csi-scsi", "agent-b");
+    agents.delete_pod("agent-a").await;
+    agents.delete_pod("agent-b").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
     assert_eq!(locate(&dir, "node-b"), NodeAgent::Unreachable);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_is_gone_once_its_node_object_is_deleted() {
-    let api = FakeApi::start().await;
-    api.put("nodes", node("node-a", "r1"));
-    api.put("nodes", node("node-b", "r1"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", false));
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", true));
-    let dir = ready_directory(&api).await;
+    let agents = Agents::new("directory-gone").await;
+    agents.node("node-a", "r1").await;
+    agents.node("node-b", "r1").await;
+    agents
+        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .await;
+    agents.put(pod("agent-b", "node-b", "10.0.0.2", true)).await;
+    let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
 
-    api.delete("nodes", "", "node-a");
+    agents.delete_node("node-a").await;
     eventually("node-a gone", || locate(&dir, "node-a") == NodeAgent::Gone).await;
     // A listed agent is called even when its Node object is deleted: only
     // an agent can say what is attached there.
-    api.delete("nodes", "", "node-b");
+    agents.delete_node("node-b").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(matches!(locate(&dir, "node-b"), NodeAgent::Listed(_)));
-    api.delete("pods", "csi-scsi", "agent-b");
+    agents.delete_pod("agent-b").await;
     eventually("node-b gone", || locate(&dir, "node-b") == NodeAgent::Gone).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_nodes_are_listed_no_node_is_gone() {
-    let api = FakeApi::start().await;
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
-    // The Node list fails (an RBAC rule missing, the API server busy).
-    api.rule(Box::new(|r| (r.path == "/api/v1/nodes").then_some(403)));
-    let dir = spawn(&api);
+    let agents = Agents::new("directory-no-nodes").await;
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    // The Node list fails: the proxy's account lacks the RBAC rule.
+    let scratch = tempfile::tempdir().unwrap();
+    let (client, log) = agents
+        .restricted_client("proxy", false, scratch.path())
+        .await;
+    agents.grant_pods("proxy").await;
+    let dir = agents.spawn(client);
     eventually("the Pod list", || {
-        api.requests()
+        log.lock()
+            .unwrap()
             .iter()
-            .any(|r| r.path == "/api/v1/namespaces/csi-scsi/pods")
+            .any(|r| r.contains("/api/v1/namespaces/directory-no-nodes/pods?"))
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -234,15 +429,17 @@ async fn before_the_nodes_are_listed_no_node_is_gone() {
     assert!(check.check().is_err(), "ready before the Nodes were listed");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at() {
-    let api = FakeApi::start().await;
+    let agents = Agents::new("directory-impostors").await;
     for n in ["node-a", "node-b", "node-c"] {
-        api.put("nodes", node(n, "r1"));
+        agents.node(n, "r1").await;
     }
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
     // An agent still enrolling: not Ready, listed as unready.
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    agents
+        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .await;
     // Pods with the agents' labels that the DaemonSet does not control: a
     // Ready one (its readiness passed without a certificate) never serves;
     // an unready one is listed for the enroller, whose token check
@@ -250,11 +447,11 @@ async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at
     let mut impostor = pod("impostor", "node-c", "10.0.0.3", true);
     impostor["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
         "name": "x", "uid": "cm-uid", "controller": true}]);
-    api.put("pods", impostor);
+    agents.put(impostor).await;
     let mut bare = pod("bare", "node-a", "10.0.0.4", false);
     bare["metadata"]["ownerReferences"] = json!(null);
-    api.put("pods", bare);
-    let dir = spawn(&api);
+    agents.put(bare).await;
+    let dir = agents.spawn(real_kube::admin().await);
     eventually("node-a's agent and the two unready Pods", || {
         dir.snapshot().contains_key("node-a") && dir.unready().len() == 2
     })

@@ -5,6 +5,19 @@
 //! patch, and delete. Every request is logged so tests can assert the
 //! method, path, query and body the client sent. Not a general API server:
 //! no field selectors, label selectors only as `k=v[,k=v]`.
+//!
+//! The backends' tests run against the real kube-apiserver; these stay
+//! here, for what it cannot be made to do:
+//! - `inventory::discovery_creates_a_device_then_writes_its_status_subresource`:
+//!   the bodies sent (each write's resourceVersion precondition);
+//! - `inventory::bind_replaces_the_status_with_the_resource_version_it_read`:
+//!   the same, for the finalizer and status writes of a bind;
+//! - `inventory::a_conflict_re_reads_and_binds_another_device_never_the_same_twice`:
+//!   another writer's change the watch never delivers (`put_silently`);
+//! - `inventory::an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict`:
+//!   the same, so the loss is the server's 409, not the cache's;
+//! - `leader::the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired`:
+//!   the Lease writes' bodies, and one replica cut off by injected 503s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -127,13 +140,6 @@ impl FakeApi {
         st.store(&collection, &ns, &name, object, &self.events, false)
     }
 
-    /// Deletes an object, with a watch event.
-    pub fn delete(&self, plural: &str, namespace: &str, name: &str) {
-        let mut st = self.state.lock().expect("state");
-        let collection = collection_of(plural);
-        st.remove(&collection, namespace, name, &self.events);
-    }
-
     /// The stored object.
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let st = self.state.lock().expect("state");
@@ -141,15 +147,6 @@ impl FakeApi {
             .get(&collection_of(plural))?
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
-    }
-
-    /// Every stored object of a collection.
-    pub fn all(&self, plural: &str) -> Vec<Value> {
-        let st = self.state.lock().expect("state");
-        st.objects
-            .get(&collection_of(plural))
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
     }
 
     /// Requests so far.

@@ -20,7 +20,7 @@ use serde_json::json;
 use tonic::Code;
 
 use crate::devices::{bind_req, lun, round, wwid};
-use crate::real_api::{api_code, apply_rbac, erased, object, until};
+use crate::real_api::{api_code, apply_rbac, claimed_volume, erased, object, until};
 use crate::real_kube::{self, NAMESPACE};
 
 const GIB: u64 = 1 << 30;
@@ -238,33 +238,7 @@ async fn a_resize_request_is_owned_by_its_claim_and_deleted_once_done() {
     let _only = real_kube::exclusive().await;
     let admin = real_kube::admin().await;
     let ns = "apps-resize";
-    let _ = Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await;
-    let claims = Api::<PersistentVolumeClaim>::namespaced(admin.clone(), ns);
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "none"}
-    }))
-    .unwrap();
-    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
-    let claim_uid = claim.uid().unwrap();
-    let volumes = Api::<PersistentVolume>::all(admin.clone());
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": "pv-resize"},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "none",
-            "csi": {"driver": "csi-scsi.io", "volumeHandle": "h"},
-            "claimRef": {"namespace": ns, "name": "data", "uid": claim_uid}
-        }
-    }))
-    .unwrap();
-    volumes.create(&PostParams::default(), &pv).await.unwrap();
+    let (claim_uid, _) = claimed_volume(&admin, ns, "pv-resize").await;
 
     let inv = real_kube::inventory(admin.clone()).await;
     inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, GIB)])], &[]))
@@ -301,11 +275,11 @@ async fn a_resize_request_is_owned_by_its_claim_and_deleted_once_done() {
             .is_none()
     );
 
-    volumes
+    Api::<PersistentVolume>::all(admin.clone())
         .delete("pv-resize", &DeleteParams::default())
         .await
         .unwrap();
-    claims
+    Api::<PersistentVolumeClaim>::namespaced(admin.clone(), ns)
         .delete("data", &DeleteParams::default())
         .await
         .unwrap();

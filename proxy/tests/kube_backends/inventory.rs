@@ -4,6 +4,8 @@
 //! a discovery round writes, the leader fence, resize requests beside their
 //! claim, and Events. What every store does is the contract
 //! (`inventory/contract.rs`), run over this store in the `inventory` binary.
+//! On the real kube-apiserver, but for the request bodies and a write the
+//! watch never delivers, which only the fake shows.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +14,17 @@ use csi_scsi_proxy::device::{DiscoveryRound, Phase, ResizeRequest};
 use csi_scsi_proxy::events::{ClaimRef, VolumeEvents};
 use csi_scsi_proxy::inventory::{Inventory, InventoryError, KubeInventory, KubeInventoryConfig};
 use csi_scsi_proxy::leader::LeaderHandle;
-use csi_scsi_proxy::resources::DEVICE_FINALIZER;
+use csi_scsi_proxy::resources::{DEVICE_FINALIZER, PendingResizeRequest, SCSIDevice, SCSITarget};
 use csi_scsi_proxy::selector::Selector;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::devices::{bind_req, labels, lun, publication, round, wwid};
 use crate::eventually;
 use crate::fake_api::{FakeApi, Logged};
+use crate::real_api::{admin_logging, claimed_volume, erased, until, writes};
+use crate::real_kube;
 
 const DEVICES: &str = "/apis/csi-scsi.io/v1alpha1/scsidevices";
 
@@ -52,28 +58,52 @@ pub fn target(name: &str) -> Value {
     })
 }
 
-/// The store over `api`, once its caches listed, and the inventory over it.
-pub async fn start(api: &FakeApi, leader: Option<LeaderHandle>) -> (KubeInventory, Arc<Inventory>) {
-    start_with(api, leader, None).await
+/// Creates `body` (a [`device`] or a [`target`]) on the real server, then
+/// its status, which a create drops.
+pub async fn create(client: &kube::Client, body: Value) -> DynamicObject {
+    let kind = match body["kind"].as_str() {
+        Some("SCSIDevice") => erased::<SCSIDevice>(),
+        Some("SCSITarget") => erased::<SCSITarget>(),
+        other => panic!("not a csi-scsi.io kind: {other:?}"),
+    };
+    let api = Api::<DynamicObject>::all_with(client.clone(), &kind);
+    let object: DynamicObject = serde_json::from_value(body.clone()).unwrap();
+    let mut created = api.create(&PostParams::default(), &object).await.unwrap();
+    if body.get("status").is_none() {
+        return created;
+    }
+    created.data["status"] = body["status"].clone();
+    let name = created.metadata.name.clone().unwrap();
+    api.replace_status(&name, &PostParams::default(), &created)
+        .await
+        .unwrap()
 }
 
-async fn start_with(
-    api: &FakeApi,
-    leader: Option<LeaderHandle>,
-    events: Option<VolumeEvents>,
-) -> (KubeInventory, Arc<Inventory>) {
+/// The server's copy of the cluster-scoped object `name` of kind `K`, as JSON.
+pub async fn stored<K: kube::Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    name: &str,
+) -> Value {
+    let object = Api::<DynamicObject>::all_with(client.clone(), &erased::<K>())
+        .get(name)
+        .await
+        .unwrap();
+    serde_json::to_value(object).unwrap()
+}
+
+/// The inventory over the store over `api`, once its caches listed.
+async fn start(api: &FakeApi) -> Inventory {
     let store = KubeInventory::start(
         api.client(),
         KubeInventoryConfig {
             namespace: "csi-scsi".into(),
             sync_timeout: Duration::from_secs(10),
-            leader,
-            events,
+            leader: None,
+            events: None,
         },
     );
     store.wait_until_ready().await.unwrap();
-    let inv = Arc::new(Inventory::new(Arc::new(store.clone())));
-    (store, inv)
+    Inventory::new(Arc::new(store))
 }
 
 fn rv(v: &Value) -> String {
@@ -87,45 +117,47 @@ fn is_device_write(r: &Logged) -> bool {
     r.method != "GET" && r.path.starts_with(DEVICES)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn reads_come_from_the_watch_cache_not_a_list_per_call() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
-    let (store, inv) = start(&api, None).await;
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, device(1, 1 << 30, &["node-a"], None)).await;
+    let (client, log) = admin_logging().await;
+    let store = real_kube::store(client, None).await;
+    let inv = Inventory::new(Arc::new(store.clone()));
     eventually("the synced flag", || store.is_synced()).await;
-    eventually("the devices watch", || {
-        api.requests()
+    let requests = || log.lock().unwrap().clone();
+    eventually("the three watches", || {
+        requests()
             .iter()
-            .filter(|r| r.query.get("watch").map(String::as_str) == Some("true"))
+            .filter(|r| r.contains("watch=true"))
             .count()
             == 3
     })
     .await;
-    let lists_before = api.requests().len();
+    let lists_before = requests().len();
     for _ in 0..20 {
         assert!(inv.device(&wwid(1)).await.unwrap().is_some());
         inv.devices(None, 10).await.unwrap();
         inv.capacity(&[], &Selector::default()).await.unwrap();
     }
-    assert_eq!(api.requests().len(), lists_before, "reads sent requests");
-    let lists: Vec<_> = api
-        .requests()
-        .into_iter()
-        .filter(|r| r.path == DEVICES)
-        .collect();
+    assert_eq!(requests().len(), lists_before, "reads sent requests");
     assert!(
-        lists
+        requests()
             .iter()
-            .any(|r| r.query.get("watch").map(String::as_str) == Some("true")),
-        "no watch: {lists:?}"
+            .any(|r| r.contains(&format!("{DEVICES}?")) && r.contains("watch=true")),
+        "no watch: {:?}",
+        requests()
     );
 }
 
+// On the fake: it reads the bodies the store sent (their resourceVersions).
 #[tokio::test]
 async fn discovery_creates_a_device_then_writes_its_status_subresource() {
     let api = FakeApi::start().await;
     api.put("scsitargets", target("t1"));
-    let (_, inv) = start(&api, None).await;
+    let inv = start(&api).await;
     let out = inv
         .apply_discovery(round(
             "t1",
@@ -169,6 +201,14 @@ async fn discovery_creates_a_device_then_writes_its_status_subresource() {
     let t = api.get("scsitargets", "", "t1").unwrap();
     assert_eq!(t["status"]["phase"], "Ready");
     assert_eq!(t["status"]["reachableNodes"], 2);
+    // A whole-status replace with the version read.
+    let t_write = api
+        .writes()
+        .into_iter()
+        .find(|w| w.path.ends_with("/scsitargets/t1/status"))
+        .unwrap();
+    assert_eq!(t_write.method, "PUT");
+    assert!(t_write.body["metadata"]["resourceVersion"].is_string());
     // A second identical pass writes nothing.
     let before = api.writes().iter().filter(|w| is_device_write(w)).count();
     inv.apply_discovery(round(
@@ -188,12 +228,13 @@ async fn discovery_creates_a_device_then_writes_its_status_subresource() {
     );
 }
 
+// On the fake: it reads the bodies the store sent (their resourceVersions).
 #[tokio::test]
 async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     let api = FakeApi::start().await;
     let small = api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     api.put("scsidevices", device(2, 4 << 30, &["node-a"], None));
-    let (_, inv) = start(&api, None).await;
+    let inv = start(&api).await;
     let d = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
     assert_eq!(d.wwid, wwid(1), "smallest fit");
     let writes: Vec<_> = api.writes().into_iter().filter(is_device_write).collect();
@@ -236,12 +277,13 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     assert_eq!(api.writes().into_iter().filter(is_device_write).count(), 2);
 }
 
+// On the fake: another writer's change the watch never delivers (`put_silently`).
 #[tokio::test]
 async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
     let api = FakeApi::start().await;
     let stale = api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
     api.put("scsidevices", device(2, 2 << 30, &["node-a"], None));
-    let (_, inv) = start(&api, None).await;
+    let inv = start(&api).await;
     // Another writer binds device 1; this process's cache does not see it.
     api.put_silently(
         "scsidevices",
@@ -280,11 +322,12 @@ async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
     assert_eq!(seen.binding.unwrap().volume_name, "other-pv");
 }
 
+// On the fake: another writer's change the watch never delivers (`put_silently`).
 #[tokio::test]
 async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     let api = FakeApi::start().await;
     api.put("scsidevices", device(1, 1 << 30, &["node-a"], Some("pv-1")));
-    let (_, inv) = start(&api, None).await;
+    let inv = start(&api).await;
     let mut d = inv.device(&wwid(1)).await.unwrap().unwrap();
     api.put_silently(
         "scsidevices",
@@ -309,12 +352,18 @@ async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn a_round_writes_who_answered_and_its_label_conflicts_into_the_target_status() {
-    let api = FakeApi::start().await;
-    api.put("scsitargets", target("t1"));
-    api.put("scsitargets", target("t2"));
-    let (_, inv) = start(&api, None).await;
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, target("t1")).await;
+    create(&admin, target("t2")).await;
+    let inv = real_kube::inventory(admin.clone()).await;
+    let status = |name: &'static str| {
+        let admin = admin.clone();
+        async move { stored::<SCSITarget>(&admin, name).await["status"].clone() }
+    };
     inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
         .await
         .unwrap();
@@ -325,47 +374,53 @@ async fn a_round_writes_who_answered_and_its_label_conflicts_into_the_target_sta
     })
     .await
     .unwrap();
-    let t2 = api.get("scsitargets", "", "t2").unwrap();
-    let status = &t2["status"];
-    assert_eq!(status["phase"], "Degraded");
-    assert_eq!(status["reachableNodes"], 1);
+    let t2 = status("t2").await;
+    assert_eq!(t2["phase"], "Degraded");
+    assert_eq!(t2["reachableNodes"], 1);
     assert_eq!(
-        status["nodes"],
+        t2["nodes"],
         json!([
             {"node": "node-b", "answered": true, "luns": 1},
             {"node": "node-c", "answered": false, "luns": 0},
         ])
     );
     assert_eq!(
-        status["labelConflicts"],
+        t2["labelConflicts"],
         json!([format!(
             "{}: tier=fast (kept), this target says tier=slow",
             wwid(1)
         )])
     );
-    assert_eq!(status["conditions"][0]["type"], "Discovered");
-    assert_eq!(status["conditions"][0]["status"], "True");
-    assert!(api.get("scsitargets", "", "t1").unwrap()["status"]["labelConflicts"].is_null());
+    assert_eq!(t2["conditions"][0]["type"], "Discovered");
+    assert_eq!(t2["conditions"][0]["status"], "True");
+    assert!(status("t1").await["labelConflicts"].is_null());
     // Nobody answers: Unreachable, the condition turns False.
     inv.apply_discovery(round("t2", &[], &["node-b", "node-c"]))
         .await
         .unwrap();
-    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
-    assert_eq!(status["phase"], "Unreachable");
-    assert_eq!(status["reachableNodes"], 0);
-    assert_eq!(status["conditions"][0]["status"], "False");
-    assert_eq!(status["conditions"][0]["reason"], "NoAgentAnswered");
+    let t2 = status("t2").await;
+    assert_eq!(t2["phase"], "Unreachable");
+    assert_eq!(t2["reachableNodes"], 0);
+    assert_eq!(t2["conditions"][0]["status"], "False");
+    assert_eq!(t2["conditions"][0]["reason"], "NoAgentAnswered");
     // The device kept its first label.
     let d = inv.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(d.labels, labels(&[("tier", "fast")]));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn a_resolved_label_conflict_and_silent_nodes_leave_the_target_status() {
-    let api = FakeApi::start().await;
-    api.put("scsitargets", target("t1"));
-    api.put("scsitargets", target("t2"));
-    let (_, inv) = start(&api, None).await;
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, target("t1")).await;
+    create(&admin, target("t2")).await;
+    let (client, log) = admin_logging().await;
+    let inv = real_kube::inventory(client).await;
+    let status = || {
+        let admin = admin.clone();
+        async move { stored::<SCSITarget>(&admin, "t2").await["status"].clone() }
+    };
     inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
         .await
         .unwrap();
@@ -374,54 +429,55 @@ async fn a_resolved_label_conflict_and_silent_nodes_leave_the_target_status() {
         ..round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &[])
     };
     inv.apply_discovery(slow()).await.unwrap();
-    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
-    assert_eq!(status["labelConflicts"].as_array().map(Vec::len), Some(1));
+    let s = status().await;
+    assert_eq!(s["labelConflicts"].as_array().map(Vec::len), Some(1));
     // The operator relabels t2 like t1: the conflict is resolved.
     inv.apply_discovery(round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &[]))
         .await
         .unwrap();
-    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
-    assert!(status["labelConflicts"].is_null(), "{status}");
-    assert_eq!(status["phase"], "Ready");
+    let s = status().await;
+    assert!(s["labelConflicts"].is_null(), "{s}");
+    assert_eq!(s["phase"], "Ready");
     // No node matches t2 any more: its node list empties.
     inv.apply_discovery(round("t2", &[], &[])).await.unwrap();
-    let status = api.get("scsitargets", "", "t2").unwrap()["status"].clone();
-    assert!(status["nodes"].is_null(), "{status}");
-    assert_eq!(status["phase"], "Unreachable");
-    // Whole-status replaces with the version read, by the proxy.
-    let writes: Vec<_> = api
-        .writes()
-        .into_iter()
-        .filter(|w| w.path.ends_with("/scsitargets/t2/status"))
+    let s = status().await;
+    assert!(s["nodes"].is_null(), "{s}");
+    assert_eq!(s["phase"], "Unreachable");
+    // Whole-status replaces (with the version read: `discovery_creates_...`
+    // on the fake sees the body), by the proxy.
+    let requests = log.lock().unwrap().clone();
+    let t2_writes: Vec<_> = requests
+        .iter()
+        .filter(|r| !r.starts_with("GET ") && r.contains("/scsitargets/t2/status"))
         .collect();
     // Three rounds; a 409 from a cache behind the last write adds a retry.
-    assert!(writes.len() >= 3, "{writes:?}");
-    for w in &writes {
-        assert_eq!(w.method, "PUT");
-        assert!(w.body["metadata"]["resourceVersion"].is_string());
-        assert_eq!(
-            w.query.get("fieldManager").map(String::as_str),
-            Some("csi-scsi-proxy")
-        );
-    }
+    assert!(t2_writes.len() >= 3, "{t2_writes:?}");
+    assert!(
+        t2_writes.iter().all(|w| w.starts_with("PUT ")),
+        "{t2_writes:?}"
+    );
     // Every write the store sent names the proxy as its field manager.
-    let unnamed: Vec<_> = api
-        .writes()
-        .into_iter()
-        .filter(|w| w.method != "DELETE")
-        .filter(|w| w.query.get("fieldManager").map(String::as_str) != Some("csi-scsi-proxy"))
-        .map(|w| format!("{} {}", w.method, w.path))
+    let unnamed: Vec<_> = requests
+        .iter()
+        .filter(|r| !r.starts_with("GET ") && !r.starts_with("DELETE "))
+        .filter(|r| !r.contains("fieldManager=csi-scsi-proxy"))
         .collect();
     assert!(unnamed.is_empty(), "{unnamed:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn a_non_leader_refuses_to_write() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
+    let _only = real_kube::exclusive().await;
+    create(
+        &real_kube::admin().await,
+        device(1, 1 << 30, &["node-a"], None),
+    )
+    .await;
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let never = LeaderHandle::from_receiver(rx);
-    let (_, inv) = start(&api, Some(never)).await;
+    let (client, log) = admin_logging().await;
+    let inv = Inventory::new(Arc::new(real_kube::store(client, Some(never)).await));
     let err = inv.bind(bind_req("pv-1", &[], "")).await.unwrap_err();
     assert!(
         matches!(err, InventoryError::Store(ref m) if m.contains("not the leader")),
@@ -431,22 +487,21 @@ async fn a_non_leader_refuses_to_write() {
         inv.device(&wwid(1)).await.unwrap().is_some(),
         "reads still work"
     );
-    assert!(api.writes().is_empty());
+    assert!(writes(&log).is_empty(), "{:?}", writes(&log));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn a_resize_request_lands_beside_the_claim() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], Some("pv-1")));
-    api.put(
-        "persistentvolumes",
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-1"},
-               "spec": {"claimRef": {"namespace": "apps", "name": "data"}}}),
-    );
-    let (_, inv) = start(&api, None).await;
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, device(1, 1 << 30, &["node-a"], Some("pv-beside"))).await;
+    claimed_volume(&admin, "apps", "pv-beside").await;
+    let (client, log) = admin_logging().await;
+    let inv = real_kube::inventory(client).await;
     let request = ResizeRequest {
-        name: "resize-pv-1".into(),
-        volume_id: format!("{}:uid-pv-1", wwid(1)),
+        name: "resize-pv-beside".into(),
+        volume_id: format!("{}:uid-pv-beside", wwid(1)),
         wwid: wwid(1),
         requested_bytes: 2 << 30,
         current_bytes: 1 << 30,
@@ -454,24 +509,23 @@ async fn a_resize_request_lands_beside_the_claim() {
         done: false,
     };
     inv.put_resize(request.clone()).await.unwrap();
-    let obj = api
-        .get("pendingresizerequests", "apps", "resize-pv-1")
-        .unwrap();
+    let requests = Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        "apps",
+        &erased::<PendingResizeRequest>(),
+    );
+    let obj = requests.get("resize-pv-beside").await.unwrap().data;
     assert_eq!(obj["spec"]["claimName"], "data");
-    assert_eq!(obj["spec"]["volumeName"], "pv-1");
+    assert_eq!(obj["spec"]["volumeName"], "pv-beside");
     assert_eq!(obj["spec"]["requestedBytes"], 2u64 << 30);
     assert_eq!(obj["status"]["currentBytes"], 1u64 << 30);
     assert_eq!(obj["status"]["done"], false);
-    let paths: Vec<_> = api
-        .writes()
-        .iter()
-        .map(|w| format!("{} {}", w.method, w.path))
-        .collect();
+    const REQUESTS: &str = "/apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests";
     assert_eq!(
-        paths,
+        writes(&log),
         [
-            "POST /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests",
-            "PATCH /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests/resize-pv-1/status",
+            format!("POST {REQUESTS}"),
+            format!("PATCH {REQUESTS}/resize-pv-beside/status"),
         ]
     );
     let deadline = tokio::time::Instant::now() + crate::patience();
@@ -483,7 +537,7 @@ async fn a_resize_request_lands_beside_the_claim() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let listed = inv.resizes().await.unwrap();
-    assert_eq!(listed[0].name, "resize-pv-1");
+    assert_eq!(listed[0].name, "resize-pv-beside");
     assert_eq!(listed[0].requested_bytes, 2 << 30);
     // Done: the status says so, then the request goes.
     inv.put_resize(ResizeRequest {
@@ -493,41 +547,46 @@ async fn a_resize_request_lands_beside_the_claim() {
     })
     .await
     .unwrap();
-    let last: Vec<_> = api
-        .writes()
-        .iter()
-        .skip(2)
-        .map(|w| format!("{} {}", w.method, w.path))
-        .collect();
     assert_eq!(
-        last,
+        writes(&log)[2..],
         [
-            "PATCH /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests/resize-pv-1/status",
-            "DELETE /apis/csi-scsi.io/v1alpha1/namespaces/apps/pendingresizerequests/resize-pv-1",
+            format!("PATCH {REQUESTS}/resize-pv-beside/status"),
+            format!("DELETE {REQUESTS}/resize-pv-beside"),
         ]
     );
-    assert!(api.all("pendingresizerequests").is_empty());
+    assert!(
+        requests
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn failures_become_events_on_the_claim_and_the_volume() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], Some("pv-1")));
-    api.put(
-        "persistentvolumes",
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-1", "uid": "pv-uid"},
-               "spec": {"claimRef": {"namespace": "apps", "name": "data"}}}),
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, device(1, 1 << 30, &["node-a"], Some("pv-events"))).await;
+    let (claim_uid, volume_uid) = claimed_volume(&admin, "apps-events", "pv-events").await;
+    let events = VolumeEvents::new(admin.clone(), "csi-scsi.io", Some("proxy-0".into()));
+    let store = KubeInventory::start(
+        admin.clone(),
+        KubeInventoryConfig {
+            namespace: real_kube::NAMESPACE.into(),
+            sync_timeout: Duration::from_secs(30),
+            leader: None,
+            events: Some(events.clone()),
+        },
     );
-    api.put(
-        "persistentvolumeclaims",
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "apps", "uid": "pvc-uid"}}),
-    );
-    let events = VolumeEvents::new(api.client(), "csi-scsi.io", Some("proxy-0".into()));
-    let (_, inv) = start_with(&api, None, Some(events.clone())).await;
+    store.wait_until_ready().await.unwrap();
+    let inv = Inventory::new(Arc::new(store));
 
     // CreateVolume's failure: the caller knows the claim from its parameters.
     let claim = ClaimRef {
-        namespace: "apps".into(),
+        namespace: "apps-events".into(),
         name: "data".into(),
     };
     events
@@ -535,8 +594,8 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
         .await;
     // A pending resize and a failed wipe: the inventory reports what it writes.
     inv.put_resize(ResizeRequest {
-        name: "resize-pv-1".into(),
-        volume_id: format!("{}:uid-pv-1", wwid(1)),
+        name: "resize-pv-events".into(),
+        volume_id: format!("{}:uid-pv-events", wwid(1)),
         wwid: wwid(1),
         requested_bytes: 2 << 30,
         current_bytes: 1 << 30,
@@ -550,49 +609,53 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
     d.reason = "wipe on node-a failed: device busy".into();
     inv.update(d).await.unwrap();
 
-    eventually("three Events", || api.all("events").len() == 3).await;
-    let all = api.all("events");
+    // Ours: no other test reports Events on this server.
+    let all_events = Api::<Event>::all(admin.clone());
+    let ours = || async {
+        all_events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("csi-scsi.io"))
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect::<Vec<_>>()
+    };
+    until("three Events", 10, || async { ours().await.len() == 3 }).await;
+    let all = ours().await;
     let by_reason = |r: &str| all.iter().find(|e| e["reason"] == r).cloned().unwrap();
     let nofit = by_reason("NoDeviceFits");
     assert_eq!(nofit["type"], "Warning");
     assert_eq!(
         nofit["regarding"],
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "data", "namespace": "apps", "uid": "pvc-uid"})
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "data", "namespace": "apps-events", "uid": claim_uid})
     );
-    assert_eq!(nofit["metadata"]["namespace"], "apps");
+    assert_eq!(nofit["metadata"]["namespace"], "apps-events");
     assert_eq!(nofit["reportingController"], "csi-scsi.io");
     let resize = by_reason("ResizePending");
-    assert_eq!(resize["regarding"]["uid"], "pvc-uid");
+    assert_eq!(resize["regarding"]["uid"], claim_uid);
     assert_eq!(resize["related"]["kind"], "SCSIDevice");
     assert!(resize["note"].as_str().unwrap().contains("grow the LUN"));
+    assert_eq!(resize["metadata"]["namespace"], "apps-events");
     let wipe = by_reason("WipeFailed");
     assert_eq!(wipe["regarding"]["kind"], "PersistentVolume");
-    assert_eq!(wipe["regarding"]["uid"], "pv-uid");
+    assert_eq!(wipe["regarding"]["uid"], volume_uid);
     assert!(wipe["note"].as_str().unwrap().contains("device busy"));
-    let posts: Vec<_> = api
-        .writes()
-        .into_iter()
-        .filter(|w| w.path.contains("/events"))
-        .map(|w| w.path)
-        .collect();
-    assert!(
-        posts.contains(&"/apis/events.k8s.io/v1/namespaces/apps/events".to_owned()),
-        "{posts:?}"
-    );
-    assert!(
-        posts.contains(&"/apis/events.k8s.io/v1/namespaces/default/events".to_owned()),
-        "{posts:?}"
-    );
+    // A cluster-scoped object's Events go to the default namespace.
+    assert_eq!(wipe["metadata"]["namespace"], "default");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
 async fn many_callers_waiting_for_the_first_list_all_get_through() {
-    let api = FakeApi::start().await;
-    api.put("scsidevices", device(1, 1 << 30, &["node-a"], None));
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    create(&admin, device(1, 1 << 30, &["node-a"], None)).await;
     let store = KubeInventory::start(
-        api.client(),
+        admin,
         KubeInventoryConfig {
-            namespace: "csi-scsi".into(),
+            namespace: real_kube::NAMESPACE.into(),
             sync_timeout: Duration::from_secs(30),
             leader: None,
             events: None,

@@ -1,5 +1,6 @@
 //! Leader election through a Lease: acquired, renewed, lost to another
-//! replica after it expired, released on step-down.
+//! replica after it expired, released on step-down; the Controller service
+//! of a replica that does not lead, on the real kube-apiserver.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,20 +11,25 @@ use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
 use csi_scsi_proto::csi::*;
 use csi_scsi_proxy::csi::ControllerService;
 use csi_scsi_proxy::leader::{LeaderElection, LeaderGate, LeaderHandle, LeaseConfig};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
 use tonic::Code;
 use tower::Layer;
 
+use crate::directory::Agents;
 use crate::eventually;
 use crate::fake_api::FakeApi;
+use crate::real_api::{admin_logging, writes};
+use crate::real_kube;
 
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/csi-scsi/leases";
 
-fn config(identity: &str) -> LeaseConfig {
+fn config(namespace: &str, identity: &str) -> LeaseConfig {
     LeaseConfig {
         lease_duration: Duration::from_millis(1500),
         renew_deadline: Duration::from_millis(1000),
         retry_period: Duration::from_millis(100),
-        ..LeaseConfig::new("csi-scsi", "csi-scsi-proxy", identity)
+        ..LeaseConfig::new(namespace, "csi-scsi-proxy", identity)
     }
 }
 
@@ -33,10 +39,12 @@ fn holder(api: &FakeApi) -> Option<String> {
         .map(str::to_owned)
 }
 
+// On the fake: it asserts the bodies of the Lease writes and cuts one
+// replica off with injected 503s (`real_api.rs` passes a Lease for real).
 #[tokio::test]
 async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() {
     let api = FakeApi::start().await;
-    let a = LeaderElection::spawn(api.client(), config("proxy-a")).unwrap();
+    let a = LeaderElection::spawn(api.client(), config("csi-scsi", "proxy-a")).unwrap();
     let leader_a = a.handle();
     eventually("proxy-a leads", || leader_a.is_leader()).await;
     let create = api.writes().into_iter().next().unwrap();
@@ -80,7 +88,7 @@ async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() 
     assert_eq!(puts[1].body["spec"]["holderIdentity"], "proxy-a");
 
     // A second replica waits while proxy-a renews.
-    let b = LeaderElection::spawn(api.client(), config("proxy-b")).unwrap();
+    let b = LeaderElection::spawn(api.client(), config("csi-scsi", "proxy-b")).unwrap();
     let leader_b = b.handle();
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(
@@ -108,14 +116,15 @@ async fn the_lease_is_acquired_renewed_and_lost_to_a_replica_after_it_expired() 
 }
 
 /// The Controller service behind the leader gate, served over TCP as
-/// `serve.rs` serves it on the socket; a client to it.
+/// `serve.rs` serves it on the socket, over the real server; a client to it.
 async fn controller(
-    api: &FakeApi,
+    agents: &Agents,
     leader: LeaderHandle,
     scratch: &std::path::Path,
 ) -> ControllerClient<tonic::transport::Channel> {
-    let (_, inventory) = crate::inventory::start(api, None).await;
-    let directory = crate::directory::ready_directory(api).await;
+    let admin = real_kube::admin().await;
+    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
+    let directory = agents.ready_directory(admin).await;
     let life = crate::lifecycle_support::lifecycle(inventory, directory, scratch);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -133,24 +142,32 @@ async fn controller(
         .unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_leader_serves_reads_and_answers_writes_with_unavailable() {
-    let api = FakeApi::start().await;
+    // No device may exist: volume 1 must be unknown.
+    let _only = real_kube::exclusive().await;
+    // The Lease in the test's own namespace: `real_api.rs` campaigns for
+    // the one in the driver's.
+    let agents = Agents::new("leader-reads").await;
+    let ns = agents.namespace.as_str();
     // Someone else holds a fresh Lease.
-    api.put(
-        "leases",
-        serde_json::json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "csi-scsi-proxy", "namespace": "csi-scsi"},
-            "spec": {"holderIdentity": "proxy-z", "leaseDurationSeconds": 3600, "renewTime": "2026-01-01T00:00:00.000000Z"},
-        }),
-    );
-    let a = LeaderElection::spawn(api.client(), config("proxy-a")).unwrap();
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "csi-scsi-proxy", "namespace": ns},
+        "spec": {"holderIdentity": "proxy-z", "leaseDurationSeconds": 3600, "renewTime": "2026-01-01T00:00:00.000000Z"},
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(real_kube::admin().await, ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let (client, log) = admin_logging().await;
+    let a = LeaderElection::spawn(client, config(ns, "proxy-a")).unwrap();
+    let lease_writes = || writes(&log);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!a.handle().is_leader());
-    assert!(api.writes().is_empty(), "a candidate wrote a live Lease");
+    assert!(lease_writes().is_empty(), "a candidate wrote a live Lease");
     let scratch = tempfile::tempdir().unwrap();
-    let mut client = controller(&api, a.handle(), scratch.path()).await;
+    let mut client = controller(&agents, a.handle(), scratch.path()).await;
 
     // Every sidecar calls this once at start-up, before its own election,
     // and exits if it fails.
@@ -233,19 +250,18 @@ async fn a_non_leader_serves_reads_and_answers_writes_with_unavailable() {
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         assert!(status.message().contains("not the leader"), "{status:?}");
     }
-    let lease_writes: Vec<_> = api
-        .writes()
-        .into_iter()
-        .filter(|w| w.path.starts_with(LEASES))
-        .collect();
-    assert!(lease_writes.is_empty(), "a candidate wrote a live Lease");
+    assert!(
+        lease_writes().is_empty(),
+        "a candidate wrote a live Lease: {:?}",
+        lease_writes()
+    );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_publication_is_refused_as_the_capability_is_not_advertised() {
-    let api = FakeApi::start().await;
+    let agents = Agents::new("leader-read-only").await;
     let scratch = tempfile::tempdir().unwrap();
-    let mut client = controller(&api, LeaderHandle::always(), scratch.path()).await;
+    let mut client = controller(&agents, LeaderHandle::always(), scratch.path()).await;
     let caps = client
         .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
         .await
@@ -285,13 +301,12 @@ async fn a_read_only_publication_is_refused_as_the_capability_is_not_advertised(
     assert!(refused.message().contains("readonly"), "{refused:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_timings_are_refused() {
-    let api = FakeApi::start().await;
     let bad = LeaseConfig {
         renew_deadline: Duration::from_secs(20),
         ..LeaseConfig::new("csi-scsi", "csi-scsi-proxy", "proxy-a")
     };
-    let err = LeaderElection::spawn(api.client(), bad).unwrap_err();
+    let err = LeaderElection::spawn(real_kube::admin().await, bad).unwrap_err();
     assert!(err.to_string().contains("renew deadline"), "{err}");
 }

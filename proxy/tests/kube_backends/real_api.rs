@@ -18,6 +18,7 @@ use csi_scsi_proxy::resources::{
 };
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
 };
@@ -46,6 +47,73 @@ pub(crate) fn api_code(e: &kube::Error) -> Option<u16> {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
     }
+}
+
+/// What a logging client asked for.
+pub(crate) type Log = Arc<Mutex<Vec<String>>>;
+
+/// A cluster-admin client that logs its requests: the server keeps no
+/// record of a client's queries, nor says which of them wrote.
+pub(crate) async fn admin_logging() -> (kube::Client, Log) {
+    let log = Log::default();
+    let plane = real_kube::plane().await;
+    let client = real_kube::client_logging(plane.admin.kubeconfig(), Some(log.clone())).await;
+    (client, log)
+}
+
+/// The writes in `log`, as "METHOD path" (no query).
+pub(crate) fn writes(log: &Log) -> Vec<String> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            let (method, uri) = r.split_once(' ')?;
+            let uri: tonic::codegen::http::Uri = uri.parse().ok()?;
+            (method != "GET").then(|| format!("{method} {}", uri.path()))
+        })
+        .collect()
+}
+
+/// Namespace `ns` (made if missing), claim `data` in it and
+/// PersistentVolume `volume` bound to it by its claimRef (no controller
+/// binds them here); the claim's uid and the volume's.
+pub(crate) async fn claimed_volume(
+    admin: &kube::Client,
+    ns: &str,
+    volume: &str,
+) -> (String, String) {
+    let _ = Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await;
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "none"}
+    }))
+    .unwrap();
+    let claim = Api::<PersistentVolumeClaim>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let claim_uid = claim.metadata.uid.unwrap();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "none",
+            "csi": {"driver": "csi-scsi.io", "volumeHandle": "h"},
+            "claimRef": {"namespace": ns, "name": "data", "uid": claim_uid}
+        }
+    }))
+    .unwrap();
+    let pv = Api::<PersistentVolume>::all(admin.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .unwrap();
+    (claim_uid, pv.metadata.uid.unwrap())
 }
 
 /// Polls `check` (async) until it holds, or fails after `secs`.
@@ -409,9 +477,7 @@ async fn a_fresh_inventory_lists_more_than_one_page_of_devices() {
         .apply_discovery(round("t1", &[("node-a", luns)], &[]))
         .await
         .unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let plane = real_kube::plane().await;
-    let client = real_kube::client_logging(plane.admin.kubeconfig(), Some(log.clone())).await;
+    let (client, log) = admin_logging().await;
     let reader = real_kube::inventory(client).await;
     let all = reader.devices(None, 1000).await.unwrap();
     assert_eq!(all.len(), DEVICES as usize);

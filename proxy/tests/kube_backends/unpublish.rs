@@ -1,41 +1,46 @@
 //! ControllerUnpublish against the Kubernetes backends: a node that is only
 //! NotReady is not gone, so its publish record stays until its Node object
 //! is deleted; before the directory's first list nothing is known, so calls
-//! wait; discovery drops the views of deleted Nodes only.
+//! wait; discovery drops the views of deleted Nodes only. On the real
+//! kube-apiserver, Nodes and agent Pods as in `directory.rs`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use csi_scsi_daemon::Check;
 use csi_scsi_proxy::device::{Access, Mode};
 use csi_scsi_proxy::directory::{DirectoryCheck, NodeAgent};
 use csi_scsi_proxy::reconcile::discovery;
+use csi_scsi_proxy::resources::SCSIDevice;
 use serde_json::json;
 use tonic::{Code, Status};
 
 use crate::devices::wwid;
-use crate::directory::{locate, node, pod, ready_directory, spawn};
+use crate::directory::{Agents, locate, pod};
 use crate::eventually;
-use crate::fake_api::FakeApi;
-use crate::inventory::{device, start, target};
+use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
+use crate::real_kube;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is_deleted() {
-    let api = FakeApi::start().await;
-    api.put("nodes", node("node-a", "r1"));
-    api.put("nodes", node("node-b", "r1"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let agents = Agents::new("unpublish-not-ready").await;
+    agents.node("node-a", "r1").await;
+    agents.node("node-b", "r1").await;
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
     // node-b is NotReady (its kubelet stopped): its agent Pod is not Ready.
-    api.put("pods", pod("agent-b", "node-b", "10.0.0.2", false));
+    agents
+        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
     published["status"]["published"] =
         json!([{"node": "node-b", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
-    api.put("scsidevices", published);
-    let (_, inventory) = start(&api, None).await;
-    let directory = ready_directory(&api).await;
+    create(&admin, published).await;
+    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
+    let directory = agents.ready_directory(admin.clone()).await;
     eventually("node-a's agent", || {
         matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
     })
@@ -60,7 +65,7 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     );
     assert_eq!(published_to().await, ["node-b"], "the record is kept");
     assert_eq!(
-        api.get("scsidevices", "", &wwid(1)).unwrap()["status"]["published"][0]["node"],
+        stored::<SCSIDevice>(&admin, &wwid(1)).await["status"]["published"][0]["node"],
         "node-b"
     );
     // Meanwhile the volume is neither attached elsewhere nor deleted (wiped).
@@ -86,7 +91,7 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     assert_eq!(to_b.code(), Code::Unavailable, "{to_b:?}");
 
     // The Node object is deleted: node-b is gone, nothing is attached there.
-    api.delete("nodes", "", "node-b");
+    agents.delete_node("node-b").await;
     eventually("node-b gone", || {
         locate(&directory, "node-b") == NodeAgent::Gone
     })
@@ -109,33 +114,36 @@ fn writer() -> Access {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_proxy_is_not_ready() {
-    let api = FakeApi::start().await;
-    api.put("nodes", node("node-a", "r1"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", true));
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let agents = Agents::new("unpublish-unlisted").await;
+    agents.node("node-a", "r1").await;
+    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
     // node-b has no Node object: once listed, it is gone.
     published["status"]["published"] =
         json!([{"node": "node-b", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
-    api.put("scsidevices", published);
-    let (_, inventory) = start(&api, None).await;
-    // The Pod list is held back (a slow API server, an RBAC rule missing).
-    let hold = Arc::new(AtomicBool::new(true));
-    let held = hold.clone();
-    api.rule(Box::new(move |r| {
-        (held.load(Ordering::SeqCst) && r.path == "/api/v1/namespaces/csi-scsi/pods").then_some(503)
-    }));
-    let directory = spawn(&api);
+    create(&admin, published).await;
+    let inventory = Arc::new(real_kube::inventory(admin).await);
+    // The Pod list is refused (an RBAC rule missing) until granted below.
+    let scratch = tempfile::tempdir().unwrap();
+    let (client, log) = agents
+        .restricted_client("proxy", true, scratch.path())
+        .await;
+    let directory = agents.spawn(client);
     let check = DirectoryCheck(directory.clone());
     eventually("the Node list", || {
-        api.requests().iter().any(|r| r.path == "/api/v1/nodes")
+        log.lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.contains("/api/v1/nodes?"))
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(check.check().is_err(), "ready without the agent Pods");
-    let scratch = tempfile::tempdir().unwrap();
     let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
     let id = format!("{}:uid-pv-1", wwid(1));
 
@@ -156,33 +164,38 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     assert!(waits.to_string().contains("not listed"), "{waits}");
 
     // The Pods arrive: ready, and node-b is gone.
-    hold.store(false, Ordering::SeqCst);
+    agents.grant_pods("proxy").await;
     eventually("the directory's first list", || check.check().is_ok()).await;
     assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
     assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
     life.unpublish(&id, "node-b", "t").await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_ones() {
-    let api = FakeApi::start().await;
-    api.put("scsitargets", target("t1"));
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let agents = Agents::new("unpublish-discovery").await;
+    create(&admin, target("t1")).await;
     // node-a exists, its agent not Ready (unreachable); node-b was deleted.
-    api.put("nodes", node("node-a", "r1"));
-    api.put("pods", pod("agent-a", "node-a", "10.0.0.1", false));
-    api.put(
-        "scsidevices",
+    agents.node("node-a", "r1").await;
+    agents
+        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .await;
+    create(
+        &admin,
         device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1")),
-    );
-    let (_, inventory) = start(&api, None).await;
-    let directory = ready_directory(&api).await;
+    )
+    .await;
+    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
+    let directory = agents.ready_directory(admin.clone()).await;
     let scratch = tempfile::tempdir().unwrap();
     let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
 
     discovery::reconcile_once(&life, 4).await.unwrap();
     let dev = inventory.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(dev.node_names(), ["node-a"]);
-    let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
+    let stored = stored::<SCSIDevice>(&admin, &wwid(1)).await;
     assert_eq!(stored["status"]["nodeNames"], json!(["node-a"]));
     assert_eq!(stored["status"]["phase"], "Bound");
 }
