@@ -29,7 +29,9 @@ pub enum AgentError {
     #[error("no device with WWID {0} on this node")]
     DeviceNotFound(Wwid),
     /// The device found under the WWID's name reports another WWID.
-    #[error("device {device} was expected to be {expected} but reports {found}")]
+    #[error(
+        "device {device} reports WWID {found}, not {expected}: another LUN took its place (an array reusing a LUN number?); it is not used"
+    )]
     WwidMismatch {
         /// The device node.
         device: PathBuf,
