@@ -262,12 +262,14 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     let agents = Agents::new("directory-map").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r2").await;
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
     agents
-        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
+    agents
+        .put(pod("agent-b", "node-b", "127.0.9.2", false))
         .await;
     // Another DaemonSet's Pod in the namespace: not selected.
-    let mut other = pod("other", "node-b", "10.0.0.9", true);
+    let mut other = pod("other", "node-b", "127.0.9.9", true);
     other["metadata"]["labels"] = json!({"app": "other"});
     agents.put(other).await;
     let (client, log) = admin_logging().await;
@@ -281,7 +283,7 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
         "a Pod that is not Ready is no agent: {snap:?}"
     );
     assert_eq!(
-        snap["node-a"].address, "10.0.0.1:9811",
+        snap["node-a"].address, "127.0.9.1:9811",
         "the agent-api port wins"
     );
     assert_eq!(
@@ -310,10 +312,12 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
 
     // node-b's agent becomes Ready: it appears, and subscribers hear of it.
     rx.borrow_and_update();
-    agents.put(pod("agent-b", "node-b", "10.0.0.2", true)).await;
+    agents
+        .put(pod("agent-b", "node-b", "127.0.9.2", true))
+        .await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert!(rx.has_changed().unwrap());
-    assert_eq!(dir.snapshot()["node-b"].address, "10.0.0.2:9811");
+    assert_eq!(dir.snapshot()["node-b"].address, "127.0.9.2:9811");
 
     // A deleted Pod drops out.
     agents.delete_pod("agent-a").await;
@@ -346,9 +350,11 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
     let agents = Agents::new("directory-unready").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
     agents
-        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
+    agents
+        .put(pod("agent-b", "node-b", "127.0.9.2", false))
         .await;
     let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-a's agent", || {
@@ -358,14 +364,14 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
     let NodeAgent::Listed(a) = locate(&dir, "node-a") else {
         unreachable!()
     };
-    assert_eq!(a.address, "10.0.0.1:9811");
+    assert_eq!(a.address, "127.0.9.1:9811");
     assert_eq!(locate(&dir, "node-b"), NodeAgent::Unreachable);
     assert_eq!(locate(&dir, "node-z"), NodeAgent::Gone, "no such Node");
 
     // node-a goes NotReady (its kubelet stops): its agent Pod turns
     // not Ready, the node stays.
     agents
-        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .put(pod("agent-a", "node-a", "127.0.9.1", false))
         .await;
     eventually("node-a's agent not ready", || {
         !dir.snapshot().contains_key("node-a")
@@ -386,9 +392,11 @@ async fn a_node_is_gone_once_its_node_object_is_deleted() {
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
     agents
-        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .put(pod("agent-a", "node-a", "127.0.9.1", false))
         .await;
-    agents.put(pod("agent-b", "node-b", "10.0.0.2", true)).await;
+    agents
+        .put(pod("agent-b", "node-b", "127.0.9.2", true))
+        .await;
     let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
@@ -407,7 +415,9 @@ async fn a_node_is_gone_once_its_node_object_is_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_nodes_are_listed_no_node_is_gone() {
     let agents = Agents::new("directory-no-nodes").await;
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
     // The Node list fails: the proxy's account lacks the RBAC rule.
     let scratch = tempfile::tempdir().unwrap();
     let (client, log) = agents
@@ -435,20 +445,22 @@ async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at
     for n in ["node-a", "node-b", "node-c"] {
         agents.node(n, "r1").await;
     }
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
     // An agent still enrolling: not Ready, listed as unready.
     agents
-        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .put(pod("agent-b", "node-b", "127.0.9.2", false))
         .await;
     // Pods with the agents' labels that the DaemonSet does not control: a
     // Ready one (its readiness passed without a certificate) never serves;
     // an unready one is listed for the enroller, whose token check
     // refuses it (proxy/tests/kube_backends/enrolment.rs).
-    let mut impostor = pod("impostor", "node-c", "10.0.0.3", true);
+    let mut impostor = pod("impostor", "node-c", "127.0.9.3", true);
     impostor["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
         "name": "x", "uid": "cm-uid", "controller": true}]);
     agents.put(impostor).await;
-    let mut bare = pod("bare", "node-a", "10.0.0.4", false);
+    let mut bare = pod("bare", "node-a", "127.0.9.4", false);
     bare["metadata"]["ownerReferences"] = json!(null);
     agents.put(bare).await;
     let dir = agents.spawn(real_kube::admin().await);

@@ -29,10 +29,12 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     let agents = Agents::new("unpublish-not-ready").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
     // node-b is NotReady (its kubelet stopped): its agent Pod is not Ready.
     agents
-        .put(pod("agent-b", "node-b", "10.0.0.2", false))
+        .put(pod("agent-b", "node-b", "127.0.9.2", false))
         .await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
@@ -120,7 +122,9 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     let admin = real_kube::admin().await;
     let agents = Agents::new("unpublish-unlisted").await;
     agents.node("node-a", "r1").await;
-    agents.put(pod("agent-a", "node-a", "10.0.0.1", true)).await;
+    agents
+        .put(pod("agent-a", "node-a", "127.0.9.1", true))
+        .await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
     // node-b has no Node object: once listed, it is gone.
@@ -180,7 +184,7 @@ async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_on
     // node-a exists, its agent not Ready (unreachable); node-b was deleted.
     agents.node("node-a", "r1").await;
     agents
-        .put(pod("agent-a", "node-a", "10.0.0.1", false))
+        .put(pod("agent-a", "node-a", "127.0.9.1", false))
         .await;
     create(
         &admin,

@@ -48,6 +48,20 @@ fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
     }
 }
 
+/// The nodes ControllerGetVolume says `volume_id` is published to.
+async fn published_nodes(cl: &mut Clients, volume_id: &str) -> Vec<String> {
+    cl.controller
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume_id.to_owned(),
+        })
+        .await
+        .expect("ControllerGetVolume")
+        .into_inner()
+        .status
+        .expect("status")
+        .published_node_ids
+}
+
 #[tokio::test]
 async fn the_volume_lifecycle_runs_end_to_end() {
     let (_dir, mut lab, _cl) = lab().await;
@@ -84,15 +98,7 @@ async fn two_nodes_racing_to_publish_a_single_writer_volume_one_wins() {
     let mut codes = [code(a), code(b)];
     codes.sort_by_key(|c| *c as i32);
     assert_eq!(codes, [Code::Ok, Code::FailedPrecondition]);
-    let v = cl
-        .controller
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner();
-    assert_eq!(v.status.expect("status").published_node_ids.len(), 1);
+    assert_eq!(published_nodes(&mut cl, &vol.volume_id).await.len(), 1);
 }
 
 /// Whether the first MiB of the lab LUN `name` is all zeroes.
@@ -222,17 +228,7 @@ async fn a_second_publish_to_the_same_node_with_another_access_mode_is_already_e
         "{}",
         other.message()
     );
-    let status = cl
-        .controller
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner()
-        .status
-        .expect("status");
-    assert_eq!(status.published_node_ids, ["node-a"]);
+    assert_eq!(published_nodes(&mut cl, &vol.volume_id).await, ["node-a"]);
     // The writer publication still stands: asking for it again is OK.
     cl.controller
         .controller_publish_volume(publish(&writer))
@@ -277,8 +273,6 @@ async fn a_node_at_its_attach_limit_refuses_another_volume_until_one_detaches() 
         secrets: HashMap::new(),
         volume_context: HashMap::new(),
     };
-    let published_on =
-        |v: ControllerGetVolumeResponse| v.status.expect("status").published_node_ids;
     cl.controller
         .controller_publish_volume(publish(&vols[0].volume_id))
         .await
@@ -288,16 +282,10 @@ async fn a_node_at_its_attach_limit_refuses_another_volume_until_one_detaches() 
         .controller_publish_volume(publish(&vols[1].volume_id))
         .await;
     assert_eq!(code(refused), Code::ResourceExhausted);
-    let second = cl
-        .controller
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: vols[1].volume_id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner();
     assert!(
-        published_on(second).is_empty(),
+        published_nodes(&mut cl, &vols[1].volume_id)
+            .await
+            .is_empty(),
         "a refused publish leaves no record"
     );
     // The first one again is fine: it is attached already.
@@ -360,18 +348,7 @@ async fn an_agent_killed_and_restarted_during_a_publish_ends_published_once() {
         .await
         .expect("publish after restart");
     std::fs::write(target.join("ok"), "ok").expect("write");
-    let v = cl
-        .controller
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner();
-    assert_eq!(
-        v.status.expect("status").published_node_ids,
-        vec!["node-a".to_owned()]
-    );
+    assert_eq!(published_nodes(&mut cl, &vol.volume_id).await, ["node-a"]);
     unmount_and_detach(&lab, &mut cl, &vol, "node-a", "p")
         .await
         .expect("cleanup");
@@ -656,18 +633,11 @@ async fn a_detach_abandoned_while_the_link_was_down_never_reaches_the_agent_late
         "node-a's agent got the Detach the proxy gave up on after its link came back"
     );
     assert!(link.exists(), "still attached");
-    let published = cl
-        .controller
-        .controller_get_volume(ControllerGetVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-        })
-        .await
-        .expect("get")
-        .into_inner()
-        .status
-        .expect("status")
-        .published_node_ids;
-    assert_eq!(published, vec!["node-a".to_owned()], "the record is kept");
+    assert_eq!(
+        published_nodes(&mut cl, &vol.volume_id).await,
+        ["node-a"],
+        "the record is kept"
+    );
     cl.controller
         .controller_unpublish_volume(unpublish)
         .await

@@ -1008,6 +1008,30 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     ))
 }
 
+/// Each of `containers`' restarts in `pod` since the counts `before`.
+fn restarts_since(
+    pod: &serde_json::Value,
+    containers: &[String],
+    before: &[u64],
+) -> Vec<(String, u64)> {
+    containers
+        .iter()
+        .zip(before)
+        .map(|(c, b)| (c.clone(), super::pods::restarts(pod, c).saturating_sub(*b)))
+        .collect()
+}
+
+/// The containers of `restarts` restarted more than `limit` times, as
+/// "name count, ..." (empty when none).
+fn restarted_over(restarts: &[(String, u64)], limit: u64) -> String {
+    restarts
+        .iter()
+        .filter(|(_, n)| *n > limit)
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub(super) fn lease_holder(k: &Kubectl, ns: &str, lease: &str) -> anyhow::Result<String> {
     k.get_json(&["lease", lease, "-n", ns])?["spec"]["holderIdentity"]
         .as_str()
@@ -1184,16 +1208,10 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         anyhow::ensure!(wwids.insert(wwid.clone()), "two PVs on LUN {wwid}");
     }
     let now = k.get_json(&["pod", &survivor_name, "-n", &ns])?;
-    let restarted: Vec<String> = containers
-        .iter()
-        .zip(&survivor_restarts)
-        .filter(|(c, before)| super::pods::restarts(&now, c) != **before)
-        .map(|(c, _)| c.clone())
-        .collect();
+    let restarted = restarted_over(&restarts_since(&now, &containers, &survivor_restarts), 0);
     anyhow::ensure!(
         restarted.is_empty(),
-        "the surviving replica's containers restarted: {}",
-        restarted.join(", ")
+        "the surviving replica's containers restarted: {restarted}"
     );
     // The thawed replica stepped down: it did not take the Leases back,
     // and its containers came back Ready (an exit on the lost Lease, or on
@@ -1210,29 +1228,16 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            Ok(statuses.iter().all(|c| c["ready"] == true).then(|| {
-                containers
-                    .iter()
-                    .zip(&victim_restarts)
-                    .map(|(c, before)| {
-                        (
-                            c.clone(),
-                            super::pods::restarts(&p, c).saturating_sub(*before),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-            }))
+            Ok(statuses
+                .iter()
+                .all(|c| c["ready"] == true)
+                .then(|| restarts_since(&p, &containers, &victim_restarts)))
         })
         .await?;
-    let excess: Vec<String> = victim_restarted
-        .iter()
-        .filter(|(_, n)| *n > 2)
-        .map(|(c, n)| format!("{c} {n}"))
-        .collect();
+    let excess = restarted_over(&victim_restarted, 2);
     anyhow::ensure!(
         excess.is_empty(),
-        "{leader}'s containers restarted more than twice after the thaw: {}",
-        excess.join(", ")
+        "{leader}'s containers restarted more than twice after the thaw: {excess}"
     );
     let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
     anyhow::ensure!(
@@ -1253,11 +1258,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         took_over.as_secs_f64(),
         sidecar_leaders.join(", "),
         thawed_at.as_secs_f64(),
-        victim_restarted
-            .iter()
-            .map(|(c, n)| format!("{c} {n}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        restarted_over(&victim_restarted, 0),
         wwids.len(),
         all_up.as_secs_f64()
     ))
