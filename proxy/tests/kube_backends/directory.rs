@@ -137,6 +137,20 @@ impl Agents {
             .unwrap();
     }
 
+    /// Writes `node-<x>`'s agent Pod `agent-<x>`, Ready or not, at
+    /// 127.0.9.<n> (n: the letter's place, so node-a's agent is .1).
+    pub async fn agent(&self, node: &str, ready: bool) {
+        let x = node.strip_prefix("node-").expect("a node-<x> name");
+        let n = x.bytes().next().map_or(0, |b| b - b'a' + 1);
+        self.put(pod(
+            &format!("agent-{x}"),
+            node,
+            &format!("127.0.9.{n}"),
+            ready,
+        ))
+        .await;
+    }
+
     /// Removes the Pod at once, as kubelet does once its containers stopped.
     pub async fn delete_pod(&self, name: &str) {
         let now = DeleteParams {
@@ -262,12 +276,8 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     let agents = Agents::new("directory-map").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r2").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", false))
-        .await;
+    agents.agent("node-a", true).await;
+    agents.agent("node-b", false).await;
     // Another DaemonSet's Pod in the namespace: not selected.
     let mut other = pod("other", "node-b", "127.0.9.9", true);
     other["metadata"]["labels"] = json!({"app": "other"});
@@ -312,9 +322,7 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
 
     // node-b's agent becomes Ready: it appears, and subscribers hear of it.
     rx.borrow_and_update();
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", true))
-        .await;
+    agents.agent("node-b", true).await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert!(rx.has_changed().unwrap());
     assert_eq!(dir.snapshot()["node-b"].address, "127.0.9.2:9811");
@@ -350,12 +358,8 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
     let agents = Agents::new("directory-unready").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", false))
-        .await;
+    agents.agent("node-a", true).await;
+    agents.agent("node-b", false).await;
     let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-a's agent", || {
         matches!(locate(&dir, "node-a"), NodeAgent::Listed(_))
@@ -370,9 +374,7 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
 
     // node-a goes NotReady (its kubelet stops): its agent Pod turns
     // not Ready, the node stays.
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", false))
-        .await;
+    agents.agent("node-a", false).await;
     eventually("node-a's agent not ready", || {
         !dir.snapshot().contains_key("node-a")
     })
@@ -391,12 +393,8 @@ async fn a_node_is_gone_once_its_node_object_is_deleted() {
     let agents = Agents::new("directory-gone").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", false))
-        .await;
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", true))
-        .await;
+    agents.agent("node-a", false).await;
+    agents.agent("node-b", true).await;
     let dir = agents.ready_directory(real_kube::admin().await).await;
     eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
@@ -415,9 +413,7 @@ async fn a_node_is_gone_once_its_node_object_is_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_nodes_are_listed_no_node_is_gone() {
     let agents = Agents::new("directory-no-nodes").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
+    agents.agent("node-a", true).await;
     // The Node list fails: the proxy's account lacks the RBAC rule.
     let scratch = tempfile::tempdir().unwrap();
     let (client, log) = agents
@@ -445,13 +441,9 @@ async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at
     for n in ["node-a", "node-b", "node-c"] {
         agents.node(n, "r1").await;
     }
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
+    agents.agent("node-a", true).await;
     // An agent still enrolling: not Ready, listed as unready.
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", false))
-        .await;
+    agents.agent("node-b", false).await;
     // Pods with the agents' labels that the DaemonSet does not control: a
     // Ready one (its readiness passed without a certificate) never serves;
     // an unready one is listed for the enroller, whose token check

@@ -16,7 +16,7 @@ use serde_json::json;
 use tonic::{Code, Status};
 
 use crate::devices::wwid;
-use crate::directory::{Agents, locate, pod};
+use crate::directory::{Agents, locate};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
@@ -29,13 +29,9 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     let agents = Agents::new("unpublish-not-ready").await;
     agents.node("node-a", "r1").await;
     agents.node("node-b", "r1").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
+    agents.agent("node-a", true).await;
     // node-b is NotReady (its kubelet stopped): its agent Pod is not Ready.
-    agents
-        .put(pod("agent-b", "node-b", "127.0.9.2", false))
-        .await;
+    agents.agent("node-b", false).await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
     published["status"]["published"] =
@@ -122,9 +118,7 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     let admin = real_kube::admin().await;
     let agents = Agents::new("unpublish-unlisted").await;
     agents.node("node-a", "r1").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", true))
-        .await;
+    agents.agent("node-a", true).await;
     let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
     published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
     // node-b has no Node object: once listed, it is gone.
@@ -183,9 +177,7 @@ async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_on
     create(&admin, target("t1")).await;
     // node-a exists, its agent not Ready (unreachable); node-b was deleted.
     agents.node("node-a", "r1").await;
-    agents
-        .put(pod("agent-a", "node-a", "127.0.9.1", false))
-        .await;
+    agents.agent("node-a", false).await;
     create(
         &admin,
         device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1")),

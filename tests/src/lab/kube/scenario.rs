@@ -1216,11 +1216,15 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     // The thawed replica stepped down: it did not take the Leases back,
     // and its containers came back Ready (an exit on the lost Lease, or on
     // the proxy's socket going away, is a restart each; more is a loop).
-    let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
-    anyhow::ensure!(
-        holder == survivor_name,
-        "{leader}, thawed, took the proxy Lease back from {survivor_name}"
-    );
+    let lease_stays = |after: &str| -> anyhow::Result<()> {
+        let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
+        anyhow::ensure!(
+            holder == survivor_name,
+            "{leader}, {after}, took the proxy Lease back from {survivor_name}: {holder} holds it"
+        );
+        Ok(())
+    };
+    lease_stays("thawed")?;
     let victim_restarted = k
         .wait_for(&format!("{leader} Ready again after the thaw"), WAIT, |k| {
             let p = k.get_json(&["pod", &leader, "-n", &ns])?;
@@ -1239,11 +1243,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         excess.is_empty(),
         "{leader}'s containers restarted more than twice after the thaw: {excess}"
     );
-    let holder = lease_holder(&k, &ns, "csi-scsi-proxy")?;
-    anyhow::ensure!(
-        holder == survivor_name,
-        "{leader}, restarted, took the proxy Lease back from {survivor_name}"
-    );
+    lease_stays("restarted")?;
     let stepped_down = lab
         .proxy_log_of(&victim_node, &leader)?
         .contains("leadership lost");
