@@ -84,12 +84,7 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let mut checked = 0;
     for role in &lab.rendered.roles {
         let name = role["metadata"]["name"].as_str().unwrap_or_default();
-        // ClusterRoles are per component; the namespaced Role (Leases,
-        // Secrets, Pods) is shared by all of them.
-        let owner = match role["kind"].as_str() {
-            Some("ClusterRole") => name.strip_prefix("csi-scsi-").unwrap_or(name),
-            _ => "",
-        };
+        let owner = owner(role);
         for rule in role["rules"].as_array().into_iter().flatten() {
             let groups = strings(&rule["apiGroups"]);
             let resources = strings(&rule["resources"]);
@@ -101,12 +96,9 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
                 continue;
             }
             checked += 1;
-            let hit = used.iter().any(|(who, (g, r, v))| {
-                (owner.is_empty() || who == owner)
-                    && groups.contains(g)
-                    && resources.contains(r)
-                    && verbs.contains(v)
-            });
+            let hit = used
+                .iter()
+                .any(|(who, grant)| (owner.is_empty() || who == owner) && grants(rule, grant));
             if !hit {
                 unused.push(format!(
                     "{name}: {:?} on {:?}/{:?}",
@@ -135,21 +127,34 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
 /// Whether `who`'s own ClusterRole, or the shared namespaced Role for a
 /// request in the driver's namespace, grants `grant`.
 fn own_roles_cover(lab: &KubeLab, who: &str, in_namespace: bool, grant: &Grant) -> bool {
-    let (group, resource, verb) = grant;
-    let own = format!("csi-scsi-{who}");
     lab.rendered.roles.iter().any(|role| {
-        let name = role["metadata"]["name"].as_str();
-        let mine = match role["kind"].as_str() {
-            Some("ClusterRole") => name == Some(own.as_str()),
-            Some("Role") => in_namespace && name == Some("csi-scsi-controller"),
-            _ => false,
+        let mine = match owner(role) {
+            "" => in_namespace,
+            component => component == who,
         };
-        mine && role["rules"].as_array().into_iter().flatten().any(|rule| {
-            strings(&rule["apiGroups"]).contains(group)
-                && strings(&rule["resources"]).contains(resource)
-                && strings(&rule["verbs"]).contains(verb)
-        })
+        mine && role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| grants(rule, grant))
     })
+}
+
+/// The component a role is for: a ClusterRole's `csi-scsi-<component>`;
+/// "" for the namespaced Role (Leases, Secrets, Pods) all of them share.
+fn owner(role: &serde_json::Value) -> &str {
+    let name = role["metadata"]["name"].as_str().unwrap_or_default();
+    match role["kind"].as_str() {
+        Some("ClusterRole") => name.strip_prefix("csi-scsi-").unwrap_or(name),
+        _ => "",
+    }
+}
+
+/// Whether `rule` grants `grant` (group, resource, verb).
+fn grants(rule: &serde_json::Value, (group, resource, verb): &Grant) -> bool {
+    strings(&rule["apiGroups"]).contains(group)
+        && strings(&rule["resources"]).contains(resource)
+        && strings(&rule["verbs"]).contains(verb)
 }
 
 /// The component a request came from, named as its ClusterRole is.

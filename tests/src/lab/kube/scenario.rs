@@ -1084,10 +1084,10 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         .iter()
         .map(|c| super::pods::restarts(survivor, c))
         .collect();
-    let bound_at_kill = (0..BATCH / 2)
+    let bound_at_freeze = (0..BATCH / 2)
         .filter(|i| bound_pv(&k, &name(*i)).is_ok())
         .count();
-    let running_at_kill = (0..BATCH / 2)
+    let running_at_freeze = (0..BATCH / 2)
         .filter(|i| {
             k.get_json(&["pod", &name(*i), "-n", NS])
                 .is_ok_and(|p| p["status"]["phase"] == "Running")
@@ -1120,7 +1120,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         }
         anyhow::Ok(())
     })();
-    let killed = std::time::Instant::now();
+    let frozen_since = std::time::Instant::now();
     // Thawed whatever happens: a frozen replica left behind would stall
     // the steps after this one.
     let takeover = async {
@@ -1157,7 +1157,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         let proxy_at = k
             .wait_for("the proxy Lease taken by the other replica", WAIT, |k| {
                 Ok((lease_holder(k, &ns, "csi-scsi-proxy")? == survivor_name)
-                    .then(|| killed.elapsed()))
+                    .then(|| frozen_since.elapsed()))
             })
             .await?;
         let leases = k
@@ -1177,11 +1177,11 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         .collect();
     let (took_over, sidecar_leaders) = takeover?;
     anyhow::ensure!(thawed.is_empty(), "thawing {leader}: {}", thawed.join("; "));
-    let thawed_at = killed.elapsed();
+    let thawed_at = frozen_since.elapsed();
     for i in 0..BATCH {
         wait_running(&k, &name(i)).await?;
     }
-    let all_up = killed.elapsed();
+    let all_up = frozen_since.elapsed();
     // One LUN per volume: no device bound twice, no volume on two devices.
     let devices = k.get_json(&["scsidevices"])?;
     let mut ids = std::collections::BTreeSet::new();
@@ -1228,14 +1228,15 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     let victim_restarted = k
         .wait_for(&format!("{leader} Ready again after the thaw"), WAIT, |k| {
             let p = k.get_json(&["pod", &leader, "-n", &ns])?;
-            let statuses = p["status"]["containerStatuses"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            Ok(statuses
-                .iter()
-                .all(|c| c["ready"] == true)
-                .then(|| restarts_since(&p, &containers, &victim_restarts)))
+            // Each container by name: a status not reported yet is not Ready.
+            let statuses = p["status"]["containerStatuses"].as_array();
+            let ready = containers.iter().all(|c| {
+                statuses.is_some_and(|all| {
+                    all.iter()
+                        .any(|s| s["name"] == c.as_str() && s["ready"] == true)
+                })
+            });
+            Ok(ready.then(|| restarts_since(&p, &containers, &victim_restarts)))
         })
         .await?;
     let excess = restarted_over(&victim_restarted, 2);
@@ -1252,7 +1253,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         "no proxy log says leadership lost: the thawed leader never noticed"
     );
     Ok(format!(
-        "froze every container of {leader} (proxy + {} sidecars) after {} of {BATCH} PVCs ({bound_at_kill} Bound, {running_at_kill} Pods Running by then); {survivor_name} holds csi-scsi-proxy {:.1}s later\n      Leases: {}; thawed at {:.1}s: {leader} logged leadership lost and came back Ready (restarts: {}), the Leases stay {survivor_name}'s\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the freeze; {survivor_name}'s containers never restarted",
+        "froze every container of {leader} (proxy + {} sidecars) after {} of {BATCH} PVCs ({bound_at_freeze} Bound, {running_at_freeze} Pods Running by then); {survivor_name} holds csi-scsi-proxy {:.1}s later\n      Leases: {}; thawed at {:.1}s: {leader} logged leadership lost and came back Ready (restarts: {}), the proxy Lease stays {survivor_name}'s\n      all {BATCH} Bound on {} distinct LUNs and Running {:.1}s after the freeze; {survivor_name}'s containers never restarted",
         super::SIDECARS.len(),
         BATCH / 2,
         took_over.as_secs_f64(),
