@@ -4,7 +4,7 @@
 //! queueing) costs one blocked thread and a retryable error, not the
 //! agent's runtime.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::AgentError;
@@ -27,16 +27,54 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    match tokio::time::timeout(within, tokio::task::spawn_blocking(call)).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(_)) => Err(AgentError::Unreachable(
-            "a blocking syscall task panicked or was cancelled",
-        )),
-        Err(_) => Err(AgentError::Stuck {
-            op,
-            path: path.to_owned(),
-            after: within,
-        }),
+    start(op, path, within, call).finish().await
+}
+
+/// A call handed to the blocking pool, running from the moment it was
+/// started; [`Started::finish`] waits for it until its limit, counted from
+/// the start. Dropped unfinished, its result is discarded (the call itself
+/// runs to its end on its thread).
+#[derive(Debug)]
+pub struct Started<T> {
+    op: &'static str,
+    path: PathBuf,
+    limit: Duration,
+    deadline: tokio::time::Instant,
+    handle: tokio::task::JoinHandle<T>,
+}
+
+/// Starts `call` on the blocking pool now, without waiting: a worker can
+/// go on with other checks while a thread wakes for it (on a VM, waking an
+/// idle thread costs more than the work it then does).
+pub fn start<T, F>(op: &'static str, path: &Path, limit: Duration, call: F) -> Started<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    Started {
+        op,
+        path: path.to_owned(),
+        limit,
+        deadline: tokio::time::Instant::now() + limit,
+        handle: tokio::task::spawn_blocking(call),
+    }
+}
+
+impl<T> Started<T> {
+    /// The call's result; [`AgentError::Stuck`] when it has not returned
+    /// within its limit from its start.
+    pub async fn finish(self) -> Result<T, AgentError> {
+        match tokio::time::timeout_at(self.deadline, self.handle).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(_)) => Err(AgentError::Unreachable(
+                "a blocking syscall task panicked or was cancelled",
+            )),
+            Err(_) => Err(AgentError::Stuck {
+                op: self.op,
+                path: self.path,
+                after: self.limit,
+            }),
+        }
     }
 }
 

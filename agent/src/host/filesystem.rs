@@ -8,7 +8,7 @@
 //! found" with the same exit code when it cannot read.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Host;
 use super::command::{Arg, CommandError};
@@ -250,19 +250,43 @@ pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
 /// Whether `device` carries a filesystem of type `fs`, by libblkid's probe
 /// of that one type (one superblock read instead of the whole safe probe's
 /// dozens): the fast path of staging a volume that is already formatted.
-/// `false` says nothing more; only [`probe`] may call a device blank. A
-/// read error or a device that does not answer in time is not ready.
-pub async fn carries(device: &Path, fs: FsType) -> Result<bool, AgentError> {
+/// The read starts at once on the blocking pool, so the caller can go on
+/// with its own checks meanwhile; [`TypedProbe::answer`] waits for it.
+pub fn carries(device: &Path, fs: FsType) -> TypedProbe {
     let owned = device.to_owned();
-    let probed = super::blocking::within("probe", device, PROBE_TIMEOUT, move || {
-        safe_probe(&owned, Some(fs))
-    })
-    .await?
-    .map_err(|reason| AgentError::DeviceNotReady {
+    TypedProbe {
         device: device.to_owned(),
-        reason,
-    })?;
-    Ok(matches!(probed, Probed::Found(Signature::Filesystem(t)) if t == fs.name()))
+        fs,
+        started: super::blocking::start("probe", device, PROBE_TIMEOUT, move || {
+            safe_probe(&owned, Some(fs))
+        }),
+    }
+}
+
+/// A typed probe under way (see [`carries`]).
+#[derive(Debug)]
+pub struct TypedProbe {
+    device: PathBuf,
+    fs: FsType,
+    started: super::blocking::Started<Result<Probed, String>>,
+}
+
+impl TypedProbe {
+    /// Whether the device carries the asked type. `false` says nothing
+    /// more; only [`probe`] may call a device blank. A read error or a
+    /// device that does not answer within [`PROBE_TIMEOUT`] of the start
+    /// is not ready.
+    pub async fn answer(self) -> Result<bool, AgentError> {
+        let probed = self
+            .started
+            .finish()
+            .await?
+            .map_err(|reason| AgentError::DeviceNotReady {
+                device: self.device,
+                reason,
+            })?;
+        Ok(matches!(probed, Probed::Found(Signature::Filesystem(t)) if t == self.fs.name()))
+    }
 }
 
 /// [`probe`]'s work, on a blocking thread: the signature, or why the
@@ -285,6 +309,7 @@ fn probe_now(device: &Path) -> Result<Signature, String> {
 }
 
 /// What libblkid's safe probe answered.
+#[derive(Debug)]
 enum Probed {
     /// One signature.
     Found(Signature),

@@ -390,6 +390,25 @@ pub fn kubelet_root(host: &Host) -> PathBuf {
     std::fs::canonicalize(&host.kubelet_dir).unwrap_or_else(|_| host.kubelet_dir.clone())
 }
 
+/// A hint, not a check: whether `path` may be a mount point (it is on
+/// another device than its parent, or cannot be looked at). A bind mount
+/// from the same filesystem reads as no mount point here; the mount table
+/// is what decides.
+pub fn may_be_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = path.parent() else {
+        return true;
+    };
+    match (
+        std::fs::symlink_metadata(path),
+        std::fs::symlink_metadata(parent),
+    ) {
+        (Ok(at), Ok(above)) => at.dev() != above.dev(),
+        (Err(e), _) if e.kind() == ErrorKind::NotFound => false,
+        _ => true,
+    }
+}
+
 /// Whether `path` exists (without following a final symlink).
 pub fn exists(path: &Path) -> Result<bool, AgentError> {
     match std::fs::symlink_metadata(path) {
@@ -457,6 +476,20 @@ impl BlockRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_path_on_another_device_than_its_parent_may_be_a_mount_point() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plain = dir.path().join("staging");
+        assert!(
+            !may_be_mount_point(&plain),
+            "a missing path is no mount point"
+        );
+        std::fs::create_dir(&plain).expect("mkdir");
+        assert!(!may_be_mount_point(&plain), "a plain directory");
+        // /proc is its own filesystem wherever the tests run.
+        assert!(may_be_mount_point(Path::new("/proc")));
+    }
 
     fn flags(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()

@@ -17,10 +17,22 @@ use crate::host::mountinfo::MountTable;
 pub async fn stage(host: &Host, req: &StageRequest) -> Result<(), AgentError> {
     check_supported(&req.capability)?;
     let device = device::require(host, req.volume.wwid())?;
+    // The typed probe only reads, so it starts before the mount table is
+    // read and the checks run: a thread wakes for it meanwhile (on a VM
+    // that wake costs more than the read). Not for a staging path that
+    // may be mounted already: that answer needs no probe, and a stalled
+    // disk would hold a thread for nothing. Nothing is written before
+    // every check has passed.
+    let early = match &req.capability.access {
+        AccessType::Mount { fs, .. } if !mount::may_be_mount_point(req.staging.as_path()) => {
+            Some(filesystem::carries(&device.node, *fs))
+        }
+        _ => None,
+    };
     let table = mount_table(host)?;
     match &req.capability.access {
         AccessType::Mount { fs, options } => {
-            stage_filesystem(host, req, &device, &table, *fs, options).await
+            stage_filesystem(host, req, &device, &table, *fs, options, early).await
         }
         AccessType::Block => stage_block(host, req, &device, &table),
     }
@@ -33,6 +45,7 @@ async fn stage_filesystem(
     table: &MountTable,
     fs: FsType,
     options: &MountOptions,
+    early: Option<filesystem::TypedProbe>,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
     if let Some(m) = table.mount_at(staging) {
@@ -67,7 +80,8 @@ async fn stage_filesystem(
     // A volume that already carries the asked filesystem (a Pod restarting
     // or moving) needs one superblock read; the whole safe probe runs only
     // when it does not, and decides alone whether the device is blank.
-    if !filesystem::carries(&device.node, fs).await? {
+    let typed = early.unwrap_or_else(|| filesystem::carries(&device.node, fs));
+    if !typed.answer().await? {
         format_if_blank(host, req, device, fs, read_only).await?;
     }
     mount::create_dir(staging)?;
