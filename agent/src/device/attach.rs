@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{Devices, TargetSpec, came_through};
+use super::{Devices, TargetSpec, Transport, came_through};
 use crate::error::AgentError;
 use crate::host::sysfs::{self, Lun, PathAtAddress};
 use crate::host::{block, dev_links, multipath};
@@ -69,9 +69,15 @@ impl Devices {
         if let Some(lun) = lun {
             self.remove_stale_paths(wwid, targets, lun)?;
         }
-        for t in targets {
-            if let Err(e) = self.rescan_target(t).await {
-                tracing::warn!(target = %t.name, error = %e, "rescan failed");
+        // A LUN a login's scan or another attach's already brought up
+        // through every session needs no scan of its own: a storm of
+        // attaches through one target scans it once, not once per LUN (a
+        // session rescan re-reads every LUN of the target).
+        if !self.seen_through_every_session(wwid, targets)? {
+            for t in targets {
+                if let Err(e) = self.rescan_target(t).await {
+                    tracing::warn!(target = %t.name, error = %e, "rescan failed");
+                }
             }
         }
         // Sessions are up and the scan asked for: the wait needs no lock,
@@ -176,6 +182,39 @@ impl Devices {
             }
         }
         Ok(Some(u64::from(lun)))
+    }
+
+    /// Whether `wwid` already has a path on the SCSI host of every session
+    /// of `targets` (all iSCSI). Anything else, an FC target among
+    /// them or a session whose host is unknown, says no: the scan runs.
+    fn seen_through_every_session(
+        &self,
+        wwid: &Wwid,
+        targets: &[TargetSpec],
+    ) -> Result<bool, AgentError> {
+        let sessions = sysfs::iscsi_sessions(&self.host)
+            .map_err(|e| AgentError::io(self.host.sys("class/iscsi_session"), e))?;
+        let mut hosts = Vec::new();
+        for t in targets {
+            let Transport::Iscsi { iqn, .. } = &t.transport else {
+                return Ok(false);
+            };
+            for s in sessions.iter().filter(|s| &s.target == iqn) {
+                let Some(host) = s.scsi_host else {
+                    return Ok(false);
+                };
+                hosts.push(host);
+            }
+        }
+        if hosts.is_empty() {
+            return Ok(false);
+        }
+        let Some(lun) = self.lun(wwid)? else {
+            return Ok(false);
+        };
+        Ok(hosts
+            .iter()
+            .all(|h| lun.paths.iter().any(|p| p.hctl.host == *h)))
     }
 
     /// The device of `wwid` and its path, if present and verified.

@@ -586,3 +586,100 @@ async fn chap_secrets_never_reach_a_command_line_and_a_logout_deletes_the_record
         "the record is deleted with the session:\n{argv}"
     );
 }
+
+/// Session rescans in node `node`'s iscsiadm log so far.
+fn session_rescans(lab: &Lab, node: usize) -> usize {
+    let log = lab
+        .config
+        .dir
+        .join("nodes")
+        .join(&lab.nodes[node].name)
+        .join(csi_scsi_tests::lab::ISCSIADM_ARGV_LOG);
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("--rescan"))
+        .count()
+}
+
+/// The kernel name of the disk under `root` that reports `wwid`.
+fn disk_reporting(root: &std::path::Path, wwid: &str) -> Option<String> {
+    std::fs::read_dir(root.join("sys/block"))
+        .expect("sys/block")
+        .flatten()
+        .find(|e| {
+            std::fs::read_to_string(e.path().join("device/wwid")).is_ok_and(|w| w.trim() == wwid)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+}
+
+#[tokio::test]
+async fn an_attach_scans_the_target_only_for_a_lun_its_sessions_do_not_show() {
+    let (_d, mut lab, _cl) = lab().await;
+    // No discovery pass may rescan meanwhile: the proxy goes, and whatever
+    // it asked for last runs out first.
+    lab.kill_proxy();
+    let mut settled = session_rescans(&lab, 0);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = session_rescans(&lab, 0);
+        if now == settled {
+            break;
+        }
+        settled = now;
+    }
+    assert!(settled > 0, "discovery scanned array-a: the log is real");
+    let mut a = client(&lab, 0);
+    let target = || vec![iscsi_target(&lab, "array-a", true)];
+
+    // Discovery's login and scans showed every LUN of array-a.
+    let a1 = "naa.60014050000100000000000000000001";
+    a.attach(AttachRequest {
+        wwid: a1.into(),
+        targets: target(),
+        lun: 1,
+    })
+    .await
+    .expect("attach a1");
+    assert_eq!(
+        session_rescans(&lab, 0),
+        settled,
+        "a1 showed through the session: nothing to scan for"
+    );
+
+    // a2's path is deleted (`echo 1 > device/delete`): only a scan brings
+    // it back.
+    let a2 = "naa.60014050000100000000000000000002";
+    let root = &lab.nodes[0].root;
+    let name = disk_reporting(root, a2).expect("a2 is on node-a");
+    std::fs::write(
+        root.join("sys/block").join(&name).join("device/delete"),
+        "1",
+    )
+    .expect("delete the path");
+    for _ in 0..100 {
+        if disk_reporting(root, a2).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(disk_reporting(root, a2), None, "the path is gone");
+    let attached = a
+        .attach(AttachRequest {
+            wwid: a2.into(),
+            targets: target(),
+            lun: 2,
+        })
+        .await
+        .expect("attach a2")
+        .into_inner();
+    assert_eq!(
+        session_rescans(&lab, 0),
+        settled + 1,
+        "the session was scanned for a2, once"
+    );
+    assert!(
+        disk_reporting(root, a2).is_some() && !attached.device_path.is_empty(),
+        "a2 is back: {attached:?}"
+    );
+}
