@@ -222,7 +222,8 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
     let how = format!(
         "{} calls of each kind, interleaved in blocks of {BLOCK} after a warm-up block; the volume is already published, \
          so every call is the idempotent Attach: CSI over the proxy's Unix socket, two store \
-         reads, one mTLS call, FC host LIP + scan triggers and a sysfs/by-id lookup on the agent",
+         reads, one mTLS call; the agent answers from the attachment it recorded once the device behind the \
+         by-id link still reports the WWID (no LIP, no scan)",
         via_proxy.len()
     );
     // The proxy's own share: the publish less the agent's Attach called
