@@ -56,6 +56,8 @@ pub struct Material {
     raw: [Vec<u8>; 3],
     /// False for the stand-in an agent serves with while it enrols.
     enrolled: bool,
+    /// The proxy chain the agent API last accepted against this material.
+    pub(crate) accepted_proxy: arc_swap::ArcSwapOption<crate::verify::AcceptedChain>,
 }
 
 // === impl Role ===
@@ -184,6 +186,7 @@ impl Material {
             node_uid: crate::node_uid_of(leaf),
             raw,
             enrolled: true,
+            accepted_proxy: arc_swap::ArcSwapOption::empty(),
         })
     }
 
@@ -218,6 +221,7 @@ impl Material {
             node_uid: None,
             raw: [Vec::new(), Vec::new(), ca_pem],
             enrolled: false,
+            accepted_proxy: arc_swap::ArcSwapOption::empty(),
         })
     }
 

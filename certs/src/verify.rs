@@ -63,7 +63,10 @@ impl std::fmt::Debug for IdentityRejected {
 /// handshake does, against the trust material current *now*: from the CA,
 /// unexpired, naming exactly the proxy. The agent runs it on every request,
 /// so a proxy certificate rotated out (or expired) stops working on a
-/// connection opened before, not only on the next handshake.
+/// connection opened before, not only on the next handshake. The chain
+/// last accepted against the current material is remembered
+/// ([`AcceptedChain`]), so the requests of one connection pay for one
+/// signature check, not one each.
 pub fn verify_proxy_chain(
     store: &Arc<MaterialStore>,
     chain: &[CertificateDer<'_>],
@@ -71,11 +74,90 @@ pub fn verify_proxy_chain(
     let (leaf, intermediates) = chain
         .split_first()
         .ok_or(rustls::Error::NoCertificatesPresented)?;
-    ProxyClientVerifier {
-        store: store.clone(),
+    let material = store.current();
+    let now = UnixTime::now();
+    if material
+        .accepted_proxy
+        .load()
+        .as_ref()
+        .is_some_and(|accepted| accepted.covers(chain, now))
+    {
+        return Ok(());
     }
-    .verify_client_cert(leaf, intermediates, UnixTime::now())
-    .map(|_| ())
+    verify_proxy(&material, store.trust_domain(), leaf, intermediates, now)?;
+    if intermediates.is_empty()
+        && let Some(accepted) = AcceptedChain::of(leaf)
+    {
+        material.accepted_proxy.store(Some(Arc::new(accepted)));
+    }
+    Ok(())
+}
+
+/// A client chain [`verify_proxy_chain`] accepted against one
+/// [`crate::Material`]: the leaf, alone (a chain with intermediates is
+/// never remembered), and its validity window. Against the same material
+/// (a rotation loads a new one, which remembers nothing), a byte-identical
+/// leaf inside that window gets the answer the full check gave: nothing
+/// else goes into it.
+#[derive(Debug)]
+pub(crate) struct AcceptedChain {
+    leaf: Vec<u8>,
+    /// notBefore and notAfter, seconds since the epoch, both valid (as
+    /// webpki checks them).
+    valid: std::ops::RangeInclusive<u64>,
+}
+
+impl AcceptedChain {
+    /// `leaf` and its validity, or `None` when it does not parse.
+    fn of(leaf: &CertificateDer<'_>) -> Option<Self> {
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+        let validity = cert.validity();
+        let not_before = u64::try_from(validity.not_before.timestamp()).ok()?;
+        let not_after = u64::try_from(validity.not_after.timestamp()).ok()?;
+        Some(Self {
+            leaf: leaf.as_ref().to_vec(),
+            valid: not_before..=not_after,
+        })
+    }
+
+    /// Whether `chain` is this very leaf alone, at a time it is valid.
+    fn covers(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> bool {
+        matches!(chain, [leaf] if leaf.as_ref() == self.leaf.as_slice())
+            && self.valid.contains(&now.as_secs())
+    }
+}
+
+/// The proxy's client certificate checked against `material`: the chain
+/// to its CA, and exactly the proxy's identity in `domain`.
+fn verify_proxy(
+    material: &crate::Material,
+    domain: &crate::TrustDomain,
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    now: UnixTime,
+) -> Result<ClientCertVerified, rustls::Error> {
+    let (ids, raw) = identities_in(end_entity, domain);
+    let presented = describe(&raw);
+    let rejected = || {
+        other(IdentityRejected::NotProxy {
+            expected: domain.uri(&Identity::Proxy),
+            presented: presented.clone(),
+        })
+    };
+    match material
+        .client_verifier
+        .verify_client_cert(end_entity, intermediates, now)
+    {
+        // Exactly the proxy: a certificate naming more than one
+        // identity is no one's.
+        Ok(verified) if raw.len() == 1 && ids == [Identity::Proxy] => Ok(verified),
+        Ok(_) => Err(rejected()),
+        // An agent certificate lacks the client-auth usage; say who it is.
+        Err(rustls::Error::InvalidCertificate(
+            CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
+        )) if !ids.contains(&Identity::Proxy) => Err(rejected()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Server side of the agent API: a client certificate from the CA that
@@ -109,30 +191,13 @@ impl ClientCertVerifier for ProxyClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let material = self.store.current();
-        let domain = self.store.trust_domain();
-        let (ids, raw) = identities_in(end_entity, domain);
-        let presented = describe(&raw);
-        let rejected = || {
-            other(IdentityRejected::NotProxy {
-                expected: domain.uri(&Identity::Proxy),
-                presented: presented.clone(),
-            })
-        };
-        match material
-            .client_verifier
-            .verify_client_cert(end_entity, intermediates, now)
-        {
-            // Exactly the proxy: a certificate naming more than one
-            // identity is no one's.
-            Ok(verified) if raw.len() == 1 && ids == [Identity::Proxy] => Ok(verified),
-            Ok(_) => Err(rejected()),
-            // An agent certificate lacks the client-auth usage; say who it is.
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. },
-            )) if !ids.contains(&Identity::Proxy) => Err(rejected()),
-            Err(e) => Err(e),
-        }
+        verify_proxy(
+            &self.store.current(),
+            self.store.trust_domain(),
+            end_entity,
+            intermediates,
+            now,
+        )
     }
 
     fn verify_tls12_signature(

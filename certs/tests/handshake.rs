@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use csi_scsi_certs::{
     CertError, Identity, IdentityRejected, MaterialPaths, MaterialStore, Role,
-    client_config_for_node, server_config,
+    client_config_for_node, server_config, verify_proxy_chain,
 };
 use rustls::{AlertDescription, CertificateError, InvalidMessage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -734,4 +734,64 @@ async fn a_certificate_issued_to_a_deleted_node_of_the_same_name_is_refused() {
         .await
         .expect("current node");
     server.next_handshake().await.expect("server side");
+}
+
+// === The agent's check of every request ===
+
+#[test]
+fn a_remembered_proxy_chain_is_refused_once_it_expires_or_the_ca_rotates_away() {
+    let pki = Pki::new();
+    let first = pki.issue(&node("node-a"));
+    let mut volume = SecretVolume::create(&pki.dir.path().join("agent"), &first);
+    let store = MaterialStore::load(volume.paths(), agent("node-a"), pki.domain.clone())
+        .expect("load agent material");
+    // A proxy certificate with two seconds left.
+    let short = pki
+        .ca
+        .issue(
+            &Identity::Proxy,
+            csi_scsi_certs::Validity::lasting(Duration::from_secs(2)),
+        )
+        .expect("issue");
+    let leaf = leaf_der(&short.cert_pem);
+    verify_proxy_chain(&store, std::slice::from_ref(&leaf)).expect("the proxy");
+    verify_proxy_chain(&store, std::slice::from_ref(&leaf)).expect("the proxy, again");
+    // Another leaf is checked in full, whatever was accepted before.
+    let other_ca = Pki::new();
+    let foreign = leaf_der(&other_ca.issue(&Identity::Proxy).cert_pem);
+    let err = verify_proxy_chain(&store, &[foreign]).expect_err("another CA");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "{err:?}"
+    );
+    let agent_leaf = leaf_der(&first.cert_pem);
+    let err = verify_proxy_chain(&store, &[agent_leaf]).expect_err("not the proxy");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "{err:?}"
+    );
+    // Past its notAfter, the very leaf accepted twice is expired.
+    std::thread::sleep(Duration::from_millis(3100));
+    let err = verify_proxy_chain(&store, std::slice::from_ref(&leaf)).expect_err("expired");
+    assert!(
+        matches!(
+            err,
+            rustls::Error::InvalidCertificate(
+                CertificateError::Expired | CertificateError::ExpiredContext { .. }
+            )
+        ),
+        "{err:?}"
+    );
+
+    // A proxy certificate valid for a day, accepted; then the agent's
+    // trust moves to another CA: the same leaf is refused at once.
+    let proxy = leaf_der(&pki.issue(&Identity::Proxy).cert_pem);
+    verify_proxy_chain(&store, std::slice::from_ref(&proxy)).expect("the proxy");
+    volume.rotate_to(&other_ca.issue(&node("node-a")));
+    assert!(store.reload().expect("reload"), "rotated");
+    let err = verify_proxy_chain(&store, std::slice::from_ref(&proxy)).expect_err("old CA");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "{err:?}"
+    );
 }
