@@ -31,6 +31,29 @@ pub const WWPN: &str = "500a0981891b8dc5";
 /// The FC target (as the agent API and the targets file name it).
 pub const TARGET: &str = "fc-1";
 
+/// Acts on a write to a disk's `device/rescan` in `tree` as the kernel
+/// does: the identity is re-read (it is unchanged here) and the write-only
+/// trigger is clear again at once. Without it, the agent's check before a
+/// first format waits its full second for the trigger to be consumed.
+fn act_on_rescans(tree: &NodeTree) -> anyhow::Result<notify::RecommendedWatcher> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let mut watcher = notify::recommended_watcher(|e: notify::Result<notify::Event>| {
+        let Ok(event) = e else { return };
+        if !matches!(event.kind, EventKind::Modify(_) | EventKind::Access(_)) {
+            return;
+        }
+        for path in event.paths {
+            if path.file_name().is_some_and(|n| n == "rescan")
+                && std::fs::read(&path).is_ok_and(|b| !b.trim_ascii().is_empty())
+            {
+                let _ = std::fs::write(&path, "");
+            }
+        }
+    })?;
+    watcher.watch(&tree.sys().join("devices"), RecursiveMode::Recursive)?;
+    Ok(watcher)
+}
+
 /// A node with a running agent.
 pub struct NodeFixture {
     /// CSI Node on the agent's socket.
@@ -51,6 +74,8 @@ pub struct NodeFixture {
     pub api: SocketAddr,
     /// The agent's certificate directory.
     pub tls: PathBuf,
+    /// Acts on the agent's `device/rescan` writes (see [`act_on_rescans`]).
+    _rescans: notify::RecommendedWatcher,
 }
 
 /// One LUN of the fixture.
@@ -107,6 +132,8 @@ impl NodeFixture {
                 wwid,
             });
         }
+        // Watched once every disk is in place: each directory is then watched.
+        let rescans = act_on_rescans(&tree)?;
         let kubelet = dir.join("kubelet");
         std::fs::create_dir_all(&kubelet)?;
         let tls = pki.issue_agent(node, &format!("{node}-tls"));
@@ -164,6 +191,7 @@ impl NodeFixture {
             kubelet,
             api,
             tls,
+            _rescans: rescans,
         })
     }
 
