@@ -192,19 +192,21 @@ impl Devices {
         wwid: &Wwid,
         targets: &[TargetSpec],
     ) -> Result<bool, AgentError> {
-        let sessions = sysfs::iscsi_sessions(&self.host)
-            .map_err(|e| AgentError::io(self.host.sys("class/iscsi_session"), e))?;
-        let mut hosts = Vec::new();
+        let mut iqns = Vec::with_capacity(targets.len());
         for t in targets {
             let Transport::Iscsi { iqn, .. } = &t.transport else {
                 return Ok(false);
             };
-            for s in sessions.iter().filter(|s| &s.target == iqn) {
-                let Some(host) = s.scsi_host else {
-                    return Ok(false);
-                };
-                hosts.push(host);
-            }
+            iqns.push(iqn);
+        }
+        let sessions = sysfs::iscsi_sessions(&self.host)
+            .map_err(|e| AgentError::io(self.host.sys("class/iscsi_session"), e))?;
+        let mut hosts = Vec::new();
+        for s in sessions.iter().filter(|s| iqns.contains(&&s.target)) {
+            let Some(host) = s.scsi_host else {
+                return Ok(false);
+            };
+            hosts.push(host);
         }
         if hosts.is_empty() {
             return Ok(false);

@@ -523,12 +523,7 @@ async fn chap_secrets_never_reach_a_command_line_and_a_logout_deletes_the_record
     let secret = std::fs::read_to_string(lab.config.dir.join("secrets/chap-array-a/password"))
         .expect("secret");
     let node = &lab.nodes[0];
-    let argv_log = lab
-        .config
-        .dir
-        .join("nodes")
-        .join(&node.name)
-        .join(csi_scsi_tests::lab::ISCSIADM_ARGV_LOG);
+    let argv_log = iscsiadm_argv_log(&lab, 0);
     // Discovery has logged in to array-a (CHAP) already.
     let iqn = "iqn.2026-11.io.csi-scsi.lab:array-a";
     let record = node
@@ -587,15 +582,18 @@ async fn chap_secrets_never_reach_a_command_line_and_a_logout_deletes_the_record
     );
 }
 
-/// Session rescans in node `node`'s iscsiadm log so far.
-fn session_rescans(lab: &Lab, node: usize) -> usize {
-    let log = lab
-        .config
+/// Where the lab's stand-in logs node `node`'s iscsiadm command lines.
+fn iscsiadm_argv_log(lab: &Lab, node: usize) -> std::path::PathBuf {
+    lab.config
         .dir
         .join("nodes")
         .join(&lab.nodes[node].name)
-        .join(csi_scsi_tests::lab::ISCSIADM_ARGV_LOG);
-    std::fs::read_to_string(log)
+        .join(csi_scsi_tests::lab::ISCSIADM_ARGV_LOG)
+}
+
+/// Session rescans in node `node`'s iscsiadm log so far.
+fn session_rescans(lab: &Lab, node: usize) -> usize {
+    std::fs::read_to_string(iscsiadm_argv_log(lab, node))
         .unwrap_or_default()
         .lines()
         .filter(|l| l.contains("--rescan"))
