@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::request::{self, required};
 use crate::agents::deadline;
+use crate::device::FsType;
 use crate::lifecycle::{CreateRequest, Lifecycle, NODE_TOPOLOGY_KEY, VolumeView};
 use crate::parameters::ClassParameters;
 use crate::selector::Selector;
@@ -305,11 +306,17 @@ impl Controller for ControllerService {
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         let req = request.into_inner();
-        for cap in &req.volume_capabilities {
-            request::access(cap)?;
-        }
+        let access = req
+            .volume_capabilities
+            .iter()
+            .map(request::access)
+            .collect::<Result<Vec<_>, _>>()?;
         let params =
             ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
+        // As CreateVolume resolves them: a mount without a filesystem
+        // takes the class's, else the default.
+        let default_fs = params.fs_type.unwrap_or(FsType::DEFAULT);
+        let capabilities: Vec<_> = access.iter().map(|a| a.resolve(default_fs)).collect();
         let nodes = match &req.accessible_topology {
             Some(t) => request::topology_nodes(Some(&TopologyRequirement {
                 requisite: vec![t.clone()],
@@ -318,7 +325,7 @@ impl Controller for ControllerService {
             None => Vec::new(),
         };
         let selector: &Selector = &params.selector;
-        let (total, largest) = self.life.capacity(&nodes, selector).await?;
+        let (total, largest) = self.life.capacity(&nodes, selector, &capabilities).await?;
         Ok(Response::new(GetCapacityResponse {
             available_capacity: i64::try_from(total).unwrap_or(i64::MAX),
             maximum_volume_size: Some(i64::try_from(largest).unwrap_or(i64::MAX)),

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 pub enum FsType {
     /// ext4: the default when neither the capability nor the class names one.
     Ext4,
-    /// xfs (the LUN must have 300 MB or more).
+    /// xfs (the LUN must have 300 MiB or more: [`FsType::min_bytes`]).
     Xfs,
 }
 
@@ -62,11 +62,32 @@ pub enum Capability {
 #[error("{0:?} is not a capability (block:<MODE> or mount:<ext4|xfs>:<MODE>)")]
 pub struct UnknownCapability(String);
 
+/// One mebibyte.
+const MIB: u64 = 1024 * 1024;
+
 // === impl FsType ===
 
 impl FsType {
     /// What a mount volume gets when nothing names a filesystem.
     pub const DEFAULT: Self = Self::Ext4;
+
+    /// The smallest LUN its `mkfs` accepts: a volume of this filesystem is
+    /// never bound to a smaller one (it could never be staged).
+    pub const fn min_bytes(self) -> u64 {
+        match self {
+            // mke2fs 1.47 refuses below 112 KiB ("too small for a
+            // journal"); 1 MiB leaves room for other versions' defaults.
+            Self::Ext4 => MIB,
+            // mkfs.xfs (xfsprogs 5.19 on, Debian 12's 6.1) refuses below
+            // 300 MiB ("Filesystem must be larger than 300MB").
+            Self::Xfs => 300 * MIB,
+        }
+    }
+
+    /// Its minimum as people read it (`300 MiB`): minimums are whole MiB.
+    pub fn min_size_text(self) -> String {
+        format!("{} MiB", self.min_bytes() / MIB)
+    }
 
     /// Parses `ext4` or `xfs`.
     pub fn parse(s: &str) -> Option<Self> {
@@ -177,6 +198,12 @@ impl Capability {
         }
     }
 
+    /// The smallest LUN a volume used this way can live on (its
+    /// filesystem's minimum; none for a raw block volume).
+    pub fn min_bytes(self) -> u64 {
+        self.fs_type().map_or(0, FsType::min_bytes)
+    }
+
     /// Canonical text: `block:<MODE>` or `mount:<fs>:<MODE>`.
     pub fn canonical(self) -> Cow<'static, str> {
         match self {
@@ -270,6 +297,54 @@ mod tests {
         ] {
             assert!(Capability::parse(bad).is_err(), "{bad:?} parsed");
         }
+    }
+
+    /// The mkfs the agent runs, found where Debian installs it.
+    fn mkfs(fs: FsType) -> std::path::PathBuf {
+        let name = format!("mkfs.{fs}");
+        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(&name))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{name} is missing: install e2fsprogs and xfsprogs"))
+    }
+
+    /// Formats a sparse file of `size` bytes as the agent formats a LUN.
+    fn formats(fs: FsType, size: u64) -> bool {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("lun");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(size))
+            .expect("image");
+        let nodiscard: &[&str] = match fs {
+            FsType::Ext4 => &["-E", "nodiscard"],
+            FsType::Xfs => &["-K"],
+        };
+        std::process::Command::new(mkfs(fs))
+            .arg("-q")
+            .args(nodiscard)
+            .arg(&image)
+            .output()
+            .expect("run mkfs")
+            .status
+            .success()
+    }
+
+    #[test]
+    fn each_filesystems_minimum_is_one_its_mkfs_accepts_and_xfs_refuses_less() {
+        for fs in [FsType::Ext4, FsType::Xfs] {
+            assert!(formats(fs, fs.min_bytes()), "{fs} at its minimum");
+        }
+        assert!(
+            !formats(FsType::Xfs, FsType::Xfs.min_bytes() - 4096),
+            "xfs's minimum is mkfs.xfs's own: a LUN just below it is refused"
+        );
+        assert_eq!(FsType::Xfs.min_size_text(), "300 MiB");
+        assert_eq!(Capability::Block(Mode::SingleNodeWriter).min_bytes(), 0);
+        assert_eq!(
+            Capability::Mount(FsType::Xfs, Mode::MultiNodeReaderOnly).min_bytes(),
+            300 * MIB
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::access::{Capability, FsType};
 use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NodeView, Phase, Publication,
 };
@@ -173,11 +174,39 @@ pub fn found(dev: &mut Device) {
     dev.reason.clear();
 }
 
-/// Whether `dev` may back `req`: Available, of a fitting size, labels
-/// matching, and visible from `node` when one is given.
+/// The filesystem whose minimum size binds a volume of `capabilities`
+/// (the largest minimum among them; `None`: raw block only, no floor).
+pub fn size_floor(capabilities: &[Capability]) -> Option<FsType> {
+    capabilities
+        .iter()
+        .filter_map(|c| c.fs_type())
+        .max_by_key(|fs| fs.min_bytes())
+}
+
+/// The smallest LUN a volume of `capabilities` can live on.
+pub fn floor_bytes(capabilities: &[Capability]) -> u64 {
+    size_floor(capabilities).map_or(0, FsType::min_bytes)
+}
+
+/// The smallest LUN that may back `req`: its required bytes, and never
+/// less than its filesystem's minimum (a LUN `mkfs` refuses could never
+/// be staged).
+pub fn smallest(req: &BindRequest) -> u64 {
+    req.min_bytes.max(floor_bytes(&req.binding.capabilities))
+}
+
+/// The filesystem whose minimum `limit_bytes` (0: none) is below, if any:
+/// no LUN in the request's range could be formatted.
+pub fn limit_below_floor(capabilities: &[Capability], limit_bytes: u64) -> Option<FsType> {
+    size_floor(capabilities).filter(|fs| limit_bytes != 0 && limit_bytes < fs.min_bytes())
+}
+
+/// Whether `dev` may back `req`: Available, of a fitting size (no smaller
+/// than [`smallest`]), labels matching, and visible from `node` when one
+/// is given.
 pub fn fits(dev: &Device, req: &BindRequest, node: Option<&str>) -> bool {
     dev.phase == Phase::Available
-        && (req.min_bytes..=req.max_bytes).contains(&dev.size_bytes)
+        && (smallest(req)..=req.max_bytes).contains(&dev.size_bytes)
         && req.selector.matches(&dev.labels)
         && node.is_none_or(|n| dev.nodes.iter().any(|v| v.node == n))
 }
@@ -230,11 +259,18 @@ pub fn bind(dev: &mut Device, binding: Binding) {
     dev.reason.clear();
 }
 
-/// Why no device fits `req`.
+/// Why no device fits `req` (naming the filesystem's minimum when it
+/// raised the size asked for).
 pub fn no_fit(req: &BindRequest) -> String {
+    let floor = match size_floor(&req.binding.capabilities) {
+        Some(fs) if fs.min_bytes() > req.min_bytes => {
+            format!(" ({fs} needs at least {})", fs.min_size_text())
+        }
+        _ => String::new(),
+    };
     format!(
-        "{} bytes or more{}",
-        req.min_bytes,
+        "{} bytes or more{floor}{}",
+        smallest(req),
         if req.topology.is_empty() {
             ""
         } else {
@@ -243,16 +279,82 @@ pub fn no_fit(req: &BindRequest) -> String {
     )
 }
 
-/// Records a ControllerPublish on a node (no-op when recorded already).
-pub fn publish(dev: &mut Device, publication: Publication) {
-    if dev.publication(&publication.node).is_none() {
-        dev.published.push(publication);
-    }
+/// Whether volume `uid` lives on `dev` and may be used (published,
+/// expanded): bound to that very binding, Bound or Lost. A deleted
+/// volume's LUN (Releasing, Failed) or one bound again is not it.
+pub fn serves(dev: &Device, uid: &str) -> bool {
+    holds_binding(dev, uid) && matches!(dev.phase, Phase::Bound | Phase::Lost)
 }
 
-/// Forgets the ControllerPublish on `node`.
-pub fn unpublish(dev: &mut Device, node: &str) {
+/// Whether `dev`'s binding is `uid`'s, whatever its phase.
+pub fn holds_binding(dev: &Device, uid: &str) -> bool {
+    dev.binding.as_ref().is_some_and(|b| b.uid == uid)
+}
+
+/// What [`publish`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// The node was added to the record: there is something to write.
+    Recorded,
+    /// The node was recorded already, the same way: nothing to write.
+    AlreadyRecorded,
+}
+
+/// Why [`publish`] refused, judged on the very state it would write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PublishRefusal {
+    /// The device no longer serves the volume ([`serves`]): its binding
+    /// is gone or another volume's, or the volume is being deleted.
+    NotServed,
+    /// Published to that node already with another capability or
+    /// readonly flag (this publication).
+    Incompatible(Publication),
+    /// Published to other nodes (these), and the access mode allows one
+    /// node only.
+    Elsewhere(Vec<String>),
+}
+
+/// Records a ControllerPublish of volume `uid` on `publication.node`,
+/// checking on `dev` as it is (in a compare-and-swap, on every attempt):
+/// the device still serves the volume, a publication on that node asked
+/// for the same, and a single-node access mode finds no other node.
+/// Nothing is changed when it refuses.
+pub fn publish(
+    dev: &mut Device,
+    uid: &str,
+    publication: Publication,
+) -> Result<Publish, PublishRefusal> {
+    if !serves(dev, uid) {
+        return Err(PublishRefusal::NotServed);
+    }
+    if let Some(p) = dev.publication(&publication.node) {
+        // Spec: published to this node "but is incompatible with the
+        // specified volume_capability or readonly flag".
+        let same = p.readonly == publication.readonly
+            && p.access.is_none_or(|a| Some(a) == publication.access);
+        return if same {
+            Ok(Publish::AlreadyRecorded)
+        } else {
+            Err(PublishRefusal::Incompatible(p.clone()))
+        };
+    }
+    let single_node = publication.access.is_some_and(|a| a.mode().single_node());
+    if single_node && !dev.published.is_empty() {
+        return Err(PublishRefusal::Elsewhere(dev.published_nodes()));
+    }
+    dev.published.push(publication);
+    Ok(Publish::Recorded)
+}
+
+/// Forgets the ControllerPublish of volume `uid` on `node`; `false` (and
+/// nothing changed) when there is none or the device is not `uid`'s any
+/// more (another volume's record is never touched).
+pub fn unpublish(dev: &mut Device, uid: &str, node: &str) -> bool {
+    if !holds_binding(dev, uid) || dev.publication(node).is_none() {
+        return false;
+    }
     dev.published.retain(|p| p.node != node);
+    true
 }
 
 /// Its volume was deleted: it goes Releasing until wiped. `false` when it

@@ -142,12 +142,14 @@ impl Inventory {
         self.store.put_resize(request).await
     }
 
-    /// Available bytes and the largest Available device visible from any
-    /// of `nodes` (empty: anywhere) matching `selector`.
+    /// Available bytes and the largest Available device of `min_bytes` or
+    /// more visible from any of `nodes` (empty: anywhere) matching
+    /// `selector`.
     pub async fn capacity(
         &self,
         nodes: &[String],
         selector: &Selector,
+        min_bytes: u64,
     ) -> Result<(u64, u64), InventoryError> {
         let mut seen = BTreeSet::new();
         let (mut total, mut largest) = (0u64, 0u64);
@@ -156,7 +158,7 @@ impl Inventory {
             loop {
                 let page = self
                     .store
-                    .available(scope, 0, u64::MAX, after, PAGE)
+                    .available(scope, min_bytes, u64::MAX, after, PAGE)
                     .await?;
                 for d in &page {
                     if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
@@ -221,19 +223,32 @@ impl Inventory {
         wwid: &str,
         mut change: impl FnMut(&mut Device) -> bool + Send,
     ) -> Result<Option<Device>, InventoryError> {
+        self.try_modify(wwid, |d| Ok::<_, InventoryError>(change(d)))
+            .await
+    }
+
+    /// As [`Self::modify`], where `change` may refuse: it judges the state
+    /// each attempt read, which is the state that attempt writes, so a
+    /// check made there cannot go stale before the write. A refusal ends
+    /// the edit with nothing written.
+    pub async fn try_modify<E: From<InventoryError>>(
+        &self,
+        wwid: &str,
+        mut change: impl FnMut(&mut Device) -> Result<bool, E> + Send,
+    ) -> Result<Option<Device>, E> {
         for _ in 0..ATTEMPTS {
             let Some(mut dev) = self.store.device(wwid).await? else {
                 return Ok(None);
             };
-            if !change(&mut dev) {
+            if !change(&mut dev)? {
                 return Ok(Some(dev));
             }
             match self.write(Write::Replace(dev)).await {
                 Err(InventoryError::Conflict(_)) => continue,
-                other => return other.map(Some),
+                other => return Ok(other.map(Some)?),
             }
         }
-        Err(InventoryError::Conflict(wwid.to_owned()))
+        Err(InventoryError::Conflict(wwid.to_owned()).into())
     }
 
     /// Merges one target's discovery round by WWID, no node known gone.
@@ -361,7 +376,7 @@ impl Inventory {
             loop {
                 let page = self
                     .store
-                    .available(scope, req.min_bytes, req.max_bytes, after, PAGE)
+                    .available(scope, policy::smallest(req), req.max_bytes, after, PAGE)
                     .await?;
                 if let Some(hit) = policy::choose(&page, req, scope) {
                     return Ok(Some(hit.clone()));

@@ -40,6 +40,16 @@ impl Lifecycle {
         if let Some(existing) = self.inventory.bound_to_name(&req.name).await? {
             return compatible(&existing, &req, &capabilities).map(|()| existing);
         }
+        // "Unsupported capacity_range: OUT_OF_RANGE ... Caller MUST fix the
+        // capacity range": no LUN under the limit could take the filesystem.
+        if let Some(fs) = policy::limit_below_floor(&capabilities, req.limit_bytes) {
+            return Err(ProxyError::CapacityOutOfRange(format!(
+                "limit_bytes {} is below {fs}'s minimum of {} ({} bytes)",
+                req.limit_bytes,
+                fs.min_size_text(),
+                fs.min_bytes()
+            )));
+        }
         let binding = Binding {
             uid: uuid::Uuid::new_v4().to_string(),
             volume_name: req.name.clone(),
@@ -53,6 +63,7 @@ impl Lifecycle {
             binding,
             topology: req.nodes.iter().map(|n| vec![n.clone()]).collect(),
             selector: req.parameters.selector.clone(),
+            // The filesystem's minimum is applied by `policy::smallest`.
             min_bytes: req.required_bytes,
             max_bytes: if req.limit_bytes == 0 {
                 u64::MAX

@@ -7,7 +7,8 @@ use csi_scsi_proto::agent::{AttachRequest, DetachRequest};
 use csi_scsi_proto::publish_context;
 
 use super::Lifecycle;
-use crate::device::{Access, Capability, Device, Phase, Publication, policy};
+use crate::device::policy::{self, Publish, PublishRefusal};
+use crate::device::{Access, Capability, Device, Publication};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
@@ -45,11 +46,13 @@ impl Lifecycle {
             }
         }
         let _guard = self.lock(vol.wwid()).await?;
-        let mut dev = self.bound(&vol).await?;
+        let dev = self.bound(&vol).await?;
         let binding = dev
             .binding
             .as_ref()
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        // A binding's capabilities are fixed for its life, and the write
+        // below checks it is still this binding.
         let wanted = binding.resolve(access);
         if !binding.allows(wanted) {
             return Err(ProxyError::InvalidArgument {
@@ -65,38 +68,27 @@ impl Lifecycle {
                 ),
             });
         }
-        let already = match dev.publication(node) {
-            // Spec: published to this node "but is incompatible with the
-            // specified volume_capability or readonly flag".
-            Some(p) if p.readonly != readonly || p.access.is_some_and(|a| a != wanted) => {
-                return Err(ProxyError::PublishedIncompatibly {
-                    volume: id.to_owned(),
-                    node: node.to_owned(),
-                    recorded: describe(p.access, p.readonly),
-                    asked: describe(Some(wanted), readonly),
-                });
-            }
-            Some(_) => true,
-            None => false,
+        // Record first, so a racing publish elsewhere sees this node. The
+        // checks are made on the state each attempt of the compare-and-swap
+        // writes: a write that lost to another proxy's (another node's
+        // publication, the binding released or replaced) is judged afresh.
+        let publication = Publication {
+            node: node.to_owned(),
+            access: Some(wanted),
+            readonly,
         };
-        if !already {
-            if access.mode.single_node() && !dev.published.is_empty() {
-                return Err(ProxyError::PublishedElsewhere {
-                    volume: id.to_owned(),
-                    nodes: dev.published_nodes().join(","),
-                    reason: "its access mode allows one node only",
-                });
-            }
-            // Record first, so a racing publish elsewhere sees this node.
-            let publication = Publication {
-                node: node.to_owned(),
-                access: Some(wanted),
-                readonly,
-            };
-            dev = self
-                .edit_published(&dev.wwid, |d| policy::publish(d, publication.clone()))
-                .await?;
-        }
+        let mut recorded = false;
+        let dev = self
+            .inventory
+            .try_modify(&dev.wwid, |d| {
+                let outcome = policy::publish(d, vol.uid(), publication.clone())
+                    .map_err(|refusal| refused(refusal, id, node, wanted, readonly))?;
+                recorded = outcome == Publish::Recorded;
+                Ok::<_, ProxyError>(recorded)
+            })
+            .await?
+            .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let already = !recorded;
         let targets = self.targets_for(&dev, node).await?;
         let attach = AttachRequest {
             wwid: dev.wwid.clone(),
@@ -122,9 +114,7 @@ impl Lifecycle {
                 // let the volume be published elsewhere or deleted.
                 if !already
                     && e.attach_surely_refused()
-                    && let Err(undo) = self
-                        .edit_published(&dev.wwid, |d| policy::unpublish(d, node))
-                        .await
+                    && let Err(undo) = self.edit_published(&dev.wwid, vol.uid(), node).await
                 {
                     tracing::warn!(error = %undo, "could not undo the publish record");
                 }
@@ -153,7 +143,7 @@ impl Lifecycle {
         let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
-        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
+        if !policy::holds_binding(&dev, vol.uid()) {
             return Ok(());
         }
         let nodes: Vec<String> = if node.is_empty() {
@@ -197,27 +187,28 @@ impl Lifecycle {
                 }
             }
             if dev.publication(&n).is_some() {
-                dev = self
-                    .edit_published(&dev.wwid, |d| policy::unpublish(d, &n))
-                    .await?;
+                dev = self.edit_published(&dev.wwid, vol.uid(), &n).await?;
+                // Another writer released or re-bound the LUN meanwhile:
+                // the volume is gone, and the rest is another volume's.
+                if !policy::holds_binding(&dev, vol.uid()) {
+                    return Ok(());
+                }
             }
         }
         Ok(())
     }
 
-    /// Applies `change` to the device's publish list and writes it. The
-    /// caller holds the device's lock, so only discovery writes it
-    /// meanwhile, and a lost race re-reads and applies `change` again.
+    /// Forgets the publication of volume `uid` on `node` with
+    /// compare-and-swap; a device whose binding is no longer `uid`'s is
+    /// left as it is (checked on the state each attempt writes).
     async fn edit_published(
         &self,
         wwid: &str,
-        change: impl Fn(&mut Device) + Send + Sync,
+        uid: &str,
+        node: &str,
     ) -> Result<Device, ProxyError> {
         self.inventory
-            .modify(wwid, |d| {
-                change(d);
-                true
-            })
+            .modify(wwid, |d| policy::unpublish(d, uid, node))
             .await?
             .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_owned()))
     }
@@ -225,13 +216,32 @@ impl Lifecycle {
     /// The device bound to `vol`, or VolumeNotFound.
     pub(super) async fn bound(&self, vol: &VolumeRef) -> Result<Device, ProxyError> {
         match self.inventory.device(vol.wwid()).await? {
-            Some(d)
-                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid())
-                    && matches!(d.phase, Phase::Bound | Phase::Lost) =>
-            {
-                Ok(d)
-            }
+            Some(d) if policy::serves(&d, vol.uid()) => Ok(d),
             _ => Err(ProxyError::VolumeNotFound(vol.to_string())),
         }
+    }
+}
+
+/// The error a publish refused on the device's state answers.
+fn refused(
+    refusal: PublishRefusal,
+    id: &str,
+    node: &str,
+    wanted: Capability,
+    readonly: bool,
+) -> ProxyError {
+    match refusal {
+        PublishRefusal::NotServed => ProxyError::VolumeNotFound(id.to_owned()),
+        PublishRefusal::Incompatible(p) => ProxyError::PublishedIncompatibly {
+            volume: id.to_owned(),
+            node: node.to_owned(),
+            recorded: describe(p.access, p.readonly),
+            asked: describe(Some(wanted), readonly),
+        },
+        PublishRefusal::Elsewhere(nodes) => ProxyError::PublishedElsewhere {
+            volume: id.to_owned(),
+            nodes: nodes.join(","),
+            reason: "its access mode allows one node only",
+        },
     }
 }

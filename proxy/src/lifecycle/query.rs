@@ -2,7 +2,7 @@
 
 use super::Lifecycle;
 use crate::device::policy;
-use crate::device::{Device, Phase};
+use crate::device::{Capability, Device, Phase};
 use crate::error::ProxyError;
 use crate::selector::Selector;
 use crate::volume_id::VolumeRef;
@@ -78,13 +78,19 @@ impl Lifecycle {
         }
     }
 
-    /// Available bytes and the largest Available LUN visible from `nodes`.
+    /// Available bytes and the largest Available LUN visible from `nodes`
+    /// that could hold a volume of `capabilities` (none given: any volume).
+    /// The spec: the capacity reported "SHALL take those into
+    /// consideration", so a LUN below the filesystem's minimum, which
+    /// CreateVolume never binds to it, is not counted.
     pub async fn capacity(
         &self,
         nodes: &[String],
         selector: &Selector,
+        capabilities: &[Capability],
     ) -> Result<(u64, u64), ProxyError> {
-        Ok(self.inventory.capacity(nodes, selector).await?)
+        let floor = policy::floor_bytes(capabilities);
+        Ok(self.inventory.capacity(nodes, selector, floor).await?)
     }
 }
 

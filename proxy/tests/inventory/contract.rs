@@ -424,7 +424,7 @@ pub async fn modify_re_applies_its_change_after_a_conflict(f: &Fixture) {
                 tokio::task::block_in_place(|| runtime.block_on(inv.update(other)))
                     .expect("the other write");
             }
-            policy::publish(d, publication("node-a"));
+            d.published.push(publication("node-a"));
             true
         })
         .await
@@ -444,7 +444,7 @@ pub async fn modify_re_applies_its_change_after_a_conflict(f: &Fixture) {
 pub async fn capacity_counts_each_available_device_visible_from_the_nodes_once(f: &Fixture) {
     let inv = &f.inv;
     let all = Selector::default();
-    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (0, 0));
+    assert_eq!(inv.capacity(&[], &all, 0).await.unwrap(), (0, 0));
     inv.apply_discovery(round(
         "t1",
         &[
@@ -464,32 +464,53 @@ pub async fn capacity_counts_each_available_device_visible_from_the_nodes_once(f
     let nodes = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let fast = Selector::parse("tier=fast").unwrap();
     let slow = Selector::parse("tier=slow").unwrap();
-    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (15 * GIB, 8 * GIB));
     assert_eq!(
-        inv.capacity(&nodes(&["node-a"]), &all).await.unwrap(),
+        inv.capacity(&[], &all, 0).await.unwrap(),
+        (15 * GIB, 8 * GIB)
+    );
+    assert_eq!(
+        inv.capacity(&nodes(&["node-a"]), &all, 0).await.unwrap(),
         (3 * GIB, 2 * GIB)
     );
     assert_eq!(
-        inv.capacity(&nodes(&["node-a", "node-b"]), &all)
+        inv.capacity(&nodes(&["node-a", "node-b"]), &all, 0)
             .await
             .unwrap(),
         (15 * GIB, 8 * GIB),
         "a device both nodes see counts once"
     );
-    assert_eq!(inv.capacity(&[], &fast).await.unwrap(), (7 * GIB, 4 * GIB));
     assert_eq!(
-        inv.capacity(&nodes(&["node-a"]), &slow).await.unwrap(),
+        inv.capacity(&[], &fast, 0).await.unwrap(),
+        (7 * GIB, 4 * GIB)
+    );
+    // A volume that needs 2 GiB or more (a filesystem's minimum) counts
+    // only the LUNs it could be bound to.
+    assert_eq!(
+        inv.capacity(&[], &all, 2 * GIB).await.unwrap(),
+        (14 * GIB, 8 * GIB)
+    );
+    assert_eq!(
+        inv.capacity(&nodes(&["node-a"]), &all, 4 * GIB)
+            .await
+            .unwrap(),
         (0, 0)
     );
     assert_eq!(
-        inv.capacity(&nodes(&["node-c"]), &all).await.unwrap(),
+        inv.capacity(&nodes(&["node-a"]), &slow, 0).await.unwrap(),
+        (0, 0)
+    );
+    assert_eq!(
+        inv.capacity(&nodes(&["node-c"]), &all, 0).await.unwrap(),
         (0, 0)
     );
     // Bound devices are not capacity.
     let d = inv.bind(bind_req("pv-1", &[], "tier=slow")).await.unwrap();
     assert_eq!(d.wwid, wwid(4));
-    assert_eq!(inv.capacity(&[], &all).await.unwrap(), (7 * GIB, 4 * GIB));
-    assert_eq!(inv.capacity(&[], &slow).await.unwrap(), (0, 0));
+    assert_eq!(
+        inv.capacity(&[], &all, 0).await.unwrap(),
+        (7 * GIB, 4 * GIB)
+    );
+    assert_eq!(inv.capacity(&[], &slow, 0).await.unwrap(), (0, 0));
 }
 
 pub async fn bound_to_name_finds_a_volume_s_device_until_it_is_released(f: &Fixture) {

@@ -202,7 +202,7 @@ async fn a_target_in_use_stays_until_its_last_volume_is_released() {
     assert!(marked.metadata.deletion_timestamp.is_some());
     // Once the cache has the deletion, the leaving target offers nothing.
     until("the target's deletion in the cache", 10, || async move {
-        reader.capacity(&[], &everything()).await.unwrap() == (0, 0)
+        reader.capacity(&[], &everything(), 0).await.unwrap() == (0, 0)
     })
     .await;
     // Still listed for attach and detach of the bound volume...

@@ -140,7 +140,7 @@ async fn reads_come_from_the_watch_cache_not_a_list_per_call() {
     for _ in 0..20 {
         assert!(inv.device(&wwid(1)).await.unwrap().is_some());
         inv.devices(None, 10).await.unwrap();
-        inv.capacity(&[], &Selector::default()).await.unwrap();
+        inv.capacity(&[], &Selector::default(), 0).await.unwrap();
     }
     assert_eq!(requests().len(), lists_before, "reads sent requests");
     assert!(

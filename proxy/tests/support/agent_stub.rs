@@ -3,7 +3,10 @@
 //! behaves as the agent's does towards the proxy: it refuses a WWID it does
 //! not see (NOT_FOUND), answers ABORTED while a wipe of that WWID runs,
 //! keeps wiping when the caller goes away, and can be told to take long or
-//! to fail. Every wipe is logged. The other calls are UNIMPLEMENTED.
+//! to fail. Every wipe is logged. An Attach of a WWID it sees, and every
+//! Detach, succeed and are counted; the other calls are UNIMPLEMENTED.
+// Not every binary uses every helper.
+#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -37,6 +40,8 @@ struct LogState {
     running: BTreeSet<String>,
     busy_answers: u32,
     most_at_once: usize,
+    attached: BTreeMap<String, u32>,
+    detached: BTreeMap<String, u32>,
 }
 
 impl WipeLog {
@@ -63,6 +68,16 @@ impl WipeLog {
     /// ABORTED answers given because that WWID was being wiped.
     pub fn busy_answers(&self) -> u32 {
         self.lock().busy_answers
+    }
+
+    /// Attach calls for `wwid` answered OK.
+    pub fn attached(&self, wwid: &str) -> u32 {
+        self.lock().attached.get(wwid).copied().unwrap_or(0)
+    }
+
+    /// Detach calls for `wwid` answered OK.
+    pub fn detached(&self, wwid: &str) -> u32 {
+        self.lock().detached.get(wwid).copied().unwrap_or(0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -159,12 +174,28 @@ impl Agent for Service {
         Err(Status::unimplemented("stub"))
     }
 
-    async fn attach(&self, _: Request<AttachRequest>) -> Result<Response<AttachResponse>, Status> {
-        Err(Status::unimplemented("stub"))
+    async fn attach(
+        &self,
+        request: Request<AttachRequest>,
+    ) -> Result<Response<AttachResponse>, Status> {
+        let wwid = request.into_inner().wwid;
+        if !self.wwids.contains(&wwid) {
+            return Err(Status::not_found(format!("no device {wwid} on this node")));
+        }
+        *self.log.lock().attached.entry(wwid.clone()).or_default() += 1;
+        Ok(Response::new(AttachResponse {
+            device_path: format!("/dev/disk/by-id/wwn-{wwid}"),
+            lun: None,
+        }))
     }
 
-    async fn detach(&self, _: Request<DetachRequest>) -> Result<Response<DetachResponse>, Status> {
-        Err(Status::unimplemented("stub"))
+    async fn detach(
+        &self,
+        request: Request<DetachRequest>,
+    ) -> Result<Response<DetachResponse>, Status> {
+        let wwid = request.into_inner().wwid;
+        *self.log.lock().detached.entry(wwid).or_default() += 1;
+        Ok(Response::new(DetachResponse::default()))
     }
 
     type WipeStream = WipeStream;

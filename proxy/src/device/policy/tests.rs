@@ -75,9 +75,29 @@ fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
     d
 }
 
+/// A raw block volume's request (no filesystem minimum: sizes as given).
 fn request(min: u64, max: u64, selector: &str, nodes: &[&str]) -> BindRequest {
+    request_for(
+        &[Capability::Block(Mode::SingleNodeWriter)],
+        min,
+        max,
+        selector,
+        nodes,
+    )
+}
+
+fn request_for(
+    capabilities: &[Capability],
+    min: u64,
+    max: u64,
+    selector: &str,
+    nodes: &[&str],
+) -> BindRequest {
     BindRequest {
-        binding: binding("new"),
+        binding: Binding {
+            capabilities: capabilities.to_vec(),
+            ..binding("new")
+        },
         topology: nodes.iter().map(|n| vec![n.to_string()]).collect(),
         selector: Selector::parse(selector).expect("selector"),
         min_bytes: min,
@@ -399,17 +419,153 @@ fn release_fail_and_release_again_count_the_failures() {
     assert_eq!(unseen.phase, Phase::Lost);
 }
 
+const MIB: u64 = 1024 * 1024;
+
 #[test]
-fn publish_records_a_node_once_and_unpublish_forgets_it() {
-    let mut dev = device(1, 100, &["a"], Phase::Bound);
-    let p = Publication {
-        node: "a".into(),
-        access: Some(Capability::Block(Mode::MultiNodeMultiWriter)),
+fn a_lun_below_the_filesystems_minimum_never_fits_and_no_fit_names_the_minimum() {
+    let xfs = Capability::Mount(FsType::Xfs, Mode::SingleNodeWriter);
+    let ext4 = Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter);
+    let block = Capability::Block(Mode::SingleNodeWriter);
+    assert_eq!(FsType::Xfs.min_bytes(), 300 * MIB);
+    assert_eq!(FsType::Ext4.min_bytes(), MIB);
+    // (capabilities, required bytes, LUN size, fits, smallest)
+    let cases: [(&[Capability], u64, u64, bool, u64); 9] = [
+        (&[xfs], 0, 64 * MIB, false, 300 * MIB),
+        (&[xfs], MIB, 300 * MIB - 1, false, 300 * MIB),
+        (&[xfs], MIB, 300 * MIB, true, 300 * MIB),
+        (&[xfs], 400 * MIB, 300 * MIB, false, 400 * MIB),
+        (&[ext4], 0, 64 * MIB, true, MIB),
+        (&[ext4], 0, MIB - 1, false, MIB),
+        (&[block], 0, 1, true, 0),
+        // A volume used both ways needs what its filesystem needs.
+        (&[block, xfs], 0, 64 * MIB, false, 300 * MIB),
+        (&[ext4, xfs], 0, 64 * MIB, false, 300 * MIB),
+    ];
+    for (caps, required, size, want, least) in cases {
+        let req = request_for(caps, required, u64::MAX, "", &[]);
+        let dev = device(1, size, &["a"], Phase::Available);
+        assert_eq!(
+            fits(&dev, &req, None),
+            want,
+            "{caps:?} {required} on {size}"
+        );
+        assert_eq!(smallest(&req), least, "{caps:?} {required}");
+    }
+    let why = no_fit(&request_for(&[xfs], MIB, u64::MAX, "", &[]));
+    assert!(why.contains("xfs needs at least 300 MiB"), "{why}");
+    assert!(why.contains(&(300 * MIB).to_string()), "{why}");
+    // Required bytes above the minimum: the minimum played no part.
+    let why = no_fit(&request_for(&[xfs], 400 * MIB, u64::MAX, "", &[]));
+    assert!(!why.contains("needs at least"), "{why}");
+    // limit_bytes under the minimum: nothing could ever fit.
+    assert_eq!(limit_below_floor(&[xfs], 100 * MIB), Some(FsType::Xfs));
+    assert_eq!(limit_below_floor(&[xfs], 300 * MIB), None);
+    assert_eq!(limit_below_floor(&[xfs], 0), None, "no limit");
+    assert_eq!(limit_below_floor(&[block], 1), None);
+    assert_eq!(floor_bytes(&[]), 0);
+}
+
+#[test]
+fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
+    let snw = Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter);
+    let mnmw = Capability::Block(Mode::MultiNodeMultiWriter);
+    let on = |node: &str, access: Capability, readonly: bool| Publication {
+        node: node.into(),
+        access: Some(access),
+        readonly,
+    };
+    let bound = |published: &[Publication]| {
+        let mut d = device(1, 100, &["a", "b"], Phase::Bound);
+        d.published = published.to_vec();
+        d
+    };
+    let released = {
+        let mut d = bound(&[]);
+        released(&mut d);
+        d
+    };
+    let rebound = {
+        let mut d = released.clone();
+        bind(&mut d, binding("other"));
+        d
+    };
+    let deleted = {
+        let mut d = bound(&[]);
+        start_release(&mut d);
+        d
+    };
+    let lost = {
+        let mut d = bound(&[]);
+        lost(&mut d, "gone");
+        d
+    };
+    let old_record = Publication {
+        node: "b".into(),
+        access: None,
         readonly: false,
     };
-    publish(&mut dev, p.clone());
-    publish(&mut dev, p.clone());
-    assert_eq!(dev.published, [p]);
-    unpublish(&mut dev, "a");
-    assert!(dev.published.is_empty());
+    // (device, publication asked for, outcome)
+    let cases: Vec<(Device, Publication, Result<Publish, PublishRefusal>)> = vec![
+        (bound(&[]), on("b", snw, false), Ok(Publish::Recorded)),
+        (lost, on("b", snw, false), Ok(Publish::Recorded)),
+        (
+            bound(&[on("b", snw, false)]),
+            on("b", snw, false),
+            Ok(Publish::AlreadyRecorded),
+        ),
+        (
+            bound(&[old_record.clone()]),
+            on("b", snw, false),
+            Ok(Publish::AlreadyRecorded),
+        ),
+        (
+            bound(&[old_record.clone()]),
+            on("b", snw, true),
+            Err(PublishRefusal::Incompatible(old_record)),
+        ),
+        (
+            bound(&[on("b", snw, true)]),
+            on("b", snw, false),
+            Err(PublishRefusal::Incompatible(on("b", snw, true))),
+        ),
+        (
+            bound(&[on("b", mnmw, false)]),
+            on("b", snw, false),
+            Err(PublishRefusal::Incompatible(on("b", mnmw, false))),
+        ),
+        (
+            bound(&[on("a", snw, false)]),
+            on("b", snw, false),
+            Err(PublishRefusal::Elsewhere(vec!["a".into()])),
+        ),
+        (
+            bound(&[on("a", mnmw, false)]),
+            on("b", mnmw, false),
+            Ok(Publish::Recorded),
+        ),
+        (
+            released,
+            on("b", snw, false),
+            Err(PublishRefusal::NotServed),
+        ),
+        (rebound, on("b", snw, false), Err(PublishRefusal::NotServed)),
+        (deleted, on("b", snw, false), Err(PublishRefusal::NotServed)),
+    ];
+    for (before, asked, want) in cases {
+        let mut dev = before.clone();
+        let got = publish(&mut dev, "uid-v", asked.clone());
+        assert_eq!(got, want, "{asked:?} on {:?}", before.published);
+        let mut expected = before.clone();
+        if got == Ok(Publish::Recorded) {
+            expected.published.push(asked);
+        }
+        assert_eq!(dev, expected, "changed only by a recording");
+    }
+
+    let mut dev = bound(&[on("a", mnmw, false), on("b", mnmw, false)]);
+    assert!(!unpublish(&mut dev, "uid-other", "a"), "another binding's");
+    assert!(!unpublish(&mut dev, "uid-v", "c"), "not published there");
+    assert_eq!(dev.published_nodes(), ["a", "b"]);
+    assert!(unpublish(&mut dev, "uid-v", "a"));
+    assert_eq!(dev.published_nodes(), ["b"]);
 }
