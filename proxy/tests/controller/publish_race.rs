@@ -211,7 +211,14 @@ async fn a_publish_that_loses_its_write_to_another_is_judged_again_on_what_it_lo
         ..publication("node-b")
     };
     // (what lands first, code, publications after, binding uid after)
-    let cases: [(&str, Option<Competing>, Code, Vec<Publication>, &str); 5] = [
+    type Case = (
+        &'static str,
+        Option<Competing>,
+        Code,
+        Vec<Publication>,
+        &'static str,
+    );
+    let cases: [Case; 5] = [
         (
             "nothing (control)",
             None,

@@ -514,12 +514,12 @@ fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
             Ok(Publish::AlreadyRecorded),
         ),
         (
-            bound(&[old_record.clone()]),
+            bound(std::slice::from_ref(&old_record)),
             on("b", snw, false),
             Ok(Publish::AlreadyRecorded),
         ),
         (
-            bound(&[old_record.clone()]),
+            bound(std::slice::from_ref(&old_record)),
             on("b", snw, true),
             Err(PublishRefusal::Incompatible(old_record)),
         ),
