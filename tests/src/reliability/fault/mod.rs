@@ -224,7 +224,7 @@ impl Spec {
                 required_bytes: VOLUME_BYTES,
                 limit_bytes: 0,
             }),
-            volume_capabilities: vec![capability(false, "xfs", Mode::SingleNodeWriter)],
+            volume_capabilities: vec![capability(false, "ext4", Mode::SingleNodeWriter)],
             parameters: [("deviceSelector", "array=c"), ("cleanup", self.cleanup)]
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -269,7 +269,7 @@ impl Op {
                     ControllerPublishVolumeRequest {
                         volume_id: v.id.clone(),
                         node_id: node.clone(),
-                        volume_capability: Some(capability(false, "xfs", Mode::SingleNodeWriter)),
+                        volume_capability: Some(capability(false, "ext4", Mode::SingleNodeWriter)),
                         readonly: false,
                         secrets: Default::default(),
                         volume_context: Default::default(),
