@@ -55,8 +55,8 @@ pub struct Args {
     /// of it) before it counts as gone: its publish records are then
     /// dropped without a detach. Until then calls for it answer
     /// UNAVAILABLE, so a half-written file drops nothing. Counted from the
-    /// proxy's start for a node not listed since (nothing is remembered
-    /// across restarts).
+    /// first clean read without the node (after a restart, the first one
+    /// since: nothing is remembered across restarts).
     #[arg(long, default_value = "300", value_name = "SECONDS")]
     pub node_removal_grace: u64,
 

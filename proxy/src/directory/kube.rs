@@ -188,9 +188,8 @@ impl AgentDirectory for PodDirectory {
         self.is_ready()
     }
 
-    /// A node is removed once its Node object is deleted and fenced while
-    /// it carries the out-of-service taint; before the lists are in, none
-    /// is known either.
+    /// Removed once its Node object is deleted, fenced while the Node
+    /// carries the out-of-service taint; before the lists are in, a member.
     fn standing(&self, node: &str) -> Standing {
         if !self.is_ready() {
             return Standing::Member;
