@@ -51,6 +51,15 @@ pub struct Args {
     #[arg(long, env = "AGENTS_FILE")]
     pub agents_file: Option<PathBuf>,
 
+    /// How long a node must stay out of the agents file (every clean read
+    /// of it) before it counts as gone: its publish records are then
+    /// dropped without a detach. Until then calls for it answer
+    /// UNAVAILABLE, so a half-written file drops nothing. Counted from the
+    /// first clean read without the node (after a restart, the first one
+    /// since: nothing is remembered across restarts).
+    #[arg(long, default_value = "300", value_name = "SECONDS")]
+    pub node_removal_grace: u64,
+
     /// The driver's namespace (kubernetes backend).
     #[arg(long, env = "POD_NAMESPACE", default_value = "csi-scsi")]
     pub namespace: String,
@@ -205,7 +214,7 @@ pub enum Backend {
     /// An SQLite store and an agents file.
     Embedded {
         /// The agents file.
-        agents_file: PathBuf,
+        agents_file: AgentsFile,
     },
     /// Custom resources, agent Pods and a Lease.
     Kubernetes {
@@ -233,7 +242,16 @@ pub enum AgentSource {
         daemonset: String,
     },
     /// An agents file (agents outside the cluster).
-    File(PathBuf),
+    File(AgentsFile),
+}
+
+/// An agents file and how long a node must stay out of it to be gone.
+#[derive(Clone, Debug)]
+pub struct AgentsFile {
+    /// The file.
+    pub path: PathBuf,
+    /// `--node-removal-grace`.
+    pub removal_grace: Duration,
 }
 
 /// Validated configuration.
@@ -307,6 +325,7 @@ impl Args {
                 service_account: self.agent_service_account,
             },
         });
+        let removal_grace = Duration::from_secs(self.node_removal_grace);
         let backend = match self.backend.as_str() {
             "kubernetes" => {
                 if self.pod_name.is_empty() {
@@ -316,7 +335,10 @@ impl Args {
                     namespace: self.namespace,
                     pod_name: self.pod_name,
                     agents: match self.agents_file {
-                        Some(file) => AgentSource::File(file),
+                        Some(path) => AgentSource::File(AgentsFile {
+                            path,
+                            removal_grace,
+                        }),
                         None => AgentSource::Pods {
                             selector: self.agent_selector,
                             port: self.agent_port,
@@ -327,9 +349,12 @@ impl Args {
                 }
             }
             _ => Backend::Embedded {
-                agents_file: self
-                    .agents_file
-                    .ok_or("--agents-file: required with the embedded backend")?,
+                agents_file: AgentsFile {
+                    path: self
+                        .agents_file
+                        .ok_or("--agents-file: required with the embedded backend")?,
+                    removal_grace,
+                },
             },
         };
         Ok(Config {

@@ -24,9 +24,13 @@ pub enum ProxyError {
     /// No such volume.
     #[error("volume {0} does not exist")]
     VolumeNotFound(String),
-    /// No such node: its Node object is deleted, or it is not in the
-    /// agents file.
-    #[error("node {0} does not exist (no Node object, or not in the agents file)")]
+    /// The node is gone by its operator's word: its Node object deleted,
+    /// fenced with the out-of-service taint, or out of the agents file for
+    /// the removal grace period.
+    #[error(
+        "node {0} is gone (no Node object, tainted node.kubernetes.io/out-of-service, \
+         or out of the agents file for --node-removal-grace)"
+    )]
     NodeNotFound(String),
     /// The node exists but no agent of it is listed (NotReady,
     /// partitioned, agent restarting): it may still be using the volume,

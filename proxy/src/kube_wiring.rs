@@ -143,8 +143,9 @@ pub fn kube_backends_with(
                 settle: Duration::from_millis(500),
             },
         ),
-        AgentSource::File(path) => {
-            let directory = FileDirectory::load(&path).map_err(KubeWiringError::AgentsFile)?;
+        AgentSource::File(file) => {
+            let directory = FileDirectory::load_with_grace(&file.path, file.removal_grace)
+                .map_err(KubeWiringError::AgentsFile)?;
             directory.watch(Duration::from_secs(30));
             directory
         }

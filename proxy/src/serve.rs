@@ -278,7 +278,9 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
         Backend::Embedded { agents_file } => {
             let store =
                 EmbeddedInventory::open(&config.store).context("opening the inventory store")?;
-            let directory = FileDirectory::load(agents_file).context("reading the agents file")?;
+            let directory =
+                FileDirectory::load_with_grace(&agents_file.path, agents_file.removal_grace)
+                    .context("reading the agents file")?;
             directory.watch(std::time::Duration::from_secs(30));
             Ok(Backends {
                 inventory: Arc::new(Inventory::new(Arc::new(store.clone()))),

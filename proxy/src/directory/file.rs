@@ -1,26 +1,57 @@
 //! The file-backed agent directory: one agent per line,
 //! `<node> <host:port> [label=value,...]`, `#` comments. Edits are picked up
 //! through inotify and a slow poll; a bad file keeps the last good map. The
-//! file is also the list of nodes: a node removed from it is gone.
+//! file is also the list of nodes, but a node missing from it is only
+//! unknown at first: a half-written file (an editor's save cut short, a
+//! copy still under way) lists fewer nodes than there are. A node is
+//! removed once it has been out of every clean read of the file for the
+//! grace period, counted from the first clean read without it: for one
+//! never listed since the proxy started, the first clean read after the
+//! start. Nothing is persisted, so a restart waits the grace period again
+//! rather than take a node absent at start for gone. A read that fails
+//! (unreadable, malformed, empty) keeps the last good map and starts no
+//! clock, and while the file reads badly no missing node is removed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use csi_scsi_certs::file_watch;
 use tokio::sync::watch;
 
-use super::{AgentDirectory, AgentEntry, Agents};
+use super::{AgentDirectory, AgentEntry, Agents, Standing};
 use crate::selector::excerpt;
 
 /// Lets an editor's save (write, rename) land before rereading.
 const SETTLE: Duration = Duration::from_millis(50);
 
+/// How long a node must stay out of the agents file before it is removed
+/// (`--node-removal-grace`): ten 30-second polls, and time enough to see a
+/// mistaken edit in the log and undo it.
+pub const DEFAULT_REMOVAL_GRACE: Duration = Duration::from_secs(300);
+
 /// Agents listed in a file.
 pub struct FileDirectory {
     path: PathBuf,
     tx: watch::Sender<Agents>,
+    removal_grace: Duration,
+    absence: Mutex<Absence>,
+}
+
+/// What the reads of the file say about the nodes missing from it.
+#[derive(Debug)]
+struct Absence {
+    /// The first clean read: a node never listed since counts as absent
+    /// from then.
+    start: Option<Instant>,
+    /// Nodes listed since the start and then left out by a clean read:
+    /// since when.
+    left: BTreeMap<String, Instant>,
+    /// Whether the last read was clean. One that failed (unreadable,
+    /// malformed, empty) keeps the last good map and puts every missing
+    /// node in doubt until a clean read.
+    clean: bool,
 }
 
 /// Why the file could not be used.
@@ -46,22 +77,78 @@ pub enum DirectoryError {
         /// What is wrong.
         reason: String,
     },
+    /// The file holds nothing, not even a comment: more likely a write cut
+    /// short than an operator removing every node.
+    #[error("{path}: empty (half-written?); to list no node on purpose, leave a `#` comment in it")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 impl FileDirectory {
-    /// Reads `path` once; fails on a missing or malformed file.
+    /// Reads `path` once, with the default removal grace period; fails on
+    /// a missing or malformed file.
     pub fn load(path: &Path) -> Result<Arc<Self>, DirectoryError> {
-        let agents = read(path)?;
+        Self::load_with_grace(path, DEFAULT_REMOVAL_GRACE)
+    }
+
+    /// Reads `path` once; a node missing from it is removed only after
+    /// `removal_grace` (see the module doc). Fails on a missing or
+    /// malformed file; an empty one is read as no agent, with every node
+    /// in doubt until a clean read.
+    pub fn load_with_grace(
+        path: &Path,
+        removal_grace: Duration,
+    ) -> Result<Arc<Self>, DirectoryError> {
+        let (agents, clean) = match read(path) {
+            Ok(agents) => (agents, true),
+            Err(e @ DirectoryError::Empty { .. }) => {
+                tracing::warn!(error = %e, "agent directory file empty; no agent until it lists some");
+                (BTreeMap::new(), false)
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Arc::new(Self {
             path: path.to_owned(),
             tx: watch::channel(Arc::new(agents)).0,
+            removal_grace,
+            absence: Mutex::new(Absence {
+                start: clean.then(Instant::now),
+                left: BTreeMap::new(),
+                clean,
+            }),
         }))
     }
 
-    /// Rereads the file; publishes a new snapshot when it changed.
+    /// Rereads the file; publishes a new snapshot when it changed. On an
+    /// error the last good map stays, and no missing node is removed until
+    /// a clean read.
     pub fn reload(&self) -> Result<bool, DirectoryError> {
-        let agents = read(&self.path)?;
-        let changed = *self.tx.borrow().as_ref() != agents;
+        let mut absence = self.absence.lock().unwrap_or_else(|e| e.into_inner());
+        let agents = match read(&self.path) {
+            Ok(agents) => agents,
+            Err(e) => {
+                absence.clean = false;
+                return Err(e);
+            }
+        };
+        absence.clean = true;
+        let now = Instant::now();
+        absence.start.get_or_insert(now);
+        let before = self.tx.borrow().clone();
+        for node in before.keys().filter(|n| !agents.contains_key(*n)) {
+            tracing::warn!(
+                node = %node,
+                grace_s = self.removal_grace.as_secs(),
+                "node left the agents file; it counts as gone (its publish records dropped \
+                 without a detach) once it has stayed out for the grace period \
+                 (--node-removal-grace); until then calls for it wait"
+            );
+            absence.left.entry(node.clone()).or_insert(now);
+        }
+        absence.left.retain(|n, _| !agents.contains_key(n));
+        let changed = *before != agents;
         if changed {
             tracing::info!(agents = agents.len(), path = %self.path.display(), "agent directory changed");
             self.tx.send_replace(Arc::new(agents));
@@ -82,7 +169,7 @@ impl FileDirectory {
                 // The first pass catches an edit between load and watch.
                 let Some(me) = me.upgrade() else { return };
                 if let Err(e) = me.reload() {
-                    tracing::warn!(error = %e, "agent directory file rejected; keeping the last good one");
+                    tracing::warn!(error = %e, "agent directory file rejected; keeping the last good one, and no node missing from it counts as gone until it reads cleanly");
                 }
                 drop(me);
                 tokio::select! {
@@ -109,9 +196,19 @@ impl AgentDirectory for FileDirectory {
         true
     }
 
-    /// The file is the list of nodes: a node removed from it is gone.
-    fn node_exists(&self, node: &str) -> bool {
-        self.tx.borrow().contains_key(node)
+    /// The file is the list of nodes: a node out of every clean read of it
+    /// for the grace period is removed.
+    fn standing(&self, node: &str) -> Standing {
+        let absence = self.absence.lock().unwrap_or_else(|e| e.into_inner());
+        if self.tx.borrow().contains_key(node) || !absence.clean {
+            return Standing::Member;
+        }
+        let since = absence.left.get(node).copied().or(absence.start);
+        if since.is_some_and(|t| t.elapsed() >= self.removal_grace) {
+            Standing::Removed
+        } else {
+            Standing::Member
+        }
     }
 }
 
@@ -120,6 +217,11 @@ fn read(path: &Path) -> Result<BTreeMap<String, AgentEntry>, DirectoryError> {
         path: path.to_owned(),
         source,
     })?;
+    if text.trim().is_empty() {
+        return Err(DirectoryError::Empty {
+            path: path.to_owned(),
+        });
+    }
     parse(&text).map_err(|(line, reason)| DirectoryError::Parse {
         path: path.to_owned(),
         line,
@@ -196,6 +298,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::NodeAgent;
 
     #[test]
     fn parses_nodes_addresses_and_labels() {
@@ -280,11 +383,157 @@ mod tests {
             .await
             .expect("reloaded within 10 s")
             .expect("directory alive");
-        assert!(directory.node_exists("node-b"));
+        assert!(directory.snapshot().contains_key("node-b"));
 
         std::fs::write(&path, "not a valid line\n").expect("write");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(directory.node_exists("node-b"), "the last good map stays");
+        assert!(
+            directory.snapshot().contains_key("node-b"),
+            "the last good map stays"
+        );
+    }
+
+    /// Long enough that a loaded machine cannot sleep through it between a
+    /// reload and the assertion after it.
+    const GRACE: Duration = Duration::from_secs(2);
+
+    /// An agents file in a temporary directory.
+    struct File {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    }
+
+    impl File {
+        fn new(text: &str) -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("agents");
+            let file = Self { _dir: dir, path };
+            file.write(text);
+            file
+        }
+
+        fn write(&self, text: &str) {
+            std::fs::write(&self.path, text).expect("write");
+        }
+
+        fn load(&self) -> Arc<FileDirectory> {
+            FileDirectory::load_with_grace(&self.path, GRACE).expect("load")
+        }
+    }
+
+    const A_AND_B: &str = "node-a 198.18.0.2:9810\nnode-b 198.18.0.3:9810\n";
+    const A: &str = "node-a 198.18.0.2:9810\n";
+
+    fn reload(directory: &FileDirectory, file: &File) -> Result<bool, DirectoryError> {
+        assert_eq!(directory.path, file.path);
+        directory.reload()
+    }
+
+    fn locate(directory: &FileDirectory, node: &str) -> NodeAgent {
+        (directory as &dyn AgentDirectory).locate(node)
+    }
+
+    #[test]
+    fn a_node_that_leaves_the_file_is_unreachable_until_it_stayed_out_for_the_grace_period() {
+        let file = File::new(A_AND_B);
+        let directory = file.load();
+        // A save cut short at a line boundary reads as a clean file
+        // without node-b: only time tells it from the operator's edit.
+        file.write(A);
+        assert!(reload(&directory, &file).expect("clean"));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
+
+        // The writer finishes: node-b is back, and its clock stops.
+        file.write(A_AND_B);
+        assert!(reload(&directory, &file).expect("clean"));
+        assert!(matches!(locate(&directory, "node-b"), NodeAgent::Listed(_)));
+
+        // Removed for good: gone once out of every clean read for GRACE.
+        file.write(A);
+        reload(&directory, &file).expect("clean");
+        std::thread::sleep(GRACE / 2);
+        reload(&directory, &file).expect("clean");
+        assert_eq!(
+            locate(&directory, "node-b"),
+            NodeAgent::Unreachable,
+            "the clock runs from when it left, not from the last read"
+        );
+        std::thread::sleep(GRACE / 2 + Duration::from_millis(100));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
+        assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
+    }
+
+    #[test]
+    fn a_garbled_or_empty_file_keeps_the_last_good_map_and_makes_no_node_gone() {
+        let file = File::new(A_AND_B);
+        let directory = file.load();
+        // Cut short mid-line, then emptied (truncated before the write).
+        for bad in ["node-a 198.18.0.2:9810\nnode-b 198.1", "", " \n\n"] {
+            file.write(bad);
+            let e = reload(&directory, &file).expect_err(bad);
+            assert!(
+                matches!(
+                    e,
+                    DirectoryError::Parse { line: 2, .. } | DirectoryError::Empty { .. }
+                ),
+                "{bad:?}: {e}"
+            );
+            assert_eq!(
+                directory.snapshot().len(),
+                2,
+                "{bad:?}: the last good map stays"
+            );
+            assert!(matches!(locate(&directory, "node-b"), NodeAgent::Listed(_)));
+        }
+        // A bad file for longer than the grace period starts no clock: the
+        // first clean read without node-b does.
+        std::thread::sleep(GRACE + Duration::from_millis(100));
+        file.write(A);
+        reload(&directory, &file).expect("clean");
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+
+        // While the file is bad, a node out of it is in doubt, however long.
+        file.write("node-a 198.18.0.2:9810\nnode-");
+        reload(&directory, &file).expect_err("garbled");
+        std::thread::sleep(GRACE + Duration::from_millis(100));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
+        // Clean again, and node-b has been out of every clean read since it
+        // left, for longer than the grace period.
+        file.write(A);
+        reload(&directory, &file).expect("clean");
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
+
+        // A comment alone is the operator emptying the file on purpose.
+        file.write("# every node decommissioned\n");
+        assert!(reload(&directory, &file).expect("clean"));
+        assert!(directory.snapshot().is_empty());
+        assert_eq!(locate(&directory, "node-a"), NodeAgent::Unreachable);
+    }
+
+    #[test]
+    fn after_a_restart_a_node_absent_from_the_file_is_gone_only_a_grace_period_later() {
+        // The proxy restarts while node-b's line is missing (half-written,
+        // or removed a moment ago): nothing says how long it has been out.
+        let file = File::new(A);
+        let directory = file.load();
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        std::thread::sleep(GRACE + Duration::from_millis(100));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
+
+        // An empty file at start lists no agent and makes no node gone.
+        let empty = File::new("");
+        let directory = empty.load();
+        assert!(directory.snapshot().is_empty());
+        std::thread::sleep(GRACE + Duration::from_millis(100));
+        assert_eq!(locate(&directory, "node-a"), NodeAgent::Unreachable);
+        // The clock of a node never listed starts at the first clean read.
+        empty.write(A);
+        assert!(reload(&directory, &empty).expect("clean"));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        std::thread::sleep(GRACE + Duration::from_millis(100));
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
     }
 
     #[test]

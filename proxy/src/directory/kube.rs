@@ -1,30 +1,39 @@
 //! The agent directory from the agent DaemonSet's Pods: a kube-runtime
 //! reflector on the Pods (one namespace, a label selector) maps each Ready
 //! Pod's `spec.nodeName` to `status.podIP` and the agent port, and a
-//! metadata-only reflector on the Nodes supplies node labels for targets'
-//! node selectors and says which nodes still exist. Objects are trimmed
-//! before they are cached (no managedFields, annotations, or unused spec),
-//! which is what keeps 5,000 agent Pods cheap. A Pod that is deleted,
-//! terminating or not Ready drops out; the snapshot is republished only
-//! when it changes. Its node is gone only once its Node object is deleted.
+//! reflector on the Nodes supplies node labels for targets' node selectors,
+//! says which nodes still exist and which the operator fenced. Objects are
+//! trimmed before they are cached (no managedFields, annotations, Node
+//! status, or unused spec), which is what keeps 5,000 agent Pods and Nodes
+//! cheap. A Pod that is deleted, terminating or not Ready drops out; the
+//! snapshot is republished only when it changes. A node is gone only by the
+//! operator's word: its Node object deleted, or the Node tainted
+//! `node.kubernetes.io/out-of-service` (Kubernetes' non-graceful node
+//! shutdown: the operator fenced the node, then tainted it). NotReady alone
+//! never makes a node gone.
 
 use crate::reflect::Wake;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::{AgentDirectory, AgentEntry, Agents, Unready};
+use super::{AgentDirectory, AgentEntry, Agents, Standing, Unready};
 
 /// Name of the agent container port; its number wins over the configured one.
 pub const AGENT_PORT_NAME: &str = "agent-api";
+
+/// The taint an operator puts on a Node after fencing it (powered off, cut
+/// from the SAN) so that its volumes can be detached and used elsewhere
+/// (Kubernetes' non-graceful node shutdown). Any value; effect NoExecute or
+/// NoSchedule, as Kubernetes documents.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
 /// Where the agent Pods are.
 #[derive(Clone, Debug)]
@@ -46,8 +55,9 @@ pub struct PodDirectoryConfig {
 /// Agents found through their Pods.
 pub struct PodDirectory {
     tx: watch::Sender<Agents>,
-    /// The Node objects (metadata only): which nodes exist.
-    nodes: Store<PartialObjectMeta<Node>>,
+    /// The Node objects (metadata and the out-of-service taint): which
+    /// nodes exist, and which are fenced.
+    nodes: Store<Node>,
     /// Agent Pods that run but are not Ready.
     unready: watch::Sender<Vec<Unready>>,
     /// Whether a snapshot built after both watches listed once is out.
@@ -61,7 +71,7 @@ impl PodDirectory {
     /// Starts the reflectors; the directory is empty until they have listed.
     pub fn spawn(client: Client, config: PodDirectoryConfig) -> Arc<Self> {
         let pods_api: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-        let nodes_api: Api<PartialObjectMeta<Node>> = Api::all(client);
+        let nodes_api: Api<Node> = Api::all(client);
         let (pods, pods_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
         let changed = Arc::new(Notify::new());
@@ -84,10 +94,7 @@ impl PodDirectory {
             nodes_api,
             watcher::Config::default(),
             nodes_writer,
-            |n: &mut PartialObjectMeta<Node>| {
-                n.metadata.managed_fields = None;
-                n.metadata.annotations = None;
-            },
+            trim_node,
             Wake::EveryChange(changed.clone()),
             listed.clone(),
         );
@@ -181,10 +188,17 @@ impl AgentDirectory for PodDirectory {
         self.is_ready()
     }
 
-    /// A node exists until its Node object is deleted; before the lists
-    /// are in, none is known gone.
-    fn node_exists(&self, node: &str) -> bool {
-        !self.is_ready() || self.nodes.get(&ObjectRef::new(node)).is_some()
+    /// Removed once its Node object is deleted, fenced while the Node
+    /// carries the out-of-service taint; before the lists are in, a member.
+    fn standing(&self, node: &str) -> Standing {
+        if !self.is_ready() {
+            return Standing::Member;
+        }
+        match self.nodes.get(&ObjectRef::new(node)) {
+            None => Standing::Removed,
+            Some(n) if fenced(&n) => Standing::Fenced,
+            Some(_) => Standing::Member,
+        }
     }
 
     fn unready(&self) -> Vec<Unready> {
@@ -197,17 +211,24 @@ impl AgentDirectory for PodDirectory {
 }
 
 /// The directory the caches describe now. When two Ready Pods claim one
-/// node (a surge during a rolling update), the newer one wins.
+/// node (a surge during a rolling update), the newer one wins. A fenced
+/// node's agent is left out whatever its Pod says: the node is down, and
+/// its Pod's Ready is a stale status.
 fn build(
     pods: &Store<Pod>,
-    nodes: &Store<PartialObjectMeta<Node>>,
+    nodes: &Store<Node>,
     default_port: u16,
     daemonset: &str,
 ) -> BTreeMap<String, AgentEntry> {
+    let nodes = nodes.state();
     let node_labels: BTreeMap<String, (BTreeMap<String, String>, Option<String>)> = nodes
-        .state()
         .iter()
         .map(|n| (n.name_any(), (n.labels().clone(), n.uid())))
+        .collect();
+    let fenced: BTreeSet<String> = nodes
+        .iter()
+        .filter(|n| fenced(n))
+        .map(|n| n.name_any())
         .collect();
     let mut chosen: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     for pod in pods
@@ -215,7 +236,7 @@ fn build(
         .into_iter()
         .filter(|p| controlled_by(p, daemonset))
     {
-        let Some(node) = serving_node(&pod) else {
+        let Some(node) = serving_node(&pod).filter(|n| !fenced.contains(n)) else {
             continue;
         };
         let newer = chosen
@@ -255,11 +276,7 @@ fn pod_address(pod: &Pod, default_port: u16) -> Option<String> {
 
 /// The agent Pods that run (scheduled, an IP, not terminating) but are
 /// not Ready: an agent enrolling is one.
-fn unready(
-    pods: &Store<Pod>,
-    nodes: &Store<PartialObjectMeta<Node>>,
-    default_port: u16,
-) -> Vec<Unready> {
+fn unready(pods: &Store<Pod>, nodes: &Store<Node>, default_port: u16) -> Vec<Unready> {
     // Whatever controls them: a Pod that is not the DaemonSet's is refused
     // by the enrolment check itself, with a reason in the proxy's log (a
     // signal worth having), and can never serve (`build`).
@@ -323,6 +340,40 @@ fn agent_port(pod: &Pod) -> Option<u16> {
         .flat_map(|c| c.ports.iter().flatten())
         .find(|p| p.name.as_deref() == Some(AGENT_PORT_NAME))
         .and_then(|p| u16::try_from(p.container_port).ok())
+}
+
+/// Whether the operator fenced the node: it carries the out-of-service
+/// taint with an effect that keeps Pods off it.
+fn fenced(node: &Node) -> bool {
+    node.spec
+        .iter()
+        .flat_map(|s| s.taints.iter().flatten())
+        .any(|t| {
+            t.key == OUT_OF_SERVICE_TAINT && matches!(t.effect.as_str(), "NoExecute" | "NoSchedule")
+        })
+}
+
+/// Keeps only what the directory reads of a Node: its name, UID and
+/// labels, and the out-of-service taint (its status, by far the largest
+/// part, goes).
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    node.status = None;
+    let taints = node
+        .spec
+        .take()
+        .and_then(|s| s.taints)
+        .map(|ts| {
+            ts.into_iter()
+                .filter(|t| t.key == OUT_OF_SERVICE_TAINT)
+                .collect::<Vec<_>>()
+        })
+        .filter(|ts| !ts.is_empty());
+    node.spec = taints.map(|taints| NodeSpec {
+        taints: Some(taints),
+        ..NodeSpec::default()
+    });
 }
 
 /// Keeps only what `build` reads.

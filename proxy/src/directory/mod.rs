@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use file::{DirectoryError, FileDirectory};
-pub use kube::{AGENT_PORT_NAME, PodDirectory, PodDirectoryConfig};
+pub use file::{DEFAULT_REMOVAL_GRACE, DirectoryError, FileDirectory};
+pub use kube::{AGENT_PORT_NAME, OUT_OF_SERVICE_TAINT, PodDirectory, PodDirectoryConfig};
 
 /// One agent: where it listens and its node's labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,9 +49,9 @@ pub trait AgentDirectory: Send + Sync {
     /// Whether the snapshot reflects a complete first list of the
     /// backend; before that an agent missing from it says nothing.
     fn is_synced(&self) -> bool;
-    /// Whether `node` is still part of the cluster, whatever its agent's
-    /// state; `true` while the backend cannot tell yet.
-    fn node_exists(&self, node: &str) -> bool;
+    /// What the backend says of `node` itself, whatever its agent's state;
+    /// [`Standing::Member`] while the backend cannot tell yet.
+    fn standing(&self, node: &str) -> Standing;
     /// Agents that run but do not serve (an agent with no certificate
     /// yet is not Ready); none when the backend cannot tell.
     fn unready(&self) -> Vec<Unready> {
@@ -64,6 +64,23 @@ pub trait AgentDirectory: Send + Sync {
     }
 }
 
+/// What a backend says of a node itself, apart from its agent. Only the
+/// operator's own act makes a node anything but a member: a node that
+/// merely stopped answering may still write to its volumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Part of the cluster, or not known to have left it (including while
+    /// the backend cannot tell yet).
+    Member,
+    /// Removed by the operator: its Node object deleted, or its line out of
+    /// every clean read of the agents file for the whole grace period.
+    Removed,
+    /// Fenced by the operator (Kubernetes' `node.kubernetes.io/out-of-service`
+    /// taint): down and cut off from its storage, whatever its agent last
+    /// looked like.
+    Fenced,
+}
+
 /// What the directory says about one node's agent (`locate`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeAgent {
@@ -72,7 +89,8 @@ pub enum NodeAgent {
     /// The node exists but no agent is listed for it (NotReady,
     /// partitioned, agent restarting): it may still be using its volumes.
     Unreachable,
-    /// The node left the cluster: nothing can be attached there any more.
+    /// The node left the cluster, or its operator fenced it: nothing can
+    /// be attached there any more.
     Gone,
     /// The directory has not listed once yet: nothing is known about the
     /// node, so a call for it waits (UNAVAILABLE) rather than guess.
@@ -103,14 +121,23 @@ impl csi_scsi_daemon::Check for DirectoryCheck {
 impl dyn AgentDirectory {
     /// Where `node`'s agent stands. The one place that decides a node is
     /// gone: a node whose agent is merely missing (not Ready, partitioned)
-    /// may still write to its volumes, so only a node the backend no longer
-    /// has (Node object deleted, line removed from the agents file) is.
+    /// may still write to its volumes, so only the operator's word makes it
+    /// gone: the node removed ([`Standing::Removed`]: Node object deleted,
+    /// or out of the agents file for the grace period) and no agent of it
+    /// listed, or the node fenced ([`Standing::Fenced`]), listed or not.
     pub fn locate(&self, node: &str) -> NodeAgent {
-        match self.snapshot().get(node) {
-            Some(entry) => NodeAgent::Listed(entry.clone()),
-            None if !self.is_synced() => NodeAgent::NotSynced,
-            None if self.node_exists(node) => NodeAgent::Unreachable,
-            None => NodeAgent::Gone,
+        let listed = self.snapshot().get(node).cloned();
+        match (self.standing(node), listed) {
+            // A fenced node is powered off or cut from the SAN: an agent
+            // that still looks Ready is a stale status (its kubelet is down
+            // too), and a call to it would only time out.
+            (Standing::Fenced, _) => NodeAgent::Gone,
+            // A listed agent is called even on a removed node: only an
+            // agent can say what is attached there.
+            (_, Some(entry)) => NodeAgent::Listed(entry),
+            (_, None) if !self.is_synced() => NodeAgent::NotSynced,
+            (Standing::Member, None) => NodeAgent::Unreachable,
+            (Standing::Removed, None) => NodeAgent::Gone,
         }
     }
 }

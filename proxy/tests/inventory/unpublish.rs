@@ -1,8 +1,10 @@
 //! ControllerUnpublish over the embedded store with the agents file as the
 //! list of nodes: a listed node that does not answer keeps its record; a
-//! node removed from the file is gone.
+//! node missing from a half-written file keeps it too; a node removed from
+//! the file is gone once it stayed out for the grace period.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
@@ -12,7 +14,7 @@ use crate::devices::{bind_req, lun, publication, round, uid};
 use crate::lifecycle_support;
 
 #[tokio::test]
-async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_node_removed_from_the_file()
+async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_node_removed_from_the_file_after_the_grace_period()
  {
     let dir = tempfile::tempdir().unwrap();
     let inv = Arc::new(Inventory::new(Arc::new(
@@ -32,7 +34,9 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
         .unwrap();
     let agents_file = dir.path().join("agents");
     std::fs::write(&agents_file, format!("node-a {silent}\n")).unwrap();
-    let agents = FileDirectory::load(&agents_file).unwrap();
+    // Long enough that a loaded machine cannot sleep through it.
+    let grace = Duration::from_secs(2);
+    let agents = FileDirectory::load_with_grace(&agents_file, grace).unwrap();
     let life = lifecycle_support::lifecycle(inv.clone(), agents.clone(), dir.path());
     let published_to = || async {
         inv.device(&dev.wwid)
@@ -49,9 +53,25 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
     let delete = Status::from(life.delete(&id, "t").await.unwrap_err());
     assert_eq!(delete.code(), Code::FailedPrecondition, "{delete:?}");
 
-    // Removed from the file: the node is gone, nothing is attached there.
+    // The file is truncated (a writer cut short): the last good map stays.
+    std::fs::write(&agents_file, "").unwrap();
+    agents.reload().unwrap_err();
+    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(published_to().await, ["node-a"], "the record is kept");
+
+    // Removed from the file: unknown at first, as a half-written file
+    // would leave it; the record stays.
     std::fs::write(&agents_file, "# node-a decommissioned\n").unwrap();
     assert!(agents.reload().unwrap());
+    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(published_to().await, ["node-a"], "the record is kept");
+
+    // Out of the file for the grace period: the node is gone, nothing is
+    // attached there.
+    tokio::time::sleep(grace + Duration::from_millis(100)).await;
+    agents.reload().unwrap();
     life.unpublish(&id, "node-a", "t").await.unwrap();
     assert!(published_to().await.is_empty(), "the record is dropped");
 }

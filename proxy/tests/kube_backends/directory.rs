@@ -51,6 +51,13 @@ fn pod_status(ip: &str, ready: bool) -> Value {
     })
 }
 
+/// The taint Kubernetes' non-graceful node shutdown asks the operator to
+/// set on a node once it is fenced.
+pub const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+
+/// The taint the node lifecycle controller sets on a NotReady node.
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
 /// Node objects are cluster-wide and these tests name theirs alike
 /// (`node-a`...): one test at a time holds them.
 static NODES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -107,6 +114,47 @@ impl Agents {
             .create(&PostParams::default(), &node)
             .await
             .unwrap();
+    }
+
+    /// Sets Node `name`'s taints to `taints` (`(key, value, effect)`),
+    /// replacing any it had: `&[]` removes them all.
+    pub async fn taint(&self, name: &str, taints: &[(&str, &str, &str)]) {
+        let taints: Vec<Value> = taints
+            .iter()
+            .map(|(key, value, effect)| json!({"key": key, "value": value, "effect": effect}))
+            .collect();
+        self.nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": taints}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Node `name` goes NotReady as the node lifecycle controller shows it
+    /// when kubelet stops: the Ready condition Unknown, the unreachable
+    /// taints.
+    pub async fn node_not_ready(&self, name: &str) {
+        self.nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": [
+                    {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+                ]}})),
+            )
+            .await
+            .unwrap();
+        self.taint(
+            name,
+            &[
+                (UNREACHABLE, "", "NoSchedule"),
+                (UNREACHABLE, "", "NoExecute"),
+            ],
+        )
+        .await;
     }
 
     pub async fn delete_node(&self, name: &str) {
@@ -466,4 +514,63 @@ async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at
     let mut unready: Vec<_> = dir.unready().into_iter().map(|u| u.node).collect();
     unready.sort();
     assert_eq!(unready, ["node-a", "node-b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_tainted_out_of_service_is_gone_even_with_a_ready_agent_until_the_taint_is_removed()
+{
+    let agents = Agents::new("directory-out-of-service").await;
+    for n in ["node-a", "node-b", "node-c"] {
+        agents.node(n, "r1").await;
+    }
+    // node-a and node-c serve; node-b is NotReady (kubelet stopped).
+    agents.agent("node-a", true).await;
+    agents.agent("node-b", false).await;
+    agents.agent("node-c", true).await;
+    agents.node_not_ready("node-b").await;
+    let dir = agents.ready_directory(real_kube::admin().await).await;
+    eventually("node-a's and node-c's agents", || dir.snapshot().len() == 2).await;
+    assert_eq!(
+        locate(&dir, "node-b"),
+        NodeAgent::Unreachable,
+        "NotReady, with the lifecycle controller's taints, is not gone"
+    );
+
+    // node-a dies while its agent Pod still looks Ready (nobody updates a
+    // dead node's Pods); the operator fences it, then taints it.
+    agents
+        .taint("node-a", &[(OUT_OF_SERVICE, "nodeshutdown", "NoExecute")])
+        .await;
+    eventually("node-a gone", || locate(&dir, "node-a") == NodeAgent::Gone).await;
+    eventually("node-a's agent out of the snapshot", || {
+        !dir.snapshot().contains_key("node-a")
+    })
+    .await;
+    // Either effect Kubernetes documents; any value, or none.
+    let mut tainted = vec![(UNREACHABLE, "", "NoExecute")];
+    tainted.push((OUT_OF_SERVICE, "", "NoSchedule"));
+    agents.taint("node-b", &tainted).await;
+    eventually("node-b gone", || locate(&dir, "node-b") == NodeAgent::Gone).await;
+    // PreferNoSchedule is no fencing Kubernetes knows of.
+    agents
+        .taint(
+            "node-c",
+            &[(OUT_OF_SERVICE, "nodeshutdown", "PreferNoSchedule")],
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(matches!(locate(&dir, "node-c"), NodeAgent::Listed(_)));
+
+    // Repaired and back: the taint removed, each node is what its agent
+    // says again.
+    agents.taint("node-a", &[]).await;
+    agents.node_not_ready("node-b").await;
+    eventually("node-a's agent back", || {
+        matches!(locate(&dir, "node-a"), NodeAgent::Listed(_))
+    })
+    .await;
+    eventually("node-b unreachable again", || {
+        locate(&dir, "node-b") == NodeAgent::Unreachable
+    })
+    .await;
 }

@@ -1,8 +1,9 @@
 //! ControllerUnpublish against the Kubernetes backends: a node that is only
 //! NotReady is not gone, so its publish record stays until its Node object
-//! is deleted; before the directory's first list nothing is known, so calls
-//! wait; discovery drops the views of deleted Nodes only. On the real
-//! kube-apiserver, Nodes and agent Pods as in `directory.rs`.
+//! is deleted or the operator fences it (the out-of-service taint); before
+//! the directory's first list nothing is known, so calls wait; discovery
+//! drops the views of deleted Nodes only. On the real kube-apiserver, Nodes
+//! and agent Pods as in `directory.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use serde_json::json;
 use tonic::{Code, Status};
 
 use crate::devices::wwid;
-use crate::directory::{Agents, locate};
+use crate::directory::{Agents, OUT_OF_SERVICE, locate, pod};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
@@ -194,4 +195,88 @@ async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_on
     let stored = stored::<SCSIDevice>(&admin, &wwid(1)).await;
     assert_eq!(stored["status"]["nodeNames"], json!(["node-a"]));
     assert_eq!(stored["status"]["phase"], "Bound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_calling_its_agent() {
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let agents = Agents::new("unpublish-out-of-service").await;
+    agents.node("node-a", "r1").await;
+    // node-a's agent Pod still looks Ready, at an address where a listener
+    // counts the connections and answers nothing (a dead node's socket
+    // would not even do that).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut body = pod("agent-a", "node-a", "127.0.0.1", true);
+    body["spec"]["containers"][1]["ports"][0]["containerPort"] =
+        json!(listener.local_addr().unwrap().port());
+    agents.put(body).await;
+    let connections = || {
+        let mut n = 0;
+        while listener.accept().is_ok() {
+            n += 1;
+        }
+        n
+    };
+    let mut published = device(1, 1 << 30, &["node-a"], Some("pv-1"));
+    published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
+    published["status"]["published"] =
+        json!([{"node": "node-a", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
+    create(&admin, published).await;
+    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
+    let directory = agents.ready_directory(admin.clone()).await;
+    eventually("node-a's agent", || {
+        matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
+    })
+    .await;
+    let scratch = tempfile::tempdir().unwrap();
+    let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
+    let id = format!("{}:uid-pv-1", wwid(1));
+    let published_to = || async {
+        inventory
+            .device(&wwid(1))
+            .await
+            .unwrap()
+            .unwrap()
+            .published_nodes()
+    };
+
+    // The node dies: its agent does not answer, so the record stays.
+    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    assert!(
+        matches!(refused.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{refused:?}"
+    );
+    assert_eq!(published_to().await, ["node-a"], "the record is kept");
+    assert!(connections() > 0, "the listed agent was called");
+
+    // The operator fences node-a, then taints it: its volumes are free.
+    agents
+        .taint("node-a", &[(OUT_OF_SERVICE, "nodeshutdown", "NoExecute")])
+        .await;
+    eventually("node-a gone", || {
+        locate(&directory, "node-a") == NodeAgent::Gone
+    })
+    .await;
+    life.unpublish(&id, "node-a", "t").await.unwrap();
+    assert!(published_to().await.is_empty(), "the record is dropped");
+    assert_eq!(connections(), 0, "the fenced node's agent is not called");
+    // Nothing is attached to a fenced node.
+    let refused = Status::from(
+        life.publish(&id, "node-a", &writer(), false, "t")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(refused.message().contains("out-of-service"), "{refused:?}");
+    assert!(published_to().await.is_empty());
+    assert_eq!(connections(), 0);
+
+    // Repaired, the taint removed: node-a is itself again.
+    agents.taint("node-a", &[]).await;
+    eventually("node-a's agent back", || {
+        matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
+    })
+    .await;
 }
