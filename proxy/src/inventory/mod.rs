@@ -365,7 +365,8 @@ impl Inventory {
             for dev in forget {
                 match self.store.delete(&dev).await {
                     Ok(()) => out.forgotten.push(dev.wwid),
-                    Err(InventoryError::Conflict(_)) => {
+                    // Changed or gone since read: read again and decide anew.
+                    Err(InventoryError::Conflict(_) | InventoryError::NotFound(_)) => {
                         again.insert(dev.wwid);
                     }
                     Err(e) => failed(&mut out, &round, &dev.wwid, &e),
