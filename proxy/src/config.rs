@@ -104,6 +104,12 @@ pub struct Args {
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub discovery_interval: u64,
 
+    /// Seconds after which a device that no node reports and that holds no
+    /// volume is removed from the inventory (only after a pass in which
+    /// every node asked answered); 0: never.
+    #[arg(long, default_value = "604800", value_name = "SECONDS")]
+    pub device_forget_after: u64,
+
     /// Overall deadline of one agent call (retries included).
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub agent_timeout: u64,
@@ -262,6 +268,8 @@ pub struct Config {
     pub targets_file: Option<PathBuf>,
     pub secrets_dir: Option<PathBuf>,
     pub discovery_interval: Duration,
+    /// `None`: devices are never forgotten.
+    pub device_forget_after: Option<Duration>,
     pub status_listen: std::net::SocketAddr,
     pub agent_probe_interval: Duration,
     pub calls: CallConfig,
@@ -363,6 +371,8 @@ impl Args {
             targets_file: self.targets_file,
             secrets_dir: self.secrets_dir,
             discovery_interval: Duration::from_secs(self.discovery_interval.max(1)),
+            device_forget_after: (self.device_forget_after > 0)
+                .then(|| Duration::from_secs(self.device_forget_after)),
             status_listen: self.status_listen,
             agent_probe_interval: Duration::from_secs(self.agent_probe_interval.max(1)),
             calls,

@@ -2,7 +2,7 @@
 //! is known: no device fits (CreateVolume), resize pending (the LUN must
 //! be grown on the array), and wipe failed (DeleteVolume; by then the PVC
 //! is usually gone, so the Event goes on the PersistentVolume and names
-//! the SCSIDevice). Publishing is best effort: a failure is logged, never
+//! the SCSIDevice); and on the SCSIDevice, a target conflict (discovery). Publishing is best effort: a failure is logged, never
 //! returned, and never fails the CSI call that caused it.
 //!
 //! The PVC of a CreateVolume comes from the parameters the
@@ -149,6 +149,24 @@ impl VolumeEvents {
         );
         self.on_volume(volume, "BoundDeviceDeleteRequested", "Delete", note, wwid)
             .await;
+    }
+
+    /// A target of another array reported the LUN's WWID: its report was
+    /// not merged. Reported on the SCSIDevice itself (`uid`: its UID).
+    pub async fn target_conflict(&self, wwid: &str, uid: Option<String>, note: String) {
+        let regarding = ObjectReference {
+            uid,
+            ..device_ref(wwid)
+        };
+        self.publish(
+            EventType::Warning,
+            "TargetConflict",
+            "Discover",
+            note,
+            &regarding,
+            None,
+        )
+        .await;
     }
 
     async fn on_volume(&self, volume: &str, reason: &str, action: &str, note: String, wwid: &str) {

@@ -105,13 +105,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ));
     }
     // Only the leader discovers and writes (always us when embedded).
-    let (interval, concurrency, discovering) = (
-        config.discovery_interval,
-        config.calls.concurrency,
-        life.clone(),
-    );
+    let (interval, discovering) = (config.discovery_interval, life.clone());
+    let settings = discovery::PassSettings {
+        concurrency: config.calls.concurrency,
+        forget_after: config.device_forget_after,
+    };
     background.spawn(run_while_leader(backends.leader.clone(), move || {
-        discovery::run(discovering.clone(), interval, trigger.clone(), concurrency)
+        discovery::run(discovering.clone(), interval, trigger.clone(), settings)
     }));
     // Agents' certificates: first ones and renewals (leader only).
     if let Some(enrolment) = &config.enrolment {

@@ -2,6 +2,7 @@
 //! and run over both: the embedded store on a real SQLite file, and the
 //! Kubernetes store against a real kube-apiserver (`support/real_kube.rs`).
 //! `sqlite` is what only the embedded store does (the file, migrations);
+//! `discovery`, that one failing device or target stops no other;
 //! the Kubernetes store's own tests (requests, caches, 409s, Events) are in
 //! `kube_backends/inventory.rs`. And ControllerUnpublish with the agents
 //! file as the list of nodes.
@@ -11,6 +12,8 @@
 mod contract;
 #[path = "support/devices.rs"]
 mod devices;
+#[path = "inventory/discovery.rs"]
+mod discovery;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
 #[path = "support/real_kube.rs"]

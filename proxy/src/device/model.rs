@@ -2,7 +2,7 @@
 //! Both stores and the custom resources hold these types; the transitions
 //! between phases are in `policy`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use csi_scsi_proto::agent::WipeMode;
 use schemars::JsonSchema;
@@ -58,6 +58,12 @@ pub struct Target {
     /// Labels stamped onto every device of this target.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub device_labels: BTreeMap<String, String>,
+    /// The storage array this target is one way into. Targets naming the
+    /// same array may report the same LUNs (one array under several target
+    /// names: an IQN per controller, portal groups); a WWID reported through
+    /// targets of different arrays, or of none named, is a conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
 }
 
 /// How a target is reached.
@@ -113,6 +119,22 @@ pub struct NodeView {
     /// `/dev/disk/by-path` (or by-id) names on that node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
+}
+
+/// A target that reported a LUN of the device's WWID although the device is
+/// known through targets of another array: its report was not merged (one
+/// WWID is one LUN; the second report is a node or an array claiming an
+/// identity that is taken), and it stays here until that target's nodes
+/// answer without it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetConflict {
+    /// The target whose report was refused.
+    pub target: String,
+    /// The nodes that reported the WWID through it.
+    pub nodes: Vec<String>,
+    /// Unix seconds when it was first seen.
+    pub since: i64,
 }
 
 /// What DeleteVolume does to a LUN before it is offered again.
@@ -195,6 +217,8 @@ pub struct Device {
     pub reason: String,
     /// How many wipes of it have failed, ever (bind prefers fewer).
     pub wipe_failures: u32,
+    /// Targets of another array that report its WWID (never merged).
+    pub conflicts: Vec<TargetConflict>,
     /// Bumped on every write: the compare-and-swap token.
     pub generation: i64,
 }
@@ -283,9 +307,12 @@ pub struct DiscoveryRound {
     pub device_labels: BTreeMap<String, String>,
     /// Nodes that answered, with what they see.
     pub answered: BTreeMap<String, Vec<LunReport>>,
-    /// Nodes that should see the target but did not answer; their earlier
-    /// reports stand.
+    /// Nodes that should see the target but did not answer, or whose
+    /// report was refused; their earlier reports stand.
     pub unanswered: Vec<String>,
+    /// The other targets naming the same array as this one: a device known
+    /// through one of them may be reported through this one too.
+    pub same_array: BTreeSet<String>,
 }
 
 /// What a discovery round changed.
@@ -297,6 +324,15 @@ pub struct DiscoveryOutcome {
     pub lost: Vec<String>,
     /// Lost devices that came back.
     pub found: Vec<String>,
+    /// Devices whose WWID this target reported while they are known
+    /// through another array's targets (not merged).
+    pub conflicts: Vec<String>,
+    /// Devices no node reported for longer than the forget time, never
+    /// bound: removed.
+    pub forgotten: Vec<String>,
+    /// Devices that could not be read or written this round, with why
+    /// (the others were merged all the same).
+    pub failed: Vec<(String, String)>,
 }
 
 /// What CreateVolume needs from a device.

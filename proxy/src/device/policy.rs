@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::access::{Capability, FsType};
 use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NodeView, Phase, Publication,
+    TargetConflict,
 };
 
 /// How stale `last_seen` may get when nothing else about a device changed:
@@ -43,6 +44,8 @@ pub enum Change {
     Found,
     /// Something else changed (paths, size, labels, last seen).
     Updated,
+    /// A target of another array reported its WWID: recorded, not merged.
+    Conflict,
 }
 
 /// The result of merging a round into one device.
@@ -76,6 +79,12 @@ pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>
 /// of every target, so they leave topology and fan-outs); another target's
 /// views are kept; a label the device already has is never overwritten
 /// (the conflict goes into `conflicts`).
+///
+/// A device is known through its first target and the targets of its
+/// views. A report through a target that is none of those and names no
+/// array with one of them ([`known_through`]) is a conflict: recorded in
+/// the device's `conflicts` and nothing else of it merged, so a LUN never
+/// moves to another array on a node's word.
 pub fn merge(
     existing: Option<&Device>,
     wwid: &str,
@@ -110,52 +119,132 @@ pub fn merge(
                 last_seen: now,
                 reason: String::new(),
                 wipe_failures: 0,
+                conflicts: Vec::new(),
                 generation: 0,
             },
             change: Change::Added,
         });
     };
     let mut dev = before.clone();
+    let accepted = known_through(before, round);
     dev.nodes.retain(|v| {
         // This round's answer replaces the node's view of this target.
         let answered_again = v.target == *t && round.answered.contains_key(&v.node);
         !answered_again && !departed.contains(&v.node)
     });
-    dev.nodes.extend(fresh);
-    dev.nodes
-        .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
-    if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
-        dev.size_bytes = lun.size_bytes;
-        if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
-            dev.last_seen = now;
-        }
-    }
-    for (k, v) in &round.device_labels {
-        match dev.labels.get(k) {
-            None => {
-                dev.labels.insert(k.clone(), v.clone());
+    let mut change = Change::Updated;
+    if accepted {
+        dev.conflicts.retain(|c| c.target != *t);
+        dev.nodes.extend(fresh);
+        dev.nodes
+            .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
+        if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
+            dev.size_bytes = lun.size_bytes;
+            if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
+                dev.last_seen = now;
             }
-            Some(have) if have != v => {
-                conflicts.push(format!(
-                    "{wwid}: {k}={have} (kept), this target says {k}={v}"
-                ));
-            }
-            Some(_) => {}
         }
+        for (k, v) in &round.device_labels {
+            match dev.labels.get(k) {
+                None => {
+                    dev.labels.insert(k.clone(), v.clone());
+                }
+                Some(have) if have != v => {
+                    conflicts.push(format!(
+                        "{wwid}: {k}={have} (kept), this target says {k}={v}"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    } else if target_conflict(&mut dev, reports, round, departed, now) {
+        change = Change::Conflict;
     }
-    let change = if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound) {
+    if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound) {
         lost(&mut dev, &format!("no node reports it (target {t})"));
-        Change::Lost
+        change = Change::Lost;
     } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
         found(&mut dev);
-        Change::Found
-    } else {
-        Change::Updated
-    };
+        change = Change::Found;
+    }
     (dev != *before).then_some(Merged {
         device: dev,
         change,
     })
+}
+
+/// Whether `round`'s target may report `dev`: it is the device's first
+/// target or the target of one of its views, or names the same array as
+/// one of those.
+pub fn known_through(dev: &Device, round: &DiscoveryRound) -> bool {
+    let ours = |target: &String| *target == round.target || round.same_array.contains(target);
+    ours(&dev.target) || dev.nodes.iter().any(|v| ours(&v.target))
+}
+
+/// Records the round's target as a conflict of `dev` (the nodes that
+/// report it now, and those that did before and are silent now), or
+/// drops the record once its nodes answer without it. `true`: a conflict
+/// that was not recorded before.
+fn target_conflict(
+    dev: &mut Device,
+    reports: &[Report<'_>],
+    round: &DiscoveryRound,
+    departed: &BTreeSet<String>,
+    now: i64,
+) -> bool {
+    let t = &round.target;
+    let earlier = dev.conflicts.iter().position(|c| c.target == *t);
+    let mut nodes: BTreeSet<String> = earlier
+        .map(|i| dev.conflicts[i].nodes.iter().cloned().collect())
+        .unwrap_or_default();
+    nodes.retain(|n| !round.answered.contains_key(n) && !departed.contains(n));
+    nodes.extend(reports.iter().map(|(n, _)| (*n).to_owned()));
+    match (earlier, nodes.is_empty()) {
+        (Some(i), true) => {
+            dev.conflicts.remove(i);
+            false
+        }
+        (Some(i), false) => {
+            dev.conflicts[i].nodes = nodes.into_iter().collect();
+            false
+        }
+        (None, true) => false,
+        (None, false) => {
+            dev.conflicts.push(TargetConflict {
+                target: t.clone(),
+                nodes: nodes.into_iter().collect(),
+                since: now,
+            });
+            dev.conflicts.sort_by(|a, b| a.target.cmp(&b.target));
+            true
+        }
+    }
+}
+
+/// Whether discovery removes `dev` after merging `round` into it: a
+/// phantom. It holds no volume and was never published, is Available or
+/// Lost, no node has a view of it and no other array claims it, at least
+/// one node answered the round and every node asked did (a node that did
+/// not answer is doubt, never "not reported"), this round did not report
+/// it, and it was last seen more than `forget_after` seconds ago. As
+/// `last_seen` moves only every [`LAST_SEEN_RESOLUTION`], that much is
+/// added: a device that is still reported is never removed.
+pub fn forgettable(
+    dev: &Device,
+    round: &DiscoveryRound,
+    reported: bool,
+    now: i64,
+    forget_after: i64,
+) -> bool {
+    !reported
+        && !round.answered.is_empty()
+        && round.unanswered.is_empty()
+        && dev.binding.is_none()
+        && dev.published.is_empty()
+        && matches!(dev.phase, Phase::Available | Phase::Lost)
+        && dev.nodes.is_empty()
+        && dev.conflicts.is_empty()
+        && now.saturating_sub(dev.last_seen) >= forget_after.saturating_add(LAST_SEEN_RESOLUTION)
 }
 
 /// No node reports the device: it goes Lost and keeps any binding.

@@ -80,6 +80,11 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX devices_free ON devices (phase, size_bytes, wipe_failures, wwid);
      DROP INDEX device_nodes_free;
      CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wipe_failures, wwid);",
+    // 4: targets of another array that report a device's WWID (never
+    // merged), as JSON; the few devices that have any are indexed, so a
+    // round of such a target finds them without a scan.
+    "ALTER TABLE devices ADD COLUMN conflicts TEXT NOT NULL DEFAULT '[]';
+     CREATE INDEX devices_conflicted ON devices (wwid) WHERE conflicts <> '[]';",
 ];
 
 /// The SQLite-backed inventory.
@@ -263,7 +268,7 @@ fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
     })
 }
 
-const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures";
+const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures, conflicts";
 
 fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
     let phase: String = r.get(8)?;
@@ -291,6 +296,7 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
         reason: r.get(13)?,
         generation: r.get(14)?,
         wipe_failures: r.get(15)?,
+        conflicts: from_json(&r.get::<_, String>(16)?)?,
     })
 }
 
@@ -331,13 +337,14 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         dev.reason,
         dev.generation,
         dev.wipe_failures,
+        json(&dev.conflicts)?,
     ];
     let changed = if insert {
         conn.execute(
             "INSERT INTO devices (wwid, target, lun, size_bytes, vendor, model, serial, labels, phase,
                 binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation,
-                wipe_failures)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1, ?18)",
+                wipe_failures, conflicts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1, ?18, ?19)",
             args,
         )
     } else {
@@ -345,7 +352,7 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
             "UPDATE devices SET target = ?2, lun = ?3, size_bytes = ?4, vendor = ?5, model = ?6,
                 serial = ?7, labels = ?8, phase = ?9, binding_uid = ?10, volume_name = ?11,
                 binding = ?12, nodes = ?13, published = ?14, last_seen = ?15, reason = ?16,
-                wipe_failures = ?18, generation = generation + 1
+                wipe_failures = ?18, conflicts = ?19, generation = generation + 1
              WHERE wwid = ?1 AND generation = ?17",
             args,
         )
@@ -521,7 +528,10 @@ impl Store for EmbeddedInventory {
                 .prepare_cached(&format!(
                     "SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid IN
                        (SELECT wwid FROM device_nodes WHERE target = ?1
-                        UNION SELECT wwid FROM devices WHERE target = ?1)"
+                        UNION SELECT wwid FROM devices WHERE target = ?1
+                        UNION SELECT wwid FROM devices
+                          WHERE conflicts <> '[]' AND EXISTS
+                            (SELECT 1 FROM json_each(conflicts) WHERE value ->> 'target' = ?1))"
                 ))
                 .map_err(sql)?;
             let rows = stmt
@@ -565,6 +575,26 @@ impl Store for EmbeddedInventory {
             // come between the commit and the cache taking it in.
             locked(&cache).committed(&results);
             Ok(results)
+        })
+        .await
+    }
+
+    async fn delete(&self, dev: &Device) -> Result<(), InventoryError> {
+        let (wwid, generation) = (dev.wwid.clone(), dev.generation);
+        let cache = self.cache.clone();
+        self.with(move |c| {
+            // The node index goes with the row (ON DELETE CASCADE).
+            let deleted = c
+                .execute(
+                    "DELETE FROM devices WHERE wwid = ?1 AND generation = ?2",
+                    params![wwid, generation],
+                )
+                .map_err(sql)?;
+            locked(&cache).devices.remove(&wwid);
+            if deleted == 0 {
+                return Err(InventoryError::Conflict(wwid));
+            }
+            Ok(())
         })
         .await
     }

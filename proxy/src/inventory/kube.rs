@@ -29,7 +29,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ObjectMeta, Patch};
+use kube::api::{DeleteParams, ObjectMeta, Patch, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -47,7 +47,7 @@ use crate::reflect;
 use crate::resources::{
     DEVICE_FINALIZER, PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
     SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, SCSITarget, SCSITargetSpec, SCSITargetStatus,
-    TARGET_FINALIZER, TargetNodeStatus, object_name,
+    TARGET_FINALIZER, TargetNodeStatus, conflict_message, object_name,
 };
 
 /// Tries of a target write against a stale cache.
@@ -303,6 +303,18 @@ impl KubeInventory {
         if written.phase == Phase::Failed && was != Some(Phase::Failed) {
             self.spawn_wipe_failed(&written);
         }
+        let had: BTreeSet<&str> = known
+            .status
+            .iter()
+            .flat_map(|s| s.conflicts.iter().map(|c| c.target.as_str()))
+            .collect();
+        if written
+            .conflicts
+            .iter()
+            .any(|c| !had.contains(c.target.as_str()))
+        {
+            self.spawn_target_conflict(&written, latest.uid());
+        }
         Ok(written)
     }
 
@@ -499,6 +511,17 @@ impl KubeInventory {
             let wwid = dev.wwid.clone();
             tokio::spawn(async move { events.bound_device_delete_requested(&volume, &wwid).await });
         }
+    }
+
+    /// Another array's target reports the device's WWID: an Event on the
+    /// SCSIDevice (the condition is in its status already).
+    fn spawn_target_conflict(&self, dev: &Device, uid: Option<String>) {
+        tracing::warn!(wwid = %dev.wwid, conflict = %conflict_message(dev), "SCSIDevice target conflict");
+        let Some(events) = self.inner.events.clone() else {
+            return;
+        };
+        let (wwid, note) = (dev.wwid.clone(), conflict_message(dev));
+        tokio::spawn(async move { events.target_conflict(&wwid, uid, note).await });
     }
 
     fn spawn_wipe_failed(&self, dev: &Device) {
@@ -804,9 +827,10 @@ impl super::Store for KubeInventory {
             .iter()
             .filter(|o| {
                 o.spec.target == target
-                    || o.status
-                        .as_ref()
-                        .is_some_and(|s| s.nodes.iter().any(|n| n.target == target))
+                    || o.status.as_ref().is_some_and(|s| {
+                        s.nodes.iter().any(|n| n.target == target)
+                            || s.conflicts.iter().any(|c| c.target == target)
+                    })
             })
             .map(|o| o.to_device().map_err(|e| store(e.to_string())))
             .collect()
@@ -826,6 +850,27 @@ impl super::Store for KubeInventory {
             });
         }
         Ok(results)
+    }
+
+    async fn delete(&self, dev: &Device) -> Result<(), InventoryError> {
+        self.fence()?;
+        self.wait_until_ready().await?;
+        let name = object_name(&dev.wwid);
+        // The version read, so a device written since (seen, bound) stays.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(dev.generation.to_string()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.inner.devices.delete(&name, &params).await {
+            Ok(_) => {
+                self.inner.device_cache.forget(&name);
+                Ok(())
+            }
+            Err(e) => Err(self.write_failed(&name, &dev.wwid, e).await),
+        }
     }
 
     async fn summary(&self) -> Result<Summary, InventoryError> {

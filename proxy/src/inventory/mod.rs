@@ -251,23 +251,30 @@ impl Inventory {
         Err(InventoryError::Conflict(wwid.to_owned()).into())
     }
 
-    /// Merges one target's discovery round by WWID, no node known gone.
-    /// One device failing does not stop the others; the first error is
-    /// returned after all.
+    /// Merges one target's discovery round by WWID, no node known gone,
+    /// forgetting nothing.
     pub async fn apply_discovery(
         &self,
         round: DiscoveryRound,
     ) -> Result<DiscoveryOutcome, InventoryError> {
-        self.apply_discovery_pruning(round, &|_| false).await
+        self.apply_discovery_pruning(round, &|_| false, None).await
     }
 
     /// As [`Self::apply_discovery`], and drops the views of every node
     /// `gone` says has left the cluster (the directory's verdict: only a
-    /// deleted Node is gone, an unreachable one is not).
+    /// deleted Node is gone, an unreachable one is not), and removes the
+    /// devices `policy::forgettable` after `forget_after` seconds (`None`:
+    /// never).
+    ///
+    /// Each device is read and written on its own account: one that fails
+    /// is in the outcome's `failed` (and logged), and the others are merged
+    /// all the same. `Err` only when the target's devices cannot be listed,
+    /// so nothing of the round can be told apart from a new device.
     pub async fn apply_discovery_pruning(
         &self,
         round: DiscoveryRound,
         gone: &(dyn Fn(&str) -> bool + Send + Sync),
+        forget_after: Option<i64>,
     ) -> Result<DiscoveryOutcome, InventoryError> {
         let by_wwid = policy::reports_by_wwid(&round);
         let mut known: BTreeMap<String, Device> = self
@@ -277,11 +284,22 @@ impl Inventory {
             .into_iter()
             .map(|d| (d.wwid.clone(), d))
             .collect();
+        let mut out = DiscoveryOutcome::default();
+        // Reported WWIDs whose record could not be read: never taken for new.
+        let mut unread = BTreeSet::new();
         for wwid in by_wwid.keys() {
-            if !known.contains_key(*wwid)
-                && let Some(d) = self.store.device(wwid).await?
-            {
-                known.insert(d.wwid.clone(), d);
+            if known.contains_key(*wwid) {
+                continue;
+            }
+            match self.store.device(wwid).await {
+                Ok(Some(d)) => {
+                    known.insert(d.wwid.clone(), d);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    unread.insert((*wwid).to_owned());
+                    failed(&mut out, &round, wwid, &e);
+                }
             }
         }
         let viewing: BTreeSet<&str> = known
@@ -295,21 +313,25 @@ impl Inventory {
             .map(str::to_owned)
             .collect();
         let mut pending: BTreeSet<String> = known.keys().cloned().collect();
-        pending.extend(by_wwid.keys().map(|w| (*w).to_owned()));
+        pending.extend(
+            by_wwid
+                .keys()
+                .map(|w| (*w).to_owned())
+                .filter(|w| !unread.contains(w)),
+        );
         let now = unix_now();
-        let mut out = DiscoveryOutcome::default();
         let mut conflicts = Vec::new();
-        let mut first_error = None;
         for _ in 0..ATTEMPTS {
             let mut writes = Vec::new();
             let mut changes = Vec::new();
+            let mut forget = Vec::new();
             for wwid in &pending {
                 let reports = by_wwid
                     .get(wwid.as_str())
                     .map(Vec::as_slice)
                     .unwrap_or_default();
                 let existing = known.get(wwid);
-                if let Some(m) = policy::merge(
+                let merged = policy::merge(
                     existing,
                     wwid,
                     reports,
@@ -317,7 +339,17 @@ impl Inventory {
                     &departed,
                     now,
                     &mut conflicts,
-                ) {
+                );
+                if let (Some(stored), Some(after)) =
+                    (existing, merged.as_ref().map(|m| &m.device).or(existing))
+                    && forget_after.is_some_and(|secs| {
+                        policy::forgettable(after, &round, !reports.is_empty(), now, secs)
+                    })
+                {
+                    forget.push(stored.clone());
+                    continue;
+                }
+                if let Some(m) = merged {
                     writes.push(match existing {
                         None => Write::Create(m.device),
                         Some(_) => Write::Replace(m.device),
@@ -325,47 +357,90 @@ impl Inventory {
                     changes.push((wwid.clone(), m.change));
                 }
             }
-            if writes.is_empty() {
+            if writes.is_empty() && forget.is_empty() {
                 pending.clear();
                 break;
             }
-            let results = self.store.put(writes).await?;
             let mut again = BTreeSet::new();
-            for ((wwid, change), result) in changes.into_iter().zip(results) {
+            for ((wwid, change), result) in changes.into_iter().zip(self.put_each(writes).await) {
                 match result {
                     Ok(_) => match change {
                         Change::Added => out.added.push(wwid),
                         Change::Lost => out.lost.push(wwid),
                         Change::Found => out.found.push(wwid),
+                        Change::Conflict => out.conflicts.push(wwid),
                         Change::Updated => {}
                     },
                     Err(InventoryError::Conflict(_)) => {
                         again.insert(wwid);
                     }
-                    Err(e) => {
-                        tracing::warn!(%wwid, target = %round.target, error = %e, "device not merged");
-                        first_error.get_or_insert(e);
-                    }
+                    Err(e) => failed(&mut out, &round, &wwid, &e),
                 }
             }
-            for wwid in &again {
-                match self.store.device(wwid).await? {
-                    Some(d) => known.insert(wwid.clone(), d),
-                    None => known.remove(wwid),
-                };
+            for dev in forget {
+                match self.store.delete(&dev).await {
+                    Ok(()) => out.forgotten.push(dev.wwid),
+                    // Changed or gone since read: read again and decide anew.
+                    Err(InventoryError::Conflict(_) | InventoryError::NotFound(_)) => {
+                        again.insert(dev.wwid);
+                    }
+                    Err(e) => failed(&mut out, &round, &dev.wwid, &e),
+                }
             }
-            pending = again;
+            let mut retry = BTreeSet::new();
+            for wwid in again {
+                match self.store.device(&wwid).await {
+                    Ok(found) => {
+                        match found {
+                            Some(d) => known.insert(wwid.clone(), d),
+                            None => known.remove(&wwid),
+                        };
+                        retry.insert(wwid);
+                    }
+                    Err(e) => failed(&mut out, &round, &wwid, &e),
+                }
+            }
+            pending = retry;
         }
-        if let Some(wwid) = pending.into_iter().next() {
-            first_error.get_or_insert(InventoryError::Conflict(wwid));
+        for wwid in pending {
+            failed(
+                &mut out,
+                &round,
+                &wwid,
+                &InventoryError::Conflict(wwid.clone()),
+            );
         }
         conflicts.sort();
         conflicts.dedup();
         self.store.discovery_done(&round, conflicts).await;
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(out),
+        Ok(out)
+    }
+
+    /// Writes `writes` in one batch; should the batch fail as a whole (one
+    /// transaction, undone by one bad record), each is written on its own,
+    /// so one device's failure is its own.
+    async fn put_each(&self, writes: Vec<Write>) -> Vec<Result<Device, InventoryError>> {
+        if writes.is_empty() {
+            return Vec::new();
         }
+        let batch = match self.store.put(writes.clone()).await {
+            Ok(results) if results.len() == writes.len() => return results,
+            Ok(results) => InventoryError::Store(format!(
+                "the store answered {} results for {} writes",
+                results.len(),
+                writes.len()
+            )),
+            Err(e) => e,
+        };
+        if writes.len() == 1 {
+            return vec![Err(batch)];
+        }
+        tracing::warn!(error = %batch, writes = writes.len(), "a batch of device writes failed; writing each alone");
+        let mut results = Vec::with_capacity(writes.len());
+        for w in writes {
+            results.push(self.write(w).await);
+        }
+        results
     }
 
     /// The first fitting device in preference order, from the first
@@ -424,6 +499,12 @@ fn scopes<'a>(nodes: impl Iterator<Item = &'a String>) -> Vec<Option<&'a str>> {
     } else {
         scopes
     }
+}
+
+/// Records and logs a device that could not be merged this round.
+fn failed(out: &mut DiscoveryOutcome, round: &DiscoveryRound, wwid: &str, e: &InventoryError) {
+    tracing::warn!(%wwid, target = %round.target, error = %e, "device not merged");
+    out.failed.push((wwid.to_owned(), e.to_string()));
 }
 
 fn unix_now() -> i64 {

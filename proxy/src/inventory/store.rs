@@ -54,7 +54,8 @@ pub trait Store: Send + Sync {
         after: Option<PreferenceKey>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError>;
-    /// Devices first reported by `target` or seen through it.
+    /// Devices first reported by `target`, seen through it, or whose WWID
+    /// it reported in conflict.
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError>;
     /// Writes each record; one result per write, in order (the stored
     /// device with its new generation, or why not).
@@ -62,6 +63,9 @@ pub trait Store: Send + Sync {
         &self,
         writes: Vec<Write>,
     ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError>;
+    /// Removes the record of `device` if it still has `device.generation`
+    /// (compare-and-swap: `Conflict` when it changed or is gone).
+    async fn delete(&self, device: &Device) -> Result<(), InventoryError>;
     /// Counts over every device.
     async fn summary(&self) -> Result<Summary, InventoryError>;
 

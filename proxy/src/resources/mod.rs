@@ -17,7 +17,10 @@ use serde_json::Value;
 pub use pending_resize::{
     PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
 };
-pub use scsi_device::{DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus};
+pub use scsi_device::{
+    DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, TARGET_CONFLICT_CONDITION,
+    conflict_message,
+};
 pub use scsi_target::{
     FibreChannelSpec, IscsiSpec, SCSITarget, SCSITargetSpec, SCSITargetStatus, SecretReference,
     TargetNodeStatus,

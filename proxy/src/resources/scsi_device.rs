@@ -14,7 +14,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Binding, Device, NodeView, Phase, Publication};
+use crate::device::{Binding, Device, NodeView, Phase, Publication, TargetConflict};
 
 /// One LUN as discovery reported it.
 #[derive(
@@ -120,10 +120,17 @@ pub struct SCSIDeviceStatus {
     /// How many wipes of it have failed, ever.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub wipe_failures: u32,
-    /// Standard conditions (`Usable`).
+    /// Targets of another array that report its WWID: their reports are
+    /// not merged until an operator resolves it (`TargetConflict`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<TargetConflict>,
+    /// Standard conditions (`Usable`, `TargetConflict`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
+
+/// The condition set while another array's target reports the device's WWID.
+pub const TARGET_CONFLICT_CONDITION: &str = "TargetConflict";
 
 /// Why a stored object cannot become an inventory device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -180,6 +187,7 @@ impl SCSIDevice {
             last_seen: status.last_seen.map(|t| t.0.as_second()).unwrap_or(0),
             reason: status.reason,
             wipe_failures: status.wipe_failures,
+            conflicts: status.conflicts,
             generation,
         })
     }
@@ -220,11 +228,37 @@ impl SCSIDeviceStatus {
         } else {
             ("False", d.phase.as_str(), d.reason.clone())
         };
-        let transition = previous
-            .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Usable"))
-            .filter(|c| c.status == cond_status && c.reason == reason)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
+        let transition = |type_: &str, status: &str, reason: &str| {
+            previous
+                .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+                .filter(|c| c.status == status && c.reason == reason)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or(Time(now))
+        };
+        let mut conditions = vec![Condition {
+            type_: "Usable".into(),
+            status: cond_status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: transition("Usable", cond_status, reason),
+            observed_generation: None,
+        }];
+        // Present only while there is a conflict, so a device without one
+        // reads as it did before conflicts were kept.
+        if !d.conflicts.is_empty() {
+            conditions.push(Condition {
+                type_: TARGET_CONFLICT_CONDITION.into(),
+                status: "True".into(),
+                reason: "ReportedByAnotherArray".into(),
+                message: conflict_message(d),
+                last_transition_time: transition(
+                    TARGET_CONFLICT_CONDITION,
+                    "True",
+                    "ReportedByAnotherArray",
+                ),
+                observed_generation: None,
+            });
+        }
         Self {
             phase: d.phase,
             volume_id: d.volume_id(),
@@ -237,16 +271,26 @@ impl SCSIDeviceStatus {
                 .flatten(),
             reason: d.reason.clone(),
             wipe_failures: d.wipe_failures,
-            conditions: vec![Condition {
-                type_: "Usable".into(),
-                status: cond_status.into(),
-                reason: reason.into(),
-                message,
-                last_transition_time: transition,
-                observed_generation: None,
-            }],
+            conflicts: d.conflicts.clone(),
+            conditions,
         }
     }
+}
+
+/// What an operator reads of a device's conflicts: which targets claim
+/// its WWID, from which nodes, and which target it is known through.
+pub fn conflict_message(d: &Device) -> String {
+    let claims: Vec<String> = d
+        .conflicts
+        .iter()
+        .map(|c| format!("target {} (nodes {})", c.target, c.nodes.join(", ")))
+        .collect();
+    format!(
+        "WWID {} is known through target {}, and also reported through {}: not merged. The same array under two SCSITargets: give both the same spec.array. Otherwise unmap the LUN from the other target on its array (or remove that target)",
+        d.wwid,
+        d.target,
+        claims.join("; ")
+    )
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -67,6 +67,14 @@ pub struct SCSITargetSpec {
     /// StorageClass `deviceSelector` parameter.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub device_labels: BTreeMap<String, String>,
+    /// The storage array this target is one way into. SCSITargets naming
+    /// the same array may report the same LUNs (an IQN per controller,
+    /// several portal groups); a LUN reported through targets of different
+    /// arrays, or of none named, is a conflict, flagged on its SCSIDevice
+    /// and never merged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub array: Option<String>,
 }
 
 /// The iSCSI part of a target.
@@ -180,6 +188,7 @@ impl SCSITarget {
             node_selector: self.spec.node_selector.clone(),
             nodes: self.spec.nodes.clone(),
             device_labels: self.spec.device_labels.clone(),
+            array: self.spec.array.clone(),
         })
     }
 }
@@ -214,6 +223,7 @@ impl SCSITargetSpec {
             node_selector: t.node_selector.clone(),
             nodes: t.nodes.clone(),
             device_labels: t.device_labels.clone(),
+            array: t.array.clone(),
         }
     }
 }

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use csi_scsi_proxy::device::{
-    BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, Phase, ResizeRequest, SecretRef,
-    Target, Transport, policy,
+    BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, LunReport, Phase, ResizeRequest,
+    SecretRef, Target, Transport, policy,
 };
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError};
 use csi_scsi_proxy::selector::Selector;
@@ -139,11 +139,13 @@ pub async fn discovery_merges_reports_by_wwid_and_records_topology(f: &Fixture) 
     assert_eq!(d1.wipe_failures, 0);
     assert!(d1.binding.is_none() && d1.published.is_empty());
     assert!(d1.last_seen > 0);
-    // The same LUN through a second target is a second path, not a second
-    // device; that target's labels add to the device's, never overwrite.
+    // The same LUN through a second target of the same array is a second
+    // path, not a second device; that target's labels add to the
+    // device's, never overwrite.
     let out = inv
         .apply_discovery(DiscoveryRound {
             device_labels: labels(&[("tier", "slow"), ("zone", "b")]),
+            same_array: ["t1".to_owned()].into(),
             ..round("t2", &[("node-c", vec![lun(1, GIB)])], &[])
         })
         .await
@@ -717,6 +719,7 @@ pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
         node_selector: labels(&[("rack", "r1")]),
         nodes: vec![],
         device_labels: labels(&[("tier", "fast")]),
+        array: Some("array-a".into()),
     };
     let fc = Target {
         name: "t-fc".into(),
@@ -726,6 +729,7 @@ pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
         node_selector: BTreeMap::new(),
         nodes: vec!["node-a".into(), "node-b".into()],
         device_labels: BTreeMap::new(),
+        array: None,
     };
     inv.put_target(iscsi.clone()).await.unwrap();
     inv.put_target(fc.clone()).await.unwrap();
@@ -750,6 +754,118 @@ pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
     // Removing what is not there is no error.
     inv.remove_target("t-fc").await.unwrap();
     inv.remove_target("never").await.unwrap();
+}
+
+pub async fn a_wwid_another_array_s_target_reports_is_flagged_and_never_merged(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, GIB)])], &[]))
+        .await
+        .unwrap();
+    let bound = inv
+        .bind(sized(GIB, GIB, bind_req("pv-1", &[], "")))
+        .await
+        .unwrap();
+    // t2, of no array in common, reports the same WWID from node-c, larger
+    // and labelled otherwise.
+    let out = inv
+        .apply_discovery(DiscoveryRound {
+            device_labels: labels(&[("zone", "b")]),
+            ..round("t2", &[("node-c", vec![lun(1, 4 * GIB)])], &[])
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.conflicts, [wwid(1)], "{out:?}");
+    assert!(out.added.is_empty() && out.failed.is_empty(), "{out:?}");
+    let d = get(inv, &wwid(1)).await;
+    assert_eq!(d.target, "t1");
+    assert_eq!(d.node_names(), ["node-a"], "no view through t2");
+    assert_eq!((d.size_bytes, d.phase), (GIB, Phase::Bound));
+    assert_eq!(d.labels, labels(&[("tier", "fast")]));
+    assert_eq!(d.binding, bound.binding);
+    let [c] = d.conflicts.as_slice() else {
+        panic!("one conflict: {d:?}");
+    };
+    assert_eq!(
+        (c.target.as_str(), c.nodes.as_slice()),
+        ("t2", &["node-c".to_owned()][..])
+    );
+    // t1's node answers without it: Lost, whatever t2 says.
+    let out = inv
+        .apply_discovery(round("t1", &[("node-a", vec![])], &[]))
+        .await
+        .unwrap();
+    assert_eq!(out.lost, [wwid(1)]);
+    // node-c answers t2 without it: the conflict clears (found through
+    // the target it names, not only through t1).
+    inv.apply_discovery(round("t2", &[("node-c", vec![])], &[]))
+        .await
+        .unwrap();
+    let d = get(inv, &wwid(1)).await;
+    assert!(d.conflicts.is_empty(), "{d:?}");
+    assert_eq!((d.target.as_str(), d.phase), ("t1", Phase::Lost));
+    assert!(d.nodes.is_empty());
+}
+
+pub async fn a_phantom_is_forgotten_only_after_a_clean_round_past_the_forget_time(f: &Fixture) {
+    let inv = &f.inv;
+    let forget = Some(3_600);
+    let aged = |mut d: Device| {
+        d.last_seen -= 3_600 + policy::LAST_SEEN_RESOLUTION;
+        d
+    };
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, GIB), lun(3, GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    // 1 holds a volume; 1 and 2 are not seen for longer than the forget
+    // time; 3 was seen just now.
+    inv.bind(sized(GIB, GIB, bind_req("pv-1", &[], "")))
+        .await
+        .unwrap();
+    for i in [1, 2] {
+        inv.update(aged(get(inv, &wwid(i)).await)).await.unwrap();
+    }
+    let never = |_: &str| false;
+    let apply = |answered: Vec<(&'static str, Vec<LunReport>)>,
+                 unanswered: &'static [&'static str]| {
+        inv.apply_discovery_pruning(round("t1", &answered, unanswered), &never, forget)
+    };
+    // Still reported: kept, however old its last_seen.
+    let out = apply(vec![("node-a", vec![lun(1, GIB), lun(2, GIB)])], &[])
+        .await
+        .unwrap();
+    assert!(out.forgotten.is_empty(), "{out:?}");
+    for i in [1, 2] {
+        inv.update(aged(get(inv, &wwid(i)).await)).await.unwrap();
+    }
+    // node-a answers without any; node-b, asked too, does not answer:
+    // doubt, nothing forgotten.
+    let out = apply(vec![("node-a", vec![])], &["node-b"]).await.unwrap();
+    assert!(out.forgotten.is_empty(), "{out:?}");
+    // Every node answered: 2 goes; 1 (bound) and 3 (seen now) stay.
+    let out = apply(vec![("node-a", vec![]), ("node-b", vec![])], &[])
+        .await
+        .unwrap();
+    assert_eq!(out.forgotten, [wwid(2)], "{out:?}");
+    assert!(inv.device(&wwid(2)).await.unwrap().is_none());
+    assert_eq!(get(inv, &wwid(1)).await.phase, Phase::Lost);
+    assert_eq!(get(inv, &wwid(3)).await.phase, Phase::Lost);
+    // Forgotten, then reported again: a new device.
+    let out = apply(vec![("node-a", vec![lun(2, GIB)])], &[])
+        .await
+        .unwrap();
+    assert_eq!(out.added, [wwid(2)], "{out:?}");
+    // Without a forget time nothing is ever forgotten.
+    inv.update(aged(get(inv, &wwid(3)).await)).await.unwrap();
+    let out = inv
+        .apply_discovery(round("t1", &[("node-a", vec![lun(2, GIB)])], &[]))
+        .await
+        .unwrap();
+    assert!(out.forgotten.is_empty(), "{out:?}");
+    assert!(inv.device(&wwid(3)).await.unwrap().is_some());
 }
 
 /// Runs each named test above over both stores.
@@ -778,6 +894,8 @@ macro_rules! contract {
 
 contract! {
     discovery_merges_reports_by_wwid_and_records_topology,
+    a_wwid_another_array_s_target_reports_is_flagged_and_never_merged,
+    a_phantom_is_forgotten_only_after_a_clean_round_past_the_forget_time,
     a_device_no_node_reports_goes_lost_keeps_its_binding_and_comes_back_bound,
     bind_picks_the_smallest_fit_matching_labels_and_topology,
     among_equal_sizes_bind_prefers_the_fewest_past_wipe_failures,

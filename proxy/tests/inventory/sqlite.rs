@@ -10,7 +10,7 @@ use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use crate::devices::{bind_req, lun, round, wwid};
 
 /// The schema version this proxy migrates to.
-const SCHEMA_VERSION: u32 = 3;
+const SCHEMA_VERSION: u32 = 4;
 
 /// Runs `sql` through the sqlite3 tool; its output.
 fn sqlite3(db: &Path, sql: &str) -> String {
@@ -108,6 +108,7 @@ async fn a_version_1_or_2_store_is_migrated_and_keeps_its_devices_with_no_wipe_f
         );
         let d = inv.device(&wwid(1)).await.unwrap().unwrap();
         assert_eq!(d.wipe_failures, 0);
+        assert!(d.conflicts.is_empty(), "from version {version}");
         assert_eq!(d.node_names(), ["node-a"]);
         // Bindable through the node index.
         let d = inv.bind(bind_req("pv-1", &["node-a"], "")).await.unwrap();

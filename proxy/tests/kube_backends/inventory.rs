@@ -367,9 +367,11 @@ async fn a_round_writes_who_answered_and_its_label_conflicts_into_the_target_sta
     inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
         .await
         .unwrap();
-    // t2 reaches the same LUN but labels it otherwise; node-c is silent.
+    // t2 (the same array) reaches the same LUN but labels it otherwise;
+    // node-c is silent.
     inv.apply_discovery(DiscoveryRound {
         device_labels: labels(&[("tier", "slow")]),
+        same_array: ["t1".to_owned()].into(),
         ..round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &["node-c"])
     })
     .await
@@ -426,6 +428,7 @@ async fn a_resolved_label_conflict_and_silent_nodes_leave_the_target_status() {
         .unwrap();
     let slow = || DiscoveryRound {
         device_labels: labels(&[("tier", "slow")]),
+        same_array: ["t1".to_owned()].into(),
         ..round("t2", &[("node-b", vec![lun(1, 1 << 30)])], &[])
     };
     inv.apply_discovery(slow()).await.unwrap();
@@ -670,4 +673,83 @@ async fn many_callers_waiting_for_the_first_list_all_get_through() {
         .expect("a waiter was never woken");
     assert!(all.into_iter().all(|r| r.unwrap().is_some()));
     assert!(store.is_synced());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
+async fn a_wwid_another_array_reports_is_a_condition_and_an_event_on_the_device() {
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    // Its own reporting controller: the other Event test counts its own.
+    let events = VolumeEvents::new(
+        admin.clone(),
+        "conflicts.csi-scsi.io",
+        Some("proxy-0".into()),
+    );
+    let store = KubeInventory::start(
+        admin.clone(),
+        KubeInventoryConfig {
+            namespace: real_kube::NAMESPACE.into(),
+            sync_timeout: Duration::from_secs(30),
+            leader: None,
+            events: Some(events),
+        },
+    );
+    store.wait_until_ready().await.unwrap();
+    let inv = Inventory::new(Arc::new(store));
+    inv.apply_discovery(round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    let out = inv
+        .apply_discovery(round("t2", &[("node-c", vec![lun(1, 1 << 30)])], &[]))
+        .await
+        .unwrap();
+    assert_eq!(out.conflicts, [wwid(1)], "{out:?}");
+    let obj = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    assert_eq!(obj["spec"]["target"], "t1");
+    assert_eq!(obj["status"]["nodeNames"], json!(["node-a"]));
+    assert_eq!(obj["status"]["conflicts"][0]["target"], "t2");
+    assert_eq!(obj["status"]["conflicts"][0]["nodes"], json!(["node-c"]));
+    let conditions = obj["status"]["conditions"].as_array().unwrap();
+    let conflict = conditions
+        .iter()
+        .find(|c| c["type"] == "TargetConflict")
+        .expect("the TargetConflict condition");
+    assert_eq!(conflict["status"], "True");
+    assert!(conflict["message"].as_str().unwrap().contains("target t2"));
+    assert_eq!(
+        conditions.iter().find(|c| c["type"] == "Usable").unwrap()["status"],
+        "True"
+    );
+    let all_events = Api::<Event>::all(admin.clone());
+    let ours = || async {
+        all_events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("conflicts.csi-scsi.io"))
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect::<Vec<_>>()
+    };
+    until("the TargetConflict Event", 10, || async {
+        !ours().await.is_empty()
+    })
+    .await;
+    let all = ours().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0]["reason"], "TargetConflict");
+    assert_eq!(all[0]["type"], "Warning");
+    assert_eq!(all[0]["regarding"]["kind"], "SCSIDevice");
+    assert_eq!(all[0]["regarding"]["name"], wwid(1));
+    assert_eq!(all[0]["regarding"]["uid"], obj["metadata"]["uid"]);
+    // node-c answers t2 without it: the condition goes.
+    inv.apply_discovery(round("t2", &[("node-c", vec![])], &[]))
+        .await
+        .unwrap();
+    let obj = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    assert!(obj["status"]["conflicts"].is_null(), "{obj}");
+    let conditions = obj["status"]["conditions"].as_array().unwrap();
+    assert!(conditions.iter().all(|c| c["type"] != "TargetConflict"));
 }

@@ -159,7 +159,9 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     );
     assert_eq!(to_b.code(), Code::Unavailable, "{to_b:?}");
     // Discovery waits too: no views are judged.
-    let waits = discovery::reconcile_once(&life, 4).await.unwrap_err();
+    let waits = discovery::reconcile_once(&life, &SETTINGS)
+        .await
+        .unwrap_err();
     assert!(waits.to_string().contains("not listed"), "{waits}");
 
     // The Pods arrive: ready, and node-b is gone.
@@ -169,6 +171,12 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
     life.unpublish(&id, "node-b", "t").await.unwrap();
 }
+
+/// Discovery as deployed, forgetting after a week.
+const SETTINGS: discovery::PassSettings = discovery::PassSettings {
+    concurrency: 4,
+    forget_after: Some(std::time::Duration::from_secs(7 * 24 * 3600)),
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_ones() {
@@ -189,7 +197,7 @@ async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_on
     let scratch = tempfile::tempdir().unwrap();
     let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
 
-    discovery::reconcile_once(&life, 4).await.unwrap();
+    discovery::reconcile_once(&life, &SETTINGS).await.unwrap();
     let dev = inventory.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(dev.node_names(), ["node-a"]);
     let stored = stored::<SCSIDevice>(&admin, &wwid(1)).await;

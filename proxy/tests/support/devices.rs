@@ -52,6 +52,7 @@ pub fn round(
             .map(|(n, l)| (n.to_string(), l.clone()))
             .collect(),
         unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
+        same_array: Default::default(),
     }
 }
 

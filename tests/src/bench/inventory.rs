@@ -62,6 +62,7 @@ pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
         answered: BTreeMap::from([("node-a".to_owned(), luns)]),
         unanswered: Vec::new(),
+        same_array: Default::default(),
     })
     .await?;
     Ok(())

@@ -48,6 +48,8 @@ pub const ISCSIADM_ARGV_LOG: &str = "iscsiadm-argv.log";
 pub const SEAM_DIR: &str = "seam";
 /// Size of each pool LUN (`LabConfig::pool_luns`).
 pub const POOL_LUN_BYTES: u64 = 64 << 20;
+/// The `array` every lab iSCSI target names: they are all one tgtd.
+pub const LAB_ARRAY: &str = "lab-tgtd";
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
 pub const CHAP_USER: &str = "lab-initiator";
 const CHAP_SECRET: &str = "lab-chap-secret-a1b2";
@@ -454,11 +456,14 @@ impl Lab {
             .map(|n| format!("{} {}\n", n.name, n.api))
             .collect();
         std::fs::write(dir.join("agents.txt"), agents)?;
+        // array-a, -b and -c are targets of one tgtd: they say so (`array`),
+        // so the LUN both export is one device with paths through each,
+        // not a conflict.
         let mut targets = serde_json::json!([
             {"name": "array-a", "iscsi": {"portals": portals, "iqn": iqn_a, "chapSecretRef": {"name": "chap-array-a"}},
-             "deviceLabels": {"array": "a", "tier": "fast"}},
+             "deviceLabels": {"array": "a", "tier": "fast"}, "array": LAB_ARRAY},
             {"name": "array-b", "iscsi": {"portals": portals, "iqn": iqn_b},
-             "deviceLabels": {"array": "b", "tier": "capacity"}}
+             "deviceLabels": {"array": "b", "tier": "capacity"}, "array": LAB_ARRAY}
         ]);
         let list = targets.as_array_mut().context("targets")?;
         if !config.vm {
@@ -470,7 +475,7 @@ impl Lab {
         if config.pool_luns > 0 {
             list.push(serde_json::json!(
                 {"name": "array-c", "iscsi": {"portals": portals, "iqn": iqn_c},
-                 "deviceLabels": {"array": "c", "tier": "pool"}}
+                 "deviceLabels": {"array": "c", "tier": "pool"}, "array": LAB_ARRAY}
             ));
         }
         std::fs::write(

@@ -41,6 +41,7 @@ async fn fill(store: &Path, n: u32) {
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
         answered: BTreeMap::from([("node-a".to_owned(), luns)]),
         unanswered: Vec::new(),
+        same_array: Default::default(),
     })
     .await
     .expect("fill");

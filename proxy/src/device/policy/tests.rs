@@ -31,6 +31,7 @@ fn round(answered: &[(&str, Vec<LunReport>)], unanswered: &[&str]) -> DiscoveryR
             .map(|(n, l)| (n.to_string(), l.clone()))
             .collect(),
         unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
+        same_array: BTreeSet::new(),
     }
 }
 
@@ -568,4 +569,177 @@ fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
     assert_eq!(dev.published_nodes(), ["a", "b"]);
     assert!(unpublish(&mut dev, "uid-v", "a"));
     assert_eq!(dev.published_nodes(), ["b"]);
+}
+
+fn round_of(
+    target: &str,
+    answered: &[(&str, Vec<LunReport>)],
+    same_array: &[&str],
+) -> DiscoveryRound {
+    DiscoveryRound {
+        target: target.into(),
+        same_array: same_array.iter().map(|s| s.to_string()).collect(),
+        ..round(answered, &[])
+    }
+}
+
+fn merge_round(dev: &Device, r: &DiscoveryRound, now: i64) -> Option<Merged> {
+    let by = reports_by_wwid(r);
+    let reports = by.get(dev.wwid.as_str()).cloned().unwrap_or_default();
+    merge(
+        Some(dev),
+        &dev.wwid,
+        &reports,
+        r,
+        &BTreeSet::new(),
+        now,
+        &mut Vec::new(),
+    )
+}
+
+#[test]
+fn a_target_of_another_array_reporting_a_known_wwid_is_a_conflict_never_a_merge() {
+    // Known through t1 from node a, bound.
+    let dev = device(1, 100, &["a"], Phase::Bound);
+    let mut bigger = lun(1, 500);
+    bigger.paths = vec!["elsewhere".into()];
+    // t2 (no array in common) reports the WWID from node c.
+    let r = DiscoveryRound {
+        device_labels: BTreeMap::from([("zone".into(), "b".into())]),
+        ..round_of("t2", &[("c", vec![bigger.clone()])], &[])
+    };
+    let m = merge_round(&dev, &r, 2_000).expect("flagged");
+    assert_eq!(m.change, Change::Conflict);
+    let mut want = dev.clone();
+    want.conflicts = vec![TargetConflict {
+        target: "t2".into(),
+        nodes: vec!["c".into()],
+        since: 2_000,
+    }];
+    // Nothing else of the report: no view, size, label or last seen.
+    assert_eq!(m.device, want);
+    // Seen again: nothing new to write.
+    assert!(merge_round(&m.device, &r, 2_100).is_none());
+    // node c silent: the conflict stands (doubt keeps it).
+    let silent = DiscoveryRound {
+        unanswered: vec!["c".into()],
+        ..round_of("t2", &[], &[])
+    };
+    assert!(merge_round(&m.device, &silent, 2_200).is_none());
+    // node c answers without it: cleared, the device as it was.
+    let cleared = merge_round(&m.device, &round_of("t2", &[("c", vec![])], &[]), 2_300)
+        .expect("cleared")
+        .device;
+    assert_eq!(cleared, dev);
+    // t1's nodes answer without it: Lost; t2's claim does not keep it.
+    let lost = merge_round(&m.device, &round_of("t1", &[("a", vec![])], &[]), 2_400)
+        .expect("lost")
+        .device;
+    assert_eq!(lost.phase, Phase::Lost);
+    assert_eq!(lost.conflicts, want.conflicts);
+    assert!(lost.nodes.is_empty());
+}
+
+#[test]
+fn a_target_of_the_same_array_or_one_the_device_is_seen_through_is_merged() {
+    let dev = device(1, 100, &["a"], Phase::Available);
+    // (target, same array as it, merged)
+    let cases = [
+        ("t1", &[][..], true),
+        ("t2", &["t1"][..], true),
+        ("t2", &["t3"][..], false),
+        ("t2", &[][..], false),
+    ];
+    for (target, same, merged) in cases {
+        let r = round_of(target, &[("c", vec![lun(1, 100)])], same);
+        let out = merge_round(&dev, &r, 1_000).expect("changed").device;
+        assert_eq!(
+            out.nodes.iter().any(|v| v.node == "c"),
+            merged,
+            "{target} {same:?}"
+        );
+        assert_eq!(out.conflicts.is_empty(), merged, "{target} {same:?}");
+        assert_eq!(out.target, "t1");
+    }
+    // A device already seen through t2 (a record from before arrays) is
+    // known through it; merging clears a conflict of that target.
+    let mut seen = dev.clone();
+    seen.nodes.push(NodeView {
+        node: "c".into(),
+        target: "t2".into(),
+        paths: vec!["old".into()],
+    });
+    seen.conflicts = vec![TargetConflict {
+        target: "t2".into(),
+        nodes: vec!["d".into()],
+        since: 1,
+    }];
+    let out = merge_round(
+        &seen,
+        &round_of("t2", &[("c", vec![lun(1, 100)])], &[]),
+        1_000,
+    )
+    .expect("merged")
+    .device;
+    assert!(out.conflicts.is_empty());
+    assert!(
+        out.nodes
+            .iter()
+            .any(|v| v.node == "c" && v.paths == ["path-1"])
+    );
+}
+
+#[test]
+fn only_a_phantom_never_bound_unseen_past_the_forget_time_after_a_clean_round_is_forgotten() {
+    let forget = 3_600;
+    let old = 10_000;
+    let now = old + forget + LAST_SEEN_RESOLUTION;
+    let mut phantom = device(1, 100, &[], Phase::Lost);
+    phantom.last_seen = old;
+    let clean = round(&[("a", vec![])], &[]);
+    assert!(forgettable(&phantom, &clean, false, now, forget));
+    let mut bound = phantom.clone();
+    bound.binding = Some(binding("v"));
+    let mut published = phantom.clone();
+    published.published = vec![Publication {
+        node: "a".into(),
+        access: None,
+        readonly: false,
+    }];
+    let mut viewed = phantom.clone();
+    viewed.phase = Phase::Available;
+    viewed.nodes = vec![NodeView {
+        node: "b".into(),
+        target: "t1".into(),
+        paths: vec![],
+    }];
+    let mut claimed = phantom.clone();
+    claimed.conflicts = vec![TargetConflict {
+        target: "t2".into(),
+        nodes: vec!["c".into()],
+        since: old,
+    }];
+    let mut releasing = phantom.clone();
+    releasing.phase = Phase::Failed;
+    let mut recent = phantom.clone();
+    // Refreshed at most every LAST_SEEN_RESOLUTION: the forget time alone
+    // past it is not enough.
+    recent.last_seen = now - forget;
+    let silent = round(&[("a", vec![])], &["b"]);
+    let nobody = round(&[], &[]);
+    // (device, round, reported now)
+    let kept = [
+        (&bound, &clean, false),
+        (&published, &clean, false),
+        (&viewed, &clean, false),
+        (&claimed, &clean, false),
+        (&releasing, &clean, false),
+        (&recent, &clean, false),
+        (&phantom, &silent, false),
+        (&phantom, &nobody, false),
+        (&phantom, &clean, true),
+    ];
+    for (i, (dev, r, reported)) in kept.into_iter().enumerate() {
+        assert!(!forgettable(dev, r, reported, now, forget), "case {i}");
+    }
 }

@@ -2,7 +2,7 @@
 //! one SCSITarget per lab array, created through the API.
 
 use super::KubeLab;
-use crate::lab::CHAP_USER;
+use crate::lab::{CHAP_USER, LAB_ARRAY};
 
 /// The lab arrays' SCSITargets: name, IQN suffix, CHAP, device labels.
 const TARGETS: &[(&str, &str, bool, &str)] = &[
@@ -21,7 +21,9 @@ const TARGETS: &[(&str, &str, bool, &str)] = &[
     ),
 ];
 
-/// Creates (or updates) the CHAP Secret of array-a and the three targets.
+/// Creates (or updates) the CHAP Secret of array-a and the three targets,
+/// all of one tgtd (`array`: the LUN array-a and array-b both export is
+/// one device, not a conflict).
 pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
     let k = &lab.kubectl;
     let ns = &lab.namespace;
@@ -40,7 +42,7 @@ pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
         k.apply(&format!(
             r#"{{"apiVersion":"csi-scsi.io/v1alpha1","kind":"SCSITarget","metadata":{{"name":"{name}"}},
                 "spec":{{"iscsi":{{"portals":["{portal}"],"iqn":"iqn.2026-11.io.csi-scsi.lab:{iqn}"{chap_ref}}},
-                "deviceLabels":{labels}}}}}"#
+                "deviceLabels":{labels},"array":"{LAB_ARRAY}"}}}}"#
         ))?;
     }
     Ok(())
