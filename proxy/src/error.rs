@@ -114,6 +114,15 @@ pub enum ProxyError {
         /// What to do.
         reason: String,
     },
+    /// A wipe answered done but is not proven: it did not cover the size
+    /// the inventory records, or another node reads the LUN otherwise.
+    #[error("the wipe of {wwid} is not proven: {reason}")]
+    WipeUnproven {
+        /// The device.
+        wwid: String,
+        /// What disagrees.
+        reason: String,
+    },
     /// An agent call did not do what was asked.
     #[error(transparent)]
     Agent(#[from] AgentError),

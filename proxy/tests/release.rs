@@ -17,7 +17,7 @@ mod lifecycle_support;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_certs::CertificateAuthority;
@@ -31,7 +31,7 @@ use csi_scsi_proxy::reconcile::release::{self, ReleaseConfig};
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
-use agent_stub::{StubAgent, WipeBehaviour};
+use agent_stub::{Reads, StubAgent, WipeBehaviour};
 use devices::{lun, round, wwid};
 
 /// One node (`node-a`) that sees LUNs 1..=n, served by a stub agent.
@@ -39,6 +39,8 @@ struct Fixture {
     dir: tempfile::TempDir,
     ca: CertificateAuthority,
     agent: StubAgent,
+    /// The agents of the other nodes (`node-b`, ...), when there are.
+    others: Vec<StubAgent>,
     agents: Arc<FileDirectory>,
 }
 
@@ -50,27 +52,42 @@ struct Proxy {
 
 impl Fixture {
     async fn new(luns: u32, wipe: Duration, failures: u32) -> Self {
+        Self::with_nodes(luns, vec![WipeBehaviour::new(wipe, failures)]).await
+    }
+
+    /// Nodes `node-a`, `node-b`, ... (one per behaviour), each seeing LUNs
+    /// 1..=n.
+    async fn with_nodes(luns: u32, behaviours: Vec<WipeBehaviour>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = lifecycle_support::test_ca();
         let wwids: Vec<String> = (1..=luns).map(wwid).collect();
         let seen: Vec<&str> = wwids.iter().map(String::as_str).collect();
-        let behaviour = WipeBehaviour {
-            duration: wipe,
-            failures_left: Mutex::new(failures),
-        };
-        let agent = agent_stub::start(&ca, "node-a", &seen, behaviour, dir.path()).await;
+        let mut stubs = Vec::new();
+        let mut listing = String::new();
+        for (i, behaviour) in behaviours.into_iter().enumerate() {
+            let node = format!("node-{}", char::from(b'a' + i as u8));
+            let agent = agent_stub::start(&ca, &node, &seen, behaviour, dir.path()).await;
+            listing.push_str(&format!("{node} {}\n", agent.address));
+            stubs.push((node, agent));
+        }
         let agents_file = dir.path().join("agents");
-        std::fs::write(&agents_file, format!("node-a {}\n", agent.address)).unwrap();
+        std::fs::write(&agents_file, listing).unwrap();
         let agents = FileDirectory::load(&agents_file).unwrap();
+        let nodes: Vec<String> = stubs.iter().map(|(n, _)| n.clone()).collect();
+        let mut stubs = stubs.into_iter().map(|(_, a)| a);
         let f = Self {
             dir,
             ca,
-            agent,
+            agent: stubs.next().expect("one node at least"),
+            others: stubs.collect(),
             agents,
         };
         let inv = f.inventory();
-        let reports = (1..=luns).map(|i| lun(i, 1 << 30)).collect();
-        inv.apply_discovery(round("t1", &[("node-a", reports)], &[]))
+        let reports: Vec<(&str, Vec<_>)> = nodes
+            .iter()
+            .map(|n| (n.as_str(), (1..=luns).map(|i| lun(i, 1 << 30)).collect()))
+            .collect();
+        inv.apply_discovery(round("t1", &reports, &[]))
             .await
             .unwrap();
         f
@@ -298,5 +315,122 @@ async fn no_more_wipes_run_at_once_than_there_are_workers() {
         assert_eq!(f.agent.log.started(&v.wwid), 1);
     }
     assert_eq!(f.agent.log.most_at_once(), 2);
+    p.kill().await;
+}
+
+/// Waits (up to 15 s) until `wwid`'s wipe has failed at least once, and
+/// checks it was never offered again meanwhile.
+async fn failed_never_available(p: &Proxy, wwid: &str) -> Device {
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let d = p.device(wwid).await;
+        assert_ne!(
+            d.phase,
+            Phase::Available,
+            "an unproven wipe was offered again"
+        );
+        if d.phase == Phase::Failed {
+            return d;
+        }
+        assert!(Instant::now() < until, "{wwid} still {:?}", d.phase);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wipe_that_covers_less_than_the_recorded_size_is_failed_never_available() {
+    let mut short = WipeBehaviour::new(Duration::from_millis(10), 0);
+    short.short_by = 64 << 20;
+    let f = Fixture::with_nodes(1, vec![short]).await;
+    let p = f.proxy(1);
+    let vol = p.create("pv-short").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let failed = failed_never_available(&p, &vol.wwid).await;
+    assert!(
+        failed.reason.contains("erased") && failed.reason.contains(&(1u64 << 30).to_string()),
+        "{}",
+        failed.reason
+    );
+    assert!(failed.wipe_failures >= 1);
+    assert!(
+        failed.binding.is_some(),
+        "the binding stays until a wipe is proven"
+    );
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_wipe_another_node_reads_data_after_is_failed_never_available() {
+    let mut liar = WipeBehaviour::new(Duration::ZERO, 0);
+    liar.reads = Reads::Data;
+    let f = Fixture::with_nodes(
+        1,
+        vec![WipeBehaviour::new(Duration::from_millis(10), 0), liar],
+    )
+    .await;
+    let p = f.proxy(1);
+    let vol = p.create("pv-data").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let failed = failed_never_available(&p, &vol.wwid).await;
+    assert!(
+        failed.reason.contains("node-b reads data"),
+        "{}",
+        failed.reason
+    );
+    assert!(f.others[0].log.verified(&vol.wwid) >= 1);
+    assert_eq!(f.others[0].log.started(&vol.wwid), 0, "node-b only reads");
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_wipe_another_node_sees_smaller_is_failed_never_available() {
+    let mut small = WipeBehaviour::new(Duration::ZERO, 0);
+    small.reads = Reads::Smaller;
+    let f = Fixture::with_nodes(
+        1,
+        vec![WipeBehaviour::new(Duration::from_millis(10), 0), small],
+    )
+    .await;
+    let p = f.proxy(1);
+    let vol = p.create("pv-small").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let failed = failed_never_available(&p, &vol.wwid).await;
+    assert!(failed.reason.contains("node-b reads"), "{}", failed.reason);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_wipe_another_node_reads_back_as_zeroes_is_offered_again() {
+    let f = Fixture::with_nodes(
+        1,
+        vec![
+            WipeBehaviour::new(Duration::from_millis(10), 0),
+            WipeBehaviour::new(Duration::ZERO, 0),
+        ],
+    )
+    .await;
+    let p = f.proxy(1);
+    let vol = p.create("pv-zeroes").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    assert_eq!(f.others[0].log.verified(&vol.wwid), 1);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_wipe_no_other_node_can_verify_stands_on_its_own_read_back() {
+    let mut mute = WipeBehaviour::new(Duration::ZERO, 0);
+    mute.reads = Reads::Nothing;
+    let f = Fixture::with_nodes(
+        1,
+        vec![WipeBehaviour::new(Duration::from_millis(10), 0), mute],
+    )
+    .await;
+    let p = f.proxy(1);
+    let vol = p.create("pv-mute").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let done = p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(done.wipe_failures, 0);
     p.kill().await;
 }

@@ -238,6 +238,7 @@ impl Agent for AgentApi {
                 self.node
             )));
         }
+        let expected = req.expected_size_bytes;
         let (out_tx, out_rx) = mpsc::channel::<Result<WipeProgress, Status>>(16);
         let (step_tx, mut step_rx) = mpsc::channel(16);
         let devices = self.devices.clone();
@@ -270,7 +271,7 @@ impl Agent for AgentApi {
         });
         tokio::spawn(
             async move {
-                if let Err(e) = devices.wipe(&w, mode, step_tx).await {
+                if let Err(e) = devices.wipe(&w, mode, expected, step_tx).await {
                     tracing::warn!(error = %e, "wipe failed");
                     if let Some(m) = &failed_metrics {
                         let name = match mode {
@@ -301,6 +302,43 @@ impl Agent for AgentApi {
             let w = wwid(&req.wwid)?;
             let size_bytes = self.devices.rescan(&w).await.map_err(to_status)?;
             Ok(Response::new(RescanResponse { size_bytes }))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn verify(
+        &self,
+        request: Request<VerifyRequest>,
+    ) -> Result<Response<VerifyResponse>, Status> {
+        require_proxy(&request, &self.trust)?;
+        let rid = RequestId::of(&request).to_string();
+        let req = request.into_inner();
+        let span = span("Verify", &req.wwid, &rid);
+        async move {
+            let w = wwid(&req.wwid)?;
+            if req.offsets.len() > crate::device::MAX_RANGES {
+                return Err(Status::invalid_argument(format!(
+                    "offsets: {} given, at most {} are read",
+                    req.offsets.len(),
+                    crate::device::MAX_RANGES
+                )));
+            }
+            let v = self
+                .devices
+                .verify(
+                    &w,
+                    req.expected_size_bytes,
+                    &req.offsets,
+                    u64::from(req.length),
+                )
+                .await
+                .map_err(to_status)?;
+            Ok(Response::new(VerifyResponse {
+                size_bytes: v.size_bytes,
+                zeroes: v.nonzero_at.is_none(),
+                nonzero_offset: v.nonzero_at.unwrap_or(0),
+            }))
         }
         .instrument(span)
         .await

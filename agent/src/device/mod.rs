@@ -7,6 +7,7 @@ mod detach;
 mod discover;
 mod rescan;
 mod sessions;
+mod verify;
 mod wipe;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use attachments::Attachments;
 pub use sessions::{PortalReport, TargetSpec, Transport};
+pub use verify::{MAX_RANGE, MAX_RANGES, Verified};
 pub use wipe::{WipeMode, WipeStep};
 
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};

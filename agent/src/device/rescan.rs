@@ -11,6 +11,13 @@ impl Devices {
     /// Rescans every path of `wwid` and returns its size in bytes.
     pub async fn rescan(&self, wwid: &Wwid) -> Result<u64, AgentError> {
         let _op = self.begin(wwid)?;
+        self.rescan_held(wwid).await
+    }
+
+    /// [`Self::rescan`] for a caller that holds the LUN's operation guard
+    /// already (a wipe or a verify that found the device smaller than the
+    /// inventory records).
+    pub(crate) async fn rescan_held(&self, wwid: &Wwid) -> Result<u64, AgentError> {
         let before = self.size_of(wwid)?;
         self.lun(wwid)?
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;

@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 
 use super::Devices;
 use crate::error::AgentError;
+use crate::host::block;
 use crate::host::command::Arg;
 use crate::host::erase::{ClaimError, Eraser, expected_device};
 use csi_scsi_contract::Wwid;
@@ -50,6 +51,7 @@ impl Devices {
         &self,
         wwid: &Wwid,
         mode: WipeMode,
+        expected: u64,
         tx: mpsc::Sender<WipeStep>,
     ) -> Result<(), AgentError> {
         let op = self.begin(wwid)?;
@@ -83,19 +85,39 @@ impl Devices {
             let _ = tx.send(step(0, 0, 1, 1, "signatures", true)).await;
             return Ok(());
         }
-        let expected = expected_device(&node).map_err(|e| AgentError::io(&node, e))?;
+        // The erase must cover the LUN the inventory knows, not whatever
+        // this node reports now: a path in transition reports 0 bytes, a
+        // node whose rescan failed after an expansion the old size.
+        let size = self.size_at_least(wwid, &node, expected).await?;
+        if size < expected {
+            return Err(smaller_than_recorded(&node, size, expected));
+        }
+        let number = expected_device(&node).map_err(|e| AgentError::io(&node, e))?;
         // Once claimed (O_EXCL), the device is busy to any detach or
         // logout; only until then does the target lock keep it here.
-        let eraser = Eraser::claim(&node, expected).map_err(|e| match e {
+        let eraser = Eraser::claim(&node, number).map_err(|e| match e {
             ClaimError::InUse(p) => AgentError::DeviceInUse {
                 wwid: wwid.clone(),
                 holder: format!("{} is held open", p.display()),
             },
-            other => AgentError::WipeFailed {
+            ClaimError::NoSize(p) => AgentError::DeviceNotReady {
+                device: p,
+                reason: NO_SIZE.to_owned(),
+            },
+            ClaimError::Changed(p) => AgentError::DeviceNotReady {
+                device: p,
+                reason: "it changed while it was being opened".to_owned(),
+            },
+            ClaimError::Io { source, .. } => AgentError::WipeIo {
                 wwid: wwid.clone(),
-                reason: other.to_string(),
+                during: "opening the device".to_owned(),
+                source,
             },
         })?;
+        // It may have shrunk between the check and the claim.
+        if eraser.size() < expected {
+            return Err(smaller_than_recorded(&node, eraser.size(), expected));
+        }
         drop(_held);
         let wwid_c = wwid.clone();
         // The guard goes with the erase: it ends when the erase does, even
@@ -123,6 +145,51 @@ impl Devices {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Why a device of no size is not wiped (nor verified).
+const NO_SIZE: &str = "it reports a size of 0 bytes (a path in transition?)";
+
+fn smaller_than_recorded(node: &std::path::Path, size: u64, expected: u64) -> AgentError {
+    AgentError::DeviceNotReady {
+        device: node.to_owned(),
+        reason: format!(
+            "it reports {size} bytes but the inventory records {expected}, and a rescan did not \
+             grow it: an erase of the smaller device would leave the rest of the LUN as it was"
+        ),
+    }
+}
+
+impl Devices {
+    /// The live size of `node` (the LUN `wwid`): rescanned once (and its
+    /// multipath map grown) when it reports less than `expected` or
+    /// nothing. A size of 0, or one that cannot be read, is never an
+    /// answer: the device is not ready. The caller holds the LUN's guard.
+    pub(crate) async fn size_at_least(
+        &self,
+        wwid: &Wwid,
+        node: &std::path::Path,
+        expected: u64,
+    ) -> Result<u64, AgentError> {
+        let read = || {
+            block::size(node).map_err(|e| AgentError::DeviceNotReady {
+                device: node.to_owned(),
+                reason: format!("its size cannot be read: {e}"),
+            })
+        };
+        let mut size = read()?;
+        if size < expected.max(1) {
+            self.rescan_held(wwid).await?;
+            size = read()?;
+        }
+        if size == 0 {
+            return Err(AgentError::DeviceNotReady {
+                device: node.to_owned(),
+                reason: NO_SIZE.to_owned(),
+            });
+        }
+        Ok(size)
     }
 }
 
@@ -209,18 +276,25 @@ fn erase(
             source,
         })?;
     }
-    {
-        // Cheap proof the erase took: both ends read back as zeroes.
-        let ok = eraser
-            .reads_zero(0, edge)
-            .and_then(|a| Ok(a && eraser.reads_zero(size - edge, edge)?));
-        match ok {
+    // Proof the erase took: both ends read back as zeroes, and, where the
+    // whole LUN should, a few ranges spread over it, chosen afresh for
+    // each wipe (a fixed set could be the one place an erase reached).
+    let mut ranges = vec![(0, edge), (size - edge, edge)];
+    if method != "random" {
+        ranges.extend(spread_ranges(size, &mut fastrand::Rng::new()));
+    }
+    for (at, len) in ranges {
+        match eraser.reads_zero(at, len) {
             Ok(true) => {}
-            Ok(false) => return Err(failed("data still present after erase".into())),
+            Ok(false) => {
+                return Err(failed(format!(
+                    "data still present after the erase (at byte {at})"
+                )));
+            }
             Err(source) => {
                 return Err(AgentError::WipeIo {
                     wwid: wwid.clone(),
-                    during: "read-back".to_owned(),
+                    during: format!("read-back at byte {at}"),
                     source,
                 });
             }
@@ -228,4 +302,41 @@ fn erase(
     }
     let _ = tx.blocking_send(step(size, size, passes, passes, method, true));
     Ok(())
+}
+
+/// How many ranges inside the LUN a wipe reads back, besides its ends.
+pub const SPREAD_RANGES: usize = 8;
+/// The length of each of them.
+pub const SPREAD_LEN: u64 = 64 << 10;
+
+/// [`SPREAD_RANGES`] ranges of [`SPREAD_LEN`] bytes, 4 KiB aligned, at
+/// random places of a device of `size` bytes (fewer on a tiny one).
+pub fn spread_ranges(size: u64, rng: &mut fastrand::Rng) -> Vec<(u64, u64)> {
+    let len = SPREAD_LEN.min(size);
+    let room = (size - len) / 4096;
+    (0..SPREAD_RANGES)
+        .map(|_| (rng.u64(0..=room) * 4096, len))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_ranges_lie_inside_the_device_aligned_and_vary() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for size in [4096, 65_536, 1 << 20, (512 << 20) + 4096, 3 << 40] {
+            let ranges = spread_ranges(size, &mut rng);
+            assert_eq!(ranges.len(), SPREAD_RANGES);
+            for (at, len) in ranges {
+                assert_eq!(at % 4096, 0, "{at}");
+                assert!(at + len <= size, "{at}+{len} > {size}");
+                assert!(len > 0);
+            }
+        }
+        let a = spread_ranges(1 << 30, &mut rng);
+        let b = spread_ranges(1 << 30, &mut rng);
+        assert_ne!(a, b, "each wipe reads other places");
+    }
 }

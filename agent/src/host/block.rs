@@ -159,3 +159,46 @@ mod tests {
         );
     }
 }
+
+/// The alignment (and granularity) of [`first_nonzero_direct`]'s reads.
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// The offset of the first of `ranges` of the device `node` that holds a
+/// byte other than zero, read with `O_DIRECT`: past this node's page
+/// cache, which may still hold what the LUN had before another node
+/// erased it. `None` when every range reads as zeroes. Each range is
+/// aligned down (its start) and up (its length) to [`DIRECT_ALIGN`]; a
+/// short read is an error (`UnexpectedEof`), never "zeroes".
+pub fn first_nonzero_direct(node: &Path, ranges: &[(u64, u64)]) -> std::io::Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(node)?;
+    let chunk = 1usize << 20;
+    // An aligned window into a plain buffer: O_DIRECT wants the memory
+    // aligned as well as the offsets.
+    let mut raw = vec![0u8; chunk + DIRECT_ALIGN as usize];
+    let skew = raw.as_ptr().align_offset(DIRECT_ALIGN as usize);
+    let buf = &mut raw[skew..skew + chunk];
+    for &(offset, len) in ranges {
+        let start = offset - offset % DIRECT_ALIGN;
+        let end = (offset + len).next_multiple_of(DIRECT_ALIGN);
+        let mut pos = start;
+        while pos < end {
+            let n = ((end - pos) as usize).min(chunk);
+            let got = file.read_at(&mut buf[..n], pos)?;
+            if got == 0 {
+                return Err(std::io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    format!("read of {n} bytes at byte {pos} returned nothing"),
+                ));
+            }
+            if buf[..got].iter().any(|&b| b != 0) {
+                return Ok(Some(offset));
+            }
+            pos += got as u64;
+        }
+    }
+    Ok(None)
+}

@@ -31,6 +31,10 @@ pub enum ClaimError {
     /// The node changed between the check and the open.
     #[error("{0} changed while it was being opened")]
     Changed(PathBuf),
+    /// The device reports a size of 0 (a path in transition): there is
+    /// nothing an erase could prove.
+    #[error("{0} reports a size of 0 bytes")]
+    NoSize(PathBuf),
     /// Another I/O error.
     #[error("{path}: {source}")]
     Io {
@@ -68,6 +72,9 @@ impl Eraser {
         }
         let mut f = file;
         let size = f.seek(SeekFrom::End(0)).map_err(io)?;
+        if size == 0 {
+            return Err(ClaimError::NoSize(node.to_owned()));
+        }
         Ok(Self {
             file: f,
             path: node.to_owned(),
@@ -171,4 +178,27 @@ impl std::fmt::Debug for Eraser {
 /// The device number of `node`, for [`Eraser::claim`].
 pub fn expected_device(node: &Path) -> std::io::Result<DeviceNumber> {
     block::device_number(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_of_no_size_is_never_claimed_for_an_erase() {
+        // A path in transition reports 0 bytes: an erase of "all" of it
+        // would write nothing and read nothing back, and call that done.
+        let dir = tempfile::tempdir().expect("dir");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").expect("file");
+        let plain_file = DeviceNumber::from_raw(0);
+        match Eraser::claim(&empty, plain_file) {
+            Err(ClaimError::NoSize(p)) => assert_eq!(p, empty),
+            other => panic!("claimed a device of no size: {other:?}"),
+        }
+        let data = dir.path().join("data");
+        std::fs::write(&data, vec![7u8; 8192]).expect("file");
+        let eraser = Eraser::claim(&data, plain_file).expect("a sized file is claimed");
+        assert_eq!(eraser.size(), 8192);
+    }
 }

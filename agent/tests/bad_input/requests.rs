@@ -660,7 +660,7 @@ proptest! {
         if let Ok(r) = damaged(&discover, &edits) {
             check_targets(r.target.as_slice())?;
         }
-        let wipe = WipeRequest { wwid: wwid.clone(), mode };
+        let wipe = WipeRequest { wwid: wwid.clone(), mode, expected_size_bytes: 1 << 30 };
         if let Ok(r) = damaged(&wipe, &edits) {
             check_wwid(&r.wwid)?;
             // An unknown mode is an error value, never a panic.

@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 use csi_scsi_proto::agent::agent_client::AgentClient;
 use csi_scsi_proto::agent::{
     AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest,
-    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress,
-    WipeRequest,
+    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, VerifyRequest,
+    VerifyResponse, WipeProgress, WipeRequest,
 };
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -83,6 +83,14 @@ impl Rpc for RescanRequest {
     const NAME: &'static str = "Rescan";
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.rescan(request).await?.into_inner()) })
+    }
+}
+
+impl Rpc for VerifyRequest {
+    type Reply = VerifyResponse;
+    const NAME: &'static str = "Verify";
+    fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
+        Box::pin(async move { Ok(client.verify(request).await?.into_inner()) })
     }
 }
 

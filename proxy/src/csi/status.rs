@@ -24,6 +24,9 @@ impl From<ProxyError> for Status {
             // ControllerPublishVolume: "Volume published but is incompatible".
             ProxyError::PublishedIncompatibly { .. } => Code::AlreadyExists,
             ProxyError::DeviceState { .. } => Code::Unavailable,
+            // Only a release worker meets it; the LUN waits, Failed, and
+            // the wipe is retried.
+            ProxyError::WipeUnproven { .. } => Code::Unavailable,
             ProxyError::Busy(_) => Code::Aborted,
             // The target is misconfigured: retrying cannot help until
             // an administrator fixes it.

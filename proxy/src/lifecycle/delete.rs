@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use csi_scsi_proto::agent::{WipeMode, WipeRequest};
+use csi_scsi_proto::agent::{VerifyRequest, WipeMode, WipeRequest};
 use tokio::sync::Notify;
 
 use super::Lifecycle;
@@ -85,6 +85,12 @@ impl Releases {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// How many ranges spread over the LUN another node reads back after a
+/// wipe, besides both ends.
+const VERIFY_RANGES: usize = 8;
+/// The length of each (the agent reads at most 1 MiB).
+const VERIFY_LEN: u64 = 64 << 10;
 
 /// How long DeleteVolume waits for the release it started (well inside
 /// any caller's deadline).
@@ -169,11 +175,14 @@ impl Lifecycle {
         let (uid, cleanup) = (binding.uid.clone(), binding.cleanup);
         if let Some(mode) = cleanup.wipe_mode() {
             if let Err(e) = self.wipe(&dev, mode, request_id).await {
-                if let ProxyError::Agent(
-                    failed @ (AgentError::Refused { .. } | AgentError::Failed { .. }),
-                ) = &e
-                {
-                    let reason = format!("wipe failed: {failed}");
+                let failed = match &e {
+                    ProxyError::Agent(
+                        failed @ (AgentError::Refused { .. } | AgentError::Failed { .. }),
+                    ) => Some(format!("wipe failed: {failed}")),
+                    unproven @ ProxyError::WipeUnproven { .. } => Some(unproven.to_string()),
+                    _ => None,
+                };
+                if let Some(reason) = failed {
                     tracing::warn!(%wwid, %reason, "release failed; retried later");
                     self.record(wwid, &uid, |d| policy::wipe_failed(d, reason.clone()))
                         .await?;
@@ -201,9 +210,27 @@ impl Lifecycle {
             let wipe = WipeRequest {
                 wwid: dev.wwid.clone(),
                 mode: mode as i32,
+                expected_size_bytes: dev.size_bytes,
             };
             match self.agents.call(node, wipe, request_id).await {
-                Ok(_) => return Ok(()),
+                Ok(done) => {
+                    // Every mode but `none` promises the whole LUN: an
+                    // agent that erased less (its device at an old size)
+                    // has not wiped what the inventory will offer again.
+                    if mode != WipeMode::None && done.bytes_total < dev.size_bytes {
+                        return Err(ProxyError::WipeUnproven {
+                            wwid: dev.wwid.clone(),
+                            reason: format!(
+                                "node {node} erased {} bytes, the inventory records {}",
+                                done.bytes_total, dev.size_bytes
+                            ),
+                        });
+                    }
+                    if matches!(mode, WipeMode::Zero | WipeMode::Discard) {
+                        self.verify_zeroes(dev, node, request_id).await?;
+                    }
+                    return Ok(());
+                }
                 // Not present, or unreachable, on this node: try another.
                 Err(
                     e @ (AgentError::NotSent(_)
@@ -226,6 +253,65 @@ impl Lifecycle {
             what: format!("wiping {}", dev.wwid),
             detail: failures.join("; "),
         })
+    }
+
+    /// Reads the LUN `wiped_on` zeroed back from another node that sees
+    /// it: its size, both ends and ranges spread at random over the
+    /// recorded size. The wiping node checked its own read-back; another
+    /// node's reads past its page cache are the witness that the array
+    /// holds zeroes. A node that answers otherwise is a disagreement
+    /// (`WipeUnproven`: the LUN goes Failed, never Available). When no
+    /// other node sees the LUN, or none can answer now, the wiping node's
+    /// read-back stands.
+    async fn verify_zeroes(
+        &self,
+        dev: &Device,
+        wiped_on: &str,
+        request_id: &str,
+    ) -> Result<(), ProxyError> {
+        let mut rng = fastrand::Rng::new();
+        let size = dev.size_bytes;
+        let len = VERIFY_LEN.min(size);
+        let mut offsets = vec![0, size - len];
+        offsets.extend((0..VERIFY_RANGES).map(|_| rng.u64(0..=(size - len) / 4096) * 4096));
+        let mut skipped = Vec::new();
+        for node in dev.node_names().iter().filter(|n| *n != wiped_on) {
+            let verify = VerifyRequest {
+                wwid: dev.wwid.clone(),
+                expected_size_bytes: size,
+                offsets: offsets.clone(),
+                length: len as u32,
+            };
+            let unproven = |reason: String| ProxyError::WipeUnproven {
+                wwid: dev.wwid.clone(),
+                reason,
+            };
+            match self.agents.call(node, verify, request_id).await {
+                Ok(v) if v.size_bytes < size => {
+                    return Err(unproven(format!(
+                        "node {node} reads {} bytes after node {wiped_on} wiped it, the inventory records {size}",
+                        v.size_bytes
+                    )));
+                }
+                Ok(v) if !v.zeroes => {
+                    return Err(unproven(format!(
+                        "node {node} reads data at byte {} after node {wiped_on} zeroed it",
+                        v.nonzero_offset
+                    )));
+                }
+                Ok(_) => {
+                    tracing::info!(wwid = %dev.wwid, %node, %wiped_on, "wipe verified from another node");
+                    return Ok(());
+                }
+                // This node cannot be a witness now (not there, down,
+                // busy, an older agent without Verify): ask another.
+                Err(e) => skipped.push(e.to_string()),
+            }
+        }
+        if !skipped.is_empty() {
+            tracing::warn!(wwid = %dev.wwid, %wiped_on, skipped = %skipped.join("; "), "no other node could verify the wipe; the wiping node's read-back stands");
+        }
+        Ok(())
     }
 
     /// Applies `change` to `wwid` if it is still the release of binding

@@ -149,10 +149,7 @@ impl Fixture {
         let dev = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
         let ca = lifecycle_support::test_ca();
         let stub = |node: &'static str| {
-            let behaviour = WipeBehaviour {
-                duration: Duration::ZERO,
-                failures_left: Mutex::new(0),
-            };
+            let behaviour = WipeBehaviour::new(Duration::ZERO, 0);
             let seen = wwid(1);
             let (ca, scratch) = (&ca, dir.path().to_owned());
             async move { agent_stub::start(ca, node, &[seen.as_str()], behaviour, &scratch).await }

@@ -21,8 +21,8 @@ use csi_scsi_certs::{
 use csi_scsi_proto::agent::agent_server::{Agent, AgentServer};
 use csi_scsi_proto::agent::{
     AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest,
-    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, WipeProgress,
-    WipeRequest,
+    DiscoverResponse, RescanRequest, RescanResponse, StatusRequest, StatusResponse, VerifyRequest,
+    VerifyResponse, WipeProgress, WipeRequest,
 };
 use futures::Stream;
 use tonic::{Request, Response, Status};
@@ -42,6 +42,7 @@ struct LogState {
     most_at_once: usize,
     attached: BTreeMap<String, u32>,
     detached: BTreeMap<String, u32>,
+    verified: BTreeMap<String, u32>,
 }
 
 impl WipeLog {
@@ -63,6 +64,11 @@ impl WipeLog {
     /// Most wipes that ran at once, over every WWID.
     pub fn most_at_once(&self) -> usize {
         self.lock().most_at_once
+    }
+
+    /// Verify calls answered for `wwid`.
+    pub fn verified(&self, wwid: &str) -> u32 {
+        self.lock().verified.get(wwid).copied().unwrap_or(0)
     }
 
     /// ABORTED answers given because that WWID was being wiped.
@@ -92,6 +98,37 @@ pub struct WipeBehaviour {
     pub duration: Duration,
     /// The next this many wipes fail with INTERNAL (an I/O error).
     pub failures_left: Mutex<u32>,
+    /// A finished wipe reports this many bytes fewer than asked for (an
+    /// agent whose device stayed at an old size, before the check).
+    pub short_by: u64,
+    /// What a Verify of this node reads.
+    pub reads: Reads,
+}
+
+/// What a stub's Verify answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// The expected size, all zeroes.
+    Zeroes,
+    /// Data at the first offset asked.
+    Data,
+    /// Half the expected size.
+    Smaller,
+    /// UNIMPLEMENTED (an agent that cannot verify).
+    Nothing,
+}
+
+impl WipeBehaviour {
+    /// Wipes of `duration`, the first `failures` of which fail; whole
+    /// wipes, and a Verify that reads zeroes.
+    pub fn new(duration: Duration, failures: u32) -> Self {
+        Self {
+            duration,
+            failures_left: Mutex::new(failures),
+            short_by: 0,
+            reads: Reads::Zeroes,
+        }
+    }
 }
 
 /// A running stub agent for one node.
@@ -201,7 +238,11 @@ impl Agent for Service {
     type WipeStream = WipeStream;
 
     async fn wipe(&self, request: Request<WipeRequest>) -> Result<Response<WipeStream>, Status> {
-        let wwid = request.into_inner().wwid;
+        let request = request.into_inner();
+        let wwid = request.wwid;
+        let size = request
+            .expected_size_bytes
+            .saturating_sub(self.behaviour.short_by);
         if !self.wwids.contains(&wwid) {
             return Err(Status::not_found(format!("no device {wwid} on this node")));
         }
@@ -241,6 +282,8 @@ impl Agent for Service {
             Ok(Ok(())) => {
                 let done = WipeProgress {
                     done: true,
+                    bytes_done: size,
+                    bytes_total: size,
                     ..WipeProgress::default()
                 };
                 Ok(Response::new(Box::pin(futures::stream::iter([Ok(done)]))))
@@ -252,6 +295,33 @@ impl Agent for Service {
 
     async fn rescan(&self, _: Request<RescanRequest>) -> Result<Response<RescanResponse>, Status> {
         Err(Status::unimplemented("stub"))
+    }
+
+    async fn verify(
+        &self,
+        request: Request<VerifyRequest>,
+    ) -> Result<Response<VerifyResponse>, Status> {
+        let request = request.into_inner();
+        if !self.wwids.contains(&request.wwid) {
+            return Err(Status::not_found(format!(
+                "no device {} on this node",
+                request.wwid
+            )));
+        }
+        *self.log.lock().verified.entry(request.wwid).or_default() += 1;
+        let size = request.expected_size_bytes;
+        let first = request.offsets.first().copied().unwrap_or(0);
+        let (size_bytes, zeroes) = match self.behaviour.reads {
+            Reads::Zeroes => (size, true),
+            Reads::Data => (size, false),
+            Reads::Smaller => (size / 2, true),
+            Reads::Nothing => return Err(Status::unimplemented("stub: no Verify")),
+        };
+        Ok(Response::new(VerifyResponse {
+            size_bytes,
+            zeroes,
+            nonzero_offset: if zeroes { 0 } else { first },
+        }))
     }
 
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {

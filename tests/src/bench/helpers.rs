@@ -209,6 +209,10 @@ impl Agent for FakeAgent {
         Err(Status::unimplemented("bench fleet agent"))
     }
 
+    async fn verify(&self, _: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
+        Err(Status::unimplemented("bench fleet agent"))
+    }
+
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(StatusResponse {
             node: self.node.clone(),

@@ -14,6 +14,10 @@ pub enum Fault {
     Stall,
     /// Every I/O fails with EIO (the LUN was unmapped from this host).
     Unmapped,
+    /// The disk reports this size (0: a path in transition; the old size
+    /// after the array grew the LUN: a rescan that did not take), picked
+    /// up at the next rescan. I/O is not affected.
+    Size(u64),
 }
 
 /// What an I/O is.
@@ -48,7 +52,9 @@ pub fn judge(faults: &[Fault], io: Io, offset: u64, len: u64) -> Verdict {
             (Fault::Stall, _) => return Verdict::Wait,
             (Fault::Unmapped, _) => true,
             (Fault::ReadError(r), Io::Read) | (Fault::WriteError(r), Io::Write) => overlaps(r),
-            (Fault::ReadError(_), Io::Write) | (Fault::WriteError(_), Io::Read) => false,
+            (Fault::ReadError(_), Io::Write)
+            | (Fault::WriteError(_), Io::Read)
+            | (Fault::Size(_), _) => false,
         };
         if hit {
             verdict = Verdict::Fail;
@@ -78,6 +84,8 @@ mod tests {
             (&[Unmapped], Read, 123, 1, Fail),
             (&[Unmapped, Stall], Write, 123, 1, Wait),
             (&[Stall], Read, 0, 0, Wait),
+            (&[Size(0)], Read, 0, 4096, Pass),
+            (&[Size(0), WriteError(0..10)], Write, 0, 4096, Fail),
         ];
         for (faults, io, offset, len, want) in cases {
             assert_eq!(

@@ -94,13 +94,19 @@ impl Shared {
         let (kind, size, perm, nlink) = if ino == ROOT {
             (FileType::Directory, 0, 0o755, 2)
         } else {
-            let disk = &self.disks[self.index(ino)?];
-            (
-                FileType::RegularFile,
-                disk.file.metadata().ok()?.len(),
-                0o600,
-                1,
-            )
+            let i = self.index(ino)?;
+            let reported = {
+                let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                state[i].faults.iter().find_map(|f| match f {
+                    Fault::Size(n) => Some(*n),
+                    _ => None,
+                })
+            };
+            let size = match reported {
+                Some(n) => n,
+                None => self.disks[i].file.metadata().ok()?.len(),
+            };
+            (FileType::RegularFile, size, 0o600, 1)
         };
         Some(FileAttr {
             ino,

@@ -211,10 +211,21 @@ async fn wipe(
     wwid: &str,
     mode: WipeMode,
 ) -> Result<WipeProgress, tonic::Status> {
+    wipe_expecting(c, wwid, mode, 0).await
+}
+
+/// A wipe told the size the inventory records.
+async fn wipe_expecting(
+    c: &mut AgentClient<Channel>,
+    wwid: &str,
+    mode: WipeMode,
+    expected_size_bytes: u64,
+) -> Result<WipeProgress, tonic::Status> {
     let mut stream = c
         .wipe(WipeRequest {
             wwid: wwid.into(),
             mode: mode as i32,
+            expected_size_bytes,
         })
         .await?
         .into_inner();
@@ -223,6 +234,78 @@ async fn wipe(
         last = Some(p);
     }
     last.ok_or_else(|| tonic::Status::internal("no progress"))
+}
+
+#[tokio::test]
+async fn a_wipe_of_a_device_smaller_than_recorded_is_refused_and_another_node_reads_the_truth() {
+    let (_d, lab, _cl) = lab().await;
+    // fc-1 is zoned to node-b and node-c.
+    let (mut b, mut c) = (client(&lab, 1), client(&lab, 2));
+    for c in [&mut b, &mut c] {
+        c.attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach");
+    }
+    let lun = 512u64 << 20;
+    let fc1 = &lab.luns["fc1"];
+    let mut data = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fc1)
+        .expect("open");
+    std::io::Seek::seek(&mut data, std::io::SeekFrom::Start(300 << 20)).expect("seek");
+    std::io::Write::write_all(&mut data, b"tenant data").expect("write");
+    drop(data);
+    // The inventory records more than this node's device holds (its
+    // rescan after an expansion failed, or the LUN shrank): an erase of
+    // the device would leave the rest as it was. Nothing is written.
+    let err = wipe_expecting(&mut b, FC_WWID, WipeMode::Zero, lun + (256 << 20))
+        .await
+        .expect_err("a wipe of less than the recorded size");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("inventory records"), "{err}");
+    assert!(
+        !csi_scsi_tests::lab::scenario::all_zero(fc1).expect("read"),
+        "nothing was erased"
+    );
+    // Node c reads the LUN back past its page cache: the data is there.
+    let verify = |offsets: Vec<u64>| VerifyRequest {
+        wwid: FC_WWID.into(),
+        expected_size_bytes: lun,
+        offsets,
+        length: 64 << 10,
+    };
+    let v = c
+        .verify(verify(vec![0, 300 << 20]))
+        .await
+        .expect("verify")
+        .into_inner();
+    assert_eq!(v.size_bytes, lun);
+    assert!(!v.zeroes && v.nonzero_offset == 300 << 20, "{v:?}");
+    // Node c has the data's page cached; node b zeroes the LUN; node c still
+    // reads the array, not its cache.
+    let last = wipe_expecting(&mut b, FC_WWID, WipeMode::Zero, lun)
+        .await
+        .expect("a whole wipe");
+    assert!(last.done && last.bytes_total == lun, "{last:?}");
+    let v = c
+        .verify(verify(vec![0, 300 << 20, lun - (64 << 10)]))
+        .await
+        .expect("verify")
+        .into_inner();
+    assert!(v.zeroes, "{v:?}");
+    // A verify of a device no node has is NOT_FOUND, never "zeroes".
+    let err = c
+        .verify(VerifyRequest {
+            wwid: "naa.600140500000000000000000000000ff".into(),
+            ..verify(vec![0])
+        })
+        .await
+        .expect_err("no such device");
+    assert_eq!(err.code(), Code::NotFound, "{err}");
 }
 
 #[tokio::test]
@@ -395,6 +478,7 @@ async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes()
         .wipe(WipeRequest {
             wwid: FC_WWID.into(),
             mode: WipeMode::Zero as i32,
+            expected_size_bytes: 512 << 20,
         })
         .await
         .expect("wipe")

@@ -349,3 +349,44 @@ async fn a_lun_unmapped_under_a_mounted_volume_is_reported_and_can_still_be_unmo
         .await
         .expect("detach once the LUN is back");
 }
+
+#[tokio::test]
+async fn a_lun_that_reports_no_size_is_neither_wiped_nor_offered_until_it_reports_its_size() {
+    let (_dir, lab, mut cl) = failing_lab().await;
+    let vol = volume_with_marker(&lab, &mut cl, "no-size").await;
+    let (disk, file) = disk_of(&lab, &vol);
+    let disks = lab.disks.as_ref().expect("failing disks");
+    // A path in transition: the next rescan (the wipe's own, before it
+    // erases) reads a capacity of 0. An erase of "all" of 0 bytes writes
+    // nothing and reads nothing back.
+    disks.inject(&disk, Fault::Size(0)).expect("inject");
+    let delete = DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        secrets: HashMap::new(),
+    };
+    cl.controller
+        .delete_volume(delete.clone())
+        .await
+        .expect("delete");
+    let wwid = vol.volume_context["wwid"].clone();
+    // The release worker tries at once; for as long as the LUN reports no
+    // size it must never be offered again.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        let phase = lab.device_phase(&wwid).expect("phase");
+        assert!(
+            phase == "Releasing" || phase == "Failed",
+            "a LUN that reported no size went {phase}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !scenario::all_zero(&file).expect("read"),
+        "the tenant's data is still there, unwiped"
+    );
+    disks.heal(&disk).expect("heal");
+    lab.wait_device_phase(&wwid, "Available", Duration::from_secs(180))
+        .await
+        .expect("wiped once it reports its size");
+    assert!(scenario::all_zero(&file).expect("read"), "wiped whole");
+}

@@ -327,6 +327,7 @@ pub(super) fn wipe(wwid: &str, mode: i32) -> api::WipeRequest {
     api::WipeRequest {
         wwid: wwid.to_owned(),
         mode,
+        expected_size_bytes: 0,
     }
 }
 
