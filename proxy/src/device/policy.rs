@@ -290,11 +290,14 @@ pub fn limit_below_floor(capabilities: &[Capability], limit_bytes: u64) -> Optio
     size_floor(capabilities).filter(|fs| limit_bytes != 0 && limit_bytes < fs.min_bytes())
 }
 
-/// Whether `dev` may back `req`: Available, of a fitting size (no smaller
-/// than [`smallest`]), labels matching, and visible from `node` when one
-/// is given.
+/// Whether `dev` may back `req`: Available, in no target conflict, of a
+/// fitting size (no smaller than [`smallest`]), labels matching, and
+/// visible from `node` when one is given.
 pub fn fits(dev: &Device, req: &BindRequest, node: Option<&str>) -> bool {
     dev.phase == Phase::Available
+        // Another array's target reports its WWID too: which LUN a node
+        // would write through is in doubt until an operator settles it.
+        && dev.conflicts.is_empty()
         && (smallest(req)..=req.max_bytes).contains(&dev.size_bytes)
         && req.selector.matches(&dev.labels)
         && node.is_none_or(|n| dev.nodes.iter().any(|v| v.node == n))

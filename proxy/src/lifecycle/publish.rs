@@ -169,8 +169,8 @@ impl Lifecycle {
                         node: n,
                         consequence: format!(
                             "volume {id} may still be in use there, so it stays published to it; \
-                             retry once the agent is back, or delete the Node object if the node \
-                             is gone for good"
+                             retry once the agent is back; if the node is down, fence it and taint \
+                             it node.kubernetes.io/out-of-service (docs/operations.md)"
                         ),
                     });
                 }

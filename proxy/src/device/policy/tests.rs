@@ -389,6 +389,16 @@ fn fits_checks_phase_size_labels_and_visibility() {
     for (req, node, want) in cases {
         assert_eq!(fits(&dev, &req, node), want, "{req:?} from {node:?}");
     }
+    let mut disputed = dev.clone();
+    disputed.conflicts.push(TargetConflict {
+        target: "other-array".into(),
+        nodes: vec!["a".into()],
+        since: 1,
+    });
+    assert!(
+        !fits(&disputed, &request(1, u64::MAX, "", &[]), None),
+        "a LUN another array's target reports too is never bound"
+    );
     for phase in [Phase::Bound, Phase::Releasing, Phase::Failed, Phase::Lost] {
         let taken = device(1, 100, &["a"], phase);
         assert!(
