@@ -207,7 +207,7 @@ impl AgentDirectory for FileDirectory {
         if since.is_some_and(|t| t.elapsed() >= self.removal_grace) {
             Standing::Removed
         } else {
-            Standing::Member
+            Standing::Leaving
         }
     }
 }
@@ -434,14 +434,14 @@ mod tests {
     }
 
     #[test]
-    fn a_node_that_leaves_the_file_is_unreachable_until_it_stayed_out_for_the_grace_period() {
+    fn a_node_that_leaves_the_file_is_unlisted_until_it_stayed_out_for_the_grace_period() {
         let file = File::new(A_AND_B);
         let directory = file.load();
         // A save cut short at a line boundary reads as a clean file
         // without node-b: only time tells it from the operator's edit.
         file.write(A);
         assert!(reload(&directory, &file).expect("clean"));
-        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unlisted);
         assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
 
         // The writer finishes: node-b is back, and its clock stops.
@@ -456,7 +456,7 @@ mod tests {
         reload(&directory, &file).expect("clean");
         assert_eq!(
             locate(&directory, "node-b"),
-            NodeAgent::Unreachable,
+            NodeAgent::Unlisted,
             "the clock runs from when it left, not from the last read"
         );
         std::thread::sleep(GRACE / 2 + Duration::from_millis(100));
@@ -491,7 +491,7 @@ mod tests {
         std::thread::sleep(GRACE + Duration::from_millis(100));
         file.write(A);
         reload(&directory, &file).expect("clean");
-        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unlisted);
 
         // While the file is bad, a node out of it is in doubt, however long.
         file.write("node-a 198.18.0.2:9810\nnode-");
@@ -509,7 +509,7 @@ mod tests {
         file.write("# every node decommissioned\n");
         assert!(reload(&directory, &file).expect("clean"));
         assert!(directory.snapshot().is_empty());
-        assert_eq!(locate(&directory, "node-a"), NodeAgent::Unreachable);
+        assert_eq!(locate(&directory, "node-a"), NodeAgent::Unlisted);
     }
 
     #[test]
@@ -518,7 +518,7 @@ mod tests {
         // or removed a moment ago): nothing says how long it has been out.
         let file = File::new(A);
         let directory = file.load();
-        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unlisted);
         std::thread::sleep(GRACE + Duration::from_millis(100));
         assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
 
@@ -531,7 +531,7 @@ mod tests {
         // The clock of a node never listed starts at the first clean read.
         empty.write(A);
         assert!(reload(&directory, &empty).expect("clean"));
-        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unreachable);
+        assert_eq!(locate(&directory, "node-b"), NodeAgent::Unlisted);
         std::thread::sleep(GRACE + Duration::from_millis(100));
         assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
     }

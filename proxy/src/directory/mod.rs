@@ -75,6 +75,10 @@ pub enum Standing {
     /// Removed by the operator: its Node object deleted, or its line out of
     /// every clean read of the agents file for the whole grace period.
     Removed,
+    /// Out of the agents file, but not yet for the whole grace period (or
+    /// since the proxy started): not known to be gone, and not a node the
+    /// directory lists either.
+    Leaving,
     /// Fenced by the operator (Kubernetes' `node.kubernetes.io/out-of-service`
     /// taint): down and cut off from its storage, whatever its agent last
     /// looked like.
@@ -92,6 +96,10 @@ pub enum NodeAgent {
     /// The node left the cluster, or its operator fenced it: nothing can
     /// be attached there any more.
     Gone,
+    /// The node is not in the agents file, but not for long enough to be
+    /// gone: nothing can be attached there (the directory does not list
+    /// it), yet records of it are kept, as for [`NodeAgent::Unreachable`].
+    Unlisted,
     /// The directory has not listed once yet: nothing is known about the
     /// node, so a call for it waits (UNAVAILABLE) rather than guess.
     NotSynced,
@@ -137,6 +145,7 @@ impl dyn AgentDirectory {
             (_, Some(entry)) => NodeAgent::Listed(entry),
             (_, None) if !self.is_synced() => NodeAgent::NotSynced,
             (Standing::Member, None) => NodeAgent::Unreachable,
+            (Standing::Leaving, None) => NodeAgent::Unlisted,
             (Standing::Removed, None) => NodeAgent::Gone,
         }
     }

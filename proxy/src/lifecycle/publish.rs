@@ -38,7 +38,12 @@ impl Lifecycle {
                     consequence: format!("cannot attach volume {id} there now; retry"),
                 });
             }
-            NodeAgent::Gone => return Err(ProxyError::NodeNotFound(node.to_owned())),
+            // Not listed: nothing can be attached there ("node does not
+            // exist"); the grace period only keeps the records of a node
+            // that left the agents file.
+            NodeAgent::Gone | NodeAgent::Unlisted => {
+                return Err(ProxyError::NodeNotFound(node.to_owned()));
+            }
             NodeAgent::NotSynced => {
                 return Err(ProxyError::DirectoryNotSynced {
                     consequence: format!("cannot attach volume {id} to node {node} yet; retry"),
@@ -164,7 +169,9 @@ impl Lifecycle {
                 }
                 // It may still write to the LUN: keep the record, so the
                 // volume is neither attached elsewhere nor wiped meanwhile.
-                NodeAgent::Unreachable => {
+                // A node out of the agents file for less than the grace
+                // period may be a file cut short: the same.
+                NodeAgent::Unreachable | NodeAgent::Unlisted => {
                     return Err(ProxyError::NodeUnreachable {
                         node: n,
                         consequence: format!(

@@ -53,6 +53,9 @@ impl Store for Racing {
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
         self.inner.bound_to_name(name).await
     }
+    async fn delete(&self, device: &Device) -> Result<(), InventoryError> {
+        self.inner.delete(device).await
+    }
     async fn devices(
         &self,
         after: Option<&str>,

@@ -166,11 +166,12 @@ async fn a_target_whose_devices_cannot_be_listed_does_not_end_the_pass() {
         .await
         .unwrap();
     drop(inv);
-    // node-x has left the agents file: gone. Listing t1's devices fails.
+    // node-x has left the agents file and stayed out past the (here
+    // zero) grace period: gone. Listing t1's devices fails.
     let inv = faulty(&dir, None, Some("t1"));
     let agents_file = dir.path().join("agents");
     std::fs::write(&agents_file, "# no node\n").unwrap();
-    let agents = FileDirectory::load(&agents_file).unwrap();
+    let agents = FileDirectory::load_with_grace(&agents_file, Duration::ZERO).unwrap();
     let life = lifecycle_support::lifecycle(inv.clone(), agents, dir.path());
     let summary = reconcile_once(
         &life,
