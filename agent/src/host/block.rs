@@ -128,38 +128,6 @@ impl Claim {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_regular_file_is_not_a_block_device() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("plain");
-        std::fs::write(&file, b"x").expect("write");
-        let err = device_number(&file).expect_err("not a device");
-        assert_eq!(err.kind(), ErrorKind::InvalidInput);
-        assert_eq!(node_number(&file).expect("stat"), None);
-    }
-
-    #[test]
-    fn device_numbers_print_as_major_colon_minor() {
-        assert_eq!(
-            DeviceNumber {
-                major: 8,
-                minor: 16
-            }
-            .to_string(),
-            "8:16"
-        );
-        let raw = nix::sys::stat::makedev(7, 3);
-        assert_eq!(
-            DeviceNumber::from_raw(raw),
-            DeviceNumber { major: 7, minor: 3 }
-        );
-    }
-}
-
 /// The alignment (and granularity) of [`first_nonzero_direct`]'s reads.
 pub const DIRECT_ALIGN: u64 = 4096;
 
@@ -201,4 +169,36 @@ pub fn first_nonzero_direct(node: &Path, ranges: &[(u64, u64)]) -> std::io::Resu
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regular_file_is_not_a_block_device() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").expect("write");
+        let err = device_number(&file).expect_err("not a device");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert_eq!(node_number(&file).expect("stat"), None);
+    }
+
+    #[test]
+    fn device_numbers_print_as_major_colon_minor() {
+        assert_eq!(
+            DeviceNumber {
+                major: 8,
+                minor: 16
+            }
+            .to_string(),
+            "8:16"
+        );
+        let raw = nix::sys::stat::makedev(7, 3);
+        assert_eq!(
+            DeviceNumber::from_raw(raw),
+            DeviceNumber { major: 7, minor: 3 }
+        );
+    }
 }
