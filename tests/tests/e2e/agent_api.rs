@@ -785,7 +785,6 @@ async fn wipe_in(
     let request = WipeRequest {
         wwid: wwid.into(),
         mode: WipeMode::Zero as i32,
-        ..WipeRequest::default()
     };
     let mut stream = c.wipe(in_epoch(epoch, request)).await?.into_inner();
     let mut last = None;
@@ -860,7 +859,6 @@ async fn a_stale_leaders_attach_detach_and_wipe_are_refused_and_change_nothing_a
         .wipe(WipeRequest {
             wwid: FC_WWID.into(),
             mode: WipeMode::Zero as i32,
-            ..WipeRequest::default()
         })
         .await
         .map(drop);
