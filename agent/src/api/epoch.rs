@@ -22,7 +22,8 @@ const FILE: &str = "leader-epoch";
 pub enum CallKind {
     /// Attach, Detach, Wipe: refused from a stale leader.
     Destructive,
-    /// Discover, Status, Rescan: never refused, still raise the epoch.
+    /// Discover, Status, Rescan, Verify: never refused, still raise the
+    /// epoch.
     ReadOnly,
 }
 

@@ -336,6 +336,9 @@ impl Agent for AgentApi {
         request: Request<VerifyRequest>,
     ) -> Result<Response<VerifyResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::ReadOnly)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Verify", &req.wwid, &rid);

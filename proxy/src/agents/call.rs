@@ -123,6 +123,7 @@ impl Rpc for RescanRequest {
 impl Rpc for VerifyRequest {
     type Reply = VerifyResponse;
     const NAME: &'static str = "Verify";
+    const DESTRUCTIVE: bool = false;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.verify(request).await?.into_inner()) })
     }

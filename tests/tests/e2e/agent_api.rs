@@ -785,6 +785,7 @@ async fn wipe_in(
     let request = WipeRequest {
         wwid: wwid.into(),
         mode: WipeMode::Zero as i32,
+        expected_size_bytes: 512 << 20,
     };
     let mut stream = c.wipe(in_epoch(epoch, request)).await?.into_inner();
     let mut last = None;
@@ -859,6 +860,7 @@ async fn a_stale_leaders_attach_detach_and_wipe_are_refused_and_change_nothing_a
         .wipe(WipeRequest {
             wwid: FC_WWID.into(),
             mode: WipeMode::Zero as i32,
+            expected_size_bytes: 512 << 20,
         })
         .await
         .map(drop);
