@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::host::command::CommandError;
-use csi_scsi_contract::{InvalidVolumeId, InvalidWwid, Wwid};
+use csi_scsi_contract::{InvalidLeaderEpoch, InvalidVolumeId, InvalidWwid, LeaderEpoch, Wwid};
 
 /// A failure on this node.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +182,32 @@ pub enum AgentError {
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+    },
+    /// A destructive call from a proxy replica whose leadership another
+    /// has held since: refused before anything is done.
+    #[error(
+        "a call from a proxy that led in epoch {epoch}; epoch {highest} has led since: a stale leader's call, nothing was done"
+    )]
+    StaleLeader {
+        /// The call's epoch.
+        epoch: LeaderEpoch,
+        /// The highest epoch this node has seen.
+        highest: LeaderEpoch,
+    },
+    /// The leader-epoch header is malformed.
+    #[error(transparent)]
+    InvalidLeaderEpoch(#[from] InvalidLeaderEpoch),
+    /// The highest leader epoch seen could not be read at start: a stale
+    /// leader's destructive call cannot be told apart, so none is taken.
+    #[error(
+        "the highest leader epoch this node has seen, kept in {}, is unreadable ({reason}): a stale leader's call cannot be told apart, nothing was done (remove the file once every earlier proxy leader is surely gone)",
+        path.display()
+    )]
+    LeaderEpochUnknown {
+        /// The record's path.
+        path: PathBuf,
+        /// Why it is unreadable.
+        reason: String,
     },
     /// The node has as many LUNs attached as its limit allows.
     #[error(

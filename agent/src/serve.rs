@@ -126,7 +126,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let registration = config.registration.clone().map(KubeletRegistration::new);
     let mut status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
-    let agent_api = AgentApi::new(devices, &config.node_name, store.clone()).with_metrics(&metrics);
+    let fence = crate::api::EpochFence::load(&config.state_dir);
+    let agent_api =
+        AgentApi::new(devices, &config.node_name, store.clone(), fence).with_metrics(&metrics);
     let mut readiness = readiness.with(SocketCheck(socket.path().to_owned()));
     // /readyz only: a failing CSI Probe would have the livenessprobe
     // sidecar restart the agent, which a refusal by kubelet does not cure.

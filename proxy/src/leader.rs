@@ -7,7 +7,9 @@
 //! which is shorter than the lease duration, so it stops before anyone else
 //! may start. Every write is a resourceVersion-guarded replace.
 //!
-//! `LeaderHandle` is what the rest of the proxy sees: `is_leader()`, a
+//! `LeaderHandle` is what the rest of the proxy sees: `is_leader()`, the
+//! leader epoch its agent calls carry (`epoch()`: the Lease's
+//! `leaseTransitions` when this replica acquired it), a
 //! `watch` to follow changes, `LeaderGate` to answer the Controller calls
 //! that change state with UNAVAILABLE on a non-leader, and
 //! `run_while_leader` for background work.
@@ -25,6 +27,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::codegen::http;
+
+use csi_scsi_contract::LeaderEpoch;
 
 use crate::kube_wiring::post_params;
 
@@ -70,12 +74,12 @@ pub enum LeaseConfigError {
 #[derive(Clone, Debug)]
 pub struct LeaderHandle {
     rx: watch::Receiver<bool>,
-    /// For an elected leader: until when its last renewal lets it act
-    /// (the renewal attempt's start plus the renew deadline). A process
-    /// frozen past that (a paused container, a stalled VM) has lost the
-    /// Lease to another replica by the time it wakes, and must refuse
-    /// before its elector runs again to notice.
-    valid_until: Option<Arc<Mutex<Option<Instant>>>>,
+    /// For an elected leader: its term (see [`Term`]); `None` while it
+    /// does not lead. A process frozen past the term's end (a paused
+    /// container, a stalled VM) has lost the Lease to another replica by
+    /// the time it wakes, and must refuse before its elector runs again to
+    /// notice.
+    term: Option<Arc<Mutex<Option<Term>>>>,
     /// Keeps the channel open for a handle with no election behind it.
     _fixed: Option<std::sync::Arc<watch::Sender<bool>>>,
 }
@@ -140,13 +144,24 @@ pub enum ControllerMethod {
     ControllerModifyVolume,
 }
 
+/// What an elected leader's last renewal lets it do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Term {
+    /// Until when it may act (the renewal attempt's start plus the renew
+    /// deadline).
+    until: Instant,
+    /// The Lease's `leaseTransitions` since this replica acquired it: the
+    /// leader epoch its agent calls carry.
+    epoch: LeaderEpoch,
+}
+
 /// The candidate's state between attempts.
 struct Elector {
     api: Api<Lease>,
     config: LeaseConfig,
     tx: watch::Sender<bool>,
     /// The handle's fence: renewed with every renewal, cleared on loss.
-    valid_until: Arc<Mutex<Option<Instant>>>,
+    term: Arc<Mutex<Option<Term>>>,
     /// The last Lease record seen and when this replica first saw it.
     observed: Option<(Record, Instant)>,
 }
@@ -204,7 +219,7 @@ impl LeaderHandle {
         let (tx, rx) = watch::channel(true);
         Self {
             rx,
-            valid_until: None,
+            term: None,
             _fixed: Some(Arc::new(tx)),
         }
     }
@@ -213,17 +228,31 @@ impl LeaderHandle {
     pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
         Self {
             rx,
-            valid_until: None,
+            term: None,
             _fixed: None,
         }
     }
 
     /// Whether this replica leads now. A stopped election never leads.
     pub fn is_leader(&self) -> bool {
-        let renewed = self.valid_until.as_ref().is_none_or(|until| {
-            matches!(*until.lock().unwrap_or_else(|p| p.into_inner()), Some(t) if Instant::now() < t)
-        });
-        self.rx.has_changed().is_ok() && *self.rx.borrow() && renewed
+        self.epoch().is_some()
+    }
+
+    /// The leader epoch this replica acts in, `None` unless it leads now
+    /// (renew deadline included). A handle with no election behind it
+    /// ([`Self::always`], [`Self::from_receiver`]) leads in epoch 0: one
+    /// proxy, no predecessor to fence off.
+    pub fn epoch(&self) -> Option<LeaderEpoch> {
+        if self.rx.has_changed().is_err() || !*self.rx.borrow() {
+            return None;
+        }
+        match &self.term {
+            None => Some(LeaderEpoch(0)),
+            Some(term) => match *term.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some(t) if Instant::now() < t.until => Some(t.epoch),
+                _ => None,
+            },
+        }
     }
 
     /// A receiver that sees every change.
@@ -308,18 +337,18 @@ impl LeaderElection {
         config.validate()?;
         let api: Api<Lease> = Api::namespaced(client, &config.namespace);
         let (tx, rx) = watch::channel(false);
-        let valid_until = Arc::new(Mutex::new(None));
+        let term = Arc::new(Mutex::new(None));
         let elector = Elector {
             api: api.clone(),
             config: config.clone(),
             tx,
-            valid_until: valid_until.clone(),
+            term: term.clone(),
             observed: None,
         };
         Ok(Self {
             handle: LeaderHandle {
                 rx,
-                valid_until: Some(valid_until),
+                term: Some(term),
                 _fixed: None,
             },
             task: tokio::spawn(elector.run()),
@@ -494,7 +523,12 @@ impl Elector {
                     last_renew = Some(Instant::now());
                     // Others count the lease from when they see this
                     // renewal, which is after the attempt started.
-                    self.fence(Some(started + self.config.renew_deadline));
+                    let epoch = self.observed.as_ref().map_or(0, |(r, _)| r.transitions);
+                    self.fence(Some(Term {
+                        until: started + self.config.renew_deadline,
+                        // A negative count is no Lease this elector wrote.
+                        epoch: LeaderEpoch(u64::try_from(epoch).unwrap_or(0)),
+                    }));
                     if !leading {
                         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "acquired the Lease: leading");
                         self.tx.send_replace(true);
@@ -527,9 +561,9 @@ impl Elector {
         }
     }
 
-    /// Sets until when the handle may act as leader.
-    fn fence(&self, until: Option<Instant>) {
-        *self.valid_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+    /// Sets the term the handle acts in (`None`: not leading).
+    fn fence(&self, term: Option<Term>) {
+        *self.term.lock().unwrap_or_else(|p| p.into_inner()) = term;
     }
 
     /// One attempt: true when this replica holds the Lease afterwards.
@@ -590,7 +624,9 @@ impl Elector {
         if record.holder.as_deref() != Some(me.as_str()) {
             s.holder_identity = Some(me);
             s.acquire_time = Some(MicroTime(now));
-            s.lease_transitions = Some(record.transitions + i32::from(record.holder.is_some()));
+            // Every acquisition, a released Lease's too, is a new term: the
+            // count is the leader epoch, so no two holders share one.
+            s.lease_transitions = Some(record.transitions.saturating_add(1));
         }
         s.renew_time = Some(MicroTime(now));
         s.lease_duration_seconds = Some(duration_secs);
@@ -632,22 +668,44 @@ mod tests {
     #[tokio::test]
     async fn a_leader_frozen_past_its_renew_deadline_refuses_before_its_elector_runs_again() {
         let (tx, rx) = watch::channel(true);
-        let until = Arc::new(Mutex::new(Some(Instant::now() + Duration::from_secs(3600))));
+        let term = |until| Term {
+            until,
+            epoch: LeaderEpoch(4),
+        };
+        let held = Arc::new(Mutex::new(Some(term(
+            Instant::now() + Duration::from_secs(3600),
+        ))));
         let handle = LeaderHandle {
             rx,
-            valid_until: Some(until.clone()),
+            term: Some(held.clone()),
             _fixed: Some(Arc::new(tx)),
         };
         assert!(handle.is_leader(), "renewed a moment ago");
+        assert_eq!(handle.epoch(), Some(LeaderEpoch(4)));
         // The process slept through its renew deadline: the watch still
         // says leading (nothing ran to change it), the fence does not.
-        *until.lock().expect("lock") = Instant::now().checked_sub(Duration::from_millis(1));
+        *held.lock().expect("lock") = Instant::now()
+            .checked_sub(Duration::from_millis(1))
+            .map(term);
         assert!(*handle.subscribe().borrow(), "the elector has not run");
         assert!(!handle.is_leader(), "acted on a lapsed renewal");
+        assert_eq!(handle.epoch(), None, "a lapsed term has no epoch");
         assert!(LeaderCheck(handle.clone()).check().is_err());
         // The next renewal lets it act again.
-        *until.lock().expect("lock") = Some(Instant::now() + Duration::from_secs(3600));
+        *held.lock().expect("lock") = Some(term(Instant::now() + Duration::from_secs(3600)));
         assert!(handle.is_leader());
+    }
+
+    #[test]
+    fn a_handle_without_an_election_leads_in_epoch_zero_while_told_it_leads() {
+        assert_eq!(LeaderHandle::always().epoch(), Some(LeaderEpoch(0)));
+        let (tx, rx) = watch::channel(false);
+        let handle = LeaderHandle::from_receiver(rx);
+        assert_eq!(handle.epoch(), None);
+        tx.send_replace(true);
+        assert_eq!(handle.epoch(), Some(LeaderEpoch(0)));
+        drop(tx);
+        assert_eq!(handle.epoch(), None, "a stopped election never leads");
     }
 
     #[tokio::test]

@@ -73,7 +73,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         (None, Some(dir)) => Arc::new(DirSecrets(dir.clone())),
         (None, None) => Arc::new(NoSecrets),
     };
-    let pool = AgentPool::new(directory.clone(), tls.clone(), config.calls.clone());
+    let pool = AgentPool::new(
+        directory.clone(),
+        tls.clone(),
+        config.calls.clone(),
+        backends.leader.clone(),
+    );
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
     pool.set_metrics(&metrics);
     let mut life = Lifecycle::new(inventory.clone(), pool, secrets);

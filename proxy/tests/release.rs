@@ -2,15 +2,16 @@
 //! SQLite file), the real agent pool and mutual TLS, and a stub agent
 //! whose wipes can be slow or fail: DeleteVolume answers before the wipe,
 //! the wipe runs once per release and never twice at once, a restarted
-//! proxy resumes it, a LUN being released is never handed out, and a
-//! failed wipe is counted and retried.
+//! proxy resumes it, a LUN being released is never handed out, a failed
+//! wipe is counted and retried, and a replica that stops leading sends no
+//! Attach, Detach or Wipe.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/agent_stub.rs"]
 mod agent_stub;
 #[path = "support/devices.rs"]
 mod devices;
-// Only `lifecycle_trusting` and `test_ca` are used here.
+// Only `lifecycle_led` and `test_ca` are used here.
 #[allow(dead_code)]
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
@@ -22,9 +23,10 @@ use std::time::Duration;
 
 use csi_scsi_certs::CertificateAuthority;
 use csi_scsi_proxy::agents::{Backoff, deadline};
-use csi_scsi_proxy::device::{Access, Device, Mode, Phase};
+use csi_scsi_proxy::device::{Access, Device, FsType, Mode, Phase};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
+use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::lifecycle::{CreateRequest, Lifecycle};
 use csi_scsi_proxy::parameters::ClassParameters;
 use csi_scsi_proxy::reconcile::release::{self, ReleaseConfig};
@@ -106,11 +108,17 @@ impl Fixture {
     /// A proxy (a fresh process, as far as its state goes) with `workers`
     /// release workers, scanning often and retrying soon.
     fn proxy(&self, workers: usize) -> Proxy {
-        let life = Arc::new(lifecycle_support::lifecycle_trusting(
+        self.proxy_led(workers, LeaderHandle::always())
+    }
+
+    /// As [`Self::proxy`], leading as `leader` says.
+    fn proxy_led(&self, workers: usize, leader: LeaderHandle) -> Proxy {
+        let life = Arc::new(lifecycle_support::lifecycle_led(
             &self.ca,
             self.inventory(),
             self.agents.clone(),
             self.dir.path(),
+            leader,
         ));
         let config = ReleaseConfig {
             workers,
@@ -432,5 +440,75 @@ async fn a_wipe_no_other_node_can_verify_stands_on_its_own_read_back() {
     p.life.delete(&volume_id(&vol), "t").await.unwrap();
     let done = p.wait_for(&vol.wwid, Phase::Available).await;
     assert_eq!(done.wipe_failures, 0);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_calls_carry_its_epoch()
+{
+    let f = Fixture::new(1, Duration::from_millis(50), 0).await;
+    let (leads, rx) = tokio::sync::watch::channel(true);
+    let p = f.proxy_led(1, LeaderHandle::from_receiver(rx));
+    let vol = p.create("pv-1").await.unwrap();
+    let id = volume_id(&vol);
+    let access = Access {
+        block: false,
+        fs_type: Some(FsType::Ext4),
+        mode: Mode::SingleNodeWriter,
+    };
+    p.life
+        .publish(&id, "node-a", &access, false, "t")
+        .await
+        .unwrap();
+    assert_eq!(f.agent.log.attached(&vol.wwid), 1);
+
+    // Leadership lost (a lapsed term reads the same): nothing that
+    // changes a node is sent.
+    leads.send_replace(false);
+    let not_leading = |e: Status| {
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("does not lead"), "{e:?}");
+    };
+    not_leading(
+        p.life
+            .publish(&id, "node-a", &access, false, "t")
+            .await
+            .map_err(Status::from)
+            .unwrap_err(),
+    );
+    not_leading(
+        p.life
+            .unpublish(&id, "node-a", "t")
+            .await
+            .map_err(Status::from)
+            .unwrap_err(),
+    );
+    assert_eq!(f.agent.log.attached(&vol.wwid), 1, "an Attach was sent");
+    assert_eq!(f.agent.log.detached(&vol.wwid), 0, "a Detach was sent");
+
+    leads.send_replace(true);
+    p.life.unpublish(&id, "node-a", "t").await.unwrap();
+    assert_eq!(f.agent.log.detached(&vol.wwid), 1);
+    leads.send_replace(false);
+    p.life.delete(&id, "t").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 0, "a Wipe was sent");
+    assert_eq!(p.device(&vol.wwid).await.phase, Phase::Releasing);
+
+    // Leading again, the release goes on.
+    leads.send_replace(true);
+    p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    // Every call that reached the agent carried the epoch (0: a handle
+    // with no election behind it).
+    let epochs = f.agent.log.epochs();
+    assert_eq!(
+        epochs,
+        [
+            ("Attach", Some("0".to_owned())),
+            ("Detach", Some("0".to_owned())),
+            ("Wipe", Some("0".to_owned())),
+        ]
+    );
     p.kill().await;
 }

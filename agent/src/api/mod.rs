@@ -2,8 +2,10 @@
 
 mod auth;
 pub mod enrolment;
+mod epoch;
 mod metrics;
 mod server;
 mod status;
 
+pub use epoch::EpochFence;
 pub use server::AgentApi;

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::auth::require_proxy;
+use super::epoch::{CallKind, EpochFence};
 use super::metrics::WipeMetrics;
 use super::status::to_status;
 use crate::device::{Devices, TargetSpec, WipeMode as Mode};
@@ -32,17 +33,25 @@ pub struct AgentApi {
     node: String,
     /// The trust material each request's client chain is checked against.
     trust: Arc<MaterialStore>,
+    /// Refuses a stale proxy leader's destructive calls.
+    fence: EpochFence,
     wipes: Option<WipeMetrics>,
 }
 
 impl AgentApi {
     /// The API of `node`, over `devices`, for the proxy as `trust` (the
-    /// agent's current TLS material) knows it.
-    pub fn new(devices: Arc<Devices>, node: &str, trust: Arc<MaterialStore>) -> Self {
+    /// agent's current TLS material) knows it, behind the leader `fence`.
+    pub fn new(
+        devices: Arc<Devices>,
+        node: &str,
+        trust: Arc<MaterialStore>,
+        fence: EpochFence,
+    ) -> Self {
         Self {
             devices,
             node: node.to_owned(),
             trust,
+            fence,
             wipes: None,
         }
     }
@@ -131,6 +140,9 @@ impl Agent for AgentApi {
         request: Request<DiscoverRequest>,
     ) -> Result<Response<DiscoverResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::ReadOnly)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let t = target(
@@ -162,6 +174,9 @@ impl Agent for AgentApi {
         request: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::Destructive)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         // Leave a margin to answer before the caller gives up.
         let timeout = grpc_timeout::from_metadata(request.metadata()).unwrap_or(DEFAULT_DEADLINE);
@@ -194,6 +209,9 @@ impl Agent for AgentApi {
         request: Request<DetachRequest>,
     ) -> Result<Response<DetachResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::Destructive)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Detach", &req.wwid, &rid);
@@ -218,6 +236,9 @@ impl Agent for AgentApi {
         request: Request<WipeRequest>,
     ) -> Result<Response<Self::WipeStream>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::Destructive)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let w = wwid(&req.wwid)?;
@@ -295,6 +316,9 @@ impl Agent for AgentApi {
         request: Request<RescanRequest>,
     ) -> Result<Response<RescanResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::ReadOnly)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Rescan", &req.wwid, &rid);
@@ -312,6 +336,9 @@ impl Agent for AgentApi {
         request: Request<VerifyRequest>,
     ) -> Result<Response<VerifyResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::ReadOnly)
+            .map_err(to_status)?;
         let rid = RequestId::of(&request).to_string();
         let req = request.into_inner();
         let span = span("Verify", &req.wwid, &rid);
@@ -349,6 +376,9 @@ impl Agent for AgentApi {
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         require_proxy(&request, &self.trust)?;
+        self.fence
+            .admit(&request, CallKind::ReadOnly)
+            .map_err(to_status)?;
         let sessions = self
             .devices
             .iscsi_sessions()

@@ -47,6 +47,12 @@ pub fn code(e: &AgentError) -> Code {
         AgentError::NotStaged { .. } | AgentError::StagingPathMissing => Code::FailedPrecondition,
         AgentError::PathTaken { .. } | AgentError::Incompatible { .. } => Code::AlreadyExists,
         AgentError::Busy(_) => Code::Aborted,
+        // A stale leader's destructive call: refused, nothing done; the
+        // proxy that sent it no longer leads.
+        AgentError::StaleLeader { .. } => Code::FailedPrecondition,
+        AgentError::InvalidLeaderEpoch(_) => Code::InvalidArgument,
+        // Doubt about the highest epoch seen is never "no leader since".
+        AgentError::LeaderEpochUnknown { .. } => Code::Unavailable,
         // A device whose I/O hangs: retry once it answers.
         AgentError::Stuck { .. } => Code::Unavailable,
         // Doubt about the device is never "blank": retry later.

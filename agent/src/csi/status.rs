@@ -63,6 +63,11 @@ pub fn code(err: &AgentError) -> Code {
         // The node's disk refused a record the call needs: nothing was
         // done that a retry would not redo; retry.
         AgentError::RecordNotSaved { .. } => Code::Unavailable,
+        // The leader fence is the agent API's (proxy calls only); should
+        // one reach kubelet, it is a refusal before anything was done.
+        AgentError::StaleLeader { .. } => Code::FailedPrecondition,
+        AgentError::InvalidLeaderEpoch(_) => Code::InvalidArgument,
+        AgentError::LeaderEpochUnknown { .. } => Code::Unavailable,
         // An agent-API refusal (Attach); ControllerPublishVolume's "Max
         // volumes attached".
         AgentError::AttachLimit { .. } => Code::ResourceExhausted,

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use csi_scsi_contract::{LEADER_EPOCH_HEADER, LeaderEpoch};
 use csi_scsi_proto::agent::agent_client::AgentClient;
 use csi_scsi_proto::agent::{
     AttachRequest, AttachResponse, DetachRequest, DetachResponse, DiscoverRequest,
@@ -17,6 +18,8 @@ use csi_scsi_proto::agent::{
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
+
+use crate::leader::LeaderHandle;
 
 /// gRPC metadata key carrying the request ID from proxy to agent.
 pub const REQUEST_ID_HEADER: &str = csi_scsi_daemon::request_id::HEADER;
@@ -32,6 +35,10 @@ pub trait Rpc: Clone + std::fmt::Debug + Send + Sync + 'static {
     const NAME: &'static str;
     /// Whether it runs long (a wipe), so it gets the long deadline.
     const LONG: bool = false;
+    /// Whether it changes what a node does with a LUN (Attach, Detach,
+    /// Wipe): only the leader sends it, and the agent refuses it from an
+    /// older leader epoch than one it has seen. No default: each RPC says.
+    const DESTRUCTIVE: bool;
     /// Sends it over `client`.
     fn send(request: Request<Self>, client: AgentClient<Channel>) -> Sent<Self::Reply>;
 }
@@ -48,15 +55,39 @@ pub struct AgentCall<R> {
     pub deadline: Instant,
 }
 
-/// The innermost service: sends one call over one agent's channel.
+/// The innermost service: sends one call over one agent's channel, with
+/// this replica's leader epoch.
 #[derive(Clone, Debug)]
 pub struct Caller {
     client: AgentClient<Channel>,
+    leader: LeaderHandle,
+}
+
+/// A destructive call this replica may not send: it does not lead (or its
+/// term lapsed) right now.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{method} not sent: this proxy replica does not lead (a stale leader must not act)")]
+pub struct NotLeading {
+    /// The RPC.
+    pub method: &'static str,
+}
+
+/// The epoch a call of `R` goes out with, `None` when this replica does
+/// not lead (calls that change nothing still go, without an epoch, which
+/// the agent reads as 0). A destructive call is never sent by a replica
+/// that does not lead: the one rule, checked when a call starts and again
+/// before each attempt.
+pub fn sending_epoch<R: Rpc>(leader: &LeaderHandle) -> Result<Option<LeaderEpoch>, NotLeading> {
+    match leader.epoch() {
+        None if R::DESTRUCTIVE => Err(NotLeading { method: R::NAME }),
+        epoch => Ok(epoch),
+    }
 }
 
 impl Rpc for DiscoverRequest {
     type Reply = DiscoverResponse;
     const NAME: &'static str = "Discover";
+    const DESTRUCTIVE: bool = false;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.discover(request).await?.into_inner()) })
     }
@@ -65,6 +96,7 @@ impl Rpc for DiscoverRequest {
 impl Rpc for AttachRequest {
     type Reply = AttachResponse;
     const NAME: &'static str = "Attach";
+    const DESTRUCTIVE: bool = true;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.attach(request).await?.into_inner()) })
     }
@@ -73,6 +105,7 @@ impl Rpc for AttachRequest {
 impl Rpc for DetachRequest {
     type Reply = DetachResponse;
     const NAME: &'static str = "Detach";
+    const DESTRUCTIVE: bool = true;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.detach(request).await?.into_inner()) })
     }
@@ -81,6 +114,7 @@ impl Rpc for DetachRequest {
 impl Rpc for RescanRequest {
     type Reply = RescanResponse;
     const NAME: &'static str = "Rescan";
+    const DESTRUCTIVE: bool = false;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.rescan(request).await?.into_inner()) })
     }
@@ -89,6 +123,7 @@ impl Rpc for RescanRequest {
 impl Rpc for VerifyRequest {
     type Reply = VerifyResponse;
     const NAME: &'static str = "Verify";
+    const DESTRUCTIVE: bool = false;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.verify(request).await?.into_inner()) })
     }
@@ -97,6 +132,7 @@ impl Rpc for VerifyRequest {
 impl Rpc for StatusRequest {
     type Reply = StatusResponse;
     const NAME: &'static str = "Status";
+    const DESTRUCTIVE: bool = false;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move { Ok(client.status(request).await?.into_inner()) })
     }
@@ -107,6 +143,7 @@ impl Rpc for StatusRequest {
 impl Rpc for WipeRequest {
     type Reply = WipeProgress;
     const NAME: &'static str = "Wipe";
+    const DESTRUCTIVE: bool = true;
     const LONG: bool = true;
     fn send(request: Request<Self>, mut client: AgentClient<Channel>) -> Sent<Self::Reply> {
         Box::pin(async move {
@@ -130,10 +167,11 @@ impl Rpc for WipeRequest {
 }
 
 impl Caller {
-    /// A caller on `channel`.
-    pub fn new(channel: Channel) -> Self {
+    /// A caller on `channel`, acting for `leader`.
+    pub fn new(channel: Channel, leader: LeaderHandle) -> Self {
         Self {
             client: AgentClient::new(channel),
+            leader,
         }
     }
 }
@@ -149,7 +187,18 @@ impl<R: Rpc> tower::Service<AgentCall<R>> for Caller {
     }
 
     fn call(&mut self, call: AgentCall<R>) -> Self::Future {
+        // A retry may come after the term lapsed: it is not sent. The
+        // first attempt's earlier tries leave doubt, so UNAVAILABLE.
+        let epoch = match sending_epoch::<R>(&self.leader) {
+            Ok(epoch) => epoch,
+            Err(e) => return Box::pin(std::future::ready(Err(Status::unavailable(e.to_string())))),
+        };
         let mut request = Request::new(call.request);
+        if let Some(epoch) = epoch
+            && let Ok(v) = epoch.to_string().parse()
+        {
+            request.metadata_mut().insert(LEADER_EPOCH_HEADER, v);
+        }
         request.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
         if let Ok(v) = call.request_id.parse() {
             request.metadata_mut().insert(REQUEST_ID_HEADER, v);

@@ -14,7 +14,7 @@ mod retry;
 mod stack;
 
 pub(crate) use call::transport_failure;
-pub use call::{AgentCall, Caller, REQUEST_ID_HEADER, Rpc};
+pub use call::{AgentCall, Caller, NotLeading, REQUEST_ID_HEADER, Rpc};
 pub use error::{AgentError, Refusal};
 pub use fanout::fan_out;
 pub use metrics::{AgentCallMetrics, AgentCallTimer};

@@ -15,13 +15,14 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
-use super::call::{AgentCall, Caller, Rpc};
+use super::call::{AgentCall, Caller, NotLeading, Rpc, sending_epoch};
 use super::deadline;
 use super::error::AgentError;
 use super::metrics::AgentCallMetrics;
 use super::retry::{Backoff, RetryPolicy};
 use super::stack::compose;
 use crate::directory::AgentDirectory;
+use crate::leader::LeaderHandle;
 
 /// Less time than this left before the deadline: the call is not sent.
 const MIN_ATTEMPT: Duration = Duration::from_millis(20);
@@ -60,6 +61,14 @@ pub enum PoolError {
         /// Why.
         reason: String,
     },
+    /// A destructive call, and this replica does not lead right now.
+    #[error("to node {node}: {source}")]
+    NotLeading {
+        /// The node.
+        node: String,
+        /// The call.
+        source: NotLeading,
+    },
 }
 
 /// One agent's channel in the pool.
@@ -78,6 +87,8 @@ pub struct AgentPool {
     tls: Arc<MaterialStore>,
     config: CallConfig,
     limit: Arc<Semaphore>,
+    /// Whether this replica leads, and in which epoch (sent with every call).
+    leader: LeaderHandle,
     /// Node -> its channel.
     channels: Mutex<HashMap<String, Pooled>>,
     next_channel: AtomicU64,
@@ -85,14 +96,18 @@ pub struct AgentPool {
 }
 
 impl AgentPool {
-    /// A pool over `directory`, dialling with `tls`. Starts a task that
-    /// drops channels of agents that left. Needs a Tokio runtime.
+    /// A pool over `directory`, dialling with `tls`, calling for `leader`
+    /// (its epoch goes with every call; destructive calls only while it
+    /// leads). Starts a task that drops channels of agents that left.
+    /// Needs a Tokio runtime.
     pub fn new(
         directory: Arc<dyn AgentDirectory>,
         tls: Arc<MaterialStore>,
         config: CallConfig,
+        leader: LeaderHandle,
     ) -> Arc<Self> {
         let pool = Arc::new(Self {
+            leader,
             limit: Arc::new(Semaphore::new(config.concurrency.max(1))),
             directory,
             tls,
@@ -206,6 +221,12 @@ impl AgentPool {
         request: R,
         request_id: &str,
     ) -> Result<R::Reply, AgentError> {
+        // Checked right before the call, so a replica frozen past its term
+        // sends nothing; the agent's epoch check covers a freeze after it.
+        sending_epoch::<R>(&self.leader).map_err(|source| PoolError::NotLeading {
+            node: node.to_owned(),
+            source,
+        })?;
         let (channel_id, channel) = self.channel(node)?;
         let configured = if R::LONG {
             self.config.wipe_deadline
@@ -224,7 +245,11 @@ impl AgentPool {
         } else {
             let retry = RetryPolicy::new(self.config.backoff.clone(), self.config.attempts);
             let history = retry.clone();
-            let svc = compose(Caller::new(channel), retry, self.limit.clone());
+            let svc = compose(
+                Caller::new(channel, self.leader.clone()),
+                retry,
+                self.limit.clone(),
+            );
             let call = AgentCall {
                 request,
                 request_id: request_id.to_owned(),
@@ -326,7 +351,10 @@ mod tests {
                 .expect("backoff"),
             concurrency: 8,
         };
-        (AgentPool::new(directory, tls, config), silent)
+        (
+            AgentPool::new(directory, tls, config, LeaderHandle::always()),
+            silent,
+        )
     }
 
     fn status() -> StatusRequest {

@@ -54,6 +54,9 @@ impl From<ProxyError> for Status {
                 AgentError::NotSent(PoolError::UnknownNode(_) | PoolError::Channel { .. }) => {
                     Code::Unavailable
                 }
+                // This replica stopped leading: the caller retries and
+                // reaches the leader (as the leader gate answers).
+                AgentError::NotSent(PoolError::NotLeading { .. }) => Code::Unavailable,
                 AgentError::Unreachable { .. } => Code::Unavailable,
                 AgentError::TimedOut { .. } => Code::DeadlineExceeded,
                 AgentError::Busy { .. } => Code::Aborted,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_scsi_contract::LeaderEpoch;
 use csi_scsi_proxy::device::{Phase, ResizeRequest, policy};
 use csi_scsi_proxy::inventory::{Inventory, InventoryError};
 use csi_scsi_proxy::leader::{LeaderElection, LeaderHandle, LeaseConfig};
@@ -572,6 +573,8 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
     .unwrap();
     let hb = b.handle();
     wait_leads(&hb, true, 15).await;
+    // The first holder of a new Lease leads in epoch 0.
+    assert_eq!(hb.epoch(), Some(LeaderEpoch(0)));
     let a = LeaderElection::spawn(real_kube::admin().await, lease_config(ns, "proxy-a")).unwrap();
     let ha = a.handle();
     let stop = Arc::new(AtomicBool::new(false));
@@ -607,6 +610,10 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
     let spec = holder().await;
     assert_eq!(spec.holder_identity.as_deref(), Some("proxy-a"));
     assert_eq!(spec.lease_transitions, Some(1));
+    // Each term is a new leader epoch, which the replica that lost the
+    // Lease no longer has.
+    assert_eq!(ha.epoch(), Some(LeaderEpoch(1)));
+    assert_eq!(hb.epoch(), None);
 
     // proxy-b may write again; proxy-a steps down and releases the Lease:
     // proxy-b, still campaigning, takes it well within a lease duration.
@@ -621,6 +628,10 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
         b_leads - released
     );
     assert_eq!(holder().await.holder_identity.as_deref(), Some("proxy-b"));
+    // A Lease taken after a release is a new term too: proxy-b leads in
+    // epoch 2, above proxy-a's 1, so an agent refuses proxy-a's calls.
+    assert_eq!(hb.epoch(), Some(LeaderEpoch(2)));
+    assert_eq!(holder().await.lease_transitions, Some(2));
     stop.store(true, Ordering::SeqCst);
     assert!(!overlap.await.unwrap(), "both replicas led at once");
     b.step_down().await;

@@ -5,6 +5,7 @@
 //! keeps wiping when the caller goes away, and can be told to take long or
 //! to fail. Every wipe is logged. An Attach of a WWID it sees, and every
 //! Detach, succeed and are counted; the other calls are UNIMPLEMENTED.
+//! The leader-epoch header of every Attach, Detach and Wipe is logged.
 // Not every binary uses every helper.
 #![allow(dead_code)]
 
@@ -43,6 +44,8 @@ struct LogState {
     attached: BTreeMap<String, u32>,
     detached: BTreeMap<String, u32>,
     verified: BTreeMap<String, u32>,
+    /// Every call's method and leader-epoch header, in order.
+    epochs: Vec<(&'static str, Option<String>)>,
 }
 
 impl WipeLog {
@@ -84,6 +87,21 @@ impl WipeLog {
     /// Detach calls for `wwid` answered OK.
     pub fn detached(&self, wwid: &str) -> u32 {
         self.lock().detached.get(wwid).copied().unwrap_or(0)
+    }
+
+    /// Every call received: its method and leader-epoch header (`None`
+    /// when it had none), in order.
+    pub fn epochs(&self) -> Vec<(&'static str, Option<String>)> {
+        self.lock().epochs.clone()
+    }
+
+    /// Notes that `request` (of `method`) arrived.
+    fn received<T>(&self, method: &'static str, request: &Request<T>) {
+        let epoch = request
+            .metadata()
+            .get(csi_scsi_contract::LEADER_EPOCH_HEADER)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        self.lock().epochs.push((method, epoch));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -215,6 +233,7 @@ impl Agent for Service {
         &self,
         request: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
+        self.log.received("Attach", &request);
         let wwid = request.into_inner().wwid;
         if !self.wwids.contains(&wwid) {
             return Err(Status::not_found(format!("no device {wwid} on this node")));
@@ -230,6 +249,7 @@ impl Agent for Service {
         &self,
         request: Request<DetachRequest>,
     ) -> Result<Response<DetachResponse>, Status> {
+        self.log.received("Detach", &request);
         let wwid = request.into_inner().wwid;
         *self.log.lock().detached.entry(wwid).or_default() += 1;
         Ok(Response::new(DetachResponse::default()))
@@ -238,6 +258,7 @@ impl Agent for Service {
     type WipeStream = WipeStream;
 
     async fn wipe(&self, request: Request<WipeRequest>) -> Result<Response<WipeStream>, Status> {
+        self.log.received("Wipe", &request);
         let request = request.into_inner();
         let wwid = request.wwid;
         let size = request

@@ -13,6 +13,7 @@ use csi_scsi_certs::{
 use csi_scsi_proxy::agents::{AgentPool, Backoff, CallConfig};
 use csi_scsi_proxy::directory::AgentDirectory;
 use csi_scsi_proxy::inventory::Inventory;
+use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::lifecycle::Lifecycle;
 use csi_scsi_proxy::secrets::NoSecrets;
 
@@ -41,6 +42,17 @@ pub fn lifecycle_trusting(
     directory: Arc<dyn AgentDirectory>,
     scratch: &Path,
 ) -> Lifecycle {
+    lifecycle_led(ca, inventory, directory, scratch, LeaderHandle::always())
+}
+
+/// As [`lifecycle_trusting`], its agent calls made for `leader`.
+pub fn lifecycle_led(
+    ca: &CertificateAuthority,
+    inventory: Arc<Inventory>,
+    directory: Arc<dyn AgentDirectory>,
+    scratch: &Path,
+    leader: LeaderHandle,
+) -> Lifecycle {
     csi_scsi_certs::install_crypto_provider();
     let domain = TrustDomain::new("csi-scsi.local").expect("domain");
     let proxy = ca
@@ -62,7 +74,7 @@ pub fn lifecycle_trusting(
     };
     Lifecycle::new(
         inventory,
-        AgentPool::new(directory, tls, calls),
+        AgentPool::new(directory, tls, calls, leader),
         Arc::new(NoSecrets),
     )
 }

@@ -23,6 +23,7 @@ use csi_scsi_certs::{
 use csi_scsi_proto::agent::DiscoverRequest;
 use csi_scsi_proxy::agents::{AgentPool, Backoff, CallConfig, fan_out};
 use csi_scsi_proxy::directory::{AgentDirectory, FileDirectory};
+use csi_scsi_proxy::leader::LeaderHandle;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 use super::Options;
@@ -136,7 +137,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
             Samples::default(),
         );
         for _ in 0..passes {
-            let pool = AgentPool::new(directory.clone(), store.clone(), call_config()?);
+            let pool = AgentPool::new(
+                directory.clone(),
+                store.clone(),
+                call_config()?,
+                LeaderHandle::always(),
+            );
             let (d, failed) = pass(pool.clone(), vec![slowest.clone()]).await;
             single_cold.push(d);
             errors.extend(failed);
@@ -153,7 +159,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         let mut prompt_cold = Samples::default();
         if n == largest {
             for _ in 0..passes {
-                let pool = AgentPool::new(directory.clone(), store.clone(), call_config()?);
+                let pool = AgentPool::new(
+                    directory.clone(),
+                    store.clone(),
+                    call_config()?,
+                    LeaderHandle::always(),
+                );
                 let (d, failed) = pass(pool, prompt.clone()).await;
                 prompt_cold.push(d);
                 errors.extend(failed);
@@ -166,7 +177,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         let (rss_before, _) = rss_mib(me)?;
         let mut kept = None;
         for _ in 0..passes {
-            let pool = AgentPool::new(directory.clone(), store.clone(), call_config()?);
+            let pool = AgentPool::new(
+                directory.clone(),
+                store.clone(),
+                call_config()?,
+                LeaderHandle::always(),
+            );
             let (d, failed) = pass(pool.clone(), nodes.clone()).await;
             all_cold.push(d);
             errors.extend(failed);

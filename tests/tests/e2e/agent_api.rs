@@ -765,3 +765,117 @@ async fn an_attach_scans_the_target_only_for_a_lun_its_sessions_do_not_show() {
         "a2 is back: {attached:?}"
     );
 }
+
+/// `message` as a proxy leading in `epoch` sends it.
+fn in_epoch<T>(epoch: u64, message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut().insert(
+        csi_scsi_contract::LEADER_EPOCH_HEADER,
+        epoch.to_string().parse().expect("ascii"),
+    );
+    r
+}
+
+/// A zeroing wipe of `wwid` sent in `epoch`, drained.
+async fn wipe_in(
+    c: &mut AgentClient<Channel>,
+    epoch: u64,
+    wwid: &str,
+) -> Result<WipeProgress, tonic::Status> {
+    let request = WipeRequest {
+        wwid: wwid.into(),
+        mode: WipeMode::Zero as i32,
+        expected_size_bytes: 512 << 20,
+    };
+    let mut stream = c.wipe(in_epoch(epoch, request)).await?.into_inner();
+    let mut last = None;
+    while let Some(p) = stream.message().await? {
+        last = Some(p);
+    }
+    last.ok_or_else(|| tonic::Status::internal("no progress"))
+}
+
+fn assert_stale(result: Result<impl std::fmt::Debug, tonic::Status>, epoch: u64, since: u64) {
+    let err = result.expect_err("a stale leader's call");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.message().contains(&format!(
+            "a call from a proxy that led in epoch {epoch}; epoch {since} has led since"
+        )),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_leaders_attach_detach_and_wipe_are_refused_and_change_nothing_across_a_restart() {
+    let (_d, mut lab, _cl) = lab().await;
+    let mut b = client(&lab, 1);
+    let attach = || AttachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+        lun: 0,
+    };
+    let detach = || DetachRequest {
+        wwid: FC_WWID.into(),
+        targets: vec![fc_target()],
+    };
+    // The leader of epoch 7 attaches; the volume gets data.
+    let att = b
+        .attach(in_epoch(7, attach()))
+        .await
+        .expect("attach in epoch 7")
+        .into_inner();
+    let dev = std::fs::canonicalize(&att.device_path)
+        .expect("node")
+        .display()
+        .to_string();
+    sh("mkfs.ext4", &["-q", "-L", "precious", &dev]).expect("mkfs");
+    let label = || sh("blkid", &["-o", "value", "-s", "LABEL", &dev]).expect("blkid");
+
+    // The leader of epoch 6, frozen until now, wakes and acts.
+    assert_stale(wipe_in(&mut b, 6, FC_WWID).await, 6, 7);
+    assert_stale(b.detach(in_epoch(6, detach())).await, 6, 7);
+    assert_stale(b.attach(in_epoch(6, attach())).await, 6, 7);
+    assert_eq!(label().trim(), "precious", "a stale wipe erased data");
+    assert!(
+        std::path::Path::new(&att.device_path).exists(),
+        "a stale detach removed the device"
+    );
+    // What changes nothing is answered in any epoch.
+    b.status(in_epoch(6, StatusRequest {}))
+        .await
+        .expect("a stale leader may still look");
+
+    // The node remembers epoch 7 across a restart of its agent.
+    lab.restart_agent(1).await.expect("restart");
+    let mut b = client(&lab, 1);
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    while let Err(e) = b.status(StatusRequest {}).await {
+        assert!(tokio::time::Instant::now() < until, "agent API: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_stale(wipe_in(&mut b, 6, FC_WWID).await, 6, 7);
+    // A call without the header (an older proxy) is epoch 0.
+    let unmarked = b
+        .wipe(WipeRequest {
+            wwid: FC_WWID.into(),
+            mode: WipeMode::Zero as i32,
+            expected_size_bytes: 512 << 20,
+        })
+        .await
+        .map(drop);
+    assert_stale(unmarked, 0, 7);
+    assert_eq!(label().trim(), "precious", "a stale wipe erased data");
+
+    // The leader of epoch 8 wipes and detaches: from then on 7 is stale.
+    let last = wipe_in(&mut b, 8, FC_WWID).await.expect("wipe in epoch 8");
+    assert!(last.done, "{last:?}");
+    assert!(csi_scsi_tests::lab::scenario::all_zero(&lab.luns["fc1"]).expect("read"));
+    assert_stale(b.detach(in_epoch(7, detach())).await, 7, 8);
+    let gone = b
+        .detach(in_epoch(8, detach()))
+        .await
+        .expect("detach in epoch 8")
+        .into_inner();
+    assert!(gone.removed);
+}
