@@ -10,9 +10,11 @@ use std::fmt;
 /// (an older proxy, a test) is epoch 0.
 pub const LEADER_EPOCH_HEADER: &str = "x-csi-scsi-leader-epoch";
 
-/// A term of leadership: the proxy Lease's `leaseTransitions` when its
-/// holder acquired it (a later holder always has a higher count). Embedded
-/// mode (one proxy, no election) is always epoch 0.
+/// A term of leadership: the proxy Lease's creation time (Unix seconds,
+/// the high bits) and its `leaseTransitions` when its holder acquired it
+/// (the low 20 bits): a later holder of the same Lease has a higher count,
+/// and a Lease created anew a later creation time. Embedded mode (one
+/// proxy, no election) is always epoch 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LeaderEpoch(pub u64);
 

@@ -172,6 +172,28 @@ struct Record {
     holder: Option<String>,
     renew: Option<Timestamp>,
     transitions: i32,
+    /// When the Lease object was created (Unix seconds, 0: not known).
+    created: i64,
+}
+
+/// How many bits of an epoch count the Lease's transitions; the bits
+/// above hold its creation time.
+const TRANSITION_BITS: u32 = 20;
+
+impl Record {
+    /// The leader epoch of the term this record's holder acts in: the
+    /// Lease's creation time, then its `leaseTransitions`. The creation
+    /// time keeps epochs rising when the Lease is deleted and created
+    /// anew (its count starts again at 0, while every node remembers the
+    /// epoch of the old Lease's last term).
+    fn epoch(&self) -> LeaderEpoch {
+        let created = u64::try_from(self.created).unwrap_or(0);
+        // A negative count is no Lease this elector wrote.
+        let transitions = u64::try_from(self.transitions)
+            .unwrap_or(0)
+            .min((1 << TRANSITION_BITS) - 1);
+        LeaderEpoch((created << TRANSITION_BITS) | transitions)
+    }
 }
 
 // === impl LeaseConfig ===
@@ -523,11 +545,13 @@ impl Elector {
                     last_renew = Some(Instant::now());
                     // Others count the lease from when they see this
                     // renewal, which is after the attempt started.
-                    let epoch = self.observed.as_ref().map_or(0, |(r, _)| r.transitions);
+                    let epoch = self
+                        .observed
+                        .as_ref()
+                        .map_or(LeaderEpoch(0), |(r, _)| r.epoch());
                     self.fence(Some(Term {
                         until: started + self.config.renew_deadline,
-                        // A negative count is no Lease this elector wrote.
-                        epoch: LeaderEpoch(u64::try_from(epoch).unwrap_or(0)),
+                        epoch,
                     }));
                     if !leading {
                         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "acquired the Lease: leading");
@@ -652,6 +676,11 @@ impl Elector {
             holder: spec.holder_identity.filter(|h| !h.is_empty()),
             renew: spec.renew_time.map(|t| t.0),
             transitions: spec.lease_transitions.unwrap_or(0),
+            created: lease
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
         };
         if self.observed.as_ref().map(|(r, _)| r) != Some(&record) {
             self.observed = Some((record.clone(), Instant::now()));

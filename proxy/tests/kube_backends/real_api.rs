@@ -573,8 +573,14 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
     .unwrap();
     let hb = b.handle();
     wait_leads(&hb, true, 15).await;
-    // The first holder of a new Lease leads in epoch 0.
-    assert_eq!(hb.epoch(), Some(LeaderEpoch(0)));
+    // The first holder of a new Lease leads in the first epoch of that
+    // Lease: its creation time above, a count of 0 below.
+    let first = hb.epoch().expect("leads").0;
+    assert_eq!(first & 0xF_FFFF, 0, "{first:#x}");
+    assert!(
+        first >> 20 > 1_700_000_000,
+        "the Lease's creation time: {first:#x}"
+    );
     let a = LeaderElection::spawn(real_kube::admin().await, lease_config(ns, "proxy-a")).unwrap();
     let ha = a.handle();
     let stop = Arc::new(AtomicBool::new(false));
@@ -612,7 +618,7 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
     assert_eq!(spec.lease_transitions, Some(1));
     // Each term is a new leader epoch, which the replica that lost the
     // Lease no longer has.
-    assert_eq!(ha.epoch(), Some(LeaderEpoch(1)));
+    assert_eq!(ha.epoch(), Some(LeaderEpoch(first + 1)));
     assert_eq!(hb.epoch(), None);
 
     // proxy-b may write again; proxy-a steps down and releases the Lease:
@@ -630,7 +636,7 @@ async fn the_lease_passes_between_two_replicas_and_never_to_both() {
     assert_eq!(holder().await.holder_identity.as_deref(), Some("proxy-b"));
     // A Lease taken after a release is a new term too: proxy-b leads in
     // epoch 2, above proxy-a's 1, so an agent refuses proxy-a's calls.
-    assert_eq!(hb.epoch(), Some(LeaderEpoch(2)));
+    assert_eq!(hb.epoch(), Some(LeaderEpoch(first + 2)));
     assert_eq!(holder().await.lease_transitions, Some(2));
     stop.store(true, Ordering::SeqCst);
     assert!(!overlap.await.unwrap(), "both replicas led at once");
