@@ -357,29 +357,46 @@ resolvConf: ""
     /// Shuts down every volume filesystem kubelet staged on the node, as
     /// a power cut leaves it; returns their mount points.
     fn shut_down_volume_filesystems(&self) -> anyhow::Result<Vec<String>> {
-        let mntns = self.fs.nsenter_arg();
-        let mounts = sh(
-            "nsenter",
-            &[&mntns, "findmnt", "-rn", "-o", "TARGET,FSTYPE"],
-        )?;
-        let mut filesystems = Vec::new();
-        for line in mounts.lines() {
-            let mut f = line.split_whitespace();
-            let (Some(target), Some(fstype)) = (f.next(), f.next()) else {
-                continue;
-            };
-            // kubelet's staging mounts: one per volume (its Pods' mounts
-            // are binds of them, the same filesystem).
-            if target.starts_with(STAGING) && matches!(fstype, "ext4" | "xfs") {
-                sh(
-                    "nsenter",
-                    &[&mntns, "xfs_io", "-x", "-c", "shutdown", target],
-                )
-                .with_context(|| format!("shutting down {target} on {}", self.name))?;
-                filesystems.push(target.to_owned());
-            }
+        let filesystems = self.staged_filesystems()?;
+        for target in &filesystems {
+            sh(
+                "nsenter",
+                &[
+                    &self.fs.nsenter_arg(),
+                    "xfs_io",
+                    "-x",
+                    "-c",
+                    "shutdown",
+                    target,
+                ],
+            )
+            .with_context(|| format!("shutting down {target} on {}", self.name))?;
         }
         Ok(filesystems)
+    }
+
+    /// kubelet's staging mounts of filesystem volumes on the node (one per
+    /// volume: its Pods' mounts are binds of them, the same filesystem).
+    pub fn staged_filesystems(&self) -> anyhow::Result<Vec<String>> {
+        let mounts = sh(
+            "nsenter",
+            &[
+                &self.fs.nsenter_arg(),
+                "findmnt",
+                "-rn",
+                "-o",
+                "TARGET,FSTYPE",
+            ],
+        )?;
+        Ok(mounts
+            .lines()
+            .filter_map(|line| {
+                let mut f = line.split_whitespace();
+                let (target, fstype) = (f.next()?, f.next()?);
+                (target.starts_with(STAGING) && matches!(fstype, "ext4" | "xfs"))
+                    .then(|| target.to_owned())
+            })
+            .collect())
     }
 
     /// Starts containerd, kubelet and kube-proxy again after

@@ -179,6 +179,24 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     .await?;
     let views = wait_back_in_views(&k, &dead).await?;
     let back = powered.elapsed();
+    // Its Pods were deleted while it was off: kubelet tears their stale
+    // mounts down (NodeUnpublish, NodeUnstage on its agent), the
+    // filesystems shut down at the power cut writing nothing.
+    let node = &lab.nodes[i];
+    k.wait_for(
+        &format!("{dead}'s kubelet to unstage the volumes of its deleted Pods"),
+        WAIT,
+        |_| {
+            let left: Vec<String> = node.staged_filesystems()?;
+            Ok(cut
+                .filesystems
+                .iter()
+                .all(|f| !left.contains(f))
+                .then_some(()))
+        },
+    )
+    .await?;
+    let cleaned = powered.elapsed();
     // The moved Pod stays where it is, with its data.
     let p = k.get_json(&["pod", POD, "-n", NS])?;
     anyhow::ensure!(
@@ -202,7 +220,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     ])?;
     delete_workloads(&k, &[], &[NAME])?;
     Ok(format!(
-        "{dead} powered off ({} volume filesystems shut down, {} shims and {} Pod processes killed, kubelet, kube-proxy and containerd SIGKILLed) under {POD} ({pv}, marker {})\n      NotReady after {:.1}s; held for {:.1}s ({checks} checks: VolumeAttachment attached, SCSIDevice published to {dead}); tainted out-of-service: {POD} Running on {to} {:.1}s after the taint, the attachment moved (published {published:?}) at {:.1}s, marker intact; the proxy logged {dropped} dropped publish record(s) of {dead}\n      {dead} powered on, Ready, untainted: its agent Ready and in all {views} pool devices' views {:.1}s later; {POD} stays on {to}",
+        "{dead} powered off ({} volume filesystems shut down, {} shims and {} Pod processes killed, kubelet, kube-proxy and containerd SIGKILLed) under {POD} ({pv}, marker {})\n      NotReady after {:.1}s; held for {:.1}s ({checks} checks: VolumeAttachment attached, SCSIDevice published to {dead}); tainted out-of-service: {POD} Running on {to} {:.1}s after the taint, the attachment moved (published {published:?}) at {:.1}s, marker intact; the proxy logged {dropped} dropped publish record(s) of {dead}\n      {dead} powered on, Ready, untainted: its agent Ready and in all {views} pool devices' views {:.1}s later, the {} stale mounts unstaged at {:.1}s; {POD} stays on {to}",
         cut.filesystems.len(),
         cut.shims,
         cut.pod_processes,
@@ -212,6 +230,8 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
         running.as_secs_f64(),
         moved.as_secs_f64(),
         back.as_secs_f64(),
+        cut.filesystems.len(),
+        cleaned.as_secs_f64(),
     ))
 }
 
