@@ -11,9 +11,21 @@ const CGROUP_FS: &str = "/sys/fs/cgroup";
 /// Kills every process under `root` (`/csi-scsi-...`) in every controller's
 /// tree, then removes the cgroups. Safe to repeat.
 pub fn remove_tree(root: &str) {
+    let (trees, _) = kill_all(root);
+    for tree in &trees {
+        for dir in dirs_deepest_first(tree) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// SIGKILLs every process under `root` in every controller's tree (three
+/// rounds: a dying process may still fork), leaving the cgroups; returns
+/// the trees, and how many processes it killed.
+pub fn kill_all(root: &str) -> (Vec<PathBuf>, usize) {
     let root = root.trim_start_matches('/');
     if root.is_empty() || root.contains("..") {
-        return;
+        return (Vec::new(), 0);
     }
     let trees: Vec<PathBuf> = std::fs::read_dir(CGROUP_FS)
         .into_iter()
@@ -22,6 +34,7 @@ pub fn remove_tree(root: &str) {
         .map(|c| c.path().join(root))
         .filter(|p| p.is_dir())
         .collect();
+    let mut killed = std::collections::BTreeSet::new();
     for _ in 0..3 {
         for tree in &trees {
             for dir in dirs_deepest_first(tree) {
@@ -30,16 +43,13 @@ pub fn remove_tree(root: &str) {
                     .lines()
                 {
                     sh_quiet("kill", &["-KILL", pid]);
+                    killed.insert(pid.to_owned());
                 }
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    for tree in &trees {
-        for dir in dirs_deepest_first(tree) {
-            let _ = std::fs::remove_dir(&dir);
-        }
-    }
+    (trees, killed.len())
 }
 
 fn dirs_deepest_first(top: &Path) -> Vec<PathBuf> {

@@ -828,7 +828,7 @@ impl Drop for Lab {
 
 /// SIGKILLs `pid` at once (no `kill` process spawned on the way: the
 /// crash suite times its kills to land mid-call).
-fn sigkill(pid: u32) {
+pub(crate) fn sigkill(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

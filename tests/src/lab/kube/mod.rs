@@ -15,6 +15,7 @@ pub mod operations;
 pub mod pods;
 pub mod rbac;
 pub mod scenario;
+pub mod shutdown;
 pub mod targets;
 
 use std::path::{Path, PathBuf};

@@ -33,7 +33,22 @@ pub struct KubeNode {
     pub cgroup_root: String,
     kubelet_args: Vec<String>,
     kubelet_log: PathBuf,
+    containerd_args: Vec<String>,
+    containerd_log: PathBuf,
+    kube_proxy_args: Vec<String>,
+    kube_proxy_log: PathBuf,
     containerd_socket: PathBuf,
+}
+
+/// What [`KubeNode::power_off`] stopped.
+#[derive(Debug, Default)]
+pub struct PowerCut {
+    /// Volume filesystems shut down (their mount points).
+    pub filesystems: Vec<String>,
+    /// containerd shims killed.
+    pub shims: usize,
+    /// Processes of the node's Pods killed (the agent's among them).
+    pub pod_processes: usize,
 }
 
 /// Where one node's runtime lives.
@@ -132,17 +147,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         )?;
         let netns = format!("--net=/run/netns/{}", spec.netns);
         let mntns = spec.fs.nsenter_arg();
-        let containerd = Daemon::spawn_program(
-            Path::new("nsenter"),
-            &[
-                netns.clone(),
-                mntns.clone(),
-                "containerd".into(),
-                "--config".into(),
-                config.display().to_string(),
-            ],
-            &spec.base.join("containerd.log"),
-        );
+        let containerd_args = vec![
+            netns.clone(),
+            mntns.clone(),
+            "containerd".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ];
+        let containerd_log = spec.base.join("containerd.log");
+        let containerd =
+            Daemon::spawn_program(Path::new("nsenter"), &containerd_args, &containerd_log);
         wait_for_socket(&sock, &containerd).await?;
         for archive in images {
             sh(
@@ -262,25 +276,24 @@ resolvConf: ""
         plane
             .pki
             .kubeconfig_cert(&proxy_kubeconfig, &plane.server, &proxier)?;
-        let kube_proxy = Daemon::spawn_program(
-            Path::new("nsenter"),
-            &[
-                netns,
-                mntns,
-                tools.path("kube-proxy").display().to_string(),
-                format!("--kubeconfig={}", proxy_kubeconfig.display()),
-                format!("--hostname-override={}", spec.name),
-                "--proxy-mode=iptables".into(),
-                format!("--cluster-cidr={}", spec.cluster_cidr),
-                "--conntrack-max-per-core=0".into(),
-                "--conntrack-tcp-timeout-established=0".into(),
-                "--conntrack-tcp-timeout-close-wait=0".into(),
-                "--metrics-bind-address=127.0.0.1:10249".into(),
-                "--healthz-bind-address=127.0.0.1:10256".into(),
-                "--v=2".into(),
-            ],
-            &spec.base.join("kube-proxy.log"),
-        );
+        let kube_proxy_args = vec![
+            netns,
+            mntns,
+            tools.path("kube-proxy").display().to_string(),
+            format!("--kubeconfig={}", proxy_kubeconfig.display()),
+            format!("--hostname-override={}", spec.name),
+            "--proxy-mode=iptables".into(),
+            format!("--cluster-cidr={}", spec.cluster_cidr),
+            "--conntrack-max-per-core=0".into(),
+            "--conntrack-tcp-timeout-established=0".into(),
+            "--conntrack-tcp-timeout-close-wait=0".into(),
+            "--metrics-bind-address=127.0.0.1:10249".into(),
+            "--healthz-bind-address=127.0.0.1:10256".into(),
+            "--v=2".into(),
+        ];
+        let kube_proxy_log = spec.base.join("kube-proxy.log");
+        let kube_proxy =
+            Daemon::spawn_program(Path::new("nsenter"), &kube_proxy_args, &kube_proxy_log);
         Ok(Self {
             name: spec.name.to_owned(),
             containerd,
@@ -290,6 +303,10 @@ resolvConf: ""
             cgroup_root: spec.cgroup_root.clone(),
             kubelet_args,
             kubelet_log,
+            containerd_args,
+            containerd_log,
+            kube_proxy_args,
+            kube_proxy_log,
             containerd_socket: sock,
         })
     }
@@ -304,6 +321,104 @@ resolvConf: ""
     pub fn restart_kubelet(&mut self) {
         self.kubelet =
             Daemon::spawn_program(Path::new("nsenter"), &self.kubelet_args, &self.kubelet_log);
+    }
+
+    /// Cuts the node's power as far as one host allows. First every
+    /// filesystem of its volumes is shut down as a power cut leaves it (no
+    /// further write, no log flush: `xfs_io -x -c shutdown`, which ext4
+    /// honours too), so the stale mounts left in its namespace never write
+    /// again, not even when they are unmounted after it comes back; then
+    /// kubelet, kube-proxy, containerd, its shims and every process of its
+    /// Pods (the agent's too) are SIGKILLed. Call [`Self::power_on`] next.
+    pub async fn power_off(&mut self) -> anyhow::Result<PowerCut> {
+        // Killed even when a shutdown fails: power_on must find them gone.
+        let filesystems = self.shut_down_volume_filesystems();
+        for daemon in [
+            &mut self.kubelet,
+            &mut self.kube_proxy,
+            &mut self.containerd,
+        ] {
+            crate::lab::sigkill(daemon.pid());
+            // Reaps it (the signal it sends then finds it dead).
+            daemon.terminate().await;
+        }
+        let shims = shims_of(&self.containerd_socket);
+        for pid in &shims {
+            crate::lab::sigkill(*pid);
+        }
+        let (_, pod_processes) = crate::lab::cgroups::kill_all(&self.cgroup_root);
+        Ok(PowerCut {
+            filesystems: filesystems?,
+            shims: shims.len(),
+            pod_processes,
+        })
+    }
+
+    /// Shuts down every volume filesystem kubelet staged on the node, as
+    /// a power cut leaves it; returns their mount points.
+    fn shut_down_volume_filesystems(&self) -> anyhow::Result<Vec<String>> {
+        let filesystems = self.staged_filesystems()?;
+        for target in &filesystems {
+            sh(
+                "nsenter",
+                &[
+                    &self.fs.nsenter_arg(),
+                    "xfs_io",
+                    "-x",
+                    "-c",
+                    "shutdown",
+                    target,
+                ],
+            )
+            .with_context(|| format!("shutting down {target} on {}", self.name))?;
+        }
+        Ok(filesystems)
+    }
+
+    /// kubelet's staging mounts of filesystem volumes on the node (one per
+    /// volume: its Pods' mounts are binds of them, the same filesystem).
+    pub fn staged_filesystems(&self) -> anyhow::Result<Vec<String>> {
+        let mounts = sh(
+            "nsenter",
+            &[
+                &self.fs.nsenter_arg(),
+                "findmnt",
+                "-rn",
+                "-o",
+                "TARGET,FSTYPE",
+            ],
+        )?;
+        Ok(mounts
+            .lines()
+            .filter_map(|line| {
+                let mut f = line.split_whitespace();
+                let (target, fstype) = (f.next()?, f.next()?);
+                (target.starts_with(STAGING) && matches!(fstype, "ext4" | "xfs"))
+                    .then(|| target.to_owned())
+            })
+            .collect())
+    }
+
+    /// Starts containerd, kubelet and kube-proxy again after
+    /// [`Self::power_off`], with the same flags; returns their PIDs (to
+    /// record for `lab down`). kubelet restarts the node's Pods.
+    pub async fn power_on(&mut self) -> anyhow::Result<Vec<u32>> {
+        // The killed containerd's socket file is still there: gone, the
+        // wait below sees the new one.
+        let _ = std::fs::remove_file(&self.containerd_socket);
+        self.containerd = Daemon::spawn_program(
+            Path::new("nsenter"),
+            &self.containerd_args,
+            &self.containerd_log,
+        );
+        wait_for_socket(&self.containerd_socket, &self.containerd).await?;
+        self.restart_kubelet();
+        self.kube_proxy = Daemon::spawn_program(
+            Path::new("nsenter"),
+            &self.kube_proxy_args,
+            &self.kube_proxy_log,
+        );
+        Ok(self.pids())
     }
 
     /// containerd's socket (for `ctr`).
@@ -326,6 +441,29 @@ resolvConf: ""
             self.kube_proxy.pid(),
         ]
     }
+}
+
+/// Where kubelet stages CSI volumes (in the node's mount namespace).
+const STAGING: &str = "/var/lib/kubelet/plugins/kubernetes.io/csi/";
+
+/// The containerd shims serving the containerd at `socket` (their
+/// `-address` argument), by PID.
+fn shims_of(socket: &Path) -> Vec<u32> {
+    let socket = socket.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let mut args = cmdline.split(|b| *b == 0);
+            let shim = args
+                .next()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            (shim && args.any(|a| a == socket)).then_some(pid)
+        })
+        .collect()
 }
 
 async fn wait_for_socket(sock: &Path, daemon: &Daemon) -> anyhow::Result<()> {

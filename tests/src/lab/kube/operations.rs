@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::scenario::{
-    NS, WAIT, attachment, bound_pv, delete_workloads, exec, pod, pvc, wait_running,
+    NS, WAIT, Workload, attachment, bound_pv, delete_workloads, exec, one_replica, pod, pvc,
+    wait_running,
 };
 use super::{KubeLab, LAB_TAG, pods};
 use crate::disks::Fault;
@@ -137,18 +138,11 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
 pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     k.apply(&pvc("moved", "lab-pool", "Filesystem", "32Mi"))?;
-    let script = serde_json::to_string(
+    k.apply(&one_replica(
+        Workload::Deployment,
+        "mover",
+        "moved",
         "if [ -f /data/marker ]; then cat /data/marker > /data/seen; else echo drain-marker > /data/marker; sync; fi; sleep 100000",
-    )?;
-    k.apply(&format!(
-        r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"mover","namespace":"{NS}"}},
-            "spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"mover"}}}},"strategy":{{"type":"Recreate"}},
-            "template":{{"metadata":{{"labels":{{"app":"mover"}}}},"spec":{{"terminationGracePeriodSeconds":1,
-            "automountServiceAccountToken":false,
-            "containers":[{{"name":"c","image":"{}","imagePullPolicy":"Never","command":["sh","-c",{script}],
-                           "volumeMounts":[{{"name":"v","mountPath":"/data"}}]}}],
-            "volumes":[{{"name":"v","persistentVolumeClaim":{{"claimName":"moved"}}}}]}}}}}}}}"#,
-        super::images::BUSYBOX
     ))?;
     let first = mover(&k).await?;
     let from = first["spec"]["nodeName"]

@@ -218,6 +218,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "out of service: a StatefulSet's Pod on a node that loses its power; NotReady, its volume stays published there; tainted node.kubernetes.io/out-of-service, the Pod and its volume move with the data; the node back, untainted, its agent listed again",
+        async { Ok(((), super::shutdown::out_of_service(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
         "delete: Pods and PVCs deleted; PVs go, the LUNs are wiped and offered again",
         async {
             k.run(&[
@@ -297,6 +303,37 @@ pub(super) fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str
             "automountServiceAccountToken":false,
             "containers":[{{"name":"c","image":"{BUSYBOX}","imagePullPolicy":"Never","command":["sh","-c",{script}],{attach}}}],
             "volumes":[{{"name":"v","persistentVolumeClaim":{{"claimName":"{claim}"}}}}]}}}}"#
+    )
+}
+
+/// The workload kinds [`one_replica`] writes.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Workload {
+    /// A Deployment (strategy Recreate: a ReadWriteOnce volume has one user).
+    Deployment,
+    /// A StatefulSet (its Pod keeps its name, `<name>-0`).
+    StatefulSet,
+}
+
+/// A one-replica workload `name` whose Pods (label `app=<name>`) run
+/// `script` with claim `claim` at `/data`, on any node.
+pub(super) fn one_replica(kind: Workload, name: &str, claim: &str, script: &str) -> String {
+    let (kind, extra) = match kind {
+        Workload::Deployment => (
+            "Deployment",
+            r#""strategy":{"type":"Recreate"},"#.to_owned(),
+        ),
+        Workload::StatefulSet => ("StatefulSet", format!(r#""serviceName":"{name}","#)),
+    };
+    let script = serde_json::to_string(script).unwrap_or_default();
+    format!(
+        r#"{{"apiVersion":"apps/v1","kind":"{kind}","metadata":{{"name":"{name}","namespace":"{NS}"}},
+            "spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"{name}"}}}},{extra}
+            "template":{{"metadata":{{"labels":{{"app":"{name}"}}}},"spec":{{"terminationGracePeriodSeconds":1,
+            "automountServiceAccountToken":false,
+            "containers":[{{"name":"c","image":"{BUSYBOX}","imagePullPolicy":"Never","command":["sh","-c",{script}],
+                           "volumeMounts":[{{"name":"v","mountPath":"/data"}}]}}],
+            "volumes":[{{"name":"v","persistentVolumeClaim":{{"claimName":"{claim}"}}}}]}}}}}}}}"#
     )
 }
 
@@ -762,7 +799,7 @@ pub(super) fn agent_detaches(lab: &KubeLab, node: &str) -> anyhow::Result<usize>
 /// Waits for kubelet on `node` to renew its node Lease after `since`
 /// (server time, RFC 3339): a kubelet that is up again, not a Ready
 /// condition left over from before it stopped.
-async fn wait_lease_renewed(k: &Kubectl, node: &str, since: &str) -> anyhow::Result<()> {
+pub(super) async fn wait_lease_renewed(k: &Kubectl, node: &str, since: &str) -> anyhow::Result<()> {
     k.wait_for(
         &format!("kubelet on {node} to renew its Lease"),
         WAIT,
@@ -779,7 +816,7 @@ async fn wait_lease_renewed(k: &Kubectl, node: &str, since: &str) -> anyhow::Res
     .await
 }
 
-async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> anyhow::Result<()> {
+pub(super) async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> anyhow::Result<()> {
     let what = if ready { "Ready" } else { "NotReady" };
     k.wait_for(&format!("Node {node} {what}"), WAIT, |k| {
         let n = k.get_json(&["node", node])?;
@@ -987,25 +1024,30 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     })
     .await?;
     let registered = t.elapsed();
-    let n = k
-        .wait_for(
-            &format!("{node} back in the pool devices' views"),
-            WAIT,
-            |k| {
-                let devices = pool_devices(k)?;
-                Ok(
-                    (!devices.is_empty() && devices.iter().all(|d| sees(d, &node)))
-                        .then_some(devices.len()),
-                )
-            },
-        )
-        .await?;
+    let n = wait_back_in_views(&k, &node).await?;
     Ok(format!(
         "Node {node} deleted, its agent Pod garbage-collected: gone from all {pruned} SCSIDevice views {:.1}s later; re-registered (Node Ready, CSINode) at {:.1}s; back in {n} pool devices' views at {:.1}s",
         pruned_at.as_secs_f64(),
         registered.as_secs_f64(),
         t.elapsed().as_secs_f64()
     ))
+}
+
+/// Waits for every pool device's views to list `node` (its agent answers
+/// discovery again); returns how many pool devices there are.
+pub(super) async fn wait_back_in_views(k: &Kubectl, node: &str) -> anyhow::Result<usize> {
+    k.wait_for(
+        &format!("{node} back in the pool devices' views"),
+        WAIT,
+        |k| {
+            let devices = pool_devices(k)?;
+            Ok(
+                (!devices.is_empty() && devices.iter().all(|d| sees(d, node)))
+                    .then_some(devices.len()),
+            )
+        },
+    )
+    .await
 }
 
 /// Each of `containers`' restarts in `pod` since the counts `before`.
