@@ -94,7 +94,9 @@ impl Suite {
                         c.reported
                     )));
                 } else if let Some(l) = text.lines().find(|l| {
-                    l.contains("release not finished") && l.contains(&c.wwid) && l.contains(c.refusal)
+                    l.contains("release not finished")
+                        && l.contains(&c.wwid)
+                        && l.contains(c.refusal)
                 }) {
                     c.refused = Some(Ok(()));
                     c.said = excerpt(l, c.refusal);
