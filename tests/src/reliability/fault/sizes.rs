@@ -53,6 +53,8 @@ struct Case {
     refused: Option<Result<(), String>>,
     /// The agent's refusal, as the proxy logged it.
     said: String,
+    /// Release attempts that ended otherwise before it.
+    before: Vec<String>,
 }
 
 impl Suite {
@@ -93,13 +95,18 @@ impl Suite {
                         "the LUN went {phase} while it reported {} bytes",
                         c.reported
                     )));
-                } else if let Some(l) = text.lines().find(|l| {
-                    l.contains("release not finished")
-                        && l.contains(&c.wwid)
-                        && l.contains(c.refusal)
-                }) {
+                    continue;
+                }
+                // The release attempts that failed so far, in order.
+                let failed: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.contains("release not finished") && l.contains(&c.wwid))
+                    .collect();
+                if let Some(n) = failed.iter().position(|l| l.contains(c.refusal)) {
                     c.refused = Some(Ok(()));
-                    c.said = excerpt(l, c.refusal);
+                    c.said = excerpt(failed[n], c.refusal);
+                    // Attempts that ended otherwise first, for the report.
+                    c.before = failed[..n].iter().map(|l| excerpt(l, "error")).collect();
                 } else if start.elapsed() > REFUSED_BOUND {
                     c.refused = Some(Err(format!(
                         "no wipe was refused for its size within {REFUSED_BOUND:?} (phase {phase})"
@@ -135,7 +142,17 @@ impl Suite {
                     c.what
                 )
             });
-            self.reads_back_zeroes(&c.what, &c.wwid, &c.file, c.recorded)?;
+            if wiped.is_ok() {
+                self.reads_back_zeroes(&c.what, &c.wwid, &c.file, c.recorded)?;
+            }
+            if !matches!(c.refused, Some(Ok(()))) || wiped.is_err() {
+                eprintln!(
+                    "[fault] {}: proxy log about {} (tail):\n{}",
+                    c.what,
+                    c.wwid,
+                    about(&log, &c.wwid, 30)
+                );
+            }
         }
         self.report.note(format!(
             "size faults, round {round}: both wipes refused within {} ms of the deletes, Available {} ms after the heal, {} ms in all; e.g. \"{}\", \"{}\"",
@@ -145,6 +162,14 @@ impl Suite {
             cases[0].said,
             cases[1].said,
         ));
+        for c in cases.iter().filter(|c| !c.before.is_empty()) {
+            self.report.note(format!(
+                "size faults: {} release attempt(s) of {} ended otherwise before the refusal: {}",
+                c.before.len(),
+                c.disk,
+                c.before.join(" | ")
+            ));
+        }
         Ok(())
     }
 
@@ -247,6 +272,7 @@ impl Suite {
             ends,
             refused: None,
             said: String::new(),
+            before: Vec::new(),
         })
     }
 
@@ -342,4 +368,11 @@ fn excerpt(line: &str, needle: &str) -> String {
         .nth(60)
         .map_or(line.len(), |(i, _)| at + i);
     format!("...{}...", &line[start..end])
+}
+
+/// The last `lines` lines of the log at `path` that mention `wwid`.
+fn about(path: &Path, wwid: &str, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let hits: Vec<&str> = text.lines().filter(|l| l.contains(wwid)).collect();
+    hits[hits.len().saturating_sub(lines)..].join("\n")
 }
