@@ -71,8 +71,11 @@ impl Suite {
         for c in &cases {
             self.inject(&c.disk, Fault::Size(c.reported))?;
         }
-        // The fault stands where the wipe looks: every node's view of the
-        // LUN reports the faulted size before the delete is sent.
+        // The fault stands where the wipe looks: every path of the LUN on
+        // every node is rescanned (as a path's state change or an
+        // administrator's rescan would) and reports the faulted size before
+        // the delete is sent. A path left unrescanned keeps its size and
+        // its I/O works: a wipe through it covers the LUN, rightly.
         for c in &cases {
             let seen = self.nodes_report(&c.wwid, c.reported, SEEN_BOUND).await?;
             self.report.check(seen.is_ok(), || {
@@ -313,8 +316,9 @@ impl Suite {
         wwid: &str,
         bytes: u64,
         bound: Duration,
-    ) -> anyhow::Result<Result<(), Vec<(String, u64)>>> {
+    ) -> anyhow::Result<Result<(), Vec<((String, String), u64)>>> {
         let start = Instant::now();
+        let mut rescanned: Option<Instant> = None;
         loop {
             let sizes = self.path_sizes(wwid)?;
             if !sizes.is_empty() && sizes.iter().all(|(_, s)| *s == bytes) {
@@ -323,12 +327,31 @@ impl Suite {
             if start.elapsed() > bound {
                 return Ok(Err(sizes));
             }
+            if rescanned.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
+                for (node, sd) in sizes.iter().filter(|(_, s)| *s != bytes).map(|(p, _)| p) {
+                    let _ =
+                        std::fs::write(self.sys_block(node)?.join(sd).join("device/rescan"), "1");
+                }
+                rescanned = Some(Instant::now());
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// Each path of `wwid` on each node (`node/sdX`) and the size it reports.
-    fn path_sizes(&self, wwid: &str) -> anyhow::Result<Vec<(String, u64)>> {
+    /// `sys/block` of node `name`'s device tree.
+    fn sys_block(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let n = self
+            .lab
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no node {name}"))?;
+        Ok(n.root.join("sys/block"))
+    }
+
+    /// Each path of `wwid` on each node (`(node, sdX)`) and the size it
+    /// reports.
+    fn path_sizes(&self, wwid: &str) -> anyhow::Result<Vec<((String, String), u64)>> {
         let mut out = Vec::new();
         for n in &self.lab.nodes {
             let block = n.root.join("sys/block");
@@ -346,7 +369,7 @@ impl Suite {
                 };
                 let sectors: u64 = sectors.trim().parse().unwrap_or(u64::MAX);
                 out.push((
-                    format!("{}/{}", n.name, e.file_name().to_string_lossy()),
+                    (n.name.clone(), e.file_name().to_string_lossy().into_owned()),
                     sectors.saturating_mul(512),
                 ));
             }
