@@ -73,6 +73,22 @@ pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>
     by
 }
 
+/// The size to record for `before` when its nodes report `reported` at
+/// most. A LUN that may hold a tenant's data (any phase but Available)
+/// never gets smaller: a smaller report is a rescan that did not take (a
+/// stale map after the array grew it) or a path in transition (0), and
+/// recording it would have the release wipe only that much and offer the
+/// rest as it was. A free LUN was wiped whole before it was offered; it
+/// takes what its nodes report.
+fn recorded_size(before: &Device, reported: u64) -> u64 {
+    match before.phase {
+        Phase::Available => reported,
+        Phase::Bound | Phase::Releasing | Phase::Failed | Phase::Lost => {
+            before.size_bytes.max(reported)
+        }
+    }
+}
+
 /// Merges what `round` saw of `wwid` (`reports`) into the stored device.
 /// `None`: nothing to write. Nodes that did not answer keep their earlier
 /// view, unless they are `departed` (gone from the cluster: their views go,
@@ -139,7 +155,7 @@ pub fn merge(
         dev.nodes
             .sort_by(|a, b| (&a.node, &a.target).cmp(&(&b.node, &b.target)));
         if let Some((_, lun)) = reports.iter().max_by_key(|(_, l)| l.size_bytes) {
-            dev.size_bytes = lun.size_bytes;
+            dev.size_bytes = recorded_size(before, lun.size_bytes);
             if now - dev.last_seen >= LAST_SEEN_RESOLUTION {
                 dev.last_seen = now;
             }

@@ -579,7 +579,7 @@ impl Lab {
         Ok(())
     }
 
-    /// Grows LUN `name` (`a1`, `mp`, ...) by `by` bytes, as an array
+    /// Grows LUN `name` (`a1`, `mp`, `c3`, ...) by `by` bytes, as an array
     /// administrator would: the backing file grows and tgtd re-reads its
     /// size. Returns the old and new sizes.
     pub async fn grow_lun(&mut self, name: &str, by: u64) -> anyhow::Result<(u64, u64)> {
@@ -594,11 +594,17 @@ impl Lab {
             .open(path)?
             .set_len(new)?;
         // tgtd caches a LUN's size: re-add the LUN(s) on this file.
-        let tids: &[(u32, u64)] = match name {
-            "a1" => &[(1, 1)],
-            "a2" => &[(1, 2)],
-            "mp" => &[(1, 3), (2, 2)],
-            "b1" => &[(2, 1)],
+        let pool = name
+            .strip_prefix('c')
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| [(3, n)]);
+        let tids: &[(u32, u64)] = match (name, &pool) {
+            ("a1", _) => &[(1, 1)],
+            ("a2", _) => &[(1, 2)],
+            ("mp", _) => &[(1, 3), (2, 2)],
+            ("b1", _) => &[(2, 1)],
+            // array-c, the pool: `cN` is its LUN N.
+            (_, Some(c)) => c,
             _ => bail!("growing {name} is not supported"),
         };
         for &(tid, lun) in tids {

@@ -10,8 +10,9 @@
 //! - no LUN is answered for two live volumes;
 //! - every acknowledged CreateVolume is in the store, bound by name and
 //!   binding UID, and a repeated CreateVolume answers the same ID;
-//! - every Available LUN reads as zeroes end to end (each class here asks
-//!   for `zero` or `discard`);
+//! - every Available LUN reads as zeroes end to end, over at least the
+//!   size the store records (each class here asks for `zero` or
+//!   `discard`);
 //! - every step converges within its window, and in the end every LUN is
 //!   Available again, no mount is left and the store passes
 //!   `PRAGMA integrity_check`;
@@ -946,11 +947,13 @@ impl Suite {
             );
         }
         for r in rows.iter().filter(|r| r.phase == "Available") {
-            let zero = store::lun_is_zero(&lab, &r.wwid);
-            self.check(matches!(zero, Ok(Some(true))), || {
+            // Over the size the store records (the size the next tenant
+            // is promised), not merely the file as it is.
+            let back = store::lun_read_back(&lab, &r.wwid, r.size_bytes);
+            self.check(matches!(back, Ok(Some(store::Readback::Zeroes))), || {
                 format!(
-                    "{when}: LUN {} is Available but not wiped ({zero:?})",
-                    r.wwid
+                    "{when}: LUN {} is Available but does not read back as zeroes over its recorded {} bytes ({back:?})",
+                    r.wwid, r.size_bytes
                 )
             });
         }

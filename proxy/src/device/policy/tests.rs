@@ -753,3 +753,29 @@ fn only_a_phantom_never_bound_unseen_past_the_forget_time_after_a_clean_round_is
         assert!(!forgettable(dev, r, reported, now, forget), "case {i}");
     }
 }
+
+#[test]
+fn a_smaller_report_never_lowers_the_size_of_a_lun_that_may_hold_data() {
+    // (phase, recorded, reported, recorded after the round): a LUN that may
+    // hold a tenant's data keeps the largest size it had, so its release
+    // wipes all of it; a free one takes what its nodes report.
+    let cases = [
+        (Phase::Available, 80, 64, 64),
+        (Phase::Available, 64, 80, 80),
+        (Phase::Available, 64, 0, 0),
+        (Phase::Bound, 80, 64, 80),
+        (Phase::Bound, 64, 80, 80),
+        (Phase::Releasing, 80, 64, 80),
+        (Phase::Releasing, 64, 0, 64),
+        (Phase::Failed, 80, 64, 80),
+        (Phase::Lost, 80, 64, 80),
+    ];
+    for (phase, recorded, reported, want) in cases {
+        let dev = device(1, recorded, &["a"], phase);
+        let m = merged(&dev, &[("a", vec![lun(1, reported)])], 2_000).expect("merged");
+        assert_eq!(
+            m.device.size_bytes, want,
+            "{phase:?}: recorded {recorded}, reported {reported}"
+        );
+    }
+}

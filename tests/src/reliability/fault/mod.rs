@@ -20,7 +20,10 @@
 //!    the same ID) and `PRAGMA integrity_check` says ok.
 //! 4. **Disks that fail.** EIO and stalls on a LUN during stage, detach and
 //!    wipe (see [`io_errors`]): refused retryably, nothing written, and
-//!    the data (a marker) is there once the disk heals.
+//!    the data (a marker) is there once the disk heals. A LUN that reports
+//!    no size, or its old size after the array grew it, during the wipe of
+//!    a delete (see [`sizes`]): never Available while the fault stands,
+//!    and once healed it reads back as zeroes over its whole recorded size.
 //!
 //! A tmpfs cannot be remounted read-only while the proxy holds its store
 //! open for writing (the kernel answers EBUSY), and an ext4 that turns
@@ -60,6 +63,7 @@ use crate::lab::{Lab, LabConfig, POOL_LUN_BYTES, node_name};
 use crate::pki::{as_secret_volume, rotate_secret_volume};
 
 mod io_errors;
+mod sizes;
 
 /// The client deadline of every call about a node whose link is cut.
 const DEADLINE: Duration = Duration::from_secs(8);
