@@ -9,6 +9,8 @@
 mod agent_stub;
 #[path = "support/devices.rs"]
 mod devices;
+#[path = "support/hooked_store.rs"]
+mod hooked_store;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
 

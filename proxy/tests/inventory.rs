@@ -14,6 +14,8 @@ mod contract;
 mod devices;
 #[path = "inventory/discovery.rs"]
 mod discovery;
+#[path = "support/hooked_store.rs"]
+mod hooked_store;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
 #[path = "support/real_kube.rs"]

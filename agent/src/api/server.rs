@@ -127,6 +127,16 @@ fn lun_message(l: &HostLun) -> Lun {
     }
 }
 
+impl AgentApi {
+    /// Admits a call: from the proxy only, and, for a destructive one, not
+    /// from a leader older than one already seen. Returns its request ID.
+    fn accept<T>(&self, request: &Request<T>, kind: CallKind) -> Result<String, Status> {
+        require_proxy(request, &self.trust)?;
+        self.fence.admit(request, kind).map_err(to_status)?;
+        Ok(RequestId::of(request).to_string())
+    }
+}
+
 fn span(method: &'static str, wwid: &str, rid: &str) -> tracing::Span {
     tracing::info_span!("agent_api", method, wwid = %wwid, request_id = %rid)
 }
@@ -139,11 +149,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<DiscoverRequest>,
     ) -> Result<Response<DiscoverResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::ReadOnly)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::ReadOnly)?;
         let req = request.into_inner();
         let t = target(
             req.target
@@ -173,11 +179,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<AttachRequest>,
     ) -> Result<Response<AttachResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::Destructive)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::Destructive)?;
         // Leave a margin to answer before the caller gives up.
         let timeout = grpc_timeout::from_metadata(request.metadata()).unwrap_or(DEFAULT_DEADLINE);
         let wait = grpc_timeout::budget(timeout);
@@ -208,11 +210,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<DetachRequest>,
     ) -> Result<Response<DetachResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::Destructive)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::Destructive)?;
         let req = request.into_inner();
         let span = span("Detach", &req.wwid, &rid);
         async move {
@@ -235,11 +233,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<WipeRequest>,
     ) -> Result<Response<Self::WipeStream>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::Destructive)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::Destructive)?;
         let req = request.into_inner();
         let w = wwid(&req.wwid)?;
         let mode = match WipeMode::try_from(req.mode) {
@@ -315,11 +309,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<RescanRequest>,
     ) -> Result<Response<RescanResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::ReadOnly)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::ReadOnly)?;
         let req = request.into_inner();
         let span = span("Rescan", &req.wwid, &rid);
         async move {
@@ -335,11 +325,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<VerifyRequest>,
     ) -> Result<Response<VerifyResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::ReadOnly)
-            .map_err(to_status)?;
-        let rid = RequestId::of(&request).to_string();
+        let rid = self.accept(&request, CallKind::ReadOnly)?;
         let req = request.into_inner();
         let span = span("Verify", &req.wwid, &rid);
         async move {
@@ -375,10 +361,7 @@ impl Agent for AgentApi {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        require_proxy(&request, &self.trust)?;
-        self.fence
-            .admit(&request, CallKind::ReadOnly)
-            .map_err(to_status)?;
+        self.accept(&request, CallKind::ReadOnly)?;
         let sessions = self
             .devices
             .iscsi_sessions()

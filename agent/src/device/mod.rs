@@ -10,6 +10,7 @@ mod sessions;
 mod verify;
 mod wipe;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,6 +131,21 @@ impl Devices {
             return Ok(None);
         };
         consistent(&self.host, lun).map(Some)
+    }
+
+    /// The LUN `wwid` as this node has it now, with the kernel name and
+    /// node of the device to use (its multipath map, else its disk);
+    /// `DeviceNotFound` when it is not here.
+    pub(crate) fn device_of(&self, wwid: &Wwid) -> Result<(Lun, String, PathBuf), AgentError> {
+        let lun = self
+            .lun(wwid)?
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
+        let name = lun
+            .device_kernel_name()
+            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
+            .to_owned();
+        let node = self.host.dev(&name);
+        Ok((lun, name, node))
     }
 }
 

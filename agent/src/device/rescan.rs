@@ -39,13 +39,7 @@ impl Devices {
 
     /// The larger of the live size of the device node and what sysfs says.
     fn size_of(&self, wwid: &Wwid) -> Result<u64, AgentError> {
-        let lun = self
-            .lun(wwid)?
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let name = lun
-            .device_kernel_name()
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let node = self.host.dev(name);
+        let (lun, _, node) = self.device_of(wwid)?;
         let live = block::size(&node).map_err(|e| AgentError::io(&node, e))?;
         let reported = lun.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
         Ok(live.max(reported))

@@ -37,14 +37,7 @@ impl Devices {
         len: u64,
     ) -> Result<Verified, AgentError> {
         let _op = self.begin(wwid)?;
-        let lun = self
-            .lun(wwid)?
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let name = lun
-            .device_kernel_name()
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
-            .to_owned();
-        let node = self.host.dev(&name);
+        let (_, name, node) = self.device_of(wwid)?;
         crate::volume::device::reverify(&self.host, wwid, &node, &name).await?;
         let size = self.size_at_least(wwid, &node, expected).await?;
         let len = len.clamp(block::DIRECT_ALIGN, MAX_RANGE);

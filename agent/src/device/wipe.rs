@@ -60,14 +60,7 @@ impl Devices {
             .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
         let _held = self.lock_paths_of(&lun).await;
         // Read again under the lock: a logout may have removed it meanwhile.
-        let lun = self
-            .lun(wwid)?
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?;
-        let name = lun
-            .device_kernel_name()
-            .ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))?
-            .to_owned();
-        let node = self.host.dev(&name);
+        let (lun, name, node) = self.device_of(wwid)?;
         // Never erase a device that is not provably the one asked for: every
         // path re-reads its identity from the array first.
         crate::volume::device::reverify(&self.host, wwid, &node, &name).await?;

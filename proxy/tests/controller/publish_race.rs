@@ -8,29 +8,26 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use csi_scsi_proxy::device::policy::{self, PreferenceKey};
-use csi_scsi_proxy::device::{
-    Access, Device, DiscoveryRound, FsType, Mode, Phase, Publication, ResizeRequest, Target,
-};
+use csi_scsi_proxy::device::policy;
+use csi_scsi_proxy::device::{Access, Device, FsType, Mode, Phase, Publication};
 use csi_scsi_proxy::directory::FileDirectory;
-use csi_scsi_proxy::inventory::{
-    EmbeddedInventory, Inventory, InventoryError, Store, Summary, Write,
-};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError, Store, Write};
 use csi_scsi_proxy::lifecycle::Lifecycle;
 use tonic::{Code, Status};
 
 use crate::agent_stub::{self, StubAgent, WipeBehaviour};
 use crate::devices::{WRITER, bind_req, binding, lun, publication, round, uid, wwid};
+use crate::hooked_store::{Hooked, Hooks};
 use crate::lifecycle_support;
 
 /// A write another proxy makes to the device.
 type Competing = Box<dyn FnOnce(&mut Device) + Send>;
 
-/// The embedded store, where once armed the first compare-and-swap write
-/// of the device lets `Competing` land first (read, change, written as
-/// another writer would), so that write then loses the race.
+/// Once armed, the first compare-and-swap write of the device lets
+/// `Competing` land first (read, change, written as another writer
+/// would), so that write then loses the race.
+#[derive(Default)]
 struct Racing {
-    inner: EmbeddedInventory,
     armed: Mutex<Option<Competing>>,
 }
 
@@ -46,40 +43,12 @@ impl Racing {
 }
 
 #[async_trait]
-impl Store for Racing {
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
-        self.inner.device(wwid).await
-    }
-    async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
-        self.inner.bound_to_name(name).await
-    }
-    async fn delete(&self, device: &Device) -> Result<(), InventoryError> {
-        self.inner.delete(device).await
-    }
-    async fn devices(
+impl Hooks for Racing {
+    async fn before_put(
         &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.inner.devices(after, limit).await
-    }
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.inner.available(node, min, max, after, limit).await
-    }
-    async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
-        self.inner.of_target(target).await
-    }
-    async fn put(
-        &self,
-        writes: Vec<Write>,
-    ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError> {
+        inner: &EmbeddedInventory,
+        writes: &[Write],
+    ) -> Result<(), InventoryError> {
         let replaces_it = writes
             .iter()
             .any(|w| matches!(w, Write::Replace(d) if d.wwid == wwid(1)));
@@ -89,33 +58,12 @@ impl Store for Racing {
             None
         };
         if let Some(change) = competing {
-            let mut theirs = self.inner.device(&wwid(1)).await?.expect("the device");
+            let mut theirs = inner.device(&wwid(1)).await?.expect("the device");
             change(&mut theirs);
-            let landed = self.inner.put(vec![Write::Replace(theirs)]).await?;
+            let landed = inner.put(vec![Write::Replace(theirs)]).await?;
             landed.into_iter().next().expect("one result")?;
         }
-        self.inner.put(writes).await
-    }
-    async fn summary(&self) -> Result<Summary, InventoryError> {
-        self.inner.summary().await
-    }
-    async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
-        self.inner.targets().await
-    }
-    async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
-        self.inner.put_target(target).await
-    }
-    async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
-        self.inner.remove_target(name).await
-    }
-    async fn resizes(&self) -> Result<Vec<ResizeRequest>, InventoryError> {
-        self.inner.resizes().await
-    }
-    async fn put_resize(&self, request: ResizeRequest) -> Result<(), InventoryError> {
-        self.inner.put_resize(request).await
-    }
-    async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
-        self.inner.discovery_done(round, label_conflicts).await
+        Ok(())
     }
 }
 
@@ -123,7 +71,7 @@ impl Store for Racing {
 /// bound to volume pv-1 (single-node writer, ext4).
 struct Fixture {
     _dir: tempfile::TempDir,
-    store: Arc<Racing>,
+    store: Arc<Hooked<Racing>>,
     inv: Arc<Inventory>,
     life: Lifecycle,
     node_b: StubAgent,
@@ -134,10 +82,10 @@ struct Fixture {
 impl Fixture {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Racing {
-            inner: EmbeddedInventory::open(&dir.path().join("inventory.db")).unwrap(),
-            armed: Mutex::new(None),
-        });
+        let store = Arc::new(Hooked::open(
+            &dir.path().join("inventory.db"),
+            Racing::default(),
+        ));
         let inv = Arc::new(Inventory::new(store.clone()));
         inv.apply_discovery(round(
             "t1",
@@ -266,7 +214,7 @@ async fn a_publish_that_loses_its_write_to_another_is_judged_again_on_what_it_lo
         let f = Fixture::new().await;
         let races = competing.is_some();
         if let Some(c) = competing {
-            f.store.arm(c);
+            f.store.hooks.arm(c);
         }
         let got = f.publish_on_b(false).await;
         assert_eq!(
@@ -274,7 +222,10 @@ async fn a_publish_that_loses_its_write_to_another_is_judged_again_on_what_it_lo
             code,
             "{what}: {got:?}"
         );
-        assert!(f.store.landed(), "{what}: the competing write never landed");
+        assert!(
+            f.store.hooks.landed(),
+            "{what}: the competing write never landed"
+        );
         let dev = f.device().await;
         assert_eq!(dev.published, published, "{what}");
         assert_eq!(
@@ -293,12 +244,12 @@ async fn an_unpublish_never_edits_the_record_of_a_volume_bound_after_it_read() {
     f.publish_on_b(false).await.unwrap();
     // Another proxy deletes pv-1, binds the LUN to pv-2 and publishes
     // pv-2 on node-b, between this unpublish's read and its write.
-    f.store.arm(Box::new(|d: &mut Device| {
+    f.store.hooks.arm(Box::new(|d: &mut Device| {
         bound_again(d);
         d.published.push(publication("node-b"));
     }));
     f.life.unpublish(&f.volume, "node-b", "t").await.unwrap();
-    assert!(f.store.landed());
+    assert!(f.store.hooks.landed());
     assert_eq!(f.node_b.log.detached(&wwid(1)), 1);
     let dev = f.device().await;
     assert_eq!(dev.binding.as_ref().unwrap().uid, uid("pv-2"));

@@ -8,26 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use csi_scsi_proxy::device::policy::PreferenceKey;
-use csi_scsi_proxy::device::{
-    Device, DiscoveryRound, IscsiTarget, Phase, ResizeRequest, Target, Transport,
-};
+use csi_scsi_proxy::device::{IscsiTarget, Phase, Target, Transport};
 use csi_scsi_proxy::directory::FileDirectory;
-use csi_scsi_proxy::inventory::{
-    EmbeddedInventory, Inventory, InventoryError, Store, Summary, Write,
-};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError, Write};
 use csi_scsi_proxy::reconcile::discovery::{PassSettings, reconcile_once};
 
 use crate::devices::{lun, round, wwid};
+use crate::hooked_store::{Hooked, Hooks};
 use crate::lifecycle_support;
 
 const GIB: u64 = 1 << 30;
 
-/// The embedded store, but writes of `wwid` fail (a batch holding one
-/// fails whole, as the store's one transaction does) and listing the
-/// devices of `target` fails.
+/// Writes of `wwid` fail (a batch holding one fails whole, as the
+/// store's one transaction does) and listing the devices of `target`
+/// fails.
 struct Faulty {
-    inner: EmbeddedInventory,
     wwid: Option<String>,
     target: Option<String>,
 }
@@ -37,82 +32,39 @@ fn injected(what: &str) -> InventoryError {
 }
 
 #[async_trait]
-impl Store for Faulty {
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
-        self.inner.device(wwid).await
-    }
-    async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
-        self.inner.bound_to_name(name).await
-    }
-    async fn devices(
+impl Hooks for Faulty {
+    async fn before_put(
         &self,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.inner.devices(after, limit).await
-    }
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.inner.available(node, min, max, after, limit).await
-    }
-    async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
-        if self.target.as_deref() == Some(target) {
-            return Err(injected(target));
-        }
-        self.inner.of_target(target).await
-    }
-    async fn put(
-        &self,
-        writes: Vec<Write>,
-    ) -> Result<Vec<Result<Device, InventoryError>>, InventoryError> {
+        _inner: &EmbeddedInventory,
+        writes: &[Write],
+    ) -> Result<(), InventoryError> {
         let bad = writes.iter().any(|w| {
             let (Write::Create(d) | Write::Replace(d)) = w;
             self.wwid.as_deref() == Some(d.wwid.as_str())
         });
-        if bad {
-            return Err(injected("a device write"));
+        match bad {
+            true => Err(injected("a device write")),
+            false => Ok(()),
         }
-        self.inner.put(writes).await
     }
-    async fn delete(&self, device: &Device) -> Result<(), InventoryError> {
-        self.inner.delete(device).await
-    }
-    async fn summary(&self) -> Result<Summary, InventoryError> {
-        self.inner.summary().await
-    }
-    async fn targets(&self) -> Result<Vec<Target>, InventoryError> {
-        self.inner.targets().await
-    }
-    async fn put_target(&self, target: Target) -> Result<(), InventoryError> {
-        self.inner.put_target(target).await
-    }
-    async fn remove_target(&self, name: &str) -> Result<(), InventoryError> {
-        self.inner.remove_target(name).await
-    }
-    async fn resizes(&self) -> Result<Vec<ResizeRequest>, InventoryError> {
-        self.inner.resizes().await
-    }
-    async fn put_resize(&self, request: ResizeRequest) -> Result<(), InventoryError> {
-        self.inner.put_resize(request).await
-    }
-    async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
-        self.inner.discovery_done(round, label_conflicts).await
+
+    fn before_of_target(&self, target: &str) -> Result<(), InventoryError> {
+        match self.target.as_deref() == Some(target) {
+            true => Err(injected(target)),
+            false => Ok(()),
+        }
     }
 }
 
 fn faulty(dir: &tempfile::TempDir, wwid: Option<String>, target: Option<&str>) -> Arc<Inventory> {
-    let inner = EmbeddedInventory::open(&dir.path().join("inventory.db")).unwrap();
-    Arc::new(Inventory::new(Arc::new(Faulty {
-        inner,
+    let hooks = Faulty {
         wwid,
         target: target.map(str::to_owned),
-    })))
+    };
+    Arc::new(Inventory::new(Arc::new(Hooked::open(
+        &dir.path().join("inventory.db"),
+        hooks,
+    ))))
 }
 
 fn iscsi(name: &str) -> Target {
