@@ -613,18 +613,7 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
     inv.update(d).await.unwrap();
 
     // Ours: no other test reports Events on this server.
-    let all_events = Api::<Event>::all(admin.clone());
-    let ours = || async {
-        all_events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.reporting_controller.as_deref() == Some("csi-scsi.io"))
-            .map(|e| serde_json::to_value(e).unwrap())
-            .collect::<Vec<_>>()
-    };
+    let ours = || events_of(&admin, "csi-scsi.io");
     until("three Events", 10, || async { ours().await.len() == 3 }).await;
     let all = ours().await;
     let by_reason = |r: &str| all.iter().find(|e| e["reason"] == r).cloned().unwrap();
@@ -721,18 +710,7 @@ async fn a_wwid_another_array_reports_is_a_condition_and_an_event_on_the_device(
         conditions.iter().find(|c| c["type"] == "Usable").unwrap()["status"],
         "True"
     );
-    let all_events = Api::<Event>::all(admin.clone());
-    let ours = || async {
-        all_events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.reporting_controller.as_deref() == Some("conflicts.csi-scsi.io"))
-            .map(|e| serde_json::to_value(e).unwrap())
-            .collect::<Vec<_>>()
-    };
+    let ours = || events_of(&admin, "conflicts.csi-scsi.io");
     until("the TargetConflict Event", 10, || async {
         !ours().await.is_empty()
     })
@@ -752,4 +730,17 @@ async fn a_wwid_another_array_reports_is_a_condition_and_an_event_on_the_device(
     assert!(obj["status"]["conflicts"].is_null(), "{obj}");
     let conditions = obj["status"]["conditions"].as_array().unwrap();
     assert!(conditions.iter().all(|c| c["type"] != "TargetConflict"));
+}
+
+/// Every Event on the API server that `controller` reported, as JSON.
+async fn events_of(admin: &kube::Client, controller: &str) -> Vec<serde_json::Value> {
+    Api::<Event>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some(controller))
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect()
 }

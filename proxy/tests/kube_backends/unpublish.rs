@@ -33,28 +33,9 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     agents.agent("node-a", true).await;
     // node-b is NotReady (its kubelet stopped): its agent Pod is not Ready.
     agents.agent("node-b", false).await;
-    let mut published = device(1, 1 << 30, &["node-a", "node-b"], Some("pv-1"));
-    published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
-    published["status"]["published"] =
-        json!([{"node": "node-b", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
-    create(&admin, published).await;
-    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
-    let directory = agents.ready_directory(admin.clone()).await;
-    eventually("node-a's agent", || {
-        matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
-    })
-    .await;
-    let scratch = tempfile::tempdir().unwrap();
-    let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
-    let id = format!("{}:uid-pv-1", wwid(1));
-    let published_to = || async {
-        inventory
-            .device(&wwid(1))
-            .await
-            .unwrap()
-            .unwrap()
-            .published_nodes()
-    };
+    let p = Published::new(&admin, &agents, &["node-a", "node-b"], "node-b").await;
+    let (life, id, directory) = (&p.life, p.id.clone(), p.directory.clone());
+    let published_to = || p.nodes();
 
     let refused = Status::from(life.unpublish(&id, "node-b", "t").await.unwrap_err());
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
@@ -227,28 +208,9 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
         }
         n
     };
-    let mut published = device(1, 1 << 30, &["node-a"], Some("pv-1"));
-    published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
-    published["status"]["published"] =
-        json!([{"node": "node-a", "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
-    create(&admin, published).await;
-    let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
-    let directory = agents.ready_directory(admin.clone()).await;
-    eventually("node-a's agent", || {
-        matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
-    })
-    .await;
-    let scratch = tempfile::tempdir().unwrap();
-    let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
-    let id = format!("{}:uid-pv-1", wwid(1));
-    let published_to = || async {
-        inventory
-            .device(&wwid(1))
-            .await
-            .unwrap()
-            .unwrap()
-            .published_nodes()
-    };
+    let p = Published::new(&admin, &agents, &["node-a"], "node-a").await;
+    let (life, id, directory) = (&p.life, p.id.clone(), p.directory.clone());
+    let published_to = || p.nodes();
 
     // The node dies: its agent does not answer, so the record stays.
     let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
@@ -287,4 +249,50 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
         matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
     })
     .await;
+}
+
+/// Volume pv-1 on LUN 1, seen from `seen` and published to `on` (single
+/// node writer, ext4) in the real API server, with a life cycle over it
+/// and `agents`' directory, once node-a's agent is listed.
+struct Published {
+    inventory: Arc<csi_scsi_proxy::inventory::Inventory>,
+    directory: Arc<csi_scsi_proxy::directory::PodDirectory>,
+    life: csi_scsi_proxy::lifecycle::Lifecycle,
+    id: String,
+    _scratch: tempfile::TempDir,
+}
+
+impl Published {
+    async fn new(admin: &kube::Client, agents: &Agents, seen: &[&str], on: &str) -> Self {
+        let mut published = device(1, 1 << 30, seen, Some("pv-1"));
+        published["status"]["binding"]["capabilities"] = json!(["mount:ext4:SINGLE_NODE_WRITER"]);
+        published["status"]["published"] =
+            json!([{"node": on, "access": "mount:ext4:SINGLE_NODE_WRITER"}]);
+        create(admin, published).await;
+        let inventory = Arc::new(real_kube::inventory(admin.clone()).await);
+        let directory = agents.ready_directory(admin.clone()).await;
+        eventually("node-a's agent", || {
+            matches!(locate(&directory, "node-a"), NodeAgent::Listed(_))
+        })
+        .await;
+        let scratch = tempfile::tempdir().unwrap();
+        let life = lifecycle(inventory.clone(), directory.clone(), scratch.path());
+        Self {
+            inventory,
+            directory,
+            life,
+            id: format!("{}:uid-pv-1", wwid(1)),
+            _scratch: scratch,
+        }
+    }
+
+    /// The nodes the stored record says it is published to.
+    async fn nodes(&self) -> Vec<String> {
+        self.inventory
+            .device(&wwid(1))
+            .await
+            .unwrap()
+            .unwrap()
+            .published_nodes()
+    }
 }

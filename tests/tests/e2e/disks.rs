@@ -36,6 +36,19 @@ fn disk_of(lab: &Lab, vol: &Volume) -> (String, std::path::PathBuf) {
     lun_file(lab, &vol.volume_context["wwid"]).expect("a lab LUN")
 }
 
+/// A DeleteVolume of `vol`, and the request (a retry sends it again).
+async fn delete_volume(cl: &mut Clients, vol: &Volume) -> DeleteVolumeRequest {
+    let delete = DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        secrets: HashMap::new(),
+    };
+    cl.controller
+        .delete_volume(delete.clone())
+        .await
+        .expect("delete");
+    delete
+}
+
 fn status_code(e: &anyhow::Error) -> Code {
     e.downcast_ref::<tonic::Status>()
         .map(|s| s.code())
@@ -181,17 +194,10 @@ async fn a_wipe_that_meets_write_errors_fails_retryably_and_completes_after_a_he
     disks
         .inject(&disk, Fault::WriteError(0..u64::MAX))
         .expect("inject");
-    let delete = DeleteVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        secrets: HashMap::new(),
-    };
     // DeleteVolume answers once the volume can never be used again; the
     // release worker's wipe meets the write errors (the agent answers
     // UNAVAILABLE) and the LUN waits, Releasing, never offered.
-    cl.controller
-        .delete_volume(delete.clone())
-        .await
-        .expect("delete");
+    let delete = delete_volume(&mut cl, &vol).await;
     let wwid = vol.volume_context["wwid"].clone();
     let start = Instant::now();
     while disks.state(&disk).expect("state").failed == 0 {
@@ -360,14 +366,7 @@ async fn a_lun_that_reports_no_size_is_neither_wiped_nor_offered_until_it_report
     // erases) reads a capacity of 0. An erase of "all" of 0 bytes writes
     // nothing and reads nothing back.
     disks.inject(&disk, Fault::Size(0)).expect("inject");
-    let delete = DeleteVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        secrets: HashMap::new(),
-    };
-    cl.controller
-        .delete_volume(delete.clone())
-        .await
-        .expect("delete");
+    delete_volume(&mut cl, &vol).await;
     let wwid = vol.volume_context["wwid"].clone();
     // The release worker tries at once; for as long as the LUN reports no
     // size it must never be offered again.
