@@ -67,6 +67,10 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
     let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert_eq!(published_to().await, ["node-a"], "the record is kept");
+    // A node the file never listed, and no record names: nothing was
+    // attached there, so it is unpublished at once (CSI: OK).
+    life.unpublish(&id, "node-zz", "t").await.unwrap();
+    assert_eq!(published_to().await, ["node-a"], "node-a's record is kept");
 
     // Out of the file for the grace period: the node is gone, nothing is
     // attached there.
