@@ -7,6 +7,9 @@ use crate::error::AgentError;
 use crate::host::{Host, block, multipath, sysfs};
 use csi_scsi_contract::Wwid;
 
+/// Why a device of no size is neither wiped nor verified.
+pub(super) const NO_SIZE: &str = "it reports a size of 0 bytes (a path in transition?)";
+
 impl Devices {
     /// Rescans every path of `wwid` and returns its size in bytes.
     pub async fn rescan(&self, wwid: &Wwid) -> Result<u64, AgentError> {
@@ -43,6 +46,38 @@ impl Devices {
         let live = block::size(&node).map_err(|e| AgentError::io(&node, e))?;
         let reported = lun.paths.iter().map(|p| p.size_bytes).max().unwrap_or(0);
         Ok(live.max(reported))
+    }
+}
+
+impl Devices {
+    /// The live size of `node` (the LUN `wwid`): rescanned once (and its
+    /// multipath map grown) when it reports less than `expected` or
+    /// nothing. A size of 0, or one that cannot be read, is never an
+    /// answer: the device is not ready. The caller holds the LUN's guard.
+    pub(crate) async fn size_at_least(
+        &self,
+        wwid: &Wwid,
+        node: &std::path::Path,
+        expected: u64,
+    ) -> Result<u64, AgentError> {
+        let read = || {
+            block::size(node).map_err(|e| AgentError::DeviceNotReady {
+                device: node.to_owned(),
+                reason: format!("its size cannot be read: {e}"),
+            })
+        };
+        let mut size = read()?;
+        if size < expected.max(1) {
+            self.rescan_held(wwid).await?;
+            size = read()?;
+        }
+        if size == 0 {
+            return Err(AgentError::DeviceNotReady {
+                device: node.to_owned(),
+                reason: NO_SIZE.to_owned(),
+            });
+        }
+        Ok(size)
     }
 }
 

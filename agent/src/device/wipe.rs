@@ -7,7 +7,6 @@ use tokio::sync::mpsc;
 
 use super::Devices;
 use crate::error::AgentError;
-use crate::host::block;
 use crate::host::command::Arg;
 use crate::host::erase::{ClaimError, Eraser, expected_device};
 use csi_scsi_contract::Wwid;
@@ -95,7 +94,7 @@ impl Devices {
             },
             ClaimError::NoSize(p) => AgentError::DeviceNotReady {
                 device: p,
-                reason: NO_SIZE.to_owned(),
+                reason: super::rescan::NO_SIZE.to_owned(),
             },
             ClaimError::Changed(p) => AgentError::DeviceNotReady {
                 device: p,
@@ -141,9 +140,6 @@ impl Devices {
     }
 }
 
-/// Why a device of no size is not wiped (nor verified).
-const NO_SIZE: &str = "it reports a size of 0 bytes (a path in transition?)";
-
 fn smaller_than_recorded(node: &std::path::Path, size: u64, expected: u64) -> AgentError {
     AgentError::DeviceNotReady {
         device: node.to_owned(),
@@ -151,38 +147,6 @@ fn smaller_than_recorded(node: &std::path::Path, size: u64, expected: u64) -> Ag
             "it reports {size} bytes but the inventory records {expected}, and a rescan did not \
              grow it: an erase of the smaller device would leave the rest of the LUN as it was"
         ),
-    }
-}
-
-impl Devices {
-    /// The live size of `node` (the LUN `wwid`): rescanned once (and its
-    /// multipath map grown) when it reports less than `expected` or
-    /// nothing. A size of 0, or one that cannot be read, is never an
-    /// answer: the device is not ready. The caller holds the LUN's guard.
-    pub(crate) async fn size_at_least(
-        &self,
-        wwid: &Wwid,
-        node: &std::path::Path,
-        expected: u64,
-    ) -> Result<u64, AgentError> {
-        let read = || {
-            block::size(node).map_err(|e| AgentError::DeviceNotReady {
-                device: node.to_owned(),
-                reason: format!("its size cannot be read: {e}"),
-            })
-        };
-        let mut size = read()?;
-        if size < expected.max(1) {
-            self.rescan_held(wwid).await?;
-            size = read()?;
-        }
-        if size == 0 {
-            return Err(AgentError::DeviceNotReady {
-                device: node.to_owned(),
-                reason: NO_SIZE.to_owned(),
-            });
-        }
-        Ok(size)
     }
 }
 
