@@ -8,6 +8,7 @@ use csi_scsi_certs::{MaterialPaths, TrustDomain};
 use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
 
 use crate::agents::{Backoff, CallConfig};
+use crate::reconcile::qualify::QualifyConfig;
 use crate::reconcile::release::ReleaseConfig;
 
 /// csi-scsi proxy (controller plugin): serves CSI Identity and Controller to
@@ -127,6 +128,16 @@ pub struct Args {
     /// starts one at once; the scan resumes releases after a restart).
     #[arg(long, default_value = "60", value_name = "SECONDS")]
     pub release_scan_interval: u64,
+
+    /// Probes of new LUNs running at once (leader only): a LUN a target
+    /// shows for the first time is offered once a node reads it blank.
+    #[arg(long, default_value = "2")]
+    pub probe_workers: usize,
+
+    /// Seconds before a LUN held for the data a probe found on it is
+    /// probed again (one erased on the array is then offered).
+    #[arg(long, default_value = "600", value_name = "SECONDS")]
+    pub held_lun_reprobe: u64,
 
     /// Agent calls in flight at once (bounds every fan-out).
     #[arg(long, default_value = "64")]
@@ -274,6 +285,8 @@ pub struct Config {
     pub agent_probe_interval: Duration,
     pub calls: CallConfig,
     pub release: ReleaseConfig,
+    /// The qualification workers (probes of new LUNs).
+    pub qualify: QualifyConfig,
     pub csi_socket: PathBuf,
     pub tls: MaterialPaths,
     pub trust_domain: TrustDomain,
@@ -303,6 +316,16 @@ impl Args {
             workers: self.release_workers,
             scan_interval: Duration::from_secs(self.release_scan_interval.max(1)),
             retry: Backoff::try_new(Duration::from_secs(10), Duration::from_secs(1800), 0.2)
+                .map_err(|e| e.to_string())?,
+        };
+        if self.probe_workers == 0 {
+            return Err("--probe-workers: must be at least 1".into());
+        }
+        let qualify = QualifyConfig {
+            workers: self.probe_workers,
+            scan_interval: release.scan_interval,
+            reprobe: Duration::from_secs(self.held_lun_reprobe.max(1)),
+            retry: Backoff::try_new(Duration::from_secs(5), Duration::from_secs(600), 0.2)
                 .map_err(|e| e.to_string())?,
         };
         let calls = CallConfig {
@@ -377,6 +400,7 @@ impl Args {
             agent_probe_interval: Duration::from_secs(self.agent_probe_interval.max(1)),
             calls,
             release,
+            qualify,
             csi_socket,
             tls: MaterialPaths::in_dir(&self.tls_dir),
             trust_domain,

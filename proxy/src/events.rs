@@ -2,7 +2,8 @@
 //! is known: no device fits (CreateVolume), resize pending (the LUN must
 //! be grown on the array), and wipe failed (DeleteVolume; by then the PVC
 //! is usually gone, so the Event goes on the PersistentVolume and names
-//! the SCSIDevice); and on the SCSIDevice, a target conflict (discovery). Publishing is best effort: a failure is logged, never
+//! the SCSIDevice); and on the SCSIDevice, a target conflict (discovery)
+//! and a new LUN found holding data (a probe). Publishing is best effort: a failure is logged, never
 //! returned, and never fails the CSI call that caused it.
 //!
 //! The PVC of a CreateVolume comes from the parameters the
@@ -162,6 +163,26 @@ impl VolumeEvents {
             EventType::Warning,
             "TargetConflict",
             "Discover",
+            note,
+            &regarding,
+            None,
+        )
+        .await;
+    }
+
+    /// A probe found data on a LUN the inventory had not seen before: it
+    /// is held (HoldsData), never offered until it reads blank or its
+    /// target wipes it. Reported on the SCSIDevice itself (`uid`: its UID).
+    pub async fn lun_holds_data(&self, wwid: &str, uid: Option<String>, reason: &str) {
+        let regarding = ObjectReference {
+            uid,
+            ..device_ref(wwid)
+        };
+        let note = format!("LUN {wwid} is new and holds data, so it is not offered: {reason}");
+        self.publish(
+            EventType::Warning,
+            "HoldsData",
+            "Probe",
             note,
             &regarding,
             None,

@@ -24,7 +24,7 @@ use crate::leader::{
     LeaderCheck, LeaderGate, LeaderHandle, exit_when_leadership_lost, run_while_leader,
 };
 use crate::lifecycle::Lifecycle;
-use crate::reconcile::{discovery, release, targets_file};
+use crate::reconcile::{discovery, qualify, release, targets_file};
 use crate::secrets::{DirSecrets, NoSecrets, SecretSource};
 
 /// Plugin capabilities of the controller side.
@@ -136,6 +136,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (releasing, release_config) = (life.clone(), config.release.clone());
     background.spawn(run_while_leader(backends.leader.clone(), move || {
         release::run(releasing.clone(), release_config.clone())
+    }));
+
+    // The probes that offer a new LUN once it reads blank.
+    let (qualifying, qualify_config) = (life.clone(), config.qualify.clone());
+    background.spawn(run_while_leader(backends.leader.clone(), move || {
+        qualify::run(qualifying.clone(), qualify_config.clone())
     }));
 
     // Probe (the sidecars wait for it) and /readyz alike: until the

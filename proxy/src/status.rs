@@ -345,6 +345,8 @@ fn device_view(d: &Device) -> doc::Device {
 fn phase_view(p: Phase) -> doc::Phase {
     match p {
         Phase::Available => doc::Phase::Available,
+        Phase::Unverified => doc::Phase::Unverified,
+        Phase::HoldsData => doc::Phase::HoldsData,
         Phase::Bound => doc::Phase::Bound,
         Phase::Releasing => doc::Phase::Releasing,
         Phase::Failed => doc::Phase::Failed,

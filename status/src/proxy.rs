@@ -86,7 +86,7 @@ pub struct Device {
     pub nodes: Vec<String>,
     /// Nodes it is published to, in publish order.
     pub published: Vec<String>,
-    /// Why it is Failed or Lost (absent when empty).
+    /// Why it is Failed, Lost or HoldsData (absent when empty).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
 }
@@ -96,6 +96,10 @@ pub struct Device {
 pub enum Phase {
     /// Free: can be bound to a new volume.
     Available,
+    /// New: not offered until a probe reads it blank.
+    Unverified,
+    /// New, and a probe found data on it: held.
+    HoldsData,
     /// Bound to a volume.
     Bound,
     /// Being wiped after its volume was deleted.
@@ -208,6 +212,8 @@ impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Available => "Available",
+            Self::Unverified => "Unverified",
+            Self::HoldsData => "HoldsData",
             Self::Bound => "Bound",
             Self::Releasing => "Releasing",
             Self::Failed => "Failed",

@@ -9,6 +9,6 @@ pub mod policy;
 pub use access::{Access, Capability, FsType, Mode, UnknownCapability};
 pub use model::{
     BindRequest, Binding, Cleanup, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
-    LunReport, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target, TargetConflict,
-    Transport,
+    LunReport, NewLuns, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
+    TargetConflict, Transport,
 };

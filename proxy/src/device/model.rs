@@ -29,6 +29,14 @@ pub enum Phase {
     /// Free: can be bound to a new volume.
     #[default]
     Available,
+    /// Seen for the first time (or back after no node saw it, holding no
+    /// volume): not offered until a probe reads it blank, or its target's
+    /// `newLuns: wipe` has wiped it.
+    Unverified,
+    /// A probe found data on it (a LUN the array handed over with somebody's
+    /// data): never offered until it reads blank again or its target's
+    /// `newLuns: wipe` wipes it.
+    HoldsData,
     /// Bound to a volume.
     Bound,
     /// Being wiped after its volume was deleted.
@@ -64,6 +72,28 @@ pub struct Target {
     /// targets of different arrays, or of none named, is a conflict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<String>,
+    /// What happens to a LUN of this target the inventory has not seen
+    /// before (the default: probe it).
+    #[serde(default, skip_serializing_if = "NewLuns::is_default")]
+    pub new_luns: NewLuns,
+}
+
+/// What a target's new LUNs go through before they are offered: a LUN an
+/// array hands over may hold somebody's data, and a filesystem on it would
+/// be mounted as it is by the first volume bound to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NewLuns {
+    /// Read both ends and ranges spread at random through a node that
+    /// sees it: offered when every range reads zeroes, HoldsData otherwise.
+    #[default]
+    Probe,
+    /// Zero it whole (as a release does) and offer it: the operator says
+    /// every LUN this target shows is this driver's to erase.
+    Wipe,
+    /// Offer it at once: only for arrays that hand out nothing but fresh
+    /// (zeroed) LUNs, as `cleanup: none` is only for trusted use.
+    Trust,
 }
 
 /// How a target is reached.
@@ -313,6 +343,8 @@ pub struct DiscoveryRound {
     /// The other targets naming the same array as this one: a device known
     /// through one of them may be reported through this one too.
     pub same_array: BTreeSet<String>,
+    /// The target's policy for LUNs it shows for the first time.
+    pub new_luns: NewLuns,
 }
 
 /// What a discovery round changed.
@@ -376,6 +408,8 @@ impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Available => "Available",
+            Self::Unverified => "Unverified",
+            Self::HoldsData => "HoldsData",
             Self::Bound => "Bound",
             Self::Releasing => "Releasing",
             Self::Failed => "Failed",
@@ -387,12 +421,29 @@ impl Phase {
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "Available" => Self::Available,
+            "Unverified" => Self::Unverified,
+            "HoldsData" => Self::HoldsData,
             "Bound" => Self::Bound,
             "Releasing" => Self::Releasing,
             "Failed" => Self::Failed,
             "Lost" => Self::Lost,
             _ => return None,
         })
+    }
+}
+
+impl NewLuns {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Probe => "probe",
+            Self::Wipe => "wipe",
+            Self::Trust => "trust",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 

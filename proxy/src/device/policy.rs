@@ -4,28 +4,36 @@
 //! a change to how a LUN moves between phases is made here, once.
 //!
 //! ```text
-//!            discovery (new WWID)
-//!                   |
-//!                   v        bind           delete: start_release
-//!   found ----> Available ---------> Bound ---------------------> Releasing
-//!     ^            ^  |  \           |  \                          |   |
-//!     |            |  |   \ lost     |   \ lost                    |   | wipe_failed
-//!     |            |  |    v         |    v                        |   v
-//!     +--------- Lost <----+         +-> Lost (keeps binding)      |  Failed
-//!                  ^                                               |   | (retried by
-//!                  +------ released (no node sees it) <------------+   |  a release
-//!                          released ----> Available <------------------+   worker)
+//!   discovery (new WWID), or found holding no volume: the target's newLuns
+//!      probe |              wipe |                    trust |
+//!            v                   v                          |
+//!       Unverified ------> Releasing (no binding)           |
+//!        |    |   newLuns:     ^                            |
+//!  probe |    | probe   wipe   |                            |
+//!  blank |    v data           |                            v
+//!        |  HoldsData ---------+         bind         Available
+//!        |    | probe blank        Available ------> Bound --------> Releasing
+//!        +----+-----------------------> ^    delete: start_release   |  ^  |
+//!                                       |                            |  |  | wipe_failed
+//!                              released +----------------------------+  |  v
+//!                                                      (retried) ----- Failed
+//!
+//!   Available, Unverified, HoldsData, Bound --(no node sees it)--> Lost
+//!   Lost --found--> Bound (with its binding) or as a new LUN (without)
 //! ```
 //!
-//! Releasing and Failed are both [`releasing`]: the volume is deleted and
-//! a release worker (`crate::reconcile::release`) still has to wipe it.
+//! Releasing and Failed are both [`releasing`]: the volume is deleted (or
+//! the LUN is new and its target says wipe) and a release worker
+//! (`crate::reconcile::release`) still has to wipe it. Unverified and
+//! HoldsData [`await_proof`]: a qualification worker
+//! (`crate::reconcile::qualify`) reads them.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::access::{Capability, FsType};
 use super::model::{
-    BindRequest, Binding, Device, DiscoveryRound, LunReport, NodeView, Phase, Publication,
+    BindRequest, Binding, Device, DiscoveryRound, LunReport, NewLuns, NodeView, Phase, Publication,
     TargetConflict,
 };
 
@@ -36,7 +44,8 @@ pub const LAST_SEEN_RESOLUTION: i64 = 600;
 /// What a discovery round did to one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
-    /// Seen for the first time: a new Available device.
+    /// Seen for the first time: a new device, in the phase its target's
+    /// policy gives new LUNs ([`new_lun_phase`]).
     Added,
     /// No node reports it any more.
     Lost,
@@ -78,15 +87,63 @@ pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>
 /// never gets smaller: a smaller report is a rescan that did not take (a
 /// stale map after the array grew it) or a path in transition (0), and
 /// recording it would have the release wipe only that much and offer the
-/// rest as it was. A free LUN was wiped whole before it was offered; it
-/// takes what its nodes report.
+/// rest as it was. A free LUN was wiped or read blank whole before it was
+/// offered; it takes what its nodes report. A LUN not yet proven blank
+/// may hold somebody's data: its probe or wipe must cover the most it
+/// ever reported.
 fn recorded_size(before: &Device, reported: u64) -> u64 {
     match before.phase {
         Phase::Available => reported,
-        Phase::Bound | Phase::Releasing | Phase::Failed | Phase::Lost => {
-            before.size_bytes.max(reported)
-        }
+        Phase::Unverified
+        | Phase::HoldsData
+        | Phase::Bound
+        | Phase::Releasing
+        | Phase::Failed
+        | Phase::Lost => before.size_bytes.max(reported),
     }
+}
+
+/// The phase of a LUN its target shows for the first time (or again,
+/// after it was Lost holding no volume): what the target's policy says.
+/// Releasing without a binding is the target's wipe, done by a release
+/// worker as for a deleted volume.
+pub fn new_lun_phase(policy: NewLuns) -> Phase {
+    match policy {
+        NewLuns::Probe => Phase::Unverified,
+        NewLuns::Wipe => Phase::Releasing,
+        NewLuns::Trust => Phase::Available,
+    }
+}
+
+/// Whether `dev` waits for a probe to prove it blank: Unverified or
+/// HoldsData, holding no volume.
+pub fn await_proof(dev: &Device) -> bool {
+    matches!(dev.phase, Phase::Unverified | Phase::HoldsData) && dev.binding.is_none()
+}
+
+/// A probe read `dev` back as zeroes over `probed_size` bytes: offered.
+/// `false` (nothing changed) when it no longer awaits proof, or its
+/// recorded size changed since the probe read it (the probe did not cover
+/// what it records now: probed again).
+pub fn proven_blank(dev: &mut Device, probed_size: u64) -> bool {
+    if !await_proof(dev) || dev.size_bytes != probed_size {
+        return false;
+    }
+    dev.phase = Phase::Available;
+    dev.reason.clear();
+    true
+}
+
+/// A probe found data on `dev`: held, with `reason`. `false` (nothing
+/// changed) when it no longer awaits proof or is held for that reason
+/// already.
+pub fn found_data(dev: &mut Device, reason: String) -> bool {
+    if !await_proof(dev) || (dev.phase == Phase::HoldsData && dev.reason == reason) {
+        return false;
+    }
+    dev.phase = Phase::HoldsData;
+    dev.reason = reason;
+    true
 }
 
 /// Merges what `round` saw of `wwid` (`reports`) into the stored device.
@@ -128,7 +185,7 @@ pub fn merge(
                 model: first.model.clone(),
                 serial: first.serial.clone(),
                 labels: round.device_labels.clone(),
-                phase: Phase::Available,
+                phase: new_lun_phase(round.new_luns),
                 binding: None,
                 nodes: fresh.collect(),
                 published: Vec::new(),
@@ -176,12 +233,21 @@ pub fn merge(
     } else if target_conflict(&mut dev, reports, round, departed, now) {
         change = Change::Conflict;
     }
-    if dev.nodes.is_empty() && matches!(dev.phase, Phase::Available | Phase::Bound) {
+    let visible = matches!(
+        dev.phase,
+        Phase::Available | Phase::Unverified | Phase::HoldsData | Phase::Bound
+    );
+    if dev.nodes.is_empty() && visible {
         lost(&mut dev, &format!("no node reports it (target {t})"));
         change = Change::Lost;
     } else if !dev.nodes.is_empty() && dev.phase == Phase::Lost {
-        found(&mut dev);
+        found(&mut dev, round.new_luns);
         change = Change::Found;
+    } else if round.new_luns == NewLuns::Wipe && await_proof(&dev) && dev.target == *t {
+        // The operator set the LUN's own target to wipe: the way to
+        // release a LUN held for its data (see docs/operations.md).
+        dev.phase = Phase::Releasing;
+        dev.reason.clear();
     }
     (dev != *before).then_some(Merged {
         device: dev,
@@ -269,12 +335,14 @@ pub fn lost(dev: &mut Device, reason: &str) {
     dev.reason = reason.to_owned();
 }
 
-/// A Lost device is reported again: back to Bound if it has a binding.
-pub fn found(dev: &mut Device) {
+/// A Lost device is reported again: back to Bound if it has a binding;
+/// otherwise a new LUN as its target's `policy` says, as something may
+/// have written to it while no node here saw it.
+pub fn found(dev: &mut Device, policy: NewLuns) {
     dev.phase = if dev.binding.is_some() {
         Phase::Bound
     } else {
-        Phase::Available
+        new_lun_phase(policy)
     };
     dev.reason.clear();
 }

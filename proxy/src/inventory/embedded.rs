@@ -85,6 +85,61 @@ const MIGRATIONS: &[&str] = &[
     // round of such a target finds them without a scan.
     "ALTER TABLE devices ADD COLUMN conflicts TEXT NOT NULL DEFAULT '[]';
      CREATE INDEX devices_conflicted ON devices (wwid) WHERE conflicts <> '[]';",
+    // 5: the phase list is no longer fixed in a CHECK (new LUNs added
+    // Unverified and HoldsData): `Phase::parse` is the one place that
+    // knows the phases, and refuses a row it does not. SQLite cannot drop
+    // a CHECK, so both tables are rebuilt (device_nodes references
+    // devices) with their rows and indexes.
+    "CREATE TABLE devices_v5 (
+         wwid TEXT PRIMARY KEY,
+         target TEXT NOT NULL,
+         lun INTEGER NOT NULL,
+         size_bytes INTEGER NOT NULL,
+         vendor TEXT NOT NULL,
+         model TEXT NOT NULL,
+         serial TEXT NOT NULL,
+         labels TEXT NOT NULL,
+         phase TEXT NOT NULL,
+         binding_uid TEXT,
+         volume_name TEXT,
+         binding TEXT,
+         nodes TEXT NOT NULL,
+         published TEXT NOT NULL,
+         last_seen INTEGER NOT NULL,
+         reason TEXT NOT NULL,
+         generation INTEGER NOT NULL,
+         wipe_failures INTEGER NOT NULL DEFAULT 0,
+         conflicts TEXT NOT NULL DEFAULT '[]'
+     );
+     INSERT INTO devices_v5 (wwid, target, lun, size_bytes, vendor, model, serial, labels, phase,
+         binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation,
+         wipe_failures, conflicts)
+     SELECT wwid, target, lun, size_bytes, vendor, model, serial, labels, phase,
+         binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation,
+         wipe_failures, conflicts FROM devices;
+     CREATE TABLE device_nodes_v5 (
+         node TEXT NOT NULL,
+         wwid TEXT NOT NULL REFERENCES devices_v5 (wwid) ON DELETE CASCADE,
+         target TEXT NOT NULL,
+         phase TEXT NOT NULL DEFAULT '',
+         size_bytes INTEGER NOT NULL DEFAULT 0,
+         wipe_failures INTEGER NOT NULL DEFAULT 0,
+         PRIMARY KEY (node, wwid, target)
+     ) WITHOUT ROWID;
+     INSERT INTO device_nodes_v5 (node, wwid, target, phase, size_bytes, wipe_failures)
+     SELECT node, wwid, target, phase, size_bytes, wipe_failures FROM device_nodes;
+     DROP TABLE device_nodes;
+     DROP TABLE devices;
+     ALTER TABLE devices_v5 RENAME TO devices;
+     ALTER TABLE device_nodes_v5 RENAME TO device_nodes;
+     CREATE UNIQUE INDEX devices_volume_name ON devices (volume_name)
+         WHERE volume_name IS NOT NULL;
+     CREATE INDEX devices_free ON devices (phase, size_bytes, wipe_failures, wwid);
+     CREATE INDEX devices_target ON devices (target);
+     CREATE INDEX devices_conflicted ON devices (wwid) WHERE conflicts <> '[]';
+     CREATE INDEX device_nodes_wwid ON device_nodes (wwid);
+     CREATE INDEX device_nodes_target ON device_nodes (target, wwid);
+     CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wipe_failures, wwid);",
 ];
 
 /// The SQLite-backed inventory.

@@ -303,6 +303,9 @@ impl KubeInventory {
         if written.phase == Phase::Failed && was != Some(Phase::Failed) {
             self.spawn_wipe_failed(&written);
         }
+        if written.phase == Phase::HoldsData && was != Some(Phase::HoldsData) {
+            self.spawn_holds_data(&written, latest.uid());
+        }
         let had: BTreeSet<&str> = known
             .status
             .iter()
@@ -522,6 +525,16 @@ impl KubeInventory {
         };
         let (wwid, note) = (dev.wwid.clone(), conflict_message(dev));
         tokio::spawn(async move { events.target_conflict(&wwid, uid, note).await });
+    }
+
+    /// A probe found data on a new LUN: an Event on the SCSIDevice (its
+    /// reason says how to release it).
+    fn spawn_holds_data(&self, dev: &Device, uid: Option<String>) {
+        let Some(events) = self.inner.events.clone() else {
+            return;
+        };
+        let (wwid, reason) = (dev.wwid.clone(), dev.reason.clone());
+        tokio::spawn(async move { events.lun_holds_data(&wwid, uid, &reason).await });
     }
 
     fn spawn_wipe_failed(&self, dev: &Device) {

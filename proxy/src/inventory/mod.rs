@@ -56,6 +56,9 @@ pub enum InventoryError {
 pub struct Inventory {
     store: Arc<dyn Store>,
     bind_lock: tokio::sync::Mutex<()>,
+    /// Bumped when discovery writes a LUN that awaits proof or a wipe of
+    /// its target's policy, so the workers need not wait for their scan.
+    lun_work: tokio::sync::watch::Sender<u64>,
 }
 
 // === impl Inventory ===
@@ -66,7 +69,14 @@ impl Inventory {
         Self {
             store,
             bind_lock: tokio::sync::Mutex::new(()),
+            lun_work: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Changes whenever discovery wrote a LUN that awaits a probe
+    /// (`policy::await_proof`) or a wipe its target asks for.
+    pub fn lun_work(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.lun_work.subscribe()
     }
 
     /// All targets.
@@ -106,15 +116,21 @@ impl Inventory {
     /// The WWIDs of every device whose release is still to be done
     /// (`policy::releasing`), in WWID order.
     pub async fn releasing(&self) -> Result<Vec<String>, InventoryError> {
+        self.wwids_where(policy::releasing).await
+    }
+
+    /// The WWIDs of every device that awaits a probe proving it blank
+    /// (`policy::await_proof`), in WWID order.
+    pub async fn awaiting_proof(&self) -> Result<Vec<String>, InventoryError> {
+        self.wwids_where(policy::await_proof).await
+    }
+
+    async fn wwids_where(&self, pick: fn(&Device) -> bool) -> Result<Vec<String>, InventoryError> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
             let page = self.store.devices(after.as_deref(), 500).await?;
-            out.extend(
-                page.iter()
-                    .filter(|d| policy::releasing(d))
-                    .map(|d| d.wwid.clone()),
-            );
+            out.extend(page.iter().filter(|d| pick(d)).map(|d| d.wwid.clone()));
             match page.last() {
                 Some(last) if page.len() == 500 => after = Some(last.wwid.clone()),
                 _ => return Ok(out),
@@ -364,13 +380,20 @@ impl Inventory {
             let mut again = BTreeSet::new();
             for ((wwid, change), result) in changes.into_iter().zip(self.put_each(writes).await) {
                 match result {
-                    Ok(_) => match change {
-                        Change::Added => out.added.push(wwid),
-                        Change::Lost => out.lost.push(wwid),
-                        Change::Found => out.found.push(wwid),
-                        Change::Conflict => out.conflicts.push(wwid),
-                        Change::Updated => {}
-                    },
+                    Ok(written) => {
+                        if policy::await_proof(&written)
+                            || (policy::releasing(&written) && written.binding.is_none())
+                        {
+                            self.lun_work.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                        match change {
+                            Change::Added => out.added.push(wwid),
+                            Change::Lost => out.lost.push(wwid),
+                            Change::Found => out.found.push(wwid),
+                            Change::Conflict => out.conflicts.push(wwid),
+                            Change::Updated => {}
+                        }
+                    }
                     Err(InventoryError::Conflict(_)) => {
                         again.insert(wwid);
                     }

@@ -11,12 +11,12 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use csi_scsi_proto::agent::{VerifyRequest, WipeMode, WipeRequest};
+use csi_scsi_proto::agent::{WipeMode, WipeRequest};
 use tokio::sync::Notify;
 
-use super::Lifecycle;
+use super::{Lifecycle, read_back};
 use crate::agents::AgentError;
-use crate::device::{Device, policy};
+use crate::device::{Cleanup, Device, policy};
 use crate::error::ProxyError;
 use crate::volume_id::VolumeRef;
 
@@ -85,12 +85,6 @@ impl Releases {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-/// How many ranges spread over the LUN another node reads back after a
-/// wipe, besides both ends.
-const VERIFY_RANGES: usize = 8;
-/// The length of each (the agent reads at most 1 MiB).
-const VERIFY_LEN: u64 = 64 << 10;
 
 /// How long DeleteVolume waits for the release it started (well inside
 /// any caller's deadline).
@@ -163,16 +157,12 @@ impl Lifecycle {
         if !policy::releasing(&dev) {
             return Ok(Released::NotReleasing);
         }
-        let Some(binding) = dev.binding.as_ref() else {
-            // Nothing says how to wipe it, so it is not offered again by
-            // itself.
-            return Err(ProxyError::DeviceState {
-                wwid: dev.wwid.clone(),
-                state: format!("{:?} without a binding", dev.phase),
-                reason: "the cleanup it was created with is unknown".into(),
-            });
+        // No binding: a new LUN its target's `newLuns: wipe` hands to the
+        // release workers; it is zeroed as a release by default would.
+        let (uid, cleanup) = match dev.binding.as_ref() {
+            Some(b) => (Some(b.uid.clone()), b.cleanup),
+            None => (None, Cleanup::Zero),
         };
-        let (uid, cleanup) = (binding.uid.clone(), binding.cleanup);
         if let Some(mode) = cleanup.wipe_mode() {
             if let Err(e) = self.wipe(&dev, mode, request_id).await {
                 let failed = match &e {
@@ -184,14 +174,16 @@ impl Lifecycle {
                 };
                 if let Some(reason) = failed {
                     tracing::warn!(%wwid, %reason, "release failed; retried later");
-                    self.record(wwid, &uid, |d| policy::wipe_failed(d, reason.clone()))
-                        .await?;
+                    self.record(wwid, uid.as_deref(), |d| {
+                        policy::wipe_failed(d, reason.clone())
+                    })
+                    .await?;
                 }
                 return Err(e);
             }
             tracing::info!(%wwid, cleanup = cleanup.as_str(), "LUN wiped");
         }
-        self.record(wwid, &uid, policy::released).await?;
+        self.record(wwid, uid.as_deref(), policy::released).await?;
         Ok(Released::Done)
     }
 
@@ -271,22 +263,14 @@ impl Lifecycle {
     ) -> Result<(), ProxyError> {
         let mut rng = fastrand::Rng::new();
         let size = dev.size_bytes;
-        let len = VERIFY_LEN.min(size);
-        let mut offsets = vec![0, size - len];
-        offsets.extend((0..VERIFY_RANGES).map(|_| rng.u64(0..=(size - len) / 4096) * 4096));
+        let verify = read_back::spread(&dev.wwid, size, &mut rng);
         let mut skipped = Vec::new();
         for node in dev.node_names().iter().filter(|n| *n != wiped_on) {
-            let verify = VerifyRequest {
-                wwid: dev.wwid.clone(),
-                expected_size_bytes: size,
-                offsets: offsets.clone(),
-                length: len as u32,
-            };
             let unproven = |reason: String| ProxyError::WipeUnproven {
                 wwid: dev.wwid.clone(),
                 reason,
             };
-            match self.agents.call(node, verify, request_id).await {
+            match self.agents.call(node, verify.clone(), request_id).await {
                 Ok(v) if v.size_bytes < size => {
                     return Err(unproven(format!(
                         "node {node} reads {} bytes after node {wiped_on} wiped it, the inventory records {size}",
@@ -315,17 +299,19 @@ impl Lifecycle {
     }
 
     /// Applies `change` to `wwid` if it is still the release of binding
-    /// `uid`. Read afresh: during a wipe of hours discovery writes the
-    /// device too, and the result must not be lost to that race.
+    /// `uid` (`None`: of a new LUN, holding no binding). Read afresh:
+    /// during a wipe of hours discovery writes the device too, and the
+    /// result must not be lost to that race.
     async fn record(
         &self,
         wwid: &str,
-        uid: &str,
+        uid: Option<&str>,
         change: impl Fn(&mut Device) + Send,
     ) -> Result<(), ProxyError> {
         self.inventory
             .modify(wwid, move |d| {
-                let ours = policy::releasing(d) && d.binding.as_ref().is_some_and(|b| b.uid == uid);
+                let ours =
+                    policy::releasing(d) && d.binding.as_ref().map(|b| b.uid.as_str()) == uid;
                 if ours {
                     change(d);
                 }

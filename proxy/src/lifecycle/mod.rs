@@ -1,13 +1,16 @@
 //! The volume life cycle on the controller side: create (bind a LUN),
 //! delete (release, and one wipe attempt for the release workers), publish/unpublish (attach/detach on a node),
-//! expand, and the read-only queries. No gRPC types cross into here except
+//! expand, the read-only queries, and the probe that proves a new LUN
+//! blank before it is offered. No gRPC types cross into here except
 //! the agent API's messages; the CSI layer parses and maps.
 
 mod create;
 mod delete;
 mod expand;
 mod publish;
+mod qualify;
 mod query;
+mod read_back;
 
 use crate::events::VolumeEvents;
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use crate::secrets::SecretSource;
 
 pub use create::CreateRequest;
 pub use delete::{Released, Releases};
+pub use qualify::Probed;
 pub use query::VolumeView;
 
 /// The topology key every node reports in NodeGetInfo.

@@ -102,7 +102,9 @@ fn view(device: Device) -> VolumeView {
         )),
         Phase::Failed => Some(format!("LUN failed: {}", device.reason)),
         Phase::Releasing => Some("LUN is being released".to_owned()),
-        Phase::Available | Phase::Bound => None,
+        // A volume's LUN: a device awaiting proof holds no volume, and
+        // ListVolumes lists none of them.
+        Phase::Available | Phase::Unverified | Phase::HoldsData | Phase::Bound => None,
     };
     VolumeView {
         volume_id: device.volume_id().unwrap_or_default(),

@@ -202,6 +202,7 @@ pub async fn reconcile_once(
             answered: BTreeMap::new(),
             unanswered: Vec::new(),
             same_array: same_array(target, &targets),
+            new_luns: target.new_luns,
         };
         for (node, result) in fan_out(
             life.agents(),
@@ -505,7 +506,7 @@ mod lun_report_tests {
         let one = inv.device(&wwid(1)).await.expect("read").expect("kept");
         assert_eq!(
             (one.phase, one.node_names()),
-            (Phase::Available, vec!["node-a".to_owned()])
+            (Phase::Unverified, vec!["node-a".to_owned()])
         );
         assert!(inv.device(&wwid(2)).await.expect("read").is_none());
     }

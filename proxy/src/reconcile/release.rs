@@ -41,6 +41,7 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
     let retries: Arc<Mutex<BTreeMap<String, Retry>>> = Arc::default();
     let mut workers = JoinSet::new();
     let mut next_scan = Instant::now();
+    let mut lun_work = life.inventory().lun_work();
     loop {
         let mut candidates: BTreeSet<String> = life.releases().take_wanted();
         let now = Instant::now();
@@ -106,6 +107,8 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
         tokio::select! {
             () = life.releases().woken() => {}
             () = tokio::time::sleep_until(wake_at) => {}
+            // Discovery wrote a new LUN its target wants wiped: scan now.
+            Ok(()) = lun_work.changed() => next_scan = Instant::now(),
             // A finished attempt may have set a retry earlier than `wake_at`.
             Some(_) = workers.join_next() => {}
         }

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::device::{FcTarget, IscsiTarget, SecretRef, Target, Transport};
+use crate::device::{FcTarget, IscsiTarget, NewLuns, SecretRef, Target, Transport};
 
 /// How nodes reach a set of LUNs: exactly one of `iscsi` or `fibreChannel`.
 #[derive(
@@ -75,6 +75,14 @@ pub struct SCSITargetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub array: Option<String>,
+    /// What a LUN of this target the inventory has not seen before goes
+    /// through before it is offered: `probe` (the default: read back from a
+    /// node, offered when blank, HoldsData otherwise), `wipe` (zeroed
+    /// whole, then offered; this also wipes the target's LUNs held for
+    /// data), or `trust` (offered at once: only for arrays that hand out
+    /// nothing but fresh LUNs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_luns: Option<NewLuns>,
 }
 
 /// The iSCSI part of a target.
@@ -189,6 +197,7 @@ impl SCSITarget {
             nodes: self.spec.nodes.clone(),
             device_labels: self.spec.device_labels.clone(),
             array: self.spec.array.clone(),
+            new_luns: self.spec.new_luns.unwrap_or_default(),
         })
     }
 }
@@ -224,6 +233,7 @@ impl SCSITargetSpec {
             nodes: t.nodes.clone(),
             device_labels: t.device_labels.clone(),
             array: t.array.clone(),
+            new_luns: (t.new_luns != NewLuns::default()).then_some(t.new_luns),
         }
     }
 }

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use csi_scsi_proxy::device::{
-    BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, LunReport, Phase, ResizeRequest,
-    SecretRef, Target, Transport, policy,
+    BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, LunReport, NewLuns, Phase,
+    ResizeRequest, SecretRef, Target, Transport, policy,
 };
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError};
 use csi_scsi_proxy::selector::Selector;
@@ -720,6 +720,7 @@ pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
         nodes: vec![],
         device_labels: labels(&[("tier", "fast")]),
         array: Some("array-a".into()),
+        new_luns: NewLuns::Wipe,
     };
     let fc = Target {
         name: "t-fc".into(),
@@ -730,6 +731,7 @@ pub async fn targets_are_put_listed_and_removed(f: &Fixture) {
         nodes: vec!["node-a".into(), "node-b".into()],
         device_labels: BTreeMap::new(),
         array: None,
+        new_luns: NewLuns::Probe,
     };
     inv.put_target(iscsi.clone()).await.unwrap();
     inv.put_target(fc.clone()).await.unwrap();

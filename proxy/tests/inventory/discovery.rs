@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use csi_scsi_proxy::device::{IscsiTarget, Phase, Target, Transport};
+use csi_scsi_proxy::device::{IscsiTarget, NewLuns, Phase, Target, Transport};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError, Write};
 use csi_scsi_proxy::reconcile::discovery::{PassSettings, reconcile_once};
@@ -79,6 +79,7 @@ fn iscsi(name: &str) -> Target {
         nodes: Vec::new(),
         device_labels: BTreeMap::new(),
         array: None,
+        new_luns: NewLuns::Probe,
     }
 }
 

@@ -5,12 +5,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use csi_scsi_proxy::device::{DiscoveryRound, NewLuns, Phase};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 
 use crate::devices::{bind_req, lun, round, wwid};
 
-/// The schema version this proxy migrates to.
-const SCHEMA_VERSION: u32 = 4;
+const SCHEMA_VERSION: u32 = 5;
 
 /// Runs `sql` through the sqlite3 tool; its output.
 fn sqlite3(db: &Path, sql: &str) -> String {
@@ -114,6 +114,36 @@ async fn a_version_1_or_2_store_is_migrated_and_keeps_its_devices_with_no_wipe_f
         let d = inv.bind(bind_req("pv-1", &["node-a"], "")).await.unwrap();
         assert_eq!(d.wwid, wwid(1), "from version {version}");
         assert_eq!(d.generation, 2);
+        // The phases added since (a new LUN of a probing target is
+        // Unverified) are stored, and the rebuilt node index still
+        // references the devices: a device's removal takes its rows along.
+        inv.apply_discovery(DiscoveryRound {
+            new_luns: NewLuns::Probe,
+            ..round(
+                "t1",
+                &[("node-a", vec![lun(1, 1 << 30), lun(2, 1 << 30)])],
+                &[],
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            inv.device(&wwid(2)).await.unwrap().unwrap().phase,
+            Phase::Unverified
+        );
+        assert_eq!(
+            sqlite3(
+                &db,
+                &format!(
+                    "PRAGMA foreign_keys = ON; PRAGMA foreign_key_check;
+                     DELETE FROM devices WHERE wwid = '{}';
+                     SELECT count(*) FROM device_nodes;",
+                    wwid(2)
+                )
+            ),
+            "1\n",
+            "from version {version}"
+        );
     }
 }
 

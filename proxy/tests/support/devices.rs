@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use csi_scsi_proxy::device::{
-    BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport, Mode, Publication,
+    BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport, Mode, NewLuns,
+    Publication,
 };
 use csi_scsi_proxy::selector::Selector;
 
@@ -38,7 +39,9 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A discovery round of `target` (device labels `tier=fast`).
+/// A discovery round of `target` (device labels `tier=fast`), of a target
+/// that trusts its new LUNs: these tests are about what follows discovery
+/// (the probe that proves a new LUN blank has tests of its own).
 pub fn round(
     target: &str,
     answered: &[(&str, Vec<LunReport>)],
@@ -53,6 +56,7 @@ pub fn round(
             .collect(),
         unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
         same_array: Default::default(),
+        new_luns: NewLuns::Trust,
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use csi_scsi_proto::csi::controller_client::ControllerClient;
 use csi_scsi_proto::csi::{DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest};
-use csi_scsi_proxy::device::{DiscoveryRound, LunReport};
+use csi_scsi_proxy::device::{DiscoveryRound, LunReport, NewLuns};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use tonic::transport::Channel;
 
@@ -63,6 +63,8 @@ pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
         answered: BTreeMap::from([("node-a".to_owned(), luns)]),
         unanswered: Vec::new(),
         same_array: Default::default(),
+        // The row measures binds, not probes: the LUNs are offered at once.
+        new_luns: NewLuns::Trust,
     })
     .await?;
     Ok(())

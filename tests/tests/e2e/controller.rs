@@ -8,7 +8,7 @@ use std::path::Path;
 use csi_scsi_proto::csi::controller_client::ControllerClient;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode;
 use csi_scsi_proto::csi::*;
-use csi_scsi_proxy::device::{DiscoveryRound, LunReport};
+use csi_scsi_proxy::device::{DiscoveryRound, LunReport, NewLuns};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_tests::csi_client::csi_channel;
 use csi_scsi_tests::daemon::Daemon;
@@ -42,6 +42,8 @@ async fn fill(store: &Path, n: u32) {
         answered: BTreeMap::from([("node-a".to_owned(), luns)]),
         unanswered: Vec::new(),
         same_array: Default::default(),
+        // Made-up LUNs no node could probe: offered as they are.
+        new_luns: NewLuns::Trust,
     })
     .await
     .expect("fill");

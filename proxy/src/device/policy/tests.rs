@@ -32,6 +32,7 @@ fn round(answered: &[(&str, Vec<LunReport>)], unanswered: &[&str]) -> DiscoveryR
             .collect(),
         unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
         same_array: BTreeSet::new(),
+        new_luns: NewLuns::default(),
     }
 }
 
@@ -223,14 +224,32 @@ fn discovery_moves_devices_between_phases_as_the_table_says() {
             Phase::Lost,
             Some(Change::Lost),
         ),
+        // Back without a volume: something may have written to it while no
+        // node saw it, so it is a new LUN again (its target probes).
         (
             Phase::Lost,
             &[][..],
             true,
-            Phase::Available,
+            Phase::Unverified,
             Some(Change::Found),
         ),
         (Phase::Available, &["a"][..], true, Phase::Available, None),
+        // Not yet proven blank: still a LUN a node sees, and it can be lost.
+        (Phase::Unverified, &["a"][..], true, Phase::Unverified, None),
+        (
+            Phase::Unverified,
+            &["a"][..],
+            false,
+            Phase::Lost,
+            Some(Change::Lost),
+        ),
+        (
+            Phase::HoldsData,
+            &["a"][..],
+            false,
+            Phase::Lost,
+            Some(Change::Lost),
+        ),
         // A wipe in progress or failed is never touched by discovery's phases.
         (
             Phase::Releasing,
@@ -769,6 +788,9 @@ fn a_smaller_report_never_lowers_the_size_of_a_lun_that_may_hold_data() {
         (Phase::Releasing, 64, 0, 64),
         (Phase::Failed, 80, 64, 80),
         (Phase::Lost, 80, 64, 80),
+        // Not yet proven blank: its probe or wipe must cover all it had.
+        (Phase::Unverified, 80, 64, 80),
+        (Phase::HoldsData, 80, 0, 80),
     ];
     for (phase, recorded, reported, want) in cases {
         let dev = device(1, recorded, &["a"], phase);
@@ -778,4 +800,156 @@ fn a_smaller_report_never_lowers_the_size_of_a_lun_that_may_hold_data() {
             "{phase:?}: recorded {recorded}, reported {reported}"
         );
     }
+}
+
+#[test]
+fn a_new_lun_takes_the_phase_its_target_s_policy_gives_and_so_does_one_found_without_a_volume() {
+    // (policy, phase of a new LUN = of a Lost one found again holding no volume)
+    let cases = [
+        (NewLuns::Probe, Phase::Unverified),
+        (NewLuns::Wipe, Phase::Releasing),
+        (NewLuns::Trust, Phase::Available),
+    ];
+    for (policy, phase) in cases {
+        let r = DiscoveryRound {
+            new_luns: policy,
+            ..round(&[("a", vec![lun(1, 100)])], &[])
+        };
+        let new = merge(
+            None,
+            &wwid(1),
+            &[("a", &lun(1, 100))],
+            &r,
+            &BTreeSet::new(),
+            1_000,
+            &mut Vec::new(),
+        )
+        .expect("a new device");
+        assert_eq!(
+            (new.change, new.device.phase),
+            (Change::Added, phase),
+            "{policy:?}"
+        );
+        assert_eq!(new.device.binding, None);
+        let mut lost = device(1, 100, &[], Phase::Lost);
+        lost.nodes.clear();
+        let back = merge_round(&lost, &r, 1_000).expect("found");
+        assert_eq!(
+            (back.change, back.device.phase),
+            (Change::Found, phase),
+            "{policy:?}"
+        );
+        // With its volume, it comes back to it whatever the policy.
+        let mut bound_lost = lost.clone();
+        bound_lost.binding = Some(binding("v"));
+        let back = merge_round(&bound_lost, &r, 1_000).expect("found");
+        assert_eq!(back.device.phase, Phase::Bound, "{policy:?}");
+    }
+}
+
+#[test]
+fn only_a_lun_s_own_target_set_to_wipe_sends_a_held_or_unproven_lun_to_its_wipe() {
+    // (phase before, binding, the round's target, its policy, phase after)
+    let cases = [
+        (
+            Phase::HoldsData,
+            false,
+            "t1",
+            NewLuns::Wipe,
+            Phase::Releasing,
+        ),
+        (
+            Phase::Unverified,
+            false,
+            "t1",
+            NewLuns::Wipe,
+            Phase::Releasing,
+        ),
+        // Another target (of the same array) cannot order its wipe.
+        (
+            Phase::HoldsData,
+            false,
+            "t2",
+            NewLuns::Wipe,
+            Phase::HoldsData,
+        ),
+        // Probe and trust leave found data where it is: trust is about new
+        // LUNs, never about data a probe has seen.
+        (
+            Phase::HoldsData,
+            false,
+            "t1",
+            NewLuns::Probe,
+            Phase::HoldsData,
+        ),
+        (
+            Phase::HoldsData,
+            false,
+            "t1",
+            NewLuns::Trust,
+            Phase::HoldsData,
+        ),
+        // Nothing that is offered or holds a volume is touched.
+        (
+            Phase::Available,
+            false,
+            "t1",
+            NewLuns::Wipe,
+            Phase::Available,
+        ),
+        (Phase::Bound, true, "t1", NewLuns::Wipe, Phase::Bound),
+    ];
+    for (before, bound, target, policy, after) in cases {
+        let mut dev = device(1, 100, &["a"], before);
+        dev.nodes
+            .iter_mut()
+            .for_each(|v| v.paths = vec!["path-1".into()]);
+        if bound {
+            dev.binding = Some(binding("v"));
+        }
+        let r = DiscoveryRound {
+            new_luns: policy,
+            ..round_of(target, &[("a", vec![lun(1, 100)])], &["t1", "t2"])
+        };
+        let out = merge_round(&dev, &r, 1_000).map_or(dev.clone(), |m| m.device);
+        assert_eq!(
+            out.phase, after,
+            "{before:?} through {target} set to {policy:?}"
+        );
+    }
+}
+
+#[test]
+fn a_probe_offers_a_lun_only_at_the_size_it_read_and_holds_one_with_data_once() {
+    let mut dev = device(1, 100, &["a"], Phase::Unverified);
+    // The recorded size moved while the probe read 90 bytes: not proven.
+    assert!(!proven_blank(&mut dev, 90));
+    assert_eq!(dev.phase, Phase::Unverified);
+    assert!(found_data(&mut dev, "data at byte 0".into()));
+    assert_eq!(
+        (dev.phase, dev.reason.as_str()),
+        (Phase::HoldsData, "data at byte 0")
+    );
+    // The same finding again writes nothing.
+    assert!(!found_data(&mut dev, "data at byte 0".into()));
+    assert!(proven_blank(&mut dev, 100));
+    assert_eq!((dev.phase, dev.reason.as_str()), (Phase::Available, ""));
+    // Only a LUN awaiting proof: neither an offered nor a bound one.
+    assert!(!found_data(&mut dev, "data".into()));
+    let mut bound = device(2, 100, &["a"], Phase::Bound);
+    bound.binding = Some(binding("v"));
+    assert!(!proven_blank(&mut bound, 100) && !found_data(&mut bound, "x".into()));
+    assert_eq!(bound.phase, Phase::Bound);
+    // And an awaiting LUN is never bound.
+    let unproven = device(3, 100, &["a"], Phase::Unverified);
+    let req = BindRequest {
+        binding: binding("w"),
+        topology: Vec::new(),
+        selector: Selector::default(),
+        min_bytes: 1,
+        max_bytes: u64::MAX,
+    };
+    assert!(!fits(&unproven, &req, None));
+    let held = device(4, 100, &["a"], Phase::HoldsData);
+    assert!(!fits(&held, &req, None));
 }
