@@ -23,12 +23,13 @@ use std::time::Duration;
 
 use csi_scsi_certs::CertificateAuthority;
 use csi_scsi_proxy::agents::{Backoff, deadline};
-use csi_scsi_proxy::device::{Access, Device, FsType, Mode, Phase};
+use csi_scsi_proxy::device::{Access, Device, DiscoveryRound, FsType, Mode, NewLuns, Phase};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::leader::LeaderHandle;
 use csi_scsi_proxy::lifecycle::{CreateRequest, Lifecycle};
 use csi_scsi_proxy::parameters::ClassParameters;
+use csi_scsi_proxy::reconcile::qualify::{self, QualifyConfig};
 use csi_scsi_proxy::reconcile::release::{self, ReleaseConfig};
 use tokio::time::Instant;
 use tonic::{Code, Status};
@@ -58,8 +59,14 @@ impl Fixture {
     }
 
     /// Nodes `node-a`, `node-b`, ... (one per behaviour), each seeing LUNs
-    /// 1..=n.
+    /// 1..=n, of a target that trusts its new LUNs.
     async fn with_nodes(luns: u32, behaviours: Vec<WipeBehaviour>) -> Self {
+        Self::with_policy(luns, behaviours, NewLuns::Trust).await
+    }
+
+    /// As [`Self::with_nodes`], the LUNs found by a target whose new LUNs
+    /// go through `policy`.
+    async fn with_policy(luns: u32, behaviours: Vec<WipeBehaviour>, policy: NewLuns) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = lifecycle_support::test_ca();
         let wwids: Vec<String> = (1..=luns).map(wwid).collect();
@@ -89,9 +96,12 @@ impl Fixture {
             .iter()
             .map(|n| (n.as_str(), (1..=luns).map(|i| lun(i, 1 << 30)).collect()))
             .collect();
-        inv.apply_discovery(round("t1", &reports, &[]))
-            .await
-            .unwrap();
+        inv.apply_discovery(DiscoveryRound {
+            new_luns: policy,
+            ..round("t1", &reports, &[])
+        })
+        .await
+        .unwrap();
         f
     }
 
@@ -126,7 +136,20 @@ impl Fixture {
             retry: Backoff::try_new(Duration::from_millis(100), Duration::from_millis(400), 0.0)
                 .unwrap(),
         };
-        let workers = tokio::spawn(release::run(life.clone(), config));
+        let qualify = QualifyConfig {
+            workers: 2,
+            scan_interval: Duration::from_millis(200),
+            reprobe: Duration::from_millis(300),
+            retry: Backoff::try_new(Duration::from_millis(100), Duration::from_millis(400), 0.0)
+                .unwrap(),
+        };
+        let (releasing, qualifying) = (life.clone(), life.clone());
+        let workers = tokio::spawn(async move {
+            tokio::join!(
+                release::run(releasing, config),
+                qualify::run(qualifying, qualify)
+            );
+        });
         Proxy { life, workers }
     }
 }
@@ -510,5 +533,106 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
             ("Wipe", Some("0".to_owned())),
         ]
     );
+    p.kill().await;
+}
+
+/// A node whose Verify reads `reads`, its wipes quick and successful.
+fn reading(reads: Reads) -> WipeBehaviour {
+    WipeBehaviour {
+        reads,
+        ..WipeBehaviour::new(Duration::ZERO, 0)
+    }
+}
+
+/// `wwid` stays out of Available, and CreateVolume finds nothing, for a
+/// while the workers run (they probe every 200 ms here).
+async fn never_offered(p: &Proxy, wwid: &str, phase: Phase) -> Device {
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let d = p.device(wwid).await;
+        assert_eq!(d.phase, phase, "{wwid}: {}", d.reason);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = p
+        .create("pv-claimant")
+        .await
+        .expect_err("no LUN is offered");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    p.device(wwid).await
+}
+
+#[tokio::test]
+async fn a_new_lun_is_offered_once_a_node_reads_it_blank_and_one_holding_data_is_never_bound() {
+    // Blank: Unverified at discovery, Available after the probe.
+    let f = Fixture::with_policy(1, vec![reading(Reads::Zeroes)], NewLuns::Probe).await;
+    assert_eq!(
+        f.inventory().device(&wwid(1)).await.unwrap().unwrap().phase,
+        Phase::Unverified
+    );
+    let p = f.proxy(1);
+    p.wait_for(&wwid(1), Phase::Available).await;
+    assert!(
+        f.agent.log.verified(&wwid(1)) >= 2,
+        "both ends, then the spread ranges"
+    );
+    assert!(p.create("pv-1").await.is_ok());
+    p.kill().await;
+
+    // Data: held, never bound, and the reason says how to release it.
+    let f = Fixture::with_policy(1, vec![reading(Reads::Data)], NewLuns::Probe).await;
+    let p = f.proxy(1);
+    p.wait_for(&wwid(1), Phase::HoldsData).await;
+    let held = never_offered(&p, &wwid(1), Phase::HoldsData).await;
+    assert!(
+        held.reason.contains("data at byte 0 through node node-a")
+            && held.reason.contains("newLuns: wipe"),
+        "{}",
+        held.reason
+    );
+    assert_eq!(f.agent.log.started(&wwid(1)), 0, "a probe never writes");
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_new_lun_no_node_can_read_whole_stays_unverified() {
+    // node-a reads half the recorded size; node-b cannot verify at all.
+    let f = Fixture::with_policy(
+        1,
+        vec![reading(Reads::Smaller), reading(Reads::Nothing)],
+        NewLuns::Probe,
+    )
+    .await;
+    let p = f.proxy(1);
+    never_offered(&p, &wwid(1), Phase::Unverified).await;
+    assert!(f.agent.log.verified(&wwid(1)) >= 1);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_target_set_to_wipe_zeroes_its_new_luns_and_those_held_for_data_before_offering_them() {
+    // A new LUN of a target set to wipe: wiped, then offered.
+    let f = Fixture::with_policy(1, vec![reading(Reads::Zeroes)], NewLuns::Wipe).await;
+    let p = f.proxy(1);
+    p.wait_for(&wwid(1), Phase::Available).await;
+    assert_eq!(f.agent.log.finished(&wwid(1)), 1);
+    p.kill().await;
+
+    // Held for data under probe; the operator sets the target to wipe.
+    let f = Fixture::with_policy(1, vec![reading(Reads::Data)], NewLuns::Probe).await;
+    let p = f.proxy(1);
+    p.wait_for(&wwid(1), Phase::HoldsData).await;
+    assert_eq!(f.agent.log.started(&wwid(1)), 0);
+    p.life
+        .inventory()
+        .apply_discovery(DiscoveryRound {
+            new_luns: NewLuns::Wipe,
+            ..round("t1", &[("node-a", vec![lun(1, 1 << 30)])], &[])
+        })
+        .await
+        .unwrap();
+    let wiped = p.wait_for(&wwid(1), Phase::Available).await;
+    assert_eq!(f.agent.log.finished(&wwid(1)), 1);
+    assert_eq!(wiped.binding, None);
+    assert!(p.create("pv-1").await.is_ok());
     p.kill().await;
 }
