@@ -528,6 +528,10 @@ impl Lab {
             // Releases a kill interrupted resume within seconds.
             "--release-scan-interval",
             "5",
+            // A LUN held for its data and erased on the array is offered
+            // within seconds.
+            "--held-lun-reprobe",
+            "5",
             "--agent-timeout",
             "30",
             "--status-listen",

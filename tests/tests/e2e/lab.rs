@@ -644,3 +644,69 @@ async fn a_detach_abandoned_while_the_link_was_down_never_reaches_the_agent_late
         .expect("a fresh unpublish works");
     assert!(!link.exists(), "detached now");
 }
+
+/// A LUN the array hands over with somebody's filesystem on it is held,
+/// never bound; erased on the array, it is offered. (Before: it was
+/// Available at once, and the first volume bound to it mounted that
+/// filesystem with its files.)
+#[tokio::test]
+async fn a_new_lun_holding_a_filesystem_is_held_until_it_is_erased_on_the_array() {
+    let (dir, lab, mut cl) = lab().await;
+    // The array exports a second FC LUN, 2 GiB (more than any other LUN
+    // of the lab), with an ext4 filesystem and a file on it.
+    let file = dir.path().join("handed-over.img");
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(2 << 30))
+        .expect("LUN file");
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "tenant-a"])
+        .arg(&file)
+        .status()
+        .expect("mkfs.ext4");
+    assert!(mkfs.success());
+    let wwid = "naa.600a098038303053453f463045727032";
+    let fabric_path = lab.config.dir.join("fabric.json");
+    let mut fabric = csi_scsi_tests::fabric::Fabric::load(&fabric_path).expect("fabric");
+    let mut def = fabric.fc[0].luns[0].clone();
+    def.lun = 1;
+    def.file = file.clone();
+    def.data = None;
+    def.wwid = wwid.into();
+    def.serial = "80SE?F0Erp2".into();
+    fabric.fc[0].luns.push(def);
+    fabric.save(&fabric_path).expect("save");
+
+    lab.wait_device_phase(wwid, "HoldsData", Duration::from_secs(120))
+        .await
+        .expect("the probe finds the filesystem");
+    // Never bound: a volume only it could hold finds nothing.
+    let params = [("deviceSelector", "array=fc")];
+    let refused = create(&mut cl, "wants-2gib", 2 << 30, false, &params, "node-b")
+        .await
+        .expect_err("the held LUN is not offered");
+    assert_eq!(
+        refused.downcast_ref::<tonic::Status>().map(tonic::Status::code),
+        Some(Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    assert_eq!(lab.device_phase(wwid).expect("phase"), "HoldsData");
+    // The probe only read: the filesystem is still there.
+    let probe = std::process::Command::new("blkid")
+        .args(["-o", "value", "-s", "LABEL"])
+        .arg(&file)
+        .output()
+        .expect("blkid");
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "tenant-a");
+
+    // The storage admin erases it on the array: offered at the next probe.
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(2 << 30))
+        .expect("erase");
+    lab.wait_device_phase(wwid, "Available", Duration::from_secs(60))
+        .await
+        .expect("offered once it reads blank");
+    let vol = create(&mut cl, "wants-2gib", 2 << 30, false, &params, "node-b")
+        .await
+        .expect("bound once blank");
+    assert_eq!(vol.volume_context["wwid"], wwid);
+}
