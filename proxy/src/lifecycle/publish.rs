@@ -159,11 +159,16 @@ impl Lifecycle {
         let directory = self.agents.directory();
         for n in nodes {
             match directory.locate(&n) {
-                // A node the agents file does not list and no record names:
-                // nothing was attached there through this volume, so it can
-                // be regarded as unpublished (OK, as for a node that does not
-                // exist).
-                NodeAgent::Unlisted if dev.publication(&n).is_none() => continue,
+                // A node without an agent to ask (not listed, unreachable,
+                // or not judged yet) that no record names: nothing was
+                // attached there through this volume (a publish records the
+                // node before it attaches), so it can be regarded as
+                // unpublished (OK, as for a node that does not exist).
+                NodeAgent::Unlisted | NodeAgent::Unreachable | NodeAgent::NotSynced
+                    if dev.publication(&n).is_none() =>
+                {
+                    continue;
+                }
                 NodeAgent::Listed(_) => {
                     let targets = self.targets_for(&dev, &n).await?;
                     let detach = DetachRequest {

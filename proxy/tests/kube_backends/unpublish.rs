@@ -23,6 +23,28 @@ use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
 use crate::real_kube;
 
+/// A node whose agent is not Ready, that no record of the volume names:
+/// nothing of the volume was attached there (a publish records its node
+/// before it attaches), so unpublishing from it is OK at once, and the
+/// record of the node it is published to stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_from_a_not_ready_node_no_record_names_is_ok_at_once() {
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let agents = Agents::new("unpublish-unnamed").await;
+    agents.node("node-a", "r1").await;
+    agents.node("node-b", "r1").await;
+    agents.agent("node-a", true).await;
+    agents.agent("node-b", false).await;
+    let p = Published::new(&admin, &agents, &["node-a", "node-b"], "node-a").await;
+    assert_eq!(locate(&p.directory, "node-b"), NodeAgent::Unreachable);
+    p.life
+        .unpublish(&p.id, "node-b", "t")
+        .await
+        .expect("nothing was attached on node-b");
+    assert_eq!(p.nodes().await, ["node-a"], "node-a's record is kept");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is_deleted() {
     let _only = real_kube::exclusive().await;

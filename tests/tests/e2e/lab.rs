@@ -685,7 +685,9 @@ async fn a_new_lun_holding_a_filesystem_is_held_until_it_is_erased_on_the_array(
         .await
         .expect_err("the held LUN is not offered");
     assert_eq!(
-        refused.downcast_ref::<tonic::Status>().map(tonic::Status::code),
+        refused
+            .downcast_ref::<tonic::Status>()
+            .map(tonic::Status::code),
         Some(Code::ResourceExhausted),
         "{refused:?}"
     );
