@@ -137,6 +137,20 @@ pub enum ProxyError {
     /// Another operation on the same volume held it too long.
     #[error("another operation on {0} is in progress; retry")]
     Busy(String),
+    /// A publish to a node that a target the LUN is reached through does
+    /// not select (its `nodes` or `nodeSelector`): the target's CHAP
+    /// credentials are never sent there.
+    #[error(
+        "node {node} is not selected by target {target} (its nodes or nodeSelector), through which LUN {wwid} is reached: nothing is sent to it"
+    )]
+    TargetNotForNode {
+        /// The node asked for.
+        node: String,
+        /// The target that does not select it.
+        target: String,
+        /// The LUN.
+        wwid: String,
+    },
     /// A CHAP Secret could not be used (never its content).
     #[error(transparent)]
     Secret(#[from] SecretError),
@@ -154,7 +168,8 @@ impl ProxyError {
             Self::Agent(e) => e.surely_did_nothing(),
             Self::NodeNotFound(_)
             | Self::NodeUnreachable { .. }
-            | Self::DirectoryNotSynced { .. } => true,
+            | Self::DirectoryNotSynced { .. }
+            | Self::TargetNotForNode { .. } => true,
             _ => false,
         }
     }

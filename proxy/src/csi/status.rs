@@ -21,6 +21,10 @@ impl From<ProxyError> for Status {
             }
             ProxyError::CapacityOutOfRange(_) => Code::OutOfRange,
             ProxyError::PublishedElsewhere { .. } => Code::FailedPrecondition,
+            // The volume is not reachable from that node as the targets
+            // are configured: a retry cannot help until an admin changes
+            // the target or the node's labels.
+            ProxyError::TargetNotForNode { .. } => Code::FailedPrecondition,
             // ControllerPublishVolume: "Volume published but is incompatible".
             ProxyError::PublishedIncompatibly { .. } => Code::AlreadyExists,
             ProxyError::DeviceState { .. } => Code::Unavailable,

@@ -432,6 +432,19 @@ impl Phase {
     }
 }
 
+impl Target {
+    /// Whether node `node`, carrying `labels`, is one this target is for:
+    /// named in `nodes` (or none named) and matching `node_selector`. Only
+    /// such nodes are asked to discover it or sent its CHAP credentials.
+    pub fn selects(&self, node: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.nodes.is_empty() || self.nodes.iter().any(|n| n == node))
+            && self
+                .node_selector
+                .iter()
+                .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
 impl NewLuns {
     /// The stored text.
     pub fn as_str(self) -> &'static str {

@@ -107,6 +107,22 @@ impl Lifecycle {
         device: &Device,
         node: &str,
     ) -> Result<Vec<agent::Target>, ProxyError> {
+        let specs = self.target_specs_for(device, node).await?;
+        let mut out = Vec::with_capacity(specs.len());
+        for t in &specs {
+            out.push(self.agent_target(t).await?);
+        }
+        Ok(out)
+    }
+
+    /// The targets `device` is reached through from `node` (its views
+    /// there, or else its first target), as the inventory holds them: no
+    /// secret read yet.
+    async fn target_specs_for(
+        &self,
+        device: &Device,
+        node: &str,
+    ) -> Result<Vec<Target>, ProxyError> {
         let specs = self.inventory.targets().await?;
         let mut names: Vec<&str> = device
             .nodes
@@ -125,7 +141,7 @@ impl Lifecycle {
         let mut out = Vec::with_capacity(names.len());
         for n in names {
             match specs.iter().find(|t| t.name == n) {
-                Some(t) => out.push(self.agent_target(t).await?),
+                Some(t) => out.push(t.clone()),
                 None => {
                     tracing::warn!(wwid = %device.wwid, %node, target = %n, "the device's SCSITarget no longer exists; it is left out")
                 }

@@ -30,8 +30,8 @@ impl Lifecycle {
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
         let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        match self.agents.directory().locate(node) {
-            NodeAgent::Listed(_) => {}
+        let entry = match self.agents.directory().locate(node) {
+            NodeAgent::Listed(entry) => entry,
             NodeAgent::Unreachable => {
                 return Err(ProxyError::NodeUnreachable {
                     node: node.to_owned(),
@@ -49,7 +49,7 @@ impl Lifecycle {
                     consequence: format!("cannot attach volume {id} to node {node} yet; retry"),
                 });
             }
-        }
+        };
         let _guard = self.lock(vol.wwid()).await?;
         let dev = self.bound(&vol).await?;
         let binding = dev
@@ -73,6 +73,16 @@ impl Lifecycle {
                 ),
             });
         }
+        // Each target's CHAP credentials go only to the nodes it selects:
+        // refused before anything is recorded or read.
+        let specs = self.target_specs_for(&dev, node).await?;
+        if let Some(t) = specs.iter().find(|t| !t.selects(node, &entry.labels)) {
+            return Err(ProxyError::TargetNotForNode {
+                node: node.to_owned(),
+                target: t.name.clone(),
+                wwid: dev.wwid.clone(),
+            });
+        }
         // Record first, so a racing publish elsewhere sees this node. The
         // checks are made on the state each attempt of the compare-and-swap
         // writes: a write that lost to another proxy's (another node's
@@ -94,7 +104,10 @@ impl Lifecycle {
             .await?
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
         let already = !recorded;
-        let targets = self.targets_for(&dev, node).await?;
+        let mut targets = Vec::with_capacity(specs.len());
+        for t in &specs {
+            targets.push(self.agent_target(t).await?);
+        }
         let attach = AttachRequest {
             wwid: dev.wwid.clone(),
             targets,

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::agents::fan_out;
 use crate::device::{DiscoveryRound, LunReport, Target};
-use crate::directory::{AgentEntry, NodeAgent};
+use crate::directory::NodeAgent;
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
 
@@ -99,15 +99,6 @@ pub struct PassSettings {
     pub forget_after: Option<Duration>,
 }
 
-/// Whether `node` (with `entry`) should reach `target`.
-pub fn node_matches(target: &Target, node: &str, entry: &AgentEntry) -> bool {
-    (target.nodes.is_empty() || target.nodes.iter().any(|n| n == node))
-        && target
-            .node_selector
-            .iter()
-            .all(|(k, v)| entry.labels.get(k) == Some(v))
-}
-
 /// The other targets of `targets` that name `target`'s array.
 pub fn same_array(target: &Target, targets: &[Target]) -> BTreeSet<String> {
     let Some(array) = &target.array else {
@@ -181,7 +172,7 @@ pub async fn reconcile_once(
     for target in &targets {
         let nodes: Vec<String> = agents
             .iter()
-            .filter(|(n, e)| node_matches(target, n, e))
+            .filter(|(n, e)| target.selects(n, &e.labels))
             .map(|(n, _)| n.clone())
             .collect();
         // A target whose CHAP Secret is missing or misplaced is skipped,

@@ -712,3 +712,50 @@ async fn a_new_lun_holding_a_filesystem_is_held_until_it_is_erased_on_the_array(
         .expect("bound once blank");
     assert_eq!(vol.volume_context["wwid"], wwid);
 }
+
+/// A publish to a node that a LUN's target does not select (the FC
+/// target is zoned to node-b and node-c only) is refused before anything
+/// is recorded or sent: a target's CHAP credentials and its LUNs go only
+/// to the nodes it names. (Before: the Attach went out, with the target's
+/// credentials, to any node the CO named.)
+#[tokio::test]
+async fn a_publish_to_a_node_the_target_does_not_select_is_refused_and_records_nothing() {
+    let (_dir, _lab, mut cl) = lab().await;
+    let vol = create(
+        &mut cl,
+        "zoned",
+        100 << 20,
+        false,
+        &[("deviceSelector", "array=fc")],
+        "node-b",
+    )
+    .await
+    .expect("create");
+    let publish = |node: &str| ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: node.to_owned(),
+        volume_capability: Some(capability(false, "", Mode::SingleNodeWriter)),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    };
+    let refused = cl
+        .controller
+        .controller_publish_volume(publish("node-a"))
+        .await
+        .expect_err("node-a is not zoned to the FC target");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("node node-a is not selected by target fc-1"),
+        "{refused:?}"
+    );
+    assert!(published_nodes(&mut cl, &vol.volume_id).await.is_empty());
+    // A node the target selects is published as before.
+    cl.controller
+        .controller_publish_volume(publish("node-b"))
+        .await
+        .expect("node-b is zoned");
+    assert_eq!(published_nodes(&mut cl, &vol.volume_id).await, ["node-b"]);
+}
