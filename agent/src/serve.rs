@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
-    CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown, SocketCheck,
-    StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming,
+    CsiSocket, HandshakeLimit, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
+    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming_bounded,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::agent::enrolment_server::EnrolmentServer;
@@ -87,6 +87,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         readiness.clone(),
     );
     let metrics = Metrics::new("agent", env!("CARGO_PKG_VERSION"), Some(store.clone()));
+    let handshakes = HandshakeLimit::new(HandshakeLimit::DEFAULT);
+    metrics.register(
+        "agent_api_handshakes_refused",
+        "Connections to the agent API closed unanswered because every TLS handshake slot was taken",
+        handshakes.refused().clone(),
+    );
     // One operation per LUN across kubelet's calls and the proxy's.
     let luns = csi_scsi_daemon::KeyedLocks::new();
     let node = NodeService::new(
@@ -158,7 +164,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             config.enrolment.clone(),
         )))
         .serve_with_incoming_shutdown(
-            tls_incoming(listener, server_config(store.clone())?),
+            tls_incoming_bounded(listener, server_config(store.clone())?, handshakes),
             shutdown.signaled(),
         );
 

@@ -41,11 +41,57 @@ pub enum TransportError {
     Tls(#[from] CertError),
 }
 
-/// Accepts TLS connections on `listener` with `config`; a failed handshake
-/// is logged with the peer and the reason, then dropped.
+/// Bounds the TLS handshakes in progress on one listener: a peer that
+/// opens connections and never finishes its handshake holds a slot for at
+/// most the handshake timeout, and once every slot is held a new
+/// connection is closed at once (counted in `refused`) instead of costing
+/// a task and a handshake's memory each. Established connections hold no
+/// slot.
+#[derive(Clone, Debug)]
+pub struct HandshakeLimit {
+    slots: Arc<tokio::sync::Semaphore>,
+    refused: prometheus_client::metrics::counter::Counter,
+}
+
+impl HandshakeLimit {
+    /// Handshakes in progress at once by default: far more than the few
+    /// proxy replicas and probes that dial one agent ever need.
+    pub const DEFAULT: usize = 128;
+
+    /// At most `max` handshakes at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            slots: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+            refused: Default::default(),
+        }
+    }
+
+    /// Connections closed because every slot was held (register it as a
+    /// metric to export it).
+    pub fn refused(&self) -> &prometheus_client::metrics::counter::Counter {
+        &self.refused
+    }
+}
+
+/// Accepts TLS connections on `listener` with `config`, at most
+/// [`HandshakeLimit::DEFAULT`] handshakes at once; a failed handshake is
+/// logged with the peer and the reason, then dropped.
 pub fn tls_incoming(
     listener: TcpListener,
     config: Arc<ServerConfig>,
+) -> impl Stream<Item = Result<TlsStream<TcpStream>, tonic_tls::Error>> + Send + 'static {
+    tls_incoming_bounded(
+        listener,
+        config,
+        HandshakeLimit::new(HandshakeLimit::DEFAULT),
+    )
+}
+
+/// [`tls_incoming`] under `limit`.
+pub fn tls_incoming_bounded(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    limit: HandshakeLimit,
 ) -> impl Stream<Item = Result<TlsStream<TcpStream>, tonic_tls::Error>> + Send + 'static {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic_tls::incoming_inner(
@@ -53,6 +99,7 @@ pub fn tls_incoming(
         LoggingAcceptor(
             tokio_rustls::TlsAcceptor::from(config),
             Arc::new(WarningBudget::default()),
+            limit,
         ),
     )
 }
@@ -123,9 +170,13 @@ fn connect(
     Ok((endpoint.connect_with_connector_lazy(connector), severance))
 }
 
-/// A TLS acceptor that says why a handshake failed.
+/// A TLS acceptor that says why a handshake failed, within its limit.
 #[derive(Clone)]
-struct LoggingAcceptor(tokio_rustls::TlsAcceptor, Arc<WarningBudget>);
+struct LoggingAcceptor(
+    tokio_rustls::TlsAcceptor,
+    Arc<WarningBudget>,
+    HandshakeLimit,
+);
 
 /// Most refused-handshake warnings logged a minute: a port scan or a
 /// misconfigured client retrying in a loop must not flood the log. The
@@ -166,6 +217,19 @@ impl tonic_tls::TlsAcceptor<TcpStream> for LoggingAcceptor {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "unknown".into());
+        // Held until the handshake ends; dropping `stream` closes it.
+        let Ok(_slot) = self.2.slots.clone().try_acquire_owned() else {
+            self.2.refused.inc();
+            match self.1.take() {
+                Some(held_back) => {
+                    tracing::warn!(%peer, held_back, "agent API: every TLS handshake slot is taken; connection closed")
+                }
+                None => {
+                    tracing::debug!(%peer, "agent API: every TLS handshake slot is taken; connection closed")
+                }
+            }
+            return Err("too many TLS handshakes in progress".into());
+        };
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.0.accept(stream)).await {
             Ok(Ok(tls)) => Ok(TlsStream::new(tls)),
             // A TCP probe (load balancer, kubelet tcpSocket) connects and

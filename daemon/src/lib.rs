@@ -24,7 +24,8 @@ mod unserved;
 
 pub use agent_tcp::{Severance, UNACKED_LIMIT};
 pub use agent_transport::{
-    TransportError, agent_channel, enrolment_channel, severable_agent_channel, tls_incoming,
+    HandshakeLimit, TransportError, agent_channel, enrolment_channel, severable_agent_channel,
+    tls_incoming, tls_incoming_bounded,
 };
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};

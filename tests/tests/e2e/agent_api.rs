@@ -879,3 +879,55 @@ async fn a_stale_leaders_attach_detach_and_wipe_are_refused_and_change_nothing_a
         .into_inner();
     assert!(gone.removed);
 }
+
+/// A peer that opens connections to the agent API and never sends a TLS
+/// ClientHello holds at most the handshake slots: the next connection is
+/// closed at once and counted, and once the slots are let go the proxy is
+/// answered again. (Before: every connection cost a task and waited out the
+/// handshake timeout, with no bound on how many.)
+#[tokio::test]
+async fn connections_that_never_finish_a_handshake_hold_no_more_than_the_handshake_slots() {
+    use csi_scsi_daemon::HandshakeLimit;
+    let (_d, lab, _cl) = lab().await;
+    let node = &lab.nodes[0];
+    let refused_so_far = || async {
+        crate::observability::scrape(node.status)
+            .await
+            .value("csi_scsi_agent_api_handshakes_refused_total", &[])
+            .unwrap_or(0.0)
+    };
+    let before = refused_so_far().await;
+    let mut silent = Vec::new();
+    for _ in 0..HandshakeLimit::DEFAULT {
+        silent.push(
+            tokio::net::TcpStream::connect(node.api)
+                .await
+                .expect("connect"),
+        );
+    }
+    // The agent accepts them and waits for their handshakes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let err = client(&lab, 0)
+        .status(StatusRequest {})
+        .await
+        .expect_err("every handshake slot is taken");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "closed at once, not after the handshake timeout: {:?} {err}",
+        started.elapsed()
+    );
+    assert!(refused_so_far().await > before, "the refusal is counted");
+    drop(silent);
+    let mut answered = None;
+    for _ in 0..50 {
+        match client(&lab, 0).status(StatusRequest {}).await {
+            Ok(a) => {
+                answered = Some(a);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(answered.is_some(), "answered once the slots are free");
+}
