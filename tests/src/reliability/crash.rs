@@ -992,8 +992,8 @@ impl Suite {
             for n in &reads {
                 self.check(n.found == store::Readback::Zeroes, || {
                     format!(
-                        "{when}: LUN {} is Available but node {} (which did not wipe it; {wiper:?} did) reads {:?} through {} over its recorded {} bytes",
-                        r.wwid, n.node, n.found, n.disk, r.size_bytes
+                        "{when}: LUN {} is Available but node {} ({}) reads {:?} through {} over its recorded {} bytes",
+                        r.wwid, n.node, store::wiped_by(wiper.as_deref()), n.found, n.disk, r.size_bytes
                     )
                 });
             }

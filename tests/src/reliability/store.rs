@@ -297,6 +297,14 @@ fn path_size(root: &Path, disk: &str) -> Option<u64> {
         .map(|s| s.saturating_mul(512))
 }
 
+/// Who wiped a LUN, for a violation's message.
+pub fn wiped_by(wiper: Option<&str>) -> String {
+    match wiper {
+        Some(w) => format!("node {w} wiped it"),
+        None => "no verified wipe in the proxy's log names the wiping node".into(),
+    }
+}
+
 /// The node that last wiped `wwid`, as the proxy's log `log` names it
 /// (its "wipe verified from another node" line); `None` when the log does
 /// not say (no other node could verify).

@@ -1,7 +1,8 @@
 //! Leg 6 of the fault suite, a frozen leader with a wipe in flight. The
 //! proxy (the old leader) is told to delete a volume; its release worker
 //! sends the Wipe on a connection whose packets are dropped (it sits in
-//! the socket, unacknowledged: in flight), and the process is frozen
+//! the socket, unacknowledged: in flight; a connection the proxy would
+//! open meanwhile has its SYN dropped), and the process is frozen
 //! (SIGSTOP), as a paused container or a stalled VM is. The suite then
 //! plays the leader that took over: a call in a later epoch to every
 //! node fences it, and the LUN's new tenant writes data. Thawed, the old
@@ -28,45 +29,34 @@ const FROZEN_FOR: Duration = Duration::from_millis(500);
 /// How long the thawed leader's Wipe may take to be refused.
 const REFUSED_BOUND: Duration = Duration::from_secs(45);
 
-/// iptables rules dropping the proxy's packets on its agent connections,
-/// removed on drop.
-struct Dropped(Vec<u16>);
+/// An iptables rule in the OUTPUT chain, removed on drop.
+struct Dropped(Vec<String>);
 
 impl Dropped {
-    fn rule(port: u16) -> [String; 8] {
-        [
-            "OUTPUT".into(),
-            "-p".into(),
-            "tcp".into(),
-            "--sport".into(),
-            port.to_string(),
-            "-j".into(),
-            "DROP".into(),
-            "-w".into(),
-        ]
+    /// Drops the packets matching `rule` (iptables match arguments).
+    fn new(rule: &[&str]) -> anyhow::Result<Self> {
+        let rule: Vec<String> = rule
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(["-j", "DROP", "-w"].map(String::from))
+            .collect();
+        let mut args = vec!["-I", "OUTPUT"];
+        args.extend(rule.iter().map(String::as_str));
+        sh("iptables", &args)?;
+        Ok(Self(rule))
     }
 
-    fn new(ports: Vec<u16>) -> anyhow::Result<Self> {
-        let mut out = Self(Vec::new());
-        for p in ports {
-            let mut args = vec!["-I".to_owned()];
-            args.extend(Self::rule(p));
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            sh("iptables", &args)?;
-            out.0.push(p);
-        }
-        Ok(out)
+    /// Drops what the proxy sends from local port `port`.
+    fn from_port(port: u16) -> anyhow::Result<Self> {
+        Self::new(&["-p", "tcp", "--sport", &port.to_string()])
     }
 }
 
 impl Drop for Dropped {
     fn drop(&mut self) {
-        for p in self.0.drain(..) {
-            let mut args = vec!["-D".to_owned()];
-            args.extend(Self::rule(p));
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            sh_quiet("iptables", &args);
-        }
+        let mut args = vec!["-D", "OUTPUT"];
+        args.extend(self.0.iter().map(String::as_str));
+        sh_quiet("iptables", &args);
     }
 }
 
@@ -95,32 +85,44 @@ impl Suite {
         let size = self.recorded(&wwid)?;
         // The proxy talks to every agent over a connection it keeps; drop
         // its packets (not the links: the new leader must get through).
-        let ports: Vec<u16> = agent_sockets(pid)?.into_iter().map(|s| s.0).collect();
+        let ports: Vec<u16> = agent_sockets(pid, "established")?
+            .into_iter()
+            .map(|s| s.0)
+            .collect();
         ensure!(
             !ports.is_empty(),
             "the proxy has no connection to an agent to hold a call in"
         );
-        let dropped = Dropped::new(ports.clone())?;
+        let dropped = ports
+            .iter()
+            .map(|p| Dropped::from_port(*p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // A connection it opens now stays unopened too (its SYN dropped):
+        // the call waits in the process either way.
+        let unopened = Dropped::new(&["-p", "tcp", "--dport", &AGENT_PORT.to_string(), "--syn"])?;
         let log = self.lab.config.dir.join("proxy.log");
         let from = std::fs::metadata(&log).map_or(0, |m| m.len());
         // DeleteVolume answers at once and wakes a release worker, which
         // reads the LUN Releasing and sends its Wipe.
         self.delete(&vol, "frozen").await;
         let start = Instant::now();
-        let mut queued = 0;
-        while start.elapsed() < Duration::from_secs(5) && queued == 0 {
+        let (mut queued, mut opening) = (0, 0);
+        while start.elapsed() < Duration::from_secs(5) && queued == 0 && opening == 0 {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            queued = agent_sockets(pid)?
+            queued = agent_sockets(pid, "established")?
                 .iter()
                 .filter(|s| ports.contains(&s.0))
                 .map(|s| s.1)
                 .sum();
+            opening = agent_sockets(pid, "syn-sent")?.len();
         }
         let frozen = Frozen::new(pid)?;
         self.report.fault();
-        self.report.check(queued > 0, || {
+        self.report.check(queued > 0 || opening > 0, || {
             "frozen leader: nothing was in flight on the proxy's agent connections when it froze".into()
         });
+        // The new leader connects.
+        drop(unopened);
         // The new leader: every node sees its epoch.
         let store = MaterialStore::load(
             MaterialPaths::in_dir(&self.lab.config.dir.join("pki/proxy-tls")),
@@ -194,7 +196,7 @@ impl Suite {
             format!("frozen leader: {wwid} went Available though no wipe of it was admitted")
         });
         self.report.note(format!(
-            "frozen leader: {queued} bytes in flight on its agent connections when it froze; fenced by epoch {NEW_EPOCH} on every node; thawed, its wipe of the re-bound LUN was refused in {} ms, the new tenant's data intact: {intact}; {} ms in all; {}",
+            "frozen leader: {queued} bytes in flight on its agent connections ({opening} being opened) when it froze; fenced by epoch {NEW_EPOCH} on every node; thawed, its wipe of the re-bound LUN was refused in {} ms, the new tenant's data intact: {intact}; {} ms in all; {}",
             refused_in.as_millis(),
             began.elapsed().as_millis(),
             said.map_or_else(String::new, |l| {
@@ -206,15 +208,16 @@ impl Suite {
     }
 }
 
-/// The proxy `pid`'s established connections to agent APIs: local port
-/// and bytes not yet acknowledged (Send-Q).
-fn agent_sockets(pid: u32) -> anyhow::Result<Vec<(u16, u64)>> {
+/// The proxy `pid`'s connections to agent APIs in TCP state `state`
+/// (`established`, `syn-sent`): local port and bytes not yet
+/// acknowledged (Send-Q).
+fn agent_sockets(pid: u32, state: &str) -> anyhow::Result<Vec<(u16, u64)>> {
     let out = sh(
         "ss",
         &[
             "-tnpH",
             "state",
-            "established",
+            state,
             &format!("( dport = :{AGENT_PORT} )"),
         ],
     )?;

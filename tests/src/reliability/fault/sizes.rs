@@ -316,8 +316,8 @@ impl Suite {
         for r in &reads {
             self.report.check(r.found == Readback::Zeroes, || {
                 format!(
-                    "{what}: the LUN is Available but node {} (which did not wipe it; {wiper:?} did) reads {:?} through {} over its recorded {size} bytes",
-                    r.node, r.found, r.disk
+                    "{what}: the LUN is Available but node {} ({}) reads {:?} through {} over its recorded {size} bytes",
+                    r.node, store::wiped_by(wiper.as_deref()), r.found, r.disk
                 )
             });
         }
