@@ -166,14 +166,14 @@ pub async fn run_with(opts: CrashOptions) -> anyhow::Result<SuiteReport> {
         "kills: proxy {}, agents {}; with a call in flight: CreateVolume {}, ControllerPublish {}, ControllerUnpublish {}, DeleteVolume {}, Node* {}",
         kills.proxy, kills.agent, kills.during[0], kills.during[1], kills.during[2], kills.during[3], kills.during[4]
     ));
-    let (reads, skipped) = locked(&suite.other_node_reads).clone();
-    report.check(reads > 0, || {
-        format!("no Available LUN could be read back through a node that did not wipe it (paths not read: {skipped:?})")
+    let others = locked(&suite.other_node_reads).clone();
+    report.check(others.reads > 0, || {
+        format!(
+            "no Available LUN could be read back through a node that did not wipe it (paths not read: {:?})",
+            others.skipped
+        )
     });
-    report.note(format!(
-        "Available LUNs read back through a node that did not wipe them (direct I/O, both ends and 8 random 1 MiB ranges of the recorded size): {reads} read(s); paths not read: {}",
-        if skipped.is_empty() { "none".to_owned() } else { skipped.join("; ") }
-    ));
+    report.note(others.summary("Available LUNs"));
     let io = locked(&suite.io).clone();
     report.note(format!(
         "failing disks: re-stages of a volume with data {} (with EIO on its head {}), markers intact {}; wipes meeting write EIO {}",
@@ -329,7 +329,7 @@ struct Suite {
     checks: AtomicU64,
     /// Available LUNs read back through a node that did not wipe them,
     /// and the paths that could not be read.
-    other_node_reads: Mutex<(usize, Vec<String>)>,
+    other_node_reads: Mutex<store::OtherNodeReads>,
 }
 
 struct NodePaths {
@@ -379,7 +379,7 @@ impl Suite {
             durations: Mutex::new(HashMap::new()),
             seed: opts.seed,
             checks: AtomicU64::new(0),
-            other_node_reads: Mutex::new((0, Vec::new())),
+            other_node_reads: Mutex::default(),
         }
     }
 
@@ -997,9 +997,7 @@ impl Suite {
                     )
                 });
             }
-            let mut o = locked(&self.other_node_reads);
-            o.0 += reads.len();
-            o.1.extend(skipped);
+            locked(&self.other_node_reads).add(wiper.as_deref(), reads.len(), skipped);
         }
         let integrity = store::integrity(&db);
         self.check(matches!(&integrity, Ok(s) if s == "ok"), || {

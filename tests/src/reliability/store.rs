@@ -297,6 +297,45 @@ fn path_size(root: &Path, disk: &str) -> Option<u64> {
         .map(|s| s.saturating_mul(512))
 }
 
+/// What a suite's read-backs through other nodes did, for its report.
+#[derive(Clone, Debug, Default)]
+pub struct OtherNodeReads {
+    /// LUNs read back.
+    pub luns: usize,
+    /// Of those, how many the proxy's log named the wiping node of (the
+    /// others were read through every node that has a path).
+    pub wiper_named: usize,
+    /// Reads through a node, in all.
+    pub reads: usize,
+    /// Paths that could not be read.
+    pub skipped: Vec<String>,
+}
+
+impl OtherNodeReads {
+    /// Counts one LUN's read-back.
+    pub fn add(&mut self, wiper: Option<&str>, reads: usize, skipped: Vec<String>) {
+        self.luns += 1;
+        self.wiper_named += usize::from(wiper.is_some());
+        self.reads += reads;
+        self.skipped.extend(skipped);
+    }
+
+    /// The report's line about them.
+    pub fn summary(&self, what: &str) -> String {
+        format!(
+            "{what} read back through a node that did not wipe them (direct I/O, both ends and {CHECKED_RANGES} random 1 MiB ranges of the recorded size): {} LUN(s), the wiping node named by the proxy's log for {}, {} read(s); paths not read: {}",
+            self.luns,
+            self.wiper_named,
+            self.reads,
+            if self.skipped.is_empty() {
+                "none".to_owned()
+            } else {
+                self.skipped.join("; ")
+            }
+        )
+    }
+}
+
 /// Who wiped a LUN, for a violation's message.
 pub fn wiped_by(wiper: Option<&str>) -> String {
     match wiper {

@@ -124,7 +124,7 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
         aborts: 0,
         example: None,
         work,
-        other_node_reads: (0, Vec::new()),
+        other_node_reads: Default::default(),
     };
     suite.discovered().await?;
     let result = async {
@@ -146,14 +146,14 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
         );
     }
     result?;
-    let (reads, skipped) = &suite.other_node_reads;
-    suite.report.check(*reads > 0, || {
-        format!("no wiped LUN could be read back through a node that did not wipe it (paths not read: {skipped:?})")
+    let others = suite.other_node_reads.clone();
+    suite.report.check(others.reads > 0, || {
+        format!(
+            "no wiped LUN could be read back through a node that did not wipe it (paths not read: {:?})",
+            others.skipped
+        )
     });
-    suite.report.note(format!(
-        "wiped LUNs read back through a node that did not wipe them (direct I/O, both ends and 8 random 1 MiB ranges of the recorded size): {reads} read(s); paths not read: {}",
-        if skipped.is_empty() { "none".to_owned() } else { skipped.join("; ") }
-    ));
+    suite.report.note(others.summary("wiped LUNs"));
     if suite.aborts > 0 {
         suite.report.note(format!(
             "{} calls answered ABORTED \"changed concurrently\" (the proxy's compare-and-swap lost to another write of the device, a discovery pass) and were retried, as a sidecar would",
@@ -179,7 +179,7 @@ struct Suite {
     work: PathBuf,
     /// Wiped LUNs read back through a node that did not wipe them, and
     /// the paths that could not be read.
-    other_node_reads: (usize, Vec<String>),
+    other_node_reads: store::OtherNodeReads,
 }
 
 /// A CreateVolume request, repeatable.

@@ -321,8 +321,8 @@ impl Suite {
                 )
             });
         }
-        self.other_node_reads.0 += reads.len();
-        self.other_node_reads.1.extend(skipped);
+        self.other_node_reads
+            .add(wiper.as_deref(), reads.len(), skipped);
         Ok(())
     }
 
