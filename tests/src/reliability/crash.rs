@@ -166,6 +166,14 @@ pub async fn run_with(opts: CrashOptions) -> anyhow::Result<SuiteReport> {
         "kills: proxy {}, agents {}; with a call in flight: CreateVolume {}, ControllerPublish {}, ControllerUnpublish {}, DeleteVolume {}, Node* {}",
         kills.proxy, kills.agent, kills.during[0], kills.during[1], kills.during[2], kills.during[3], kills.during[4]
     ));
+    let others = locked(&suite.other_node_reads).clone();
+    report.check(others.reads > 0, || {
+        format!(
+            "no Available LUN could be read back through a node that did not wipe it (paths not read: {:?})",
+            others.skipped
+        )
+    });
+    report.note(others.summary("Available LUNs"));
     let io = locked(&suite.io).clone();
     report.note(format!(
         "failing disks: re-stages of a volume with data {} (with EIO on its head {}), markers intact {}; wipes meeting write EIO {}",
@@ -315,6 +323,13 @@ struct Suite {
     hangs: AtomicU64,
     created: AtomicU64,
     durations: Mutex<HashMap<&'static str, Duration>>,
+    /// The seed, and how many store checks ran (each reads at offsets of
+    /// its own).
+    seed: u64,
+    checks: AtomicU64,
+    /// Available LUNs read back through a node that did not wipe them,
+    /// and the paths that could not be read.
+    other_node_reads: Mutex<store::OtherNodeReads>,
 }
 
 struct NodePaths {
@@ -362,6 +377,9 @@ impl Suite {
             hangs: AtomicU64::new(0),
             created: AtomicU64::new(0),
             durations: Mutex::new(HashMap::new()),
+            seed: opts.seed,
+            checks: AtomicU64::new(0),
+            other_node_reads: Mutex::default(),
         }
     }
 
@@ -946,6 +964,10 @@ impl Suite {
                 },
             );
         }
+        // The proxy's log names the node that wiped each LUN (the one
+        // its own witness read after).
+        let log = std::fs::read_to_string(lab.config.dir.join("proxy.log")).unwrap_or_default();
+        let mut rng = Rng::with_seed(self.seed ^ self.checks.fetch_add(1, Ordering::Relaxed));
         for r in rows.iter().filter(|r| r.phase == "Available") {
             // Over the size the store records (the size the next tenant
             // is promised), not merely the file as it is.
@@ -956,6 +978,26 @@ impl Suite {
                     r.wwid, r.size_bytes
                 )
             });
+            // And through the block device of every node that did not
+            // wipe it, past its page cache.
+            let wiper = store::wiper(&log, &r.wwid);
+            let (offsets, len) = store::checked_offsets(r.size_bytes, &mut rng);
+            let (reads, skipped) = store::node_read_back(
+                &lab,
+                &r.wwid,
+                r.size_bytes,
+                wiper.as_deref(),
+                (&offsets, len),
+            );
+            for n in &reads {
+                self.check(n.found == store::Readback::Zeroes, || {
+                    format!(
+                        "{when}: LUN {} is Available but node {} ({}) reads {:?} through {} over its recorded {} bytes",
+                        r.wwid, n.node, store::wiped_by(wiper.as_deref()), n.found, n.disk, r.size_bytes
+                    )
+                });
+            }
+            locked(&self.other_node_reads).add(wiper.as_deref(), reads.len(), skipped);
         }
         let integrity = store::integrity(&db);
         self.check(matches!(&integrity, Ok(s) if s == "ok"), || {

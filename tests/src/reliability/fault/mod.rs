@@ -23,7 +23,14 @@
 //!    the data (a marker) is there once the disk heals. A LUN that reports
 //!    no size, or its old size after the array grew it, during the wipe of
 //!    a delete (see [`sizes`]): never Available while the fault stands,
-//!    and once healed it reads back as zeroes over its whole recorded size.
+//!    and once healed it reads back as zeroes over its whole recorded size,
+//!    from its backing file and through every node that did not wipe it.
+//! 5. **Discovery reports that lie** (see [`lies`]): a WWID of another
+//!    array (flagged, never merged nor bound) and an oversized report
+//!    (refused whole, nothing stored).
+//! 6. **A frozen leader with a wipe in flight** (see [`frozen`]): fenced
+//!    by a later leader's epoch while frozen, its wipe is refused once it
+//!    thaws, and the LUN's new tenant keeps its data.
 //!
 //! A tmpfs cannot be remounted read-only while the proxy holds its store
 //! open for writing (the kernel answers EBUSY), and an ext4 that turns
@@ -62,7 +69,9 @@ use crate::lab::scenario::{Clients, NODE_KEY, capability, prefer};
 use crate::lab::{Lab, LabConfig, POOL_LUN_BYTES, node_name};
 use crate::pki::{as_secret_volume, rotate_secret_volume};
 
+mod frozen;
 mod io_errors;
+mod lies;
 mod sizes;
 
 /// The client deadline of every call about a node whose link is cut.
@@ -115,6 +124,7 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
         aborts: 0,
         example: None,
         work,
+        other_node_reads: Default::default(),
     };
     suite.discovered().await?;
     let result = async {
@@ -123,7 +133,10 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
             .await?;
         suite.rotation(scale.pick(3, 10)).await?;
         suite.store(scale.pick(1, 3)).await?;
-        suite.io_errors(scale.pick(1, 3)).await
+        suite.io_errors(scale.pick(1, 3)).await?;
+        suite.lies().await?;
+        // Last: it leaves every agent fencing this proxy out.
+        suite.frozen_leader().await
     }
     .await;
     if let Err(e) = &result {
@@ -133,6 +146,14 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
         );
     }
     result?;
+    let others = suite.other_node_reads.clone();
+    suite.report.check(others.reads > 0, || {
+        format!(
+            "no wiped LUN could be read back through a node that did not wipe it (paths not read: {:?})",
+            others.skipped
+        )
+    });
+    suite.report.note(others.summary("wiped LUNs"));
     if suite.aborts > 0 {
         suite.report.note(format!(
             "{} calls answered ABORTED \"changed concurrently\" (the proxy's compare-and-swap lost to another write of the device, a discovery pass) and were retried, as a sidecar would",
@@ -156,6 +177,9 @@ struct Suite {
     /// One UNAVAILABLE answer about a cut node, for the report.
     example: Option<String>,
     work: PathBuf,
+    /// Wiped LUNs read back through a node that did not wipe them, and
+    /// the paths that could not be read.
+    other_node_reads: store::OtherNodeReads,
 }
 
 /// A CreateVolume request, repeatable.

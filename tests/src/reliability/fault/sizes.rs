@@ -228,7 +228,7 @@ impl Suite {
     }
 
     /// A fresh volume on `node`: it, its WWID, its lab disk and file.
-    async fn volume(
+    pub(super) async fn volume(
         &mut self,
         name: &str,
         node: &str,
@@ -279,15 +279,17 @@ impl Suite {
         })
     }
 
-    fn recorded(&self, wwid: &str) -> anyhow::Result<u64> {
+    pub(super) fn recorded(&self, wwid: &str) -> anyhow::Result<u64> {
         recorded_size(&self.lab.proxy_store(), wwid)?
             .with_context(|| format!("the store has no device {wwid}"))
     }
 
     /// The invariant of a wiped LUN: Available, it reads back as zeroes
     /// over the whole size the store records now, which is no less than
-    /// `before` (what it recorded before the delete), read from its
-    /// backing file, not through the node that wiped it.
+    /// `before` (what it recorded before the delete): from its backing
+    /// file whole (the array's own content), and through the block device
+    /// of every node that did not do the wipe, past its page cache, at
+    /// both ends and ranges spread at random.
     pub(super) fn reads_back_zeroes(
         &mut self,
         what: &str,
@@ -299,13 +301,28 @@ impl Suite {
         self.report.check(now >= before, || {
             format!("{what}: the store's recorded size went from {before} to {now} bytes")
         });
-        let back = read_back(file, now.max(before))?;
+        let size = now.max(before);
+        let back = read_back(file, size)?;
         self.report.check(back == Readback::Zeroes, || {
             format!(
-                "{what}: the LUN is Available but does not read back as zeroes over its recorded {} bytes: {back:?}",
-                now.max(before)
+                "{what}: the LUN is Available but does not read back as zeroes over its recorded {size} bytes: {back:?}"
             )
         });
+        let log = std::fs::read_to_string(self.lab.config.dir.join("proxy.log"))?;
+        let wiper = store::wiper(&log, wwid);
+        let (offsets, len) = store::checked_offsets(size, &mut self.rng);
+        let (reads, skipped) =
+            store::node_read_back(&self.lab, wwid, size, wiper.as_deref(), (&offsets, len));
+        for r in &reads {
+            self.report.check(r.found == Readback::Zeroes, || {
+                format!(
+                    "{what}: the LUN is Available but node {} ({}) reads {:?} through {} over its recorded {size} bytes",
+                    r.node, store::wiped_by(wiper.as_deref()), r.found, r.disk
+                )
+            });
+        }
+        self.other_node_reads
+            .add(wiper.as_deref(), reads.len(), skipped);
         Ok(())
     }
 
