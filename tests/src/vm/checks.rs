@@ -240,7 +240,7 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
     .await?;
 
     r.step(
-        "stale map: the array grows a1 while node-a's agent is down (its rescan fails); data in the new tail; DeleteVolume: node-a's agent grows its map and wipes the whole LUN",
+        "stale map: the array grows a LUN while node-a's agent is down (its rescan fails); data in the new tail; DeleteVolume: node-a's agent grows its map and wipes the whole LUN",
         async { stale_map_wipe(lab, &mut cl).await },
     )
     .await?;
@@ -258,9 +258,8 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
 /// on that node must cover the size the inventory records (the agent grows
 /// the map first), or be refused, never erase the old prefix only.
 async fn stale_map_wipe(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), String)> {
-    // 700 MiB on array-a: a2 is pvc-vm-1's and mp (512 MiB) too small, so
-    // only a1 (768 MiB since the life cycle's expansion) fits. Raw block:
-    // no filesystem is needed to be wiped.
+    // 700 MiB on array-a: a1 is pvc-vm-1's and mp (512 MiB) too small, so
+    // only a2 (1 GiB) fits. Raw block: a wipe needs no filesystem.
     let v = create(
         cl,
         "pvc-vm-stale",
