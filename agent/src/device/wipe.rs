@@ -111,6 +111,7 @@ impl Devices {
             return Err(smaller_than_recorded(&node, eraser.size(), expected));
         }
         drop(_held);
+        let bytes = eraser.size();
         let wwid_c = wwid.clone();
         // The guard goes with the erase: it ends when the erase does, even
         // if this future is dropped first.
@@ -125,7 +126,9 @@ impl Devices {
         })?;
         match result {
             Ok(()) => {
-                tracing::info!(%wwid, ?mode, "wiped");
+                // The size says what was covered (the lab checks it
+                // against the array's after an expansion).
+                tracing::info!(%wwid, ?mode, bytes, "wiped");
                 Ok(())
             }
             // Gone from under the wipe (its target logged out, the array

@@ -239,12 +239,244 @@ pub async fn run(lab: &mut Lab, r: &mut Report) -> anyhow::Result<()> {
     )
     .await?;
 
+    r.step(
+        "stale map: the array grows a LUN while node-a's agent is down (its rescan fails); data in the new tail; DeleteVolume: node-a's agent grows its map and wipes the whole LUN",
+        async { stale_map_wipe(lab, &mut cl).await },
+    )
+    .await?;
+
     r.step("DeleteVolume pvc-vm-1", async {
         scenario::delete(&mut cl, &vol).await?;
         Ok(((), String::new()))
     })
     .await?;
     Ok(())
+}
+
+/// The stale-map check (issue 35, item 1): after an expansion, a node
+/// whose rescan failed keeps its multipath map at the old size; the wipe
+/// on that node must cover the size the inventory records (the agent grows
+/// the map first), or be refused, never erase the old prefix only.
+async fn stale_map_wipe(lab: &mut Lab, cl: &mut Clients) -> anyhow::Result<((), String)> {
+    // 700 MiB on array-a: a1 is pvc-vm-1's and mp (512 MiB) too small, so
+    // only a2 (1 GiB) fits. Raw block: a wipe needs no filesystem.
+    let v = create(
+        cl,
+        "pvc-vm-stale",
+        700 << 20,
+        true,
+        &[("deviceSelector", "array=a"), ("cleanup", "discard")],
+        "node-a",
+    )
+    .await?;
+    let wwid = wwid_of(&v)?.to_owned();
+    let (name, file) = scenario::lun_file(lab, &wwid).context("the bound LUN")?;
+    ensure!(
+        matches!(name.as_str(), "a1" | "a2"),
+        "array=a bound {name}, not one of its own LUNs"
+    );
+    let g = guest(lab, 0)?.clone();
+    // The proxy wipes on the first node (by name) that sees the LUN:
+    // node-a, once it is back on array-a (it logged out in the detach
+    // check; discovery logs it in again) and listed on the device.
+    wait_map(&g, &wwid, |m| m.active >= 1, Duration::from_secs(60))
+        .await
+        .context("the LUN's map on node-a")?;
+    wait_node_listed(lab, &wwid, "node-a").await?;
+
+    // node-a's agent dies (and stays down: /run/agent.stopped) before the
+    // array grows the LUN, so the controller's rescan cannot reach node-a.
+    g.run(&[
+        "sh",
+        "-c",
+        // SIGKILL: a draining agent would still answer the rescan.
+        "touch /run/agent.stopped; p=$(cat /run/agent.pid); kill -9 $p; \
+         while kill -0 $p 2>/dev/null; do sleep 1; done",
+    ])
+    .await?;
+    let (old, new) = lab.grow_lun(&name, 64 << 20).await?;
+    let grown = cl
+        .controller
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: new as i64,
+                limit_bytes: 0,
+            }),
+            secrets: HashMap::new(),
+            volume_capability: Some(scenario::capability(
+                true,
+                "",
+                csi_scsi_proto::csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+            )),
+        })
+        .await
+        .context("ControllerExpandVolume (node-b's and node-c's rescans)")?
+        .into_inner()
+        .capacity_bytes;
+    ensure!(
+        grown as u64 == new,
+        "ControllerExpand answered {grown} bytes, the array has {new}"
+    );
+    // Another tenant's data in the tail only the new size covers (and at
+    // the very end), written on the array itself.
+    let marker =
+        b"data past the old end of the LUN: only a wipe of the new size removes it\n".repeat(1000);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&file)?;
+        for at in [old, new - marker.len() as u64] {
+            f.seek(SeekFrom::Start(at))?;
+            f.write_all(&marker)?;
+        }
+        f.sync_all()?;
+    }
+    g.run(&["rm", "-f", "/run/agent.stopped"]).await?;
+    let t = Instant::now();
+    while cl
+        .node("node-a")
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .is_err()
+    {
+        ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "node-a's agent did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_node_listed(lab, &wwid, "node-a").await?;
+    let map = format!("/dev/mapper/3{}", wwid.trim_start_matches("naa."));
+    let map_size = |g: Guest| {
+        let map = map.clone();
+        async move {
+            let out = g.run(&["blockdev", "--getsize64", &map]).await?;
+            out.trim()
+                .parse::<u64>()
+                .with_context(|| format!("blockdev --getsize64 {map}: {out}"))
+        }
+    };
+    let stale = map_size(g.clone()).await?;
+    ensure!(
+        stale == old,
+        "node-a's map is {stale} bytes before the delete, not the old {old}: nothing is stale"
+    );
+    // Its paths: discovery's session rescan (`iscsiadm --rescan`) re-reads
+    // their capacity, so they may be new already; the map keeps the size
+    // it was built with (multipathd does not resize it by itself).
+    let paths = g
+        .run(&[
+            "sh",
+            "-c",
+            &format!(
+                "d=$(basename $(readlink -f {map})); for s in /sys/block/$d/slaves/*; do \
+                 echo \"$(basename $s) $(( $(cat $s/size) * 512 >> 20 )) MiB\"; done"
+            ),
+        ])
+        .await?;
+    let log = lab.config.dir.join("nodes/node-a/agent.log");
+    let log_from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+
+    let t = Instant::now();
+    scenario::delete(cl, &v).await?;
+    if let Err(e) = lab
+        .wait_device_phase(&wwid, "Available", Duration::from_secs(90))
+        .await
+    {
+        let reason = crate::reliability::store::run(
+            &lab.proxy_store(),
+            &format!("SELECT phase, reason FROM devices WHERE wwid = '{wwid}'"),
+        )
+        .unwrap_or_default();
+        bail!("{e:#}: {}", reason.trim());
+    }
+    let released_in = t.elapsed();
+    let after = map_size(g.clone()).await?;
+    ensure!(
+        after == new,
+        "{name} is Available, but node-a's map is {after} bytes, the LUN {new}"
+    );
+    let text = std::fs::read(&log)?;
+    let text = strip_ansi(&String::from_utf8_lossy(&text[log_from as usize..]));
+    let resized = text
+        .lines()
+        .any(|l| l.contains("multipath map resized") && l.contains(&wwid));
+    ensure!(
+        resized,
+        "node-a's agent did not resize {name}'s map (its log since the delete):\n{text}"
+    );
+    let bytes = text
+        .lines()
+        .filter(|l| l.contains(" wiped") && l.contains(&wwid))
+        .find_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("bytes="))
+                .and_then(|b| b.parse::<u64>().ok())
+        })
+        .with_context(|| {
+            format!("node-a's agent did not wipe {name} (its log since the delete):\n{text}")
+        })?;
+    ensure!(bytes >= new, "node-a wiped {bytes} bytes of a LUN of {new}");
+    let len = std::fs::metadata(&file)?.len();
+    ensure!(len == new, "{name}'s file is {len} bytes, not {new}");
+    ensure!(
+        scenario::all_zero(&file)?,
+        "{name} is Available but its file still holds data (the tail marker?)"
+    );
+    Ok((
+        (),
+        format!(
+            "{name} {} -> {} MiB; node-a's rescan failed (agent down); before the delete node-a's map {} MiB, its paths {}; released in {:.1}s: node-a's agent grew its map to {} MiB and wiped {} bytes; the whole backing file (with the tail markers) reads zeroes",
+            old >> 20,
+            new >> 20,
+            stale >> 20,
+            paths.trim().replace('\n', ", "),
+            released_in.as_secs_f64(),
+            after >> 20,
+            bytes
+        ),
+    ))
+}
+
+/// Waits until the proxy's store lists `node` among the nodes that see
+/// `wwid` (discovery re-adds a node that logged in again or came back).
+async fn wait_node_listed(lab: &Lab, wwid: &str, node: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    loop {
+        let nodes = crate::reliability::store::run(
+            &lab.proxy_store(),
+            &format!("SELECT node FROM device_nodes WHERE wwid = '{wwid}'"),
+        )?;
+        if nodes.lines().any(|n| n.trim() == node) {
+            return Ok(());
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "the proxy does not list {node} for {wwid}: {}",
+            nodes.trim().replace('\n', ",")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `text` without its terminal colour codes (the agent logs to a serial
+/// console, a terminal).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // ESC [ ... final byte (a letter).
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The reuse check: a volume on array-b's LUN, published to node-a; the
