@@ -182,12 +182,6 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "stale leader: the leader reads a deleted volume's LUN and is frozen before its Wipe; the other replica takes the Lease, wipes the LUN, a new claim binds it and its Pod writes a marker; thawed, the old leader's Wipe (its own check bypassed) is refused by the agent's epoch fence; the marker stays",
-        async { Ok(((), super::stale_leader::stale_leader(lab).await?)) },
-    )
-    .await?;
-
-    r.step(
         "agent crash: the agent's container is SIGKILLed as a new volume's NodeStage comes; kubelet restarts it and retries; the volume is formatted once",
         async { Ok(((), super::operations::agent_crash(&mut *lab, &node_b).await?)) },
     )
@@ -202,6 +196,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "enrolment: every agent enrolled with its projected token and renewed during the run; Pods posing as node-b's agent (node-a's agent token, another ServiceAccount's, a Pod not of the DaemonSet) are refused",
         async { Ok(((), super::enrolment::enrolment(&mut *lab).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "stale leader: the leader reads a deleted volume's LUN and is frozen before its Wipe; the other replica takes the Lease, wipes the LUN, a new claim binds it and its Pod writes a marker; thawed, the old leader's Wipe (its own check bypassed) is refused by the agent's epoch fence; the marker stays",
+        async { Ok(((), super::stale_leader::stale_leader(lab).await?)) },
     )
     .await?;
 
