@@ -4,21 +4,40 @@
 //! other build compiles each check to `false`, so no shipped binary can be
 //! told to misbehave.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
 /// A defect the suites must catch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// CreateVolume picks a free LUN and binds it in two steps without the
     /// compare-and-swap, so concurrent binds can claim one LUN twice.
     SkipCas,
+    /// A release DeleteVolume asked for in this process holds its Wipe
+    /// call back for [`STALE_WIPE_HOLD`] after reading the device, in a
+    /// task the loss of leadership does not abort, as if the call were in
+    /// flight: the window in which the Kubernetes lab freezes the leader
+    /// (it waits for the log line). A release the scan found (the next
+    /// leader's) is not held back.
+    StaleWipe,
+    /// A replica whose term lapsed still sends destructive calls, with its
+    /// last term's epoch: only the agent's epoch fence is left to refuse.
+    SkipLeaderCheck,
 }
 
 impl Fault {
     fn name(self) -> &'static str {
         match self {
             Self::SkipCas => "skip-cas",
+            Self::StaleWipe => "stale-wipe",
+            Self::SkipLeaderCheck => "skip-leader-check",
         }
     }
 }
+
+/// How long [`Fault::StaleWipe`] holds a Wipe call back.
+pub const STALE_WIPE_HOLD: Duration = Duration::from_secs(20);
 
 /// Whether `fault` was asked for (test builds only).
 pub fn injected(fault: Fault) -> bool {
@@ -44,4 +63,25 @@ pub fn injected(fault: Fault) -> bool {
         let _ = fault.name();
         false
     }
+}
+
+/// The LUNs whose next Wipe [`Fault::StaleWipe`] holds back.
+static HELD_WIPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// DeleteVolume asked for the release of `wwid`: with
+/// [`Fault::StaleWipe`], its next Wipe call is held back.
+pub fn hold_next_wipe(wwid: &str) {
+    if injected(Fault::StaleWipe) {
+        held_wipes().insert(wwid.to_owned());
+    }
+}
+
+/// Whether this Wipe of `wwid` is to be held back (once per
+/// [`hold_next_wipe`]).
+pub fn take_held_wipe(wwid: &str) -> bool {
+    injected(Fault::StaleWipe) && held_wipes().remove(wwid)
+}
+
+fn held_wipes() -> std::sync::MutexGuard<'static, BTreeSet<String>> {
+    HELD_WIPES.lock().unwrap_or_else(|p| p.into_inner())
 }

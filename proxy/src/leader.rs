@@ -277,6 +277,17 @@ impl LeaderHandle {
         }
     }
 
+    /// The epoch of this replica's last term even when it has lapsed,
+    /// until its elector notices the loss; `None` without one. Only for
+    /// `crate::fault::Fault::SkipLeaderCheck`: a lapsed term acts in no
+    /// epoch.
+    pub fn lapsed_epoch(&self) -> Option<LeaderEpoch> {
+        let term = self.term.as_ref()?;
+        term.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| t.epoch)
+    }
+
     /// A receiver that sees every change.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.rx.clone()

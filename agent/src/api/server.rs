@@ -132,8 +132,14 @@ impl AgentApi {
     /// from a leader older than one already seen. Returns its request ID.
     fn accept<T>(&self, request: &Request<T>, kind: CallKind) -> Result<String, Status> {
         require_proxy(request, &self.trust)?;
-        self.fence.admit(request, kind).map_err(to_status)?;
-        Ok(RequestId::of(request).to_string())
+        let rid = RequestId::of(request).to_string();
+        self.fence.admit(request, kind).map_err(|e| {
+            // A stale leader's call is a fenced-off proxy acting: say so
+            // on the node, where its answer may never be read.
+            tracing::warn!(request_id = %rid, error = %e, "call refused by the leader fence");
+            to_status(e)
+        })?;
+        Ok(rid)
     }
 }
 

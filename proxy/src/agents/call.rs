@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
+use crate::fault::Fault;
 use crate::leader::LeaderHandle;
 
 /// gRPC metadata key carrying the request ID from proxy to agent.
@@ -79,6 +80,12 @@ pub struct NotLeading {
 /// before each attempt.
 pub fn sending_epoch<R: Rpc>(leader: &LeaderHandle) -> Result<Option<LeaderEpoch>, NotLeading> {
     match leader.epoch() {
+        // A deliberate defect for the lab: the lapsed term's epoch goes
+        // out, and only the agent's fence is left.
+        None if R::DESTRUCTIVE && crate::fault::injected(Fault::SkipLeaderCheck) => leader
+            .lapsed_epoch()
+            .map(Some)
+            .ok_or(NotLeading { method: R::NAME }),
         None if R::DESTRUCTIVE => Err(NotLeading { method: R::NAME }),
         epoch => Ok(epoch),
     }

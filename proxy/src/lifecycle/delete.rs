@@ -86,6 +86,43 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`crate::fault::Fault::StaleWipe`]: waits, then sends the Wipe from a
+/// task of its own, which the loss of leadership does not abort (the
+/// worker awaiting it may be): the call a frozen leader had in hand. Says
+/// in the log when it holds and when it sends, and what came back.
+async fn held_back_wipe(
+    agents: std::sync::Arc<crate::agents::AgentPool>,
+    node: &str,
+    wipe: WipeRequest,
+    request_id: &str,
+) -> Result<csi_scsi_proto::agent::WipeProgress, AgentError> {
+    let hold = crate::fault::STALE_WIPE_HOLD;
+    let (to, request_id) = (node.to_owned(), request_id.to_owned());
+    tracing::warn!(wwid = %wipe.wwid, node = %to, %request_id, ?hold, "FAULT stale-wipe: the device is read; holding the Wipe call back");
+    let call = tokio::spawn(async move {
+        tokio::time::sleep(hold).await;
+        let wwid = wipe.wwid.clone();
+        tracing::warn!(%wwid, node = %to, %request_id, "FAULT stale-wipe: sending the held-back Wipe");
+        let answer = agents.call(&to, wipe, &request_id).await;
+        match &answer {
+            Ok(done) => {
+                tracing::warn!(%wwid, node = %to, %request_id, bytes = done.bytes_total, "FAULT stale-wipe: the held-back Wipe was done")
+            }
+            Err(e) => {
+                tracing::warn!(%wwid, node = %to, %request_id, error = %e, "FAULT stale-wipe: the held-back Wipe was not done")
+            }
+        }
+        answer
+    });
+    // The task panicked: what it sent is unknown.
+    call.await.unwrap_or_else(|e| {
+        Err(AgentError::Unreachable {
+            node: node.to_owned(),
+            detail: format!("the held-back Wipe task ended: {e}"),
+        })
+    })
+}
+
 /// How long DeleteVolume waits for the release it started (well inside
 /// any caller's deadline).
 const QUICK_RELEASE: std::time::Duration = std::time::Duration::from_millis(400);
@@ -122,6 +159,7 @@ impl Lifecycle {
             self.inventory.update(dev).await?;
             tracing::info!(volume_id = %id, %request_id, "volume deleted: LUN Releasing, to be wiped");
         }
+        crate::fault::hold_next_wipe(vol.wwid());
         self.releases.want(vol.wwid());
         drop(guard);
         // A quick wipe (discard, none, a small LUN) ends while the caller
@@ -204,7 +242,12 @@ impl Lifecycle {
                 mode: mode as i32,
                 expected_size_bytes: dev.size_bytes,
             };
-            match self.agents.call(node, wipe, request_id).await {
+            let answer = if crate::fault::take_held_wipe(&dev.wwid) {
+                held_back_wipe(self.agents.clone(), node, wipe, request_id).await
+            } else {
+                self.agents.call(node, wipe, request_id).await
+            };
+            match answer {
                 Ok(done) => {
                     // Every mode but `none` promises the whole LUN: an
                     // agent that erased less (its device at an old size)

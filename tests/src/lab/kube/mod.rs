@@ -16,6 +16,7 @@ pub mod pods;
 pub mod rbac;
 pub mod scenario;
 pub mod shutdown;
+pub mod stale_leader;
 pub mod targets;
 
 use std::path::{Path, PathBuf};

@@ -200,6 +200,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "stale leader: the leader reads a deleted volume's LUN and is frozen before its Wipe; the other replica takes the Lease, wipes the LUN, a new claim binds it and its Pod writes a marker; thawed, the old leader's Wipe (its own check bypassed) is refused by the agent's epoch fence; the marker stays",
+        async { Ok(((), super::stale_leader::stale_leader(lab).await?)) },
+    )
+    .await?;
+
+    r.step(
         "upgrade under load: Pods on every node write and verify while the DaemonSet and the Deployment roll to rebuilt images (another tag) and back",
         async { Ok(((), super::operations::upgrade(&mut *lab).await?)) },
     )
@@ -402,7 +408,7 @@ pub(super) fn delete_workloads(k: &Kubectl, pods: &[&str], pvcs: &[&str]) -> any
 
 /// The first `n` characters of a message's gRPC description (after
 /// `desc = `), or of the message.
-fn excerpt(s: &str, n: usize) -> String {
+pub(super) fn excerpt(s: &str, n: usize) -> String {
     let s = s.rsplit("desc = ").next().unwrap_or(s).replace('\n', " ");
     match s.char_indices().nth(n) {
         Some((i, _)) => format!("{}...", &s[..i]),
