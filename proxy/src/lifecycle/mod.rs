@@ -108,8 +108,13 @@ impl Lifecycle {
         node: &str,
     ) -> Result<Vec<agent::Target>, ProxyError> {
         let specs = self.target_specs_for(device, node).await?;
+        self.agent_targets(&specs).await
+    }
+
+    /// `specs` as the agent API describes them, CHAP included.
+    async fn agent_targets(&self, specs: &[Target]) -> Result<Vec<agent::Target>, ProxyError> {
         let mut out = Vec::with_capacity(specs.len());
-        for t in &specs {
+        for t in specs {
             out.push(self.agent_target(t).await?);
         }
         Ok(out)

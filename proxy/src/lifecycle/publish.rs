@@ -104,10 +104,7 @@ impl Lifecycle {
             .await?
             .ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
         let already = !recorded;
-        let mut targets = Vec::with_capacity(specs.len());
-        for t in &specs {
-            targets.push(self.agent_target(t).await?);
-        }
+        let targets = self.agent_targets(&specs).await?;
         let attach = AttachRequest {
             wwid: dev.wwid.clone(),
             targets,

@@ -119,6 +119,32 @@ impl KubeLab {
         self.ctr(node, &["tasks", "resume", id]).map(drop)
     }
 
+    /// Freezes the containers `ids` on `node` in order, stopping at the
+    /// first that fails: the ones frozen (to thaw whatever happens next)
+    /// and whether all were.
+    pub fn freeze_containers(
+        &self,
+        node: &str,
+        ids: &[String],
+    ) -> (Vec<String>, anyhow::Result<()>) {
+        let mut frozen = Vec::new();
+        for id in ids {
+            if let Err(e) = self.freeze_container(node, id) {
+                return (frozen, Err(e));
+            }
+            frozen.push(id.clone());
+        }
+        (frozen, Ok(()))
+    }
+
+    /// Thaws every container of `ids` on `node`; the failures, as text.
+    pub fn thaw_containers(&self, node: &str, ids: &[String]) -> Vec<String> {
+        ids.iter()
+            .filter_map(|id| self.thaw_container(node, id).err())
+            .map(|e| format!("{e:#}"))
+            .collect()
+    }
+
     /// The agent's log on `node`, every container instance of every agent
     /// Pod it ran, read from the node's `/var/log/pods` as an operator on
     /// the node would (kubelet need not be up). No log file is an error,

@@ -1160,14 +1160,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         .iter()
         .map(|c| super::pods::container_id(&victim, c))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut frozen = Vec::new();
-    let froze = (|| {
-        for id in &ids {
-            lab.freeze_container(&victim_node, id)?;
-            frozen.push(id.clone());
-        }
-        anyhow::Ok(())
-    })();
+    let (frozen, froze) = lab.freeze_containers(&victim_node, &ids);
     let frozen_since = std::time::Instant::now();
     // Thawed whatever happens: a frozen replica left behind would stall
     // the steps after this one.
@@ -1218,11 +1211,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         anyhow::Ok((proxy_at, leases))
     }
     .await;
-    let thawed: Vec<String> = frozen
-        .iter()
-        .filter_map(|id| lab.thaw_container(&victim_node, id).err())
-        .map(|e| format!("{e:#}"))
-        .collect();
+    let thawed = lab.thaw_containers(&victim_node, &frozen);
     let (took_over, sidecar_leaders) = takeover?;
     anyhow::ensure!(thawed.is_empty(), "thawing {leader}: {}", thawed.join("; "));
     let thawed_at = frozen_since.elapsed();

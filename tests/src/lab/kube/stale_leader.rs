@@ -85,14 +85,7 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         .iter()
         .map(|c| pods::container_id(&victim, c))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut frozen = Vec::new();
-    let froze = (|| {
-        for id in &ids {
-            lab.freeze_container(&victim_node, id)?;
-            frozen.push(id.clone());
-        }
-        anyhow::Ok(())
-    })();
+    let (frozen, froze) = lab.freeze_containers(&victim_node, &ids);
     let frozen_since = Instant::now();
     let marker = format!("stale-leader lab marker {request_id}");
     let node_c = node_name(2);
@@ -141,11 +134,7 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         anyhow::Ok((survivor, took_over, released, new_pv, frozen_since.elapsed()))
     }
     .await;
-    let thawed: Vec<String> = frozen
-        .iter()
-        .filter_map(|id| lab.thaw_container(&victim_node, id).err())
-        .map(|e| format!("{e:#}"))
-        .collect();
+    let thawed = lab.thaw_containers(&victim_node, &frozen);
     let thawed_at = frozen_since.elapsed();
     let (survivor, took_over, released, new_pv, written) = takeover?;
     anyhow::ensure!(thawed.is_empty(), "thawing {leader}: {}", thawed.join("; "));
