@@ -89,11 +89,13 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
     let frozen_since = Instant::now();
     let marker = format!("stale-leader lab marker {request_id}");
     let node_c = node_name(2);
+    let claims: std::sync::Mutex<Vec<String>> = std::sync::Mutex::default();
     let takeover = async {
         froze?;
         let log = lab.proxy_log_of(&victim_node, &leader)?;
         anyhow::ensure!(
-            !log.lines().any(|l| l.contains(SENDING) && l.contains(&request_id)),
+            !log.lines()
+                .any(|l| l.contains(SENDING) && l.contains(&request_id)),
             "{leader} sent its held-back Wipe before it was frozen"
         );
         let survivor = k
@@ -108,30 +110,47 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         })
         .await?;
         let released = frozen_since.elapsed();
-        k.apply(&pvc("stale-new", CLASS, "Block", "32Mi"))?;
-        let new_pv = k
-            .wait_for("PVC stale-new Bound", WAIT, |k| {
-                Ok(bound_pv(k, "stale-new").ok())
-            })
-            .await?;
-        let rebound = pv_wwid(lab, &new_pv)?;
-        anyhow::ensure!(
-            rebound == wwid,
-            "the new claim bound {rebound}, not {lun} ({wwid}): the bind order (smallest, fewest failed wipes, WWID) should pick it again"
-        );
+        // Claims until one binds the LUN: the bind order (smallest, fewest
+        // failed wipes, WWID) may put another free pool LUN first.
+        let mut found = None;
+        for n in 0..MAX_CLAIMS {
+            let claim = format!("stale-new-{n}");
+            k.apply(&pvc(&claim, CLASS, "Block", "32Mi"))?;
+            lock(&claims).push(claim.clone());
+            let pv = k
+                .wait_for(&format!("PVC {claim} Bound"), WAIT, |k| {
+                    Ok(bound_pv(k, &claim).ok())
+                })
+                .await?;
+            if pv_wwid(lab, &pv)? == wwid {
+                found = Some((claim, pv));
+                break;
+            }
+        }
+        let (claim, new_pv) = found.with_context(|| {
+            format!("none of {MAX_CLAIMS} new claims bound {lun} ({wwid}) again")
+        })?;
         k.apply(&pod(
             "stale-new",
             &node_c,
-            "stale-new",
+            &claim,
             true,
-            &format!("echo '{marker}' | dd of=/dev/xvda bs=512 conv=fsync 2>/dev/null && sleep 100000"),
+            &format!(
+                "echo '{marker}' | dd of=/dev/xvda bs=512 conv=fsync 2>/dev/null && sleep 100000"
+            ),
         ))?;
         wait_running(&k, "stale-new").await?;
         anyhow::ensure!(
             holds(&file, &marker)?,
             "the marker the Pod wrote is not on {lun}"
         );
-        anyhow::Ok((survivor, took_over, released, new_pv, frozen_since.elapsed()))
+        anyhow::Ok((
+            survivor,
+            took_over,
+            released,
+            new_pv,
+            frozen_since.elapsed(),
+        ))
     }
     .await;
     let thawed = lab.thaw_containers(&victim_node, &frozen);
@@ -199,7 +218,9 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
     let faults_off = Instant::now();
     set_faults(lab, None).await?;
     let faults_off = faults_off.elapsed();
-    super::scenario::delete_workloads(&k, &["stale-new"], &["stale-new"])?;
+    let claims = lock(&claims).clone();
+    let claims: Vec<&str> = claims.iter().map(String::as_str).collect();
+    super::scenario::delete_workloads(&k, &["stale-new"], &claims)?;
     Ok(format!(
         "faults {FAULTS} on the proxy ({:.1}s rollout); {leader} read {lun} for its release and held the Wipe back ({request_id}); all its containers frozen\n      \
          {survivor} took the proxy Lease {:.1}s later, wiped {lun} (Available at {:.1}s); a new claim bound {lun} again and a Pod on {node_c} wrote a marker ({:.1}s)\n      \
@@ -303,4 +324,12 @@ fn field(line: &str, key: &str) -> Option<String> {
 fn field_text<'a>(line: &'a str, key: &str) -> &'a str {
     line.find(&format!(" {key}="))
         .map_or(line, |at| &line[at + key.len() + 2..])
+}
+
+/// The most claims the step makes to bind the wiped LUN again (the lab's
+/// pool has 14 LUNs).
+const MAX_CLAIMS: usize = 14;
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
