@@ -6,9 +6,12 @@ what the kustomize production overlay installs (or, with --values and
     python3 deploy/parity.py [--chart deploy/chart/csi-scsi]
                              [--overlay deploy/overlays/production]
                              [--values FILE] [--skip-kind KIND ...]
+                             [--skip-object KIND/NAME ...]
 
---skip-kind leaves out the overlay's objects of that kind (the lab
-overlay renders the examples, which no values file does).
+--skip-kind leaves out the overlay's objects of that kind, --skip-object
+one object (the lab overlay renders the examples, which no values file
+does; the install has Secrets of its own, so the examples' CHAP Secret is
+left out by name).
 
 Renders both (`helm template ... --include-crds`, `kubectl kustomize`, with
 the `helm` and `kubectl` on PATH), pairs the objects by apiVersion, kind,
@@ -140,13 +143,16 @@ def main():
     ap.add_argument("--values", help="a values file for the chart (default: its defaults)")
     ap.add_argument("--skip-kind", action="append", default=[],
                     help="leave out the overlay's objects of this kind")
+    ap.add_argument("--skip-object", action="append", default=[],
+                    help="leave out the overlay's object KIND/NAME")
     args = ap.parse_args()
 
     values = ["-f", args.values] if args.values else []
     helm = render(["helm", "template", "csi-scsi", args.chart,
                    "--namespace", args.namespace, "--include-crds"] + values)
     kust = [d for d in render(["kubectl", "kustomize", args.overlay])
-            if d.get("kind") not in args.skip_kind]
+            if d.get("kind") not in args.skip_kind
+            and f"{d.get('kind')}/{d.get('metadata', {}).get('name')}" not in args.skip_object]
     h = index(helm, "helm", "the chart")
     k = index(kust, "kustomize", "the overlay")
 

@@ -65,6 +65,12 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "csi-scsi")]
     pub namespace: String,
 
+    /// The one namespace CHAP Secrets are read from (kubernetes backend;
+    /// default: --namespace). Only the proxy's ServiceAccount may read
+    /// Secrets there (deploy/rbac/controller.yaml).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub chap_secret_namespace: Option<String>,
+
     /// This replica's name, its identity in the Lease (kubernetes backend).
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,
@@ -237,6 +243,8 @@ pub enum Backend {
     Kubernetes {
         /// The driver's namespace.
         namespace: String,
+        /// Where CHAP Secrets are read.
+        chap_secret_namespace: String,
         /// This replica's Lease identity.
         pod_name: String,
         /// Where the agents are listed.
@@ -363,6 +371,9 @@ impl Args {
                     return Err("--pod-name (POD_NAME): required with --backend kubernetes".into());
                 }
                 Backend::Kubernetes {
+                    chap_secret_namespace: self
+                        .chap_secret_namespace
+                        .unwrap_or_else(|| self.namespace.clone()),
                     namespace: self.namespace,
                     pod_name: self.pod_name,
                     agents: match self.agents_file {

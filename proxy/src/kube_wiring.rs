@@ -40,9 +40,11 @@ pub fn patch_params() -> PatchParams {
 /// The settings `serve.rs` takes from its flags.
 #[derive(Clone, Debug)]
 pub struct KubeOptions {
-    /// The driver's namespace (agent Pods, the Lease, CHAP Secrets, fallback
-    /// for resize requests).
+    /// The driver's namespace (agent Pods, the Lease, fallback for resize
+    /// requests).
     pub namespace: String,
+    /// The one namespace CHAP Secrets are read from.
+    pub chap_secret_namespace: String,
     /// Where the agents are listed (their Pods, or a file).
     pub agents: AgentSource,
     /// The Lease's name.
@@ -126,8 +128,10 @@ pub fn kube_backends_with(
             events: Some(events.clone()),
         },
     );
-    let secrets: Arc<dyn SecretSource> =
-        Arc::new(KubeSecrets::new(client.clone(), &options.namespace));
+    let secrets: Arc<dyn SecretSource> = Arc::new(KubeSecrets::new(
+        client.clone(),
+        &options.chap_secret_namespace,
+    ));
     let directory: Arc<dyn AgentDirectory> = match options.agents {
         AgentSource::Pods {
             selector,

@@ -1,7 +1,7 @@
 //! CHAP credentials from Secret references. Targets name a Secret, never
 //! the credentials. With the Kubernetes backend the Secret is read through
-//! the API when it is needed ([`KubeSecrets`]), from the driver's namespace
-//! only. Embedded mode reads a directory laid out like mounted Secrets:
+//! the API when it is needed ([`KubeSecrets`]), from one namespace only
+//! (`--chap-secret-namespace`, by default the driver's). Embedded mode reads a directory laid out like mounted Secrets:
 //! `<dir>/<secret-name>/{username,password,mutual_username,mutual_password}`.
 //! No error here ever carries a Secret's content.
 
@@ -19,18 +19,18 @@ use crate::resources::is_dns_subdomain;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SecretError {
-    /// The reference names a namespace other than the driver's, which the
-    /// proxy may not read (and must not: a target would borrow another
-    /// tenant's Secret).
+    /// The reference names a namespace other than the CHAP Secrets' one,
+    /// which the proxy may not read (and must not: a target would borrow
+    /// another tenant's Secret).
     #[error(
-        "CHAP Secret {namespace}/{name} is outside the driver's namespace {driver}: the proxy reads CHAP Secrets only there; create the Secret in {driver} and point chapSecretRef at it"
+        "CHAP Secret {namespace}/{name} is outside the CHAP Secrets' namespace {driver}: the proxy reads CHAP Secrets only there (--chap-secret-namespace); create the Secret in {driver} and point chapSecretRef at it"
     )]
     ForeignNamespace {
         /// The Secret name.
         name: String,
         /// The namespace the reference names.
         namespace: String,
-        /// The driver's namespace.
+        /// The namespace the proxy reads CHAP Secrets from.
         driver: String,
     },
     /// Not a valid Secret name.
@@ -67,14 +67,14 @@ pub trait SecretSource: Send + Sync {
     async fn chap(&self, secret: &SecretRef) -> Result<ChapCredentials, SecretError>;
 }
 
-/// Secrets read through the Kubernetes API, in the driver's namespace only.
+/// Secrets read through the Kubernetes API, in one namespace only.
 pub struct KubeSecrets {
     api: Api<Secret>,
     namespace: String,
 }
 
 impl KubeSecrets {
-    /// Reads Secrets of `namespace` (the driver's) with `client`.
+    /// Reads Secrets of `namespace` (`--chap-secret-namespace`) with `client`.
     pub fn new(client: Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),

@@ -307,12 +307,14 @@ async fn backends(config: &Config) -> anyhow::Result<Backends> {
         }
         Backend::Kubernetes {
             namespace,
+            chap_secret_namespace,
             pod_name,
             agents,
             lease_name,
         } => {
             let b = crate::kube_wiring::kube_backends(crate::kube_wiring::KubeOptions {
                 namespace: namespace.clone(),
+                chap_secret_namespace: chap_secret_namespace.clone(),
                 agents: agents.clone(),
                 lease_name: lease_name.clone(),
                 identity: pod_name.clone(),

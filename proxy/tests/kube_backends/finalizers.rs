@@ -337,7 +337,7 @@ async fn chap_secrets_are_read_from_the_driver_namespace_only() {
     let config = plane
         .service_account_kubeconfig(
             NAMESPACE,
-            "csi-scsi-controller",
+            "csi-scsi-proxy",
             &dir.path().join("proxy.kubeconfig"),
         )
         .unwrap();
@@ -394,4 +394,44 @@ async fn chap_secrets_are_read_from_the_driver_namespace_only() {
         .await
         .unwrap_err();
     assert_eq!(api_code(&err), Some(403), "{err}");
+
+    // The sidecars' identity (what code running in a sidecar holds): no
+    // Secret anywhere, neither the CHAP Secret the proxy just read nor
+    // one like the CA's, and no list.
+    let _ = secrets
+        .create(
+            &PostParams::default(),
+            &chap_secret("csi-scsi-ca", &[("ca.key", "not-a-real-key")]),
+        )
+        .await;
+    let config = plane
+        .service_account_kubeconfig(
+            NAMESPACE,
+            "csi-scsi-sidecars",
+            &dir.path().join("sidecars.kubeconfig"),
+        )
+        .unwrap();
+    let sidecars = real_kube::client_for(&config).await;
+    for (ns, name) in [
+        (NAMESPACE, "chap-array-a"),
+        (NAMESPACE, "csi-scsi-ca"),
+        ("tenant", "chap-array-a"),
+    ] {
+        let err = Api::<Secret>::namespaced(sidecars.clone(), ns)
+            .get(name)
+            .await
+            .unwrap_err();
+        assert_eq!(api_code(&err), Some(403), "{ns}/{name}: {err}");
+    }
+    let err = Api::<Secret>::all(sidecars.clone())
+        .list(&Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&err), Some(403), "{err}");
+    // The same identity does the sidecars' own work: the refusals are
+    // RBAC's, not a broken token.
+    Api::<PersistentVolume>::all(sidecars)
+        .list(&Default::default())
+        .await
+        .unwrap();
 }

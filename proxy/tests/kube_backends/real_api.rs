@@ -672,7 +672,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     let plane = real_kube::plane().await;
     apply_rbac(plane);
     let dir = tempfile::tempdir().unwrap();
-    let client = as_service_account("csi-scsi-controller", dir.path()).await;
+    let client = as_service_account("csi-scsi-proxy", dir.path()).await;
     // The Lease in the driver's namespace.
     let election =
         LeaderElection::spawn(client.clone(), lease_config(NAMESPACE, "proxy-0")).unwrap();

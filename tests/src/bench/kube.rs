@@ -210,7 +210,7 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
 }
 
 /// Requests completed since byte `from` of the audit log by the
-/// controller's ServiceAccount: (the proxy's, the sidecars').
+/// controller Pod's two ServiceAccounts: (the proxy's, the sidecars').
 fn count_requests(audit: &Path, from: u64) -> anyhow::Result<(usize, usize)> {
     let text = std::fs::read(audit).with_context(|| format!("reading {}", audit.display()))?;
     let text = String::from_utf8_lossy(&text[from as usize..]);
@@ -219,16 +219,13 @@ fn count_requests(audit: &Path, from: u64) -> anyhow::Result<(usize, usize)> {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if event["stage"] != "ResponseComplete"
-            || event["user"]["username"] != "system:serviceaccount:csi-scsi:csi-scsi-controller"
-        {
+        if event["stage"] != "ResponseComplete" {
             continue;
         }
-        let agent = event["userAgent"].as_str().unwrap_or_default();
-        if agent.starts_with("csi-") {
-            sidecars += 1;
-        } else {
-            proxy += 1;
+        match event["user"]["username"].as_str() {
+            Some("system:serviceaccount:csi-scsi:csi-scsi-proxy") => proxy += 1,
+            Some("system:serviceaccount:csi-scsi:csi-scsi-sidecars") => sidecars += 1,
+            _ => {}
         }
     }
     Ok((proxy, sidecars))

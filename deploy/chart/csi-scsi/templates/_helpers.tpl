@@ -34,3 +34,8 @@ securityContext:
     fieldRef:
       fieldPath: metadata.namespace
 {{- end }}
+
+{{/* The namespace of the CHAP Secrets: controller.chapSecretNamespace, or the release's. */}}
+{{- define "csi-scsi.chapSecretNamespace" -}}
+{{ .Values.controller.chapSecretNamespace | default .Release.Namespace }}
+{{- end }}

@@ -7,6 +7,7 @@
 //! proxy with the real CSI sidecars as the Deployment.
 
 pub mod enrolment;
+pub mod identities;
 pub mod images;
 pub mod install;
 pub mod node;

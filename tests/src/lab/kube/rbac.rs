@@ -5,12 +5,14 @@
 //! a request its own component made under it (a rule nothing used is one
 //! too many). A rule's spare verbs (`get` beside `list` and `watch`, the
 //! upstream sidecars' Lease verbs) are not asked to be used one by one.
-//! The components share the ServiceAccount, as in the Deployment; the
-//! User-Agent tells them apart. Because they share it, a rule removed from
-//! one component's ClusterRole would still be granted by another's, and no
-//! 403 would show: so every request must also be covered by its own
-//! component's ClusterRole (or, in the driver's namespace, the shared
-//! Role), and removing any rule fails this check.
+//! The Pod has two identities: the proxy's ServiceAccount and the
+//! sidecars' (a token mounted into the sidecars only); each request must
+//! come under the identity of the component that sent it (the User-Agent
+//! tells the components apart), so a sidecar holding the proxy's token
+//! fails here. The three sidecars share their identity, so a rule removed
+//! from one sidecar's ClusterRole could still be granted by another's, and
+//! no 403 would show: every request must also be covered by its own
+//! component's roles, and removing any rule fails this check.
 
 use std::collections::BTreeSet;
 
@@ -30,21 +32,27 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[(
 /// One granted permission: API group, resource (with `/subresource`), verb.
 type Grant = (String, String, String);
 
+/// The proxy's ServiceAccount: the controller Pod's own.
+pub const PROXY_ACCOUNT: &str = "csi-scsi-proxy";
+/// The sidecars' ServiceAccount: its token is mounted into them only.
+pub const SIDECARS_ACCOUNT: &str = "csi-scsi-sidecars";
+
 /// Checks the audit log against the rendered roles; returns a summary.
 pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
-    let account = format!(
-        "system:serviceaccount:{}:csi-scsi-controller",
-        lab.namespace
-    );
+    let user = |account: &str| format!("system:serviceaccount:{}:{account}", lab.namespace);
+    let (proxy_user, sidecars_user) = (user(PROXY_ACCOUNT), user(SIDECARS_ACCOUNT));
     let text = std::fs::read_to_string(lab.plane.audit_log()).context("the audit log")?;
     let mut used: BTreeSet<(String, Grant)> = BTreeSet::new();
     let mut uncovered = BTreeSet::new();
+    let mut wrong_identity = BTreeSet::new();
     let mut refused = Vec::new();
     for line in text.lines() {
         let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if e["stage"] != "ResponseComplete" || e["user"]["username"] != account.as_str() {
+        let username = e["user"]["username"].as_str().unwrap_or_default();
+        if e["stage"] != "ResponseComplete" || (username != proxy_user && username != sidecars_user)
+        {
             continue;
         }
         let r = &e["objectRef"];
@@ -58,20 +66,34 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
             e["verb"].as_str().unwrap_or_default().to_owned(),
         );
         let who = component(e["userAgent"].as_str().unwrap_or_default());
+        let expected = if who == "proxy" {
+            &proxy_user
+        } else {
+            &sidecars_user
+        };
+        if username != expected {
+            wrong_identity.insert(format!("{who} as {username}"));
+        }
         if e["responseStatus"]["code"] == 403 {
             refused.push(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
         }
-        let in_namespace = r["namespace"].as_str() == Some(lab.namespace.as_str());
+        let namespace = r["namespace"].as_str();
         // Discovery (`/api`, `/version`) has no objectRef: the built-in
         // system:discovery role grants it to everyone, not ours.
-        if !r.is_null() && !own_roles_cover(lab, who, in_namespace, &grant) {
+        if !r.is_null() && !own_roles_cover(lab, who, namespace, &grant) {
             uncovered.insert(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
         }
         used.insert((who.to_owned(), grant));
     }
+    if !wrong_identity.is_empty() {
+        bail!(
+            "a component used another's ServiceAccount (the sidecars must hold only their own token): {}",
+            wrong_identity.into_iter().collect::<Vec<_>>().join("; ")
+        );
+    }
     if !uncovered.is_empty() {
         bail!(
-            "granted only through another component's role (the ServiceAccount is shared; its own role lacks the rule): {}",
+            "granted only through another component's role (the sidecars share a ServiceAccount; its own role lacks the rule): {}",
             uncovered.into_iter().collect::<Vec<_>>().join("; ")
         );
     }
@@ -84,7 +106,7 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let mut checked = 0;
     for role in &lab.rendered.roles {
         let name = role["metadata"]["name"].as_str().unwrap_or_default();
-        let owner = owner(role);
+        let owners = owners(role);
         for rule in role["rules"].as_array().into_iter().flatten() {
             let groups = strings(&rule["apiGroups"]);
             let resources = strings(&rule["resources"]);
@@ -98,7 +120,7 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
             checked += 1;
             let hit = used
                 .iter()
-                .any(|(who, grant)| (owner.is_empty() || who == owner) && grants(rule, grant));
+                .any(|(who, grant)| owners.contains(&who.as_str()) && grants(rule, grant));
             if !hit {
                 unused.push(format!(
                     "{name}: {:?} on {:?}/{:?}",
@@ -124,29 +146,32 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     ))
 }
 
-/// Whether `who`'s own ClusterRole, or the shared namespaced Role for a
-/// request in the driver's namespace, grants `grant`.
-fn own_roles_cover(lab: &KubeLab, who: &str, in_namespace: bool, grant: &Grant) -> bool {
+/// Whether one of `who`'s own roles grants `grant`: a ClusterRole, or a
+/// Role of the request's namespace.
+fn own_roles_cover(lab: &KubeLab, who: &str, namespace: Option<&str>, grant: &Grant) -> bool {
     lab.rendered.roles.iter().any(|role| {
-        let mine = match owner(role) {
-            "" => in_namespace,
-            component => component == who,
-        };
-        mine && role["rules"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|rule| grants(rule, grant))
+        let applies = role["kind"] == "ClusterRole"
+            || (namespace.is_some() && role["metadata"]["namespace"].as_str() == namespace);
+        applies
+            && owners(role).contains(&who)
+            && role["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|rule| grants(rule, grant))
     })
 }
 
-/// The component a role is for: a ClusterRole's `csi-scsi-<component>`;
-/// "" for the namespaced Role (Leases, Secrets, Pods) all of them share.
-fn owner(role: &serde_json::Value) -> &str {
+/// The components a role is for: a ClusterRole's `csi-scsi-<component>`;
+/// for a Role, the holders of the ServiceAccount it is bound to (as
+/// deploy/rbac/controller.yaml binds them).
+fn owners(role: &serde_json::Value) -> Vec<&str> {
     let name = role["metadata"]["name"].as_str().unwrap_or_default();
-    match role["kind"].as_str() {
-        Some("ClusterRole") => name.strip_prefix("csi-scsi-").unwrap_or(name),
-        _ => "",
+    match (role["kind"].as_str(), name) {
+        (Some("ClusterRole"), _) => vec![name.strip_prefix("csi-scsi-").unwrap_or(name)],
+        (_, "csi-scsi-proxy" | "csi-scsi-chap-secrets") => vec!["proxy"],
+        (_, "csi-scsi-sidecars") => vec!["provisioner", "attacher", "resizer"],
+        _ => Vec::new(),
     }
 }
 

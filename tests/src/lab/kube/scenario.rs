@@ -272,8 +272,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "rbac: the audit log shows no request of the controller refused, and every rule deploy/ grants used by its component",
+        "rbac: the audit log shows no request of the controller refused, every request under its component's own ServiceAccount, and every rule deploy/ grants used by its component",
         async { Ok(((), super::rbac::check(lab)?)) },
+    )
+    .await?;
+    r.step(
+        "identities: the sidecars' token (what a compromised sidecar holds) is refused the CA key and the CHAP Secret",
+        async { Ok(((), super::identities::sidecar_token_reads_no_secret(lab)?)) },
     )
     .await?;
     Ok(r)
