@@ -4,8 +4,10 @@ use std::path::Path;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P256_SHA256, SanType,
+    PKCS_ECDSA_P256_SHA256, PublicKeyData, SanType,
 };
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 
 use crate::identity::identities_in;
 use crate::issue::{Validity, random_serial};
@@ -65,7 +67,10 @@ impl CertificateAuthority {
         })
     }
 
-    /// Loads a CA written by [`CertificateAuthority::create`].
+    /// Loads a CA written by [`CertificateAuthority::create`]. `ca.crt` may
+    /// hold several certificates (a CA rotation): the first is the one that
+    /// signs and must match the key; all of them are the trust bundle
+    /// handed to agents.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Self, CertError> {
         let cert_pem = read_to_string(cert_path)?;
         let key_pem = read_to_string(key_path)?;
@@ -73,14 +78,38 @@ impl CertificateAuthority {
             path: key_path.to_owned(),
             reason: format!("not a usable private key: {e}"),
         })?;
-        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|e| CertError::BadPem {
+        let bad_cert = |reason: String| CertError::BadPem {
             path: cert_path.to_owned(),
-            reason: format!("not a usable CA certificate: {e}"),
+            reason,
+        };
+        let signer = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .next()
+            .ok_or_else(|| bad_cert("no CERTIFICATE block".into()))?
+            .map_err(|e| bad_cert(format!("malformed PEM: {e}")))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(&signer)
+            .map_err(|e| bad_cert(format!("not a usable CA certificate: {e}")))?;
+        // Signing with a key that is not the first certificate's would hand
+        // out certificates nobody can verify.
+        if parsed.tbs_certificate.subject_pki.raw != key.subject_public_key_info().as_slice() {
+            return Err(CertError::KeyMismatch {
+                cert: cert_path.to_owned(),
+                key: key_path.to_owned(),
+            });
+        }
+        let issuer = Issuer::from_ca_cert_der(&signer, key)
+            .map_err(|e| bad_cert(format!("not a usable CA certificate: {e}")))?;
+        let domain = ca_trust_domain(&cert_pem).ok_or_else(|| {
+            bad_cert("the CA certificate carries no spiffe://<trust-domain> URI SAN".into())
         })?;
-        let domain = ca_trust_domain(&cert_pem).ok_or_else(|| CertError::BadPem {
-            path: cert_path.to_owned(),
-            reason: "the CA certificate carries no spiffe://<trust-domain> URI SAN".into(),
-        })?;
+        // Every other certificate in the bundle must parse too: agents get
+        // the whole bundle as their trust.
+        if crate::trust_digest(cert_pem.as_bytes()).is_none()
+            || CertificateDer::pem_slice_iter(cert_pem.as_bytes()).any(|c| c.is_err())
+        {
+            return Err(bad_cert(
+                "a certificate of the bundle does not parse".into(),
+            ));
+        }
         Ok(Self {
             cert_pem,
             key_pem,
@@ -89,12 +118,58 @@ impl CertificateAuthority {
         })
     }
 
+    /// Adds the CA certificates in `pem` to the trust bundle (after the
+    /// signing CA's): the first and last steps of a CA rotation.
+    pub fn also_trusting(mut self, pem: &str, path: &Path) -> Result<Self, CertError> {
+        let certs: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| CertError::BadPem {
+                path: path.to_owned(),
+                reason: format!("malformed PEM: {e}"),
+            })?;
+        if certs.is_empty() {
+            return Err(CertError::BadPem {
+                path: path.to_owned(),
+                reason: "no CERTIFICATE block".into(),
+            });
+        }
+        let held: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+                .filter_map(Result::ok)
+                .collect();
+        if certs.iter().all(|c| held.contains(c)) {
+            return Ok(self);
+        }
+        if !self.cert_pem.ends_with('\n') {
+            self.cert_pem.push('\n');
+        }
+        self.cert_pem.push_str(pem.trim());
+        self.cert_pem.push('\n');
+        Ok(self)
+    }
+
+    /// The digest of the trust bundle ([`crate::trust_digest`]): what an
+    /// agent enrolled by this CA reports while it trusts exactly this.
+    pub fn trust_digest(&self) -> String {
+        crate::trust_digest(self.cert_pem.as_bytes()).unwrap_or_default()
+    }
+
+    /// When the signing CA's certificate expires.
+    pub fn not_after(&self) -> std::time::SystemTime {
+        CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .next()
+            .and_then(Result::ok)
+            .and_then(|c| crate::material::serial_and_expiry(&c).map(|(_, t)| t))
+            .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+    }
+
     /// The trust domain this CA serves.
     pub fn trust_domain(&self) -> &TrustDomain {
         &self.domain
     }
 
-    /// The CA certificate, PEM.
+    /// The trust bundle, PEM: the signing CA's certificate first, then any
+    /// other CA trusted during a rotation.
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
     }
@@ -133,5 +208,3 @@ fn ca_trust_domain(cert_pem: &str) -> Option<TrustDomain> {
         .filter(|rest| !rest.contains('/'))
         .and_then(|d| TrustDomain::new(d).ok())
 }
-
-use rustls_pki_types::pem::PemObject;

@@ -22,6 +22,7 @@ mod pem_files;
 mod reload;
 mod secret;
 mod tls;
+mod trust;
 mod verify;
 
 pub use authority::CertificateAuthority;
@@ -40,6 +41,7 @@ pub use secret::{ca_manifests, secret_manifest};
 pub use tls::{
     client_config_for_node, client_config_for_node_uid, enrolment_client_config, server_config,
 };
+pub use trust::{earliest_expiry, trust_digest};
 pub use verify::{IdentityRejected, verify_proxy_chain};
 
 /// Installs ring as the process-wide rustls crypto provider (idempotent).

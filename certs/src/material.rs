@@ -263,6 +263,20 @@ impl Material {
             .unwrap_or(Duration::ZERO)
     }
 
+    /// The digest of the CA certificates this material trusts
+    /// ([`crate::trust_digest`]).
+    pub fn trust_digest(&self) -> Option<String> {
+        crate::trust_digest(&self.raw[2])
+    }
+
+    /// Time left before the first CA this material trusts expires (zero
+    /// once expired or when none parses).
+    pub fn trust_remaining(&self) -> Duration {
+        crate::earliest_expiry(&self.raw[2])
+            .and_then(|t| t.duration_since(SystemTime::now()).ok())
+            .unwrap_or(Duration::ZERO)
+    }
+
     pub(crate) fn same_files(&self, raw: &[Vec<u8>; 3]) -> bool {
         &self.raw == raw
     }

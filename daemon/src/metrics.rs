@@ -331,11 +331,20 @@ pub fn set_gauges<'a, L>(
 
 impl Collector for CertificateExpiry {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let left = self.0.current().remaining().as_secs_f64();
+        let material = self.0.current();
+        let left = material.remaining().as_secs_f64();
         let gauge = ConstGauge::<f64>::new(left);
         let metric = encoder.encode_descriptor(
             "certificate_expiry_seconds",
             "Seconds until this process's own TLS certificate expires (0 once expired).",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)?;
+        let gauge = ConstGauge::<f64>::new(material.trust_remaining().as_secs_f64());
+        let metric = encoder.encode_descriptor(
+            "trusted_ca_expiry_seconds",
+            "Seconds until the first CA this process trusts (its ca.crt) expires (0 once expired).",
             None,
             gauge.metric_type(),
         )?;

@@ -125,10 +125,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             &backends,
             directory.clone(),
             tls.clone(),
+            &metrics,
         )?);
         let interval = enrolment.interval;
+        // Every replica follows the signer's files (a CA rotation); the
+        // leader's passes renew whom a change leaves on another bundle.
+        let signer_changed = Arc::new(tokio::sync::Notify::new());
+        background.spawn(enroller.clone().watch_signer(
+            enrolment.ca_dir.clone(),
+            config.tls_poll_interval,
+            signer_changed.clone(),
+        ));
         background.spawn(run_while_leader(backends.leader.clone(), move || {
-            enroller.clone().run(interval)
+            enroller.clone().run(interval, signer_changed.clone())
         }));
     }
     // The wipes of deleted volumes, off the CSI call path; a new leader's
@@ -230,6 +239,7 @@ fn enroller(
     backends: &Backends,
     directory: Arc<dyn crate::directory::AgentDirectory>,
     tls: Arc<MaterialStore>,
+    metrics: &Metrics,
 ) -> anyhow::Result<crate::enrolment::Enroller> {
     use crate::enrolment::{CredentialCheck, JoinTokenCheck, RenewalsOnly, TokenReviewCheck};
     let ca = csi_scsi_certs::CertificateAuthority::load(
@@ -243,13 +253,10 @@ fn enroller(
         (None, None) => Arc::new(RenewalsOnly),
     };
     tracing::info!(lifetime = ?config.lifetime, "signing agents' certificates");
-    Ok(crate::enrolment::Enroller::new(
-        directory,
-        tls,
-        ca,
-        config.lifetime,
-        check,
-    ))
+    Ok(
+        crate::enrolment::Enroller::new(directory, tls, ca, config.lifetime, check)
+            .with_metrics(crate::enrolment::EnrolmentMetrics::register(metrics)),
+    )
 }
 
 /// The inventory, directory and leadership of one backend.

@@ -125,6 +125,11 @@ impl Enrolment for EnrolmentService {
                 0
             },
             node_uid: current.node_uid().unwrap_or_default().to_owned(),
+            trust_sha256: if enrolled {
+                current.trust_digest().unwrap_or_default()
+            } else {
+                String::new()
+            },
         }))
     }
 

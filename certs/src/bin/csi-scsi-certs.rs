@@ -33,8 +33,10 @@ enum Command {
         /// SPIFFE trust domain, recorded in the CA certificate.
         #[arg(long, default_value = "csi-scsi.local")]
         trust_domain: String,
-        /// Validity in days.
-        #[arg(long, default_value_t = 3650)]
+        /// Validity in days. A year: short enough that rotating it is a
+        /// practised routine (docs/certificates.md, "CA rotation"), not a
+        /// decade-old secret.
+        #[arg(long, default_value_t = 365)]
         days: u32,
         /// Replace an existing CA (every certificate it issued stops being trusted
         /// once agents and the proxy load the new ca.crt).
@@ -66,6 +68,10 @@ enum Command {
         /// Their namespace (the driver's).
         #[arg(long, default_value = "csi-scsi")]
         namespace: String,
+        /// Also trust the CA certificate(s) in this file (a CA rotation:
+        /// the other CA's ca.crt). Repeatable.
+        #[arg(long, value_name = "CA_CRT")]
+        also_trust: Vec<PathBuf>,
     },
     /// Make a one-time join token for the agent of one node (embedded
     /// mode): its digest goes into the proxy's --join-tokens-dir, the token
@@ -95,9 +101,15 @@ struct IssueArgs {
     /// Output directory (pem) or file (secret; "-" for stdout).
     #[arg(long)]
     out: PathBuf,
-    /// Validity in days.
-    #[arg(long, default_value_t = 365)]
+    /// Validity in days. 90 for the proxy's (rotate it with cert-manager,
+    /// or reissue it before the alert fires); agents in a cluster enrol
+    /// and are renewed by the proxy instead.
+    #[arg(long, default_value_t = 90)]
     days: u32,
+    /// Also trust the CA certificate(s) in this file, in the issued ca.crt
+    /// (a CA rotation: the other CA's ca.crt). Repeatable.
+    #[arg(long, value_name = "CA_CRT")]
+    also_trust: Vec<PathBuf>,
     /// Secret name (secret format); defaults to csi-scsi-agent-<node> or csi-scsi-proxy.
     #[arg(long)]
     secret_name: Option<String>,
@@ -164,8 +176,9 @@ fn run(command: Command) -> Result<String, CertError> {
             ca,
             name,
             namespace,
+            also_trust,
         } => {
-            let ca = CertificateAuthority::load(&ca.join(CA_CERT_FILE), &ca.join(CA_KEY_FILE))?;
+            let ca = load_ca(&ca, &also_trust)?;
             print!("{}", csi_scsi_certs::ca_manifests(&ca, &name, &namespace));
             Ok(format!(
                 "printed Secret and ConfigMap {namespace}/{name} (the Secret holds the CA key)"
@@ -195,7 +208,7 @@ fn run(command: Command) -> Result<String, CertError> {
 }
 
 fn issue_to(args: &IssueArgs, identity: &Identity, secret_name: &str) -> Result<String, CertError> {
-    let ca = CertificateAuthority::load(&args.ca.join(CA_CERT_FILE), &args.ca.join(CA_KEY_FILE))?;
+    let ca = load_ca(&args.ca, &args.also_trust)?;
     let issued = ca.issue(identity, Validity::days(args.days))?;
     let uri = ca.trust_domain().uri(identity);
     match args.format {
@@ -216,4 +229,18 @@ fn issue_to(args: &IssueArgs, identity: &Identity, secret_name: &str) -> Result<
             ))
         }
     }
+}
+
+/// The CA in `dir`, its trust bundle extended by the CA certificates in
+/// `also_trust`.
+fn load_ca(dir: &Path, also_trust: &[PathBuf]) -> Result<CertificateAuthority, CertError> {
+    let mut ca = CertificateAuthority::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))?;
+    for path in also_trust {
+        let pem = std::fs::read_to_string(path).map_err(|source| CertError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        ca = ca.also_trusting(&pem, path)?;
+    }
+    Ok(ca)
 }

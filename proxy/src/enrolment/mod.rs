@@ -13,6 +13,11 @@
 //!
 //! The agent makes its key; the proxy signs the CSR's public key with the
 //! names it verified, never the names in the request.
+//!
+//! A CA rotation (docs/certificates.md) changes the signer's files: the
+//! proxy reloads them ([`Enroller::watch_signer`]) and renews every agent
+//! whose trust bundle is not the signer's, so each step of the rotation
+//! reaches every agent without a restart.
 
 pub mod credentials;
 pub mod token_review;
@@ -106,18 +111,46 @@ pub enum Outcome {
     },
 }
 
+/// What the signer tells operators: when its CA expires, and how many
+/// agents a CA rotation step has yet to reach.
+#[derive(Clone, Debug, Default)]
+pub struct EnrolmentMetrics {
+    signer_expiry: prometheus_client::metrics::gauge::Gauge,
+    agents_on_other_trust: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl EnrolmentMetrics {
+    /// Registers the series with `metrics`.
+    pub fn register(metrics: &csi_scsi_daemon::Metrics) -> Self {
+        let m = Self::default();
+        metrics.register(
+            "signer_ca_expiry_timestamp_seconds",
+            "When the CA that signs the agents' certificates expires (Unix seconds)",
+            m.signer_expiry.clone(),
+        );
+        metrics.register(
+            "enrolment_agents_on_other_trust",
+            "Agents not yet known to trust the signer's CA bundle (the leader's count; 0 once a CA rotation step reached every agent)",
+            m.agents_on_other_trust.clone(),
+        );
+        m
+    }
+}
+
 /// The signer: the CA, the lifetime it signs for, and the check of the
 /// credentials agents relay.
 pub struct Enroller {
     directory: Arc<dyn AgentDirectory>,
     tls: Arc<MaterialStore>,
-    ca: CertificateAuthority,
+    /// Swapped whole when the signer's files change.
+    ca: std::sync::RwLock<Arc<CertificateAuthority>>,
     lifetime: Duration,
     check: Arc<dyn CredentialCheck>,
     timeout: Duration,
     /// What the last look at each Ready agent found: a pass does not dial
     /// an agent (a handshake each) whose certificate it knows is not due.
     known: std::sync::Mutex<HashMap<String, Known>>,
+    metrics: EnrolmentMetrics,
 }
 
 /// An agent's certificate as last seen, and where.
@@ -127,6 +160,8 @@ struct Known {
     uid: Option<String>,
     /// When it is due for renewal (Unix seconds).
     due_at: i64,
+    /// The digest of the trust bundle it was given (or reported).
+    trust: String,
 }
 
 impl Enroller {
@@ -142,17 +177,101 @@ impl Enroller {
         Self {
             directory,
             tls,
-            ca,
+            ca: std::sync::RwLock::new(Arc::new(ca)),
             lifetime,
             check,
             timeout: Duration::from_secs(10),
             known: std::sync::Mutex::new(HashMap::new()),
+            metrics: EnrolmentMetrics::default(),
         }
+    }
+
+    /// Reports to `metrics`.
+    pub fn with_metrics(mut self, metrics: EnrolmentMetrics) -> Self {
+        self.metrics = metrics;
+        self.show_signer();
+        self
+    }
+
+    fn show_signer(&self) {
+        let expiry = unix(self.signer().not_after());
+        self.metrics.signer_expiry.set(expiry);
+    }
+
+    /// The CA it signs with now.
+    pub fn signer(&self) -> Arc<CertificateAuthority> {
+        self.ca.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Loads the signer's files again; a CA that does not load (a key that
+    /// is not the first certificate's, a bundle that does not parse) is
+    /// refused and the current one kept. Returns whether it changed.
+    pub fn reload_signer(&self, cert: &std::path::Path, key: &std::path::Path) -> bool {
+        match CertificateAuthority::load(cert, key) {
+            Ok(ca) => {
+                let current = self.signer();
+                if ca.cert_pem() == current.cert_pem() && ca.key_pem() == current.key_pem() {
+                    return false;
+                }
+                tracing::info!(
+                    trust = %ca.trust_digest(),
+                    "the signer's CA changed; agents trusting another bundle are renewed at the next pass"
+                );
+                *self.ca.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ca);
+                self.show_signer();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "new signer CA files refused; keeping the current CA");
+                false
+            }
+        }
+    }
+
+    /// Reloads the signer whenever its files change (a mounted Secret
+    /// updated: `..data` swapped), polling every `poll` too; `changed` is
+    /// told after each reload that changed it. Runs until dropped.
+    pub async fn watch_signer(
+        self: Arc<Self>,
+        dir: std::path::PathBuf,
+        poll: Duration,
+        changed: Arc<tokio::sync::Notify>,
+    ) {
+        let (cert, key) = (
+            dir.join(csi_scsi_certs::CA_CERT_FILE),
+            dir.join(csi_scsi_certs::CA_KEY_FILE),
+        );
+        let mut rx = csi_scsi_certs::file_watch::watch_paths(
+            [cert.clone(), key.clone()],
+            poll,
+            Duration::from_millis(500),
+        );
+        while rx.changed().await.is_ok() {
+            if self.reload_signer(&cert, &key) {
+                changed.notify_one();
+            }
+        }
+    }
+
+    /// Agents in the directory not yet known to trust the signer's bundle:
+    /// 0 once a rotation step has reached every agent.
+    pub fn agents_on_other_trust(&self) -> usize {
+        let trust = self.signer().trust_digest();
+        let known = self.known();
+        self.directory
+            .snapshot()
+            .keys()
+            .filter(|node| known.get(*node).is_none_or(|k| k.trust != trust))
+            .count()
     }
 
     /// A pass now, then one every `interval` and whenever the directory
     /// changes (a new agent Pod), until dropped.
-    pub async fn run(self: Arc<Self>, interval: Duration) {
+    pub async fn run(
+        self: Arc<Self>,
+        interval: Duration,
+        signer_changed: Arc<tokio::sync::Notify>,
+    ) {
         let mut changes = self.directory.subscribe();
         let mut waiting = self.directory.subscribe_unready();
         loop {
@@ -165,6 +284,7 @@ impl Enroller {
             };
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
+                () = signer_changed.notified() => {}
                 changed = changes.changed() => if changed.is_err() { return },
                 open = unready_changed => if !open { return },
             }
@@ -174,15 +294,20 @@ impl Enroller {
     /// Looks at every agent once; logs and returns what happened to each.
     pub async fn pass(&self) -> Vec<(String, Result<Outcome, EnrolError>)> {
         let now = unix(SystemTime::now());
-        // Ready agents whose certificate is known not to be due are not
-        // dialled; an unready one (enrolling, or its certificate lost) is.
+        let trust = self.signer().trust_digest();
+        // Ready agents whose certificate is known not to be due, under the
+        // signer's bundle, are not dialled; an unready one (enrolling, or
+        // its certificate lost) is.
         let mut agents: Vec<(String, String, Option<String>)> = self
             .directory
             .snapshot()
             .iter()
             .filter(|(node, a)| {
                 !self.known().get(*node).is_some_and(|k| {
-                    k.address == a.address && k.uid == a.node_uid && now < k.due_at
+                    k.address == a.address
+                        && k.uid == a.node_uid
+                        && now < k.due_at
+                        && k.trust == trust
                 })
             })
             .map(|(node, a)| (node.clone(), a.address.clone(), a.node_uid.clone()))
@@ -214,6 +339,8 @@ impl Enroller {
             .buffer_unordered(PARALLEL)
             .collect()
             .await;
+        let behind = i64::try_from(self.agents_on_other_trust()).unwrap_or(i64::MAX);
+        self.metrics.agents_on_other_trust.set(behind);
         results
     }
 
@@ -246,8 +373,9 @@ impl Enroller {
             {
                 Ok(status) => {
                     let status = status.into_inner();
-                    if !due(&status, SystemTime::now(), self.lifetime) {
-                        self.remember(node, address, uid, status.not_after);
+                    let trust = self.signer().trust_digest();
+                    if !due(&status, SystemTime::now(), self.lifetime, &trust) {
+                        self.remember(node, address, uid, status.not_after, &trust);
                         return Ok(Outcome::Current);
                     }
                     let serial = self.enrol(&mut client, node, address, uid, true).await?;
@@ -338,8 +466,8 @@ impl Enroller {
                 .await
                 .map_err(refused)?,
         };
-        let signed = self
-            .ca
+        let ca = self.signer();
+        let signed = ca
             .sign_agent_csr(
                 &begin.csr_pem,
                 node,
@@ -360,7 +488,13 @@ impl Enroller {
                 node: node.to_owned(),
                 reason: s.message().to_owned(),
             })?;
-        self.remember(node, address, uid, unix(signed.not_after));
+        self.remember(
+            node,
+            address,
+            uid,
+            unix(signed.not_after),
+            &ca.trust_digest(),
+        );
         Ok(signed.serial)
     }
 
@@ -369,8 +503,8 @@ impl Enroller {
     }
 
     /// Notes that `node`'s certificate, valid until `not_after`, is due
-    /// with a third of the lifetime left.
-    fn remember(&self, node: &str, address: &str, uid: Option<&str>, not_after: i64) {
+    /// with a third of the lifetime left, and that it trusts `trust`.
+    fn remember(&self, node: &str, address: &str, uid: Option<&str>, not_after: i64, trust: &str) {
         let third = i64::try_from(self.lifetime.as_secs() / 3).unwrap_or(i64::MAX);
         self.known().insert(
             node.to_owned(),
@@ -378,6 +512,7 @@ impl Enroller {
                 address: address.to_owned(),
                 uid: uid.map(str::to_owned),
                 due_at: not_after.saturating_sub(third),
+                trust: trust.to_owned(),
             },
         );
     }
@@ -398,9 +533,19 @@ fn unix(t: SystemTime) -> i64 {
 /// Whether a certificate needs renewing: none, or less than a third of
 /// `lifetime` (what this signer issues for) left. Measured from the end:
 /// notBefore is set back for clock skew, and a certificate issued by hand
-/// for a year is renewed in time too, with a short one.
-fn due(status: &CertificateStatusResponse, now: SystemTime, lifetime: Duration) -> bool {
+/// for a year is renewed in time too, with a short one. Also due: an agent
+/// trusting another bundle than the signer's `trust` (a CA rotation step);
+/// an agent that reports none (older than the field) is judged by time.
+fn due(
+    status: &CertificateStatusResponse,
+    now: SystemTime,
+    lifetime: Duration,
+    trust: &str,
+) -> bool {
     if !status.has_certificate {
+        return true;
+    }
+    if !status.trust_sha256.is_empty() && status.trust_sha256 != trust {
         return true;
     }
     let now = unix(now);
@@ -422,10 +567,28 @@ mod tests {
         };
         let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
         let life = Duration::from_secs(3000);
-        assert!(!due(&status(true, 6000), at(4999), life));
-        assert!(due(&status(true, 6000), at(5000), life));
-        assert!(due(&status(false, 0), at(1), life));
+        assert!(!due(&status(true, 6000), at(4999), life, "t1"));
+        assert!(due(&status(true, 6000), at(5000), life, "t1"));
+        assert!(due(&status(false, 0), at(1), life, "t1"));
         // A year's certificate by hand: renewed only near its end.
-        assert!(!due(&status(true, 40_000_000), at(5000), life));
+        assert!(!due(&status(true, 40_000_000), at(5000), life, "t1"));
+    }
+
+    #[test]
+    fn renewal_is_due_when_the_agent_trusts_another_bundle_than_the_signer() {
+        let status = |trust: &str| CertificateStatusResponse {
+            has_certificate: true,
+            not_after: 40_000_000,
+            trust_sha256: trust.into(),
+            ..Default::default()
+        };
+        let (now, life) = (
+            UNIX_EPOCH + Duration::from_secs(5000),
+            Duration::from_secs(3000),
+        );
+        assert!(!due(&status("t1"), now, life, "t1"));
+        assert!(due(&status("t0"), now, life, "t1"));
+        // An agent that reports no bundle: by time alone.
+        assert!(!due(&status(""), now, life, "t1"));
     }
 }

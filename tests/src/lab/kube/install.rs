@@ -113,7 +113,9 @@ impl Installer {
         for doc in docs {
             match doc["kind"].as_str().unwrap_or_default() {
                 "Deployment" | "DaemonSet" => workloads.push(doc),
-                // The lab's steps create their own.
+                // The install's own Secret: the sidecars' token.
+                "Secret" if doc["type"] == "kubernetes.io/service-account-token" => apply.push(doc),
+                // The examples': the lab's steps create their own.
                 "SCSITarget" | "Secret" | "StorageClass" => {}
                 _ => apply.push(doc),
             }
