@@ -61,12 +61,24 @@ async fn enrolling_agent(env: &Env, node: &str, token_file: &Path) -> (Agent, Pa
 
 /// The proxy with the CA as its signer, the join tokens, and `agents`.
 fn signing_proxy(env: &Env, agents: &[(&str, &Agent)], lifetime: u64) -> Daemon {
+    let tls = env.pki.issue_proxy("proxy-tls");
+    signing_proxy_at(env, agents, lifetime, &env.pki.ca_dir(), &tls)
+}
+
+/// [`signing_proxy`] with the signer's files in `signer` and the proxy's
+/// own in `tls`, both re-read within a second of a change.
+fn signing_proxy_at(
+    env: &Env,
+    agents: &[(&str, &Agent)],
+    lifetime: u64,
+    signer: &Path,
+    tls: &Path,
+) -> Daemon {
     let list: String = agents
         .iter()
         .map(|(node, a)| format!("{node} {}\n", a.api))
         .collect();
     std::fs::write(env.path("agents.txt"), list).expect("agents file");
-    let tls = env.pki.issue_proxy("proxy-tls");
     let args: Vec<String> = [
         "--csi-endpoint",
         &env.path("proxy.sock").display().to_string(),
@@ -79,7 +91,9 @@ fn signing_proxy(env: &Env, agents: &[(&str, &Agent)], lifetime: u64) -> Daemon 
         "--status-listen",
         "127.0.0.1:0",
         "--signer-ca-dir",
-        &env.pki.ca_dir().display().to_string(),
+        &signer.display().to_string(),
+        "--tls-poll-interval",
+        "1",
         "--join-tokens-dir",
         &env.path("join-tokens").display().to_string(),
         "--enrol-interval",
@@ -248,4 +262,250 @@ async fn certificates_renew_under_continuous_calls_and_none_fails() {
         proxy.log()
     );
     assert!(proxy.log().contains("renewed the agent's certificate"));
+}
+
+/// Publishes `files` into `dir` as kubelet updates a Secret volume: a new
+/// `..v<version>` directory, then `..data` swapped onto it in one rename,
+/// each file a symlink through `..data`.
+fn publish(dir: &Path, version: u32, files: &[(&str, String)]) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let stamp = format!("..v{version}");
+    std::fs::create_dir(dir.join(&stamp)).expect("version dir");
+    for (name, text) in files {
+        std::fs::write(dir.join(&stamp).join(name), text).expect("file");
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&stamp, &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    for (name, _) in files {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).expect("link");
+        }
+    }
+}
+
+/// The files of `csi-scsi-certs issue-proxy --ca <ca> [--also-trust ..]`.
+fn proxy_files(
+    env: &Env,
+    ca: &Path,
+    also_trust: &[&Path],
+    out: &str,
+) -> Vec<(&'static str, String)> {
+    let dir = env.path(out);
+    let mut cmd = Command::new(binary("csi-scsi-certs"));
+    cmd.args(["issue-proxy", "--ca"])
+        .arg(ca)
+        .arg("--out")
+        .arg(&dir);
+    for t in also_trust {
+        cmd.arg("--also-trust").arg(t);
+    }
+    let out = cmd.output().expect("csi-scsi-certs issue-proxy");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ["tls.crt", "tls.key", "ca.crt"]
+        .into_iter()
+        .map(|f| {
+            (
+                f,
+                std::fs::read_to_string(dir.join(f)).expect("issued file"),
+            )
+        })
+        .collect()
+}
+
+/// The signer's files: `ca`'s key, its certificate first, then `also`.
+fn signer_files(ca: &Path, also: &[&Path]) -> Vec<(&'static str, String)> {
+    let mut authority =
+        csi_scsi_certs::CertificateAuthority::load(&ca.join("ca.crt"), &ca.join("ca.key"))
+            .expect("CA");
+    for other in also {
+        let pem = std::fs::read_to_string(other).expect("other CA");
+        authority = authority.also_trusting(&pem, other).expect("bundle");
+    }
+    vec![
+        ("ca.crt", authority.cert_pem().to_owned()),
+        ("ca.key", authority.key_pem().to_owned()),
+    ]
+}
+
+/// The digest of the bundle in `pem`.
+fn digest(pem: &str) -> String {
+    csi_scsi_certs::trust_digest(pem.as_bytes()).expect("a bundle")
+}
+
+/// The whole procedure of docs/certificates.md ("CA rotation"), with two
+/// enrolled agents called without pause through it: a new CA trusted beside
+/// the old, the signer and the proxy moved to the new one, the old one
+/// dropped. The proxy re-enrols every agent at each step by itself; no call
+/// fails, and at the end a proxy certificate from the old CA is refused.
+#[tokio::test]
+async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
+    let env = Env::new();
+    let nodes = ["node-a", "node-b"];
+    let mut agents = Vec::new();
+    for node in nodes {
+        let (token, _) = join_token(&env, node, 60, &format!("{node}.token"));
+        agents.push(enrolling_agent(&env, node, &token).await);
+    }
+    let old = env.pki.ca_dir();
+    let new = env.path("new-ca");
+    let init = Command::new(binary("csi-scsi-certs"))
+        .args(["init-ca", "--out"])
+        .arg(&new)
+        .output()
+        .expect("init-ca");
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let (old_crt, new_crt) = (old.join("ca.crt"), new.join("ca.crt"));
+    let (signer, tls) = (env.path("signer"), env.path("proxy-tls"));
+    publish(&signer, 0, &signer_files(&old, &[]));
+    publish(&tls, 0, &proxy_files(&env, &old, &[], "proxy-issued-0"));
+    let listed: Vec<(&str, &Agent)> = nodes
+        .iter()
+        .copied()
+        .zip(agents.iter().map(|(a, _)| a))
+        .collect();
+    // Hour-long certificates: every renewal below is the rotation's.
+    let proxy = signing_proxy_at(&env, &listed, 3600, &signer, &tls);
+    let trusted = |node_tls: &Path| {
+        std::fs::read_to_string(node_tls.join("ca.crt"))
+            .ok()
+            .map(|pem| digest(&pem))
+    };
+    let all_trust = |want: String| {
+        let dirs: Vec<PathBuf> = agents.iter().map(|(_, t)| t.clone()).collect();
+        async move {
+            dirs.iter()
+                .all(|d| trusted(d).as_deref() == Some(want.as_str()))
+                .then_some(())
+        }
+    };
+    let only_old = digest(&std::fs::read_to_string(&old_crt).expect("old CA"));
+    eventually("both agents enrolled under the old CA", || {
+        all_trust(only_old.clone())
+    })
+    .await;
+
+    // Calls as the proxy makes them, without pause, on fresh connections
+    // and on one kept open, with the proxy's files as they change.
+    let store = MaterialStore::load(
+        MaterialPaths::in_dir(&tls),
+        Role::Proxy,
+        TrustDomain::new("csi-scsi.local").expect("domain"),
+    )
+    .expect("proxy material");
+    store.watch(Duration::from_secs(1));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for (node, (agent, _)) in nodes.iter().zip(&agents) {
+        let (node, api, store, stop) = (
+            node.to_string(),
+            agent.api.to_string(),
+            store.clone(),
+            stop.clone(),
+        );
+        callers.push(tokio::spawn(async move {
+            let open =
+                agent_channel(&api, &node, store.clone(), Duration::from_secs(5)).expect("channel");
+            let (mut calls, mut failures) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let fresh = agent_channel(&api, &node, store.clone(), Duration::from_secs(5))
+                    .expect("channel");
+                for channel in [fresh, open.clone()] {
+                    calls += 1;
+                    if let Err(e) = check_channel(channel).await {
+                        failures.push(format!("{node}: {e}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (calls, failures)
+        }));
+    }
+
+    // 1. The new CA trusted beside the old: by the signer (so by every
+    //    agent it renews) and by the proxy.
+    publish(&signer, 1, &signer_files(&old, &[&new_crt]));
+    publish(
+        &tls,
+        1,
+        &proxy_files(&env, &old, &[&new_crt], "proxy-issued-1"),
+    );
+    let step1 = digest(&signer_files(&old, &[&new_crt])[0].1);
+    eventually("step 1: every agent trusts old and new", || {
+        all_trust(step1.clone())
+    })
+    .await;
+
+    // 2. The new CA signs; the proxy's own certificate from it.
+    publish(&signer, 2, &signer_files(&new, &[&old_crt]));
+    publish(
+        &tls,
+        2,
+        &proxy_files(&env, &new, &[&old_crt], "proxy-issued-2"),
+    );
+    let step2 = digest(&signer_files(&new, &[&old_crt])[0].1);
+    eventually("step 2: every agent renewed by the new CA", || {
+        all_trust(step2.clone())
+    })
+    .await;
+    let (new_only, _) = client_config(&new_crt, Some(&env.path("proxy-issued-2")));
+    for (node, (agent, _)) in nodes.iter().zip(&agents) {
+        let config = new_only.clone();
+        eventually(
+            "the agent's certificate verifies against the new CA alone",
+            || {
+                let config = config.clone();
+                async move { health_check(agent.api, node, config).await.ok() }
+            },
+        )
+        .await;
+    }
+
+    // 3. The old CA dropped everywhere.
+    publish(&signer, 3, &signer_files(&new, &[]));
+    publish(&tls, 3, &proxy_files(&env, &new, &[], "proxy-issued-3"));
+    let step3 = digest(&std::fs::read_to_string(&new_crt).expect("new CA"));
+    eventually("step 3: every agent trusts the new CA alone", || {
+        all_trust(step3.clone())
+    })
+    .await;
+    // A little more calling on the final material, then the tally.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut calls, mut failures) = (0, Vec::new());
+    for caller in callers {
+        let (c, f) = caller.await.expect("caller");
+        calls += c;
+        failures.extend(f);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {calls} calls failed during the rotation: {failures:?}\n{}",
+        failures.len(),
+        proxy.log()
+    );
+    assert!(calls > 20, "only {calls} calls");
+    let log = proxy.log();
+    assert!(log.contains("the signer's CA changed"), "{log}");
+    assert!(!log.contains("new signer CA files refused"), "{log}");
+
+    // The old CA's proxy certificate no longer opens an agent.
+    let old_proxy = env.pki.issue_proxy("old-ca-proxy");
+    let (with_old, _) = client_config(&new_crt, Some(&old_proxy));
+    for (node, (agent, _)) in nodes.iter().zip(&agents) {
+        let refused = health_check(agent.api, node, with_old.clone()).await;
+        assert!(
+            refused.is_err(),
+            "{node} still accepts the old CA's proxy certificate"
+        );
+    }
 }
