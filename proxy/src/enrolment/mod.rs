@@ -219,6 +219,10 @@ impl Enroller {
                 );
                 *self.ca.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ca);
                 self.show_signer();
+                // Every agent is behind the new bundle until a pass says
+                // otherwise: never a stale 0 right after the change.
+                let behind = i64::try_from(self.agents_on_other_trust()).unwrap_or(i64::MAX);
+                self.metrics.agents_on_other_trust.set(behind);
                 true
             }
             Err(e) => {

@@ -14,6 +14,7 @@ use csi_scsi_tests::binaries::binary;
 use csi_scsi_tests::daemon::Daemon;
 use csi_scsi_tests::patience::eventually;
 
+use crate::observability::{scrape, status_addr};
 use crate::support::{Agent, Env, cert_der, check_channel, client_config, health_check};
 
 /// `csi-scsi-certs join-token`: the token, written to a 0600 file.
@@ -498,6 +499,48 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
     assert!(log.contains("the signer's CA changed"), "{log}");
     assert!(!log.contains("new signer CA files refused"), "{log}");
 
+    // What an operator watches: the signer's CA is the new one, no agent
+    // is left behind, and every series the shipped alerts name exists.
+    let proxy_metrics = scrape(status_addr(&proxy).await).await;
+    let new_ca =
+        csi_scsi_certs::CertificateAuthority::load(&new_crt, &new.join("ca.key")).expect("new CA");
+    let expiry = new_ca
+        .not_after()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as f64;
+    assert_eq!(
+        proxy_metrics.value("csi_scsi_signer_ca_expiry_timestamp_seconds", &[]),
+        Some(expiry)
+    );
+    assert_eq!(
+        proxy_metrics.value("csi_scsi_enrolment_agents_on_other_trust", &[]),
+        Some(0.0)
+    );
+    let agent_metrics = scrape(status_addr(&agents[0].0.daemon).await).await;
+    let trusted = agent_metrics
+        .value("csi_scsi_trusted_ca_expiry_seconds", &[])
+        .expect("the agent's trusted CA expiry");
+    assert!((trusted - (expiry - now_secs())).abs() < 120.0, "{trusted}");
+    let rules = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/prometheus-rules.yaml"),
+    )
+    .expect("the shipped rules");
+    let exported: std::collections::BTreeSet<&str> = proxy_metrics
+        .samples
+        .iter()
+        .chain(&agent_metrics.samples)
+        .map(|s| s.name.as_str())
+        .collect();
+    let named = series_named(&rules);
+    assert!(named.len() >= 4, "{named:?}");
+    for name in &named {
+        assert!(
+            exported.contains(name.as_str()),
+            "the shipped rules name {name}, which neither the proxy nor an agent exports"
+        );
+    }
+
     // The old CA's proxy certificate no longer opens an agent.
     let old_proxy = env.pki.issue_proxy("old-ca-proxy");
     let (with_old, _) = client_config(&new_crt, Some(&old_proxy));
@@ -508,4 +551,25 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
             "{node} still accepts the old CA's proxy certificate"
         );
     }
+}
+
+/// Every `csi_scsi_*` series the `expr:` lines of a rules file name.
+fn series_named(rules: &str) -> std::collections::BTreeSet<String> {
+    rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:"))
+        .flat_map(|expr| {
+            expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("csi_scsi_"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64()
 }

@@ -6,6 +6,7 @@
 //! chart installed with helm), the agent running as the DaemonSet and the
 //! proxy with the real CSI sidecars as the Deployment.
 
+pub mod ca_rotation;
 pub mod enrolment;
 pub mod identities;
 pub mod images;

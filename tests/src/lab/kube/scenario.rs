@@ -281,6 +281,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         async { Ok(((), super::identities::sidecar_token_reads_no_secret(lab)?)) },
     )
     .await?;
+    // Last: it leaves the lab's own CA (lab.pki) behind.
+    r.step(
+        "ca rotation: a new CA beside the old, the new one signing, the old dropped; every agent renewed at each step, no agent call failed",
+        async { Ok(((), super::ca_rotation::ca_rotation(lab).await?)) },
+    )
+    .await?;
     Ok(r)
 }
 

@@ -1,0 +1,192 @@
+//! The CA rotation of docs/certificates.md, as an operator runs it on a
+//! live cluster with enrolled agents: `csi-scsi-certs` output applied with
+//! kubectl, three times (the new CA trusted beside the old; the new CA
+//! signing and the proxy's certificate from it; the old CA dropped). After
+//! each step the leading proxy has reloaded its signer and renewed every
+//! agent onto the new bundle (`csi_scsi_enrolment_agents_on_other_trust`
+//! back at 0), and across the whole rotation no agent call the proxies
+//! made failed (`csi_scsi_agent_client_handling_seconds_count` by code),
+//! while discovery kept calling every agent. The last step of the lab: the
+//! lab's own CA (`lab.pki`) is left behind.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use csi_scsi_certs::CertificateAuthority;
+
+use super::KubeLab;
+use super::scenario::lease_holder;
+use crate::binaries::binary;
+
+/// Long enough for kubelet to update three Secret volumes (its sync is 5 s
+/// here) and the leader's passes (every 10 s) to renew every agent.
+const STEP: Duration = Duration::from_secs(120);
+
+/// Runs the rotation; returns a summary.
+pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
+    let ns = lab.namespace.clone();
+    let old = lab.lab.pki.ca_dir();
+    let new = lab.lab.config.dir.join("pki-rotated/ca");
+    certs(&["init-ca", "--out", &new.display().to_string(), "--force"])?;
+    let (old_crt, new_crt) = (old.join("ca.crt"), new.join("ca.crt"));
+    let before = agent_calls(lab, &ns)?;
+    let steps: [(&str, &Path, Option<&Path>); 3] = [
+        ("the new CA trusted beside the old", &old, Some(&new_crt)),
+        (
+            "the new CA signs; the proxy's certificate from it",
+            &new,
+            Some(&old_crt),
+        ),
+        ("the old CA dropped", &new, None),
+    ];
+    let mut done = Vec::new();
+    for (i, (what, signer, also)) in steps.into_iter().enumerate() {
+        let started = std::time::Instant::now();
+        let expected = bundle_digest(signer, also)?;
+        apply_step(lab, &ns, signer, also)?;
+        let leader = lab
+            .kubectl
+            .wait_for(
+                &format!("step {}: the leader reloads its signer", i + 1),
+                STEP,
+                |k| {
+                    let leader = lease_holder(k, &ns, "csi-scsi-proxy")?;
+                    let log = proxy_log(lab, &leader)?;
+                    Ok(log.contains(&format!("trust={expected}")).then_some(leader))
+                },
+            )
+            .await?;
+        lab.kubectl
+            .wait_for(
+                &format!("step {}: every agent renewed onto the new bundle", i + 1),
+                STEP,
+                |k| {
+                    let metrics = pod_metrics(k, &ns, &leader)?;
+                    Ok(
+                        (sample(&metrics, "csi_scsi_enrolment_agents_on_other_trust")? == 0.0)
+                            .then_some(()),
+                    )
+                },
+            )
+            .await?;
+        done.push(format!(
+            "{} ({:.0} s)",
+            what,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    let after = agent_calls(lab, &ns)?;
+    if after.failed != before.failed {
+        bail!(
+            "agent calls failed during the rotation: {} before, {} after",
+            before.failed,
+            after.failed
+        );
+    }
+    if after.total <= before.total {
+        bail!("no agent call during the rotation: it proves nothing");
+    }
+    Ok(format!(
+        "{}; {} agent calls during it, none failed",
+        done.join("; "),
+        after.total - before.total
+    ))
+}
+
+/// One step: the signer's Secret and the agents' enrolment ConfigMap
+/// (`ca-manifests`), then the proxy's Secret (`issue-proxy`), each with
+/// the other CA's certificate when `also` names it.
+fn apply_step(lab: &KubeLab, ns: &str, signer: &Path, also: Option<&Path>) -> anyhow::Result<()> {
+    let signer = signer.display().to_string();
+    let also: Vec<String> = also
+        .map(|p| vec!["--also-trust".to_owned(), p.display().to_string()])
+        .unwrap_or_default();
+    let also: Vec<&str> = also.iter().map(String::as_str).collect();
+    let mut manifests = vec!["ca-manifests", "--ca", &signer, "--namespace", ns];
+    manifests.extend(&also);
+    lab.kubectl.apply(&certs(&manifests)?)?;
+    let mut proxy = vec![
+        "issue-proxy",
+        "--ca",
+        &signer,
+        "--format",
+        "secret",
+        "--namespace",
+        ns,
+        "--out",
+        "-",
+    ];
+    proxy.extend(&also);
+    lab.kubectl.apply(&certs(&proxy)?)?;
+    Ok(())
+}
+
+/// The digest of the bundle the signer hands out at a step.
+fn bundle_digest(signer: &Path, also: Option<&Path>) -> anyhow::Result<String> {
+    let mut ca = CertificateAuthority::load(&signer.join("ca.crt"), &signer.join("ca.key"))?;
+    if let Some(path) = also {
+        ca = ca.also_trusting(&std::fs::read_to_string(path)?, path)?;
+    }
+    Ok(ca.trust_digest())
+}
+
+fn certs(args: &[&str]) -> anyhow::Result<String> {
+    super::super::net::sh(&binary("csi-scsi-certs").display().to_string(), args)
+}
+
+/// The log of the proxy in Pod `pod`.
+fn proxy_log(lab: &KubeLab, pod: &str) -> anyhow::Result<String> {
+    let p = lab.kubectl.get_json(&["pod", pod, "-n", &lab.namespace])?;
+    let node = p["spec"]["nodeName"].as_str().context("the Pod's node")?;
+    lab.proxy_log_of(node, pod)
+}
+
+/// `/metrics` of the proxy in Pod `pod`, through the API server's proxy.
+fn pod_metrics(k: &crate::kube::Kubectl, ns: &str, pod: &str) -> anyhow::Result<String> {
+    k.run(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/{ns}/pods/{pod}:9812/proxy/metrics"),
+    ])
+}
+
+/// The value of the unlabelled series `name`.
+fn sample(metrics: &str, name: &str) -> anyhow::Result<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .with_context(|| format!("no {name} in /metrics"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{name} is not a number"))
+}
+
+/// Agent calls the proxies made, all and failed (any code but OK).
+struct Calls {
+    total: u64,
+    failed: u64,
+}
+
+fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
+    let mut calls = Calls {
+        total: 0,
+        failed: 0,
+    };
+    for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
+        let metrics = pod_metrics(&lab.kubectl, ns, &super::pods::name(&pod))?;
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix("csi_scsi_agent_client_handling_seconds_count{")
+            else {
+                continue;
+            };
+            let (labels, value) = rest.split_once("} ").context("a sample")?;
+            let n: f64 = value.trim().parse().context("a count")?;
+            calls.total += n as u64;
+            if !labels.contains("code=\"OK\"") {
+                calls.failed += n as u64;
+            }
+        }
+    }
+    Ok(calls)
+}
