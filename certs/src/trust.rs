@@ -48,9 +48,9 @@ mod tests {
     use crate::{CertificateAuthority, TrustDomain, Validity};
 
     fn ca(days: u32) -> String {
-        let domain = TrustDomain::new("csi-scsi.local").unwrap();
+        let domain = TrustDomain::new("csi-scsi.local").expect("valid domain");
         CertificateAuthority::create(&domain, Validity::days(days))
-            .unwrap()
+            .expect("a CA")
             .cert_pem()
             .to_owned()
     }
@@ -76,10 +76,10 @@ mod tests {
     fn the_earliest_expiry_is_the_first_ca_to_lapse() {
         let (short, long) = (ca(10), ca(400));
         let both = format!("{long}{short}");
-        let earliest = earliest_expiry(both.as_bytes()).unwrap();
+        let earliest = earliest_expiry(both.as_bytes()).expect("an expiry");
         let left = earliest
             .duration_since(SystemTime::now())
-            .unwrap()
+            .expect("in the future")
             .as_secs();
         assert!((9 * 86_400..=10 * 86_400).contains(&left), "{left}");
         assert_eq!(earliest_expiry(b""), None);
