@@ -82,11 +82,11 @@ impl CertificateAuthority {
             path: cert_path.to_owned(),
             reason,
         };
-        let signer = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-            .next()
-            .ok_or_else(|| bad_cert("no CERTIFICATE block".into()))?
-            .map_err(|e| bad_cert(format!("malformed PEM: {e}")))?;
-        let (_, parsed) = x509_parser::parse_x509_certificate(&signer)
+        // Every certificate of the bundle must parse (agents get all of
+        // them as their trust); the first signs.
+        let bundle = crate::material::parse_certs(cert_path, cert_pem.as_bytes())?;
+        let signer = &bundle[0];
+        let (_, parsed) = x509_parser::parse_x509_certificate(signer)
             .map_err(|e| bad_cert(format!("not a usable CA certificate: {e}")))?;
         // Signing with a key that is not the first certificate's would hand
         // out certificates nobody can verify.
@@ -96,20 +96,11 @@ impl CertificateAuthority {
                 key: key_path.to_owned(),
             });
         }
-        let issuer = Issuer::from_ca_cert_der(&signer, key)
+        let issuer = Issuer::from_ca_cert_der(signer, key)
             .map_err(|e| bad_cert(format!("not a usable CA certificate: {e}")))?;
         let domain = ca_trust_domain(&cert_pem).ok_or_else(|| {
             bad_cert("the CA certificate carries no spiffe://<trust-domain> URI SAN".into())
         })?;
-        // Every other certificate in the bundle must parse too: agents get
-        // the whole bundle as their trust.
-        if crate::trust_digest(cert_pem.as_bytes()).is_none()
-            || CertificateDer::pem_slice_iter(cert_pem.as_bytes()).any(|c| c.is_err())
-        {
-            return Err(bad_cert(
-                "a certificate of the bundle does not parse".into(),
-            ));
-        }
         Ok(Self {
             cert_pem,
             key_pem,
@@ -118,21 +109,10 @@ impl CertificateAuthority {
         })
     }
 
-    /// Adds the CA certificates in `pem` to the trust bundle (after the
-    /// signing CA's): the first and last steps of a CA rotation.
+    /// Adds the CA certificates in `pem` (read from `path`) to the trust
+    /// bundle, after the signing CA's: steps 1 and 2 of a CA rotation.
     pub fn also_trusting(mut self, pem: &str, path: &Path) -> Result<Self, CertError> {
-        let certs: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| CertError::BadPem {
-                path: path.to_owned(),
-                reason: format!("malformed PEM: {e}"),
-            })?;
-        if certs.is_empty() {
-            return Err(CertError::BadPem {
-                path: path.to_owned(),
-                reason: "no CERTIFICATE block".into(),
-            });
-        }
+        let certs = crate::material::parse_certs(path, pem.as_bytes())?;
         let held: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
                 .filter_map(Result::ok)

@@ -321,7 +321,11 @@ fn verifiers(
     Ok((client_verifier, server_verifier))
 }
 
-fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
+/// Every certificate in `pem` (read from `path`); at least one.
+pub(crate) fn parse_certs(
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, CertError> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
         .map_err(|e| CertError::BadPem {

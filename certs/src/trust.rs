@@ -84,4 +84,51 @@ mod tests {
         assert!((9 * 86_400..=10 * 86_400).contains(&left), "{left}");
         assert_eq!(earliest_expiry(b""), None);
     }
+
+    #[test]
+    fn a_bundle_signs_with_its_first_ca_and_only_with_that_cas_key() {
+        let domain = TrustDomain::new("csi-scsi.local").expect("valid domain");
+        let (old, new) = (
+            CertificateAuthority::create(&domain, Validity::days(10)).expect("a CA"),
+            CertificateAuthority::create(&domain, Validity::days(10)).expect("a CA"),
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (crt, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+        let bundle = format!("{}{}", new.cert_pem(), old.cert_pem());
+        std::fs::write(&crt, &bundle).expect("write");
+        // The old key with the new CA first: refused, nothing to sign with.
+        std::fs::write(&key, old.key_pem()).expect("write");
+        let refused = CertificateAuthority::load(&crt, &key).err();
+        assert!(
+            matches!(refused, Some(crate::CertError::KeyMismatch { .. })),
+            "{refused:?}"
+        );
+        // The new key: loads; the whole bundle is the trust handed out.
+        std::fs::write(&key, new.key_pem()).expect("write");
+        let ca = CertificateAuthority::load(&crt, &key).expect("the bundle loads");
+        assert_eq!(
+            ca.trust_digest(),
+            trust_digest(bundle.as_bytes()).expect("digest")
+        );
+        assert_eq!(
+            ca.not_after(),
+            earliest_expiry(new.cert_pem().as_bytes()).expect("expiry")
+        );
+        // A bundle with a broken second certificate: refused.
+        std::fs::write(
+            &crt,
+            format!(
+                "{}-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+                new.cert_pem()
+            ),
+        )
+        .expect("write");
+        assert!(CertificateAuthority::load(&crt, &key).is_err());
+        // also_trusting adds a CA once.
+        let again = ca.also_trusting(old.cert_pem(), &crt).expect("bundle");
+        assert_eq!(
+            again.trust_digest(),
+            trust_digest(bundle.as_bytes()).expect("digest")
+        );
+    }
 }
