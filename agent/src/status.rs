@@ -3,7 +3,8 @@
 //! holders), the volumes staged and published under the kubelet directory
 //! (from the mount table), and the last failed calls with their request
 //! IDs. Read-only: nothing here changes the node. No credential is ever
-//! part of it (sessions are named by target and portal only). The
+//! part of it (sessions are named by target and portal only, and those
+//! too are left out for a reader off the machine: `Status::redacted`). The
 //! document's types are `csi_scsi_status::agent`'s, which the CLI reads.
 
 use std::collections::BTreeMap;

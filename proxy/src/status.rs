@@ -5,7 +5,9 @@
 //! calls. Agents are probed in the background (the agent API's `Status`
 //! call, bounded concurrency, a short timeout), so `/status` answers from
 //! memory at any scale. Targets appear by name with their Secret reference,
-//! never with credentials.
+//! never with credentials; a reader off the machine gets the document
+//! without portals, IQNs, WWPNs, Secret names or error messages
+//! (`Status::redacted`, applied by the status port).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -14,6 +14,15 @@
 use crate::{ErrorRecord, Status, agent, proxy};
 
 impl Status {
+    /// Whether the server left storage addresses, names and error messages
+    /// out because the reader is not on its machine.
+    pub fn is_redacted(&self) -> bool {
+        match self {
+            Self::Agent(d) => d.redacted,
+            Self::Proxy(d) => d.redacted,
+        }
+    }
+
     /// The document as a peer that is not on the machine sees it: see the
     /// module's documentation for what is left out and why.
     pub fn redacted(self) -> Self {
