@@ -169,6 +169,12 @@ pub fn status(doc: &Status, ready: &Result<(), Vec<String>>) -> String {
             Err(why) => format!("NO: {}", why.join("; ")),
         },
     );
+    if doc.is_redacted() {
+        kv(
+            "view",
+            "redacted: this reader is not on the server's machine, so no portals, IQNs, WWPNs, Secret names or error messages (docs/operations.md)".into(),
+        );
+    }
     let problems = match doc {
         Status::Agent(a) => {
             let logged_in = a.sessions.iter().filter(|s| s.state == "LOGGED_IN").count();

@@ -158,3 +158,19 @@ fn other_documents_are_refused_by_what_is_wrong() {
         "{text}"
     );
 }
+
+/// A reader off the server's machine is told that what it reads is cut.
+#[test]
+fn a_redacted_document_says_so() {
+    for (name, json, _) in DOCUMENTS {
+        let doc = read_status(&endpoint(), &parse(json)).expect(name);
+        let full = render::status(&doc, &Ok(()));
+        assert!(!full.contains("redacted"), "{name}: {full}");
+        let cut = render::status(&doc.redacted(), &Ok(()));
+        assert!(
+            cut.lines()
+                .any(|l| l.starts_with("view") && l.contains("redacted: this reader is not")),
+            "{name}: {cut}"
+        );
+    }
+}

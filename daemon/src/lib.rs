@@ -41,7 +41,8 @@ pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use request_id::RequestId;
 pub use shutdown::Shutdown;
 pub use status_http::{
-    CONNECTION_MAX_AGE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, METRICS_CONTENT_TYPE, SNAPSHOT_TTL,
-    SocketCheck, StatusListener, StatusService, StatusSource,
+    CONNECTION_MAX_AGE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, METRICS_CONTENT_TYPE,
+    PER_PEER_CONNECTIONS, PROBE_CONNECTIONS, SNAPSHOT_TTL, SocketCheck, StatusListener,
+    StatusService, StatusSource, TrustedPeers,
 };
 pub use unserved::{NameUnserved, NameUnservedLayer};

@@ -102,6 +102,20 @@ pub struct Args {
     #[arg(long, env = "STATUS_LISTEN", default_value = "0.0.0.0:9812")]
     pub status_listen: std::net::SocketAddr,
 
+    /// An address kubelet's probes come from (repeatable, or
+    /// comma-separated in the env): it may take the status port's slots
+    /// kept for probes, as loopback may. On the Pod network that is the
+    /// node's address toward Pods, which depends on the CNI (a bridge's
+    /// address, or the node's own): docs/operations.md. Still served the
+    /// redacted /status.
+    #[arg(
+        long = "status-probe-source",
+        env = "STATUS_PROBE_SOURCES",
+        value_delimiter = ',',
+        value_name = "IP"
+    )]
+    pub status_probe_sources: Vec<std::net::IpAddr>,
+
     /// Seconds between probes of every agent (reachability and round trip
     /// shown on /status).
     #[arg(long, default_value = "15", value_name = "SECONDS")]
@@ -290,6 +304,8 @@ pub struct Config {
     /// `None`: devices are never forgotten.
     pub device_forget_after: Option<Duration>,
     pub status_listen: std::net::SocketAddr,
+    /// Addresses besides loopback that may take the probes' slots.
+    pub status_probe_sources: Vec<std::net::IpAddr>,
     pub agent_probe_interval: Duration,
     pub calls: CallConfig,
     pub release: ReleaseConfig,
@@ -408,6 +424,7 @@ impl Args {
             device_forget_after: (self.device_forget_after > 0)
                 .then(|| Duration::from_secs(self.device_forget_after)),
             status_listen: self.status_listen,
+            status_probe_sources: self.status_probe_sources,
             agent_probe_interval: Duration::from_secs(self.agent_probe_interval.max(1)),
             calls,
             release,

@@ -6,7 +6,7 @@ use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role};
 use csi_scsi_daemon::{
     Check, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
-    SocketCheck, StatusListener, StatusService, TlsMaterialCheck,
+    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, TrustedPeers,
 };
 use csi_scsi_proto::csi::controller_server::ControllerServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -179,6 +179,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     .with(SocketCheck(socket.path().to_owned())),
                 metrics.clone(),
                 Arc::new(status),
+            )
+            .with_peers(
+                TrustedPeers::loopback().with_probe_sources(config.status_probe_sources.clone()),
             ),
             async move { stop.signaled().await },
         ),

@@ -5,7 +5,9 @@
 //! calls. Agents are probed in the background (the agent API's `Status`
 //! call, bounded concurrency, a short timeout), so `/status` answers from
 //! memory at any scale. Targets appear by name with their Secret reference,
-//! never with credentials.
+//! never with credentials; a reader off the machine gets the document
+//! without portals, IQNs, WWPNs, Secret names or error messages
+//! (`Status::redacted`, applied by the status port).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -174,7 +176,7 @@ impl ProxyStatus {
 }
 
 impl StatusSource for ProxyStatus {
-    fn status(&self) -> BoxFuture<'_, serde_json::Value> {
+    fn status(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
             let mut problems = Vec::new();
             let by_phase = self.phases(&mut problems).await;
@@ -219,7 +221,7 @@ impl StatusSource for ProxyStatus {
                     this_replica_leads: true,
                 },
             };
-            let doc = Status::Proxy(doc::Document {
+            Status::Proxy(doc::Document {
                 schema: SCHEMA,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 started: rfc3339(self.started),
@@ -240,13 +242,7 @@ impl StatusSource for ProxyStatus {
                 pending_resizes: resizes.iter().map(resize_view).collect(),
                 recent_errors: self.metrics.recent_errors(),
                 problems,
-            });
-            serde_json::to_value(doc).unwrap_or_else(|e| {
-                serde_json::json!({
-                    "component": "proxy",
-                    "schema": SCHEMA,
-                    "problems": [format!("status document: {e}")],
-                })
+                redacted: false,
             })
         })
     }

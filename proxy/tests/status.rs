@@ -54,7 +54,8 @@ async fn the_document_reads_back_in_the_clis_types() {
     let metrics = Metrics::new("proxy", "test", None);
     let source = ProxyStatus::new(Arc::new(life), metrics.clone());
 
-    let read = |served: serde_json::Value| {
+    let read = |doc: Status| {
+        let served = serde_json::to_value(&doc).expect("write");
         let doc: Status = serde_json::from_value(served.clone()).expect("the CLI reads it");
         assert_eq!(serde_json::to_value(&doc).unwrap(), served, "lossless");
         match doc {

@@ -36,6 +36,11 @@ pub struct Document {
     /// without it stays schema 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_registration: Option<KubeletRegistration>,
+    /// Whether storage addresses, names and error messages were left out
+    /// for a reader off the machine ([`crate::Status::redacted`]); absent
+    /// (false) in the full document.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redacted: bool,
 }
 
 /// The agent's registration with kubelet's plugin watcher.

@@ -11,11 +11,13 @@
 //! [`SchemaError`] that says so.
 //!
 //! Nothing secret is part of these types: targets name their CHAP Secret,
-//! never its contents; no initiator name, no pod UID.
+//! never its contents; no initiator name, no pod UID. A reader who is not
+//! on the machine itself gets less still: [`Status::redacted`].
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod proxy;
+mod redact;
 
 use std::fmt;
 

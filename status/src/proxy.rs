@@ -39,6 +39,11 @@ pub struct Document {
     pub recent_errors: Vec<ErrorRecord>,
     /// What could not be read (the rest of the document still stands).
     pub problems: Vec<String>,
+    /// Whether storage addresses, names and error messages were left out
+    /// for a reader off the machine ([`crate::Status::redacted`]); absent
+    /// (false) in the full document.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redacted: bool,
 }
 
 /// Leadership among the proxy's replicas.

@@ -61,6 +61,7 @@ fn agent_document() -> Status {
         recent_errors: vec![error()],
         problems: vec![],
         kubelet_registration: None,
+        redacted: false,
     })
 }
 
@@ -157,6 +158,7 @@ fn proxy_document() -> Status {
         }],
         recent_errors: vec![],
         problems: vec!["resize requests: store busy".into()],
+        redacted: false,
     })
 }
 
@@ -340,4 +342,88 @@ fn kubelet_registration_keeps_its_json_names_and_is_optional() {
         .remove("kubelet_registration");
     let back: Status = serde_json::from_value(without).expect("read");
     assert_eq!(back, agent_document());
+}
+
+/// Off the machine, no portal, IQN, WWPN, Secret name or error message
+/// (which may quote them); counts, states and request IDs stay, and the
+/// document says it was cut.
+#[test]
+fn the_redacted_view_names_no_way_to_the_storage() {
+    let mut proxy = proxy_document();
+    let Status::Proxy(p) = &mut proxy else {
+        unreachable!()
+    };
+    p.targets.push(proxy::Target {
+        name: "fabric-a".into(),
+        iscsi: None,
+        fibre_channel: Some(proxy::FcTarget {
+            wwpns: vec!["0x500a098112345678".into()],
+        }),
+        node_selector: BTreeMap::new(),
+        nodes: vec![],
+        device_labels: BTreeMap::new(),
+    });
+    p.recent_errors = vec![ErrorRecord {
+        message: "CHAP Secret default/chap-array-a has no key password".into(),
+        ..error()
+    }];
+    for (full, hidden) in [
+        (
+            agent_document(),
+            &[
+                "iqn.2026-11",
+                "198.18.127.1",
+                "ip-198.18.127.1:3260-iscsi-x-lun-1",
+                "login refused",
+            ][..],
+        ),
+        (
+            proxy,
+            &[
+                "iqn.2026-11",
+                "198.18.127.1:3260",
+                "chap-array-a",
+                "chapSecretRef",
+                "0x500a098112345678",
+            ][..],
+        ),
+    ] {
+        let full_text = serde_json::to_string(&full).expect("write");
+        assert!(!full_text.contains("redacted"), "{full_text}");
+        for h in hidden {
+            assert!(
+                full_text.contains(h),
+                "the full view shows {h}: {full_text}"
+            );
+        }
+        let cut = full.clone().redacted();
+        let text = serde_json::to_string(&cut).expect("write");
+        for h in hidden {
+            assert!(!text.contains(h), "{h} in {text}");
+        }
+        assert!(text.contains(r#""redacted":true"#), "{text}");
+        let back: Status = serde_json::from_str(&text).expect("the CLI reads it");
+        assert_eq!(back, cut);
+        // What probes, dashboards and a first look need stays.
+        assert_eq!(cut.recent_errors().len(), full.recent_errors().len());
+        assert_eq!(cut.recent_errors()[0].request_id, "obs-1");
+        match (&full, &cut) {
+            (Status::Agent(f), Status::Agent(c)) => {
+                assert_eq!(c.sessions[0].state, f.sessions[0].state);
+                assert_eq!(c.sessions[0].disks, f.sessions[0].disks);
+                assert_eq!(c.devices[0].wwid, f.devices[0].wwid);
+                assert_eq!(c.devices[0].paths[0].state, f.devices[0].paths[0].state);
+                assert_eq!(c.volumes, f.volumes);
+            }
+            (Status::Proxy(f), Status::Proxy(c)) => {
+                assert_eq!(c.inventory, f.inventory);
+                assert_eq!(c.devices, f.devices);
+                assert_eq!(c.agents, f.agents);
+                assert_eq!(c.targets.len(), f.targets.len());
+                assert_eq!(c.targets[0].name, "array-a");
+                assert!(c.targets[0].iscsi.is_some() && c.targets[1].fibre_channel.is_some());
+            }
+            _ => panic!("the component changed"),
+        }
+    }
 }

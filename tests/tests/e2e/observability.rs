@@ -1069,6 +1069,15 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
             .any(|s| s["state"] == "LOGGED_IN"),
         "{node_a}"
     );
+    // The test reads from the lab's bridge, not loopback: the agent names
+    // no target IQN or portal to it (issue 36: the open port tells a
+    // reader off the machine less).
+    assert_eq!(node_a["redacted"], true, "{node_a}");
+    assert!(
+        !node_a.to_string().contains("iqn.2026-11.io.csi-scsi.lab")
+            && !node_a.to_string().contains(":3260"),
+        "no target IQN or portal off the node: {node_a}"
+    );
     let metrics = scrape(lab.nodes[0].status).await;
     assert!(calls(&metrics, "csi.agent.v1.Agent", "Attach", "OK") >= 1.0);
     assert!(
@@ -1152,9 +1161,27 @@ async fn a_request_id_follows_an_operation_across_nodes_and_chap_secrets_appear_
             assert!(!text.contains(s), "{name} contains a CHAP secret");
         }
     }
+    // Off the machine (the test reads from the lab's bridge), the proxy
+    // lists the CHAP target by name without its portals, IQN or Secret's
+    // name, and errors without their messages (which quote them).
+    assert_eq!(proxy["redacted"], true, "{proxy}");
+    let text = proxy.to_string();
     assert!(
-        documents.iter().any(|(_, t)| t.contains("chap-array-a")),
-        "the Secret is named, not shown"
+        proxy["targets"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == "array-a")),
+        "{proxy}"
+    );
+    for hidden in ["chap-array-a", "iqn.2026-11.io.csi-scsi.lab", ":3260"] {
+        assert!(!text.contains(hidden), "{hidden} off the machine: {proxy}");
+    }
+    assert!(
+        proxy["recent_errors"]
+            .as_array()
+            .expect("errors")
+            .iter()
+            .all(|e| e["message"] == ""),
+        "{proxy}"
     );
     // The secrets did travel: the target refused node-b's login with the
     // wrong one (the record that held it is deleted with the session).
