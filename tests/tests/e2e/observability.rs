@@ -459,10 +459,10 @@ async fn the_agent_serves_health_readiness_metrics_and_status() {
     );
     let a = get(status, "/readyz").await;
     assert_eq!(a.status, 200);
-    // The issued certificate lasts 365 days: 8759 h and some minutes left.
+    // The issued certificate lasts 90 days (the CLI's default): 2159 h and some minutes left.
     assert!(
         a.body
-            .starts_with("ready\n[+] tls: certificate expires in 87"),
+            .starts_with("ready\n[+] tls: certificate expires in 215"),
         "{}",
         a.body
     );
@@ -488,8 +488,8 @@ async fn the_agent_serves_health_readiness_metrics_and_status() {
         .value("csi_scsi_certificate_expiry_seconds", &[])
         .expect("expiry gauge");
     assert!(
-        left > 300.0 * 86400.0,
-        "a fresh certificate has about a year: {left}"
+        (89.0 * 86400.0..90.0 * 86400.0).contains(&left),
+        "a fresh certificate has about 90 days: {left}"
     );
     for g in ["csi_scsi_node_luns", "csi_scsi_volumes"] {
         assert_eq!(
