@@ -132,73 +132,28 @@ mod tests {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-        let bare = BTreeMap::new();
+        let bare: BTreeMap<String, String> = BTreeMap::new();
         let settable = [("storage.example.com/array1", "true")];
         let protected = [("node-restriction.kubernetes.io/array1", "true")];
         let mixed = [settable[0], protected[0]];
-        // (selector, nodes, keys allowed, node labels, selects node-a, refused)
-        let table: &[(
-            &[(&str, &str)],
-            &[&str],
-            SelectorKeys,
-            &BTreeMap<_, _>,
-            bool,
-            bool,
-        )] = &[
-            (
-                &settable,
-                &[],
-                SelectorKeys::AdminOnly,
-                &labelled,
-                false,
-                true,
-            ),
-            (
-                &settable,
-                &["node-a"],
-                SelectorKeys::AdminOnly,
-                &labelled,
-                false,
-                true,
-            ),
-            (&mixed, &[], SelectorKeys::AdminOnly, &labelled, false, true),
-            (&settable, &[], SelectorKeys::Any, &labelled, true, false),
-            (&settable, &[], SelectorKeys::Any, &bare, false, false),
-            (
-                &protected,
-                &[],
-                SelectorKeys::AdminOnly,
-                &labelled,
-                true,
-                false,
-            ),
-            (
-                &protected,
-                &[],
-                SelectorKeys::AdminOnly,
-                &bare,
-                false,
-                false,
-            ),
-            (
-                &[],
-                &["node-a"],
-                SelectorKeys::AdminOnly,
-                &bare,
-                true,
-                false,
-            ),
-            (
-                &[],
-                &["node-b"],
-                SelectorKeys::AdminOnly,
-                &labelled,
-                false,
-                false,
-            ),
-            (&[], &[], SelectorKeys::AdminOnly, &bare, true, false),
+        use SelectorKeys::{AdminOnly as Admin, Any};
+        // One row: a target's selector and nodes, the keys allowed, node-a's
+        // labels; whether it selects node-a, whether it is refused.
+        type Row<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], SelectorKeys);
+        let (l, b) = (&labelled, &bare);
+        let table: &[(Row<'_>, &BTreeMap<String, String>, bool, bool)] = &[
+            ((&settable, &[], Admin), l, false, true),
+            ((&settable, &["node-a"], Admin), l, false, true),
+            ((&mixed, &[], Admin), l, false, true),
+            ((&settable, &[], Any), l, true, false),
+            ((&settable, &[], Any), b, false, false),
+            ((&protected, &[], Admin), l, true, false),
+            ((&protected, &[], Admin), b, false, false),
+            ((&[], &["node-a"], Admin), b, true, false),
+            ((&[], &["node-b"], Admin), l, false, false),
+            ((&[], &[], Admin), b, true, false),
         ];
-        for (i, (selector, nodes, keys, labels, selects, refused)) in table.iter().enumerate() {
+        for (i, ((selector, nodes, keys), labels, selects, refused)) in table.iter().enumerate() {
             let t = target(selector, nodes);
             assert_eq!(t.selects("node-a", labels, *keys), *selects, "row {i}");
             let check = t.check_selector(*keys);
