@@ -212,6 +212,16 @@ pub struct Args {
     #[arg(long, default_value = "csi-scsi-node")]
     pub agent_service_account: String,
 
+    /// Let SCSITargets select nodes by Node labels a node's kubelet can set
+    /// on its own Node (any key outside node-restriction.kubernetes.io/ and
+    /// the other kubernetes.io/, k8s.io/ keys NodeRestriction keeps from
+    /// kubelets), with a warning at each discovery pass. Off: such a target
+    /// selects no node (its status says Refused), since any node whose
+    /// root adds the label would get its CHAP credentials and LUNs. Only
+    /// for clusters that trust every node's root alike.
+    #[arg(long)]
+    pub allow_kubelet_settable_selectors: bool,
+
     /// Log format: text or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -318,6 +328,8 @@ pub struct Config {
     pub tls_poll_interval: Duration,
     /// `None`: agents' certificates come as files only.
     pub enrolment: Option<EnrolmentConfig>,
+    /// `--allow-kubelet-settable-selectors`.
+    pub allow_kubelet_settable_selectors: bool,
 }
 
 impl Args {
@@ -435,6 +447,7 @@ impl Args {
             grace_period: Duration::from_secs(self.grace_period),
             tls_poll_interval: Duration::from_secs(self.tls_poll_interval.max(1)),
             enrolment,
+            allow_kubelet_settable_selectors: self.allow_kubelet_settable_selectors,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! codes in exactly one place, `csi/status.rs`.
 
 use crate::agents::AgentError;
+use crate::device::KubeletSettableSelector;
 use crate::inventory::InventoryError;
 use crate::parameters::InvalidParameter;
 use crate::secrets::SecretError;
@@ -151,6 +152,10 @@ pub enum ProxyError {
         /// The LUN.
         wwid: String,
     },
+    /// A target the LUN is reached through selects nodes by a label a
+    /// node's kubelet can set on itself: it selects no node.
+    #[error(transparent)]
+    SelectorNotProtected(#[from] KubeletSettableSelector),
     /// A CHAP Secret could not be used (never its content).
     #[error(transparent)]
     Secret(#[from] SecretError),
@@ -169,7 +174,8 @@ impl ProxyError {
             Self::NodeNotFound(_)
             | Self::NodeUnreachable { .. }
             | Self::DirectoryNotSynced { .. }
-            | Self::TargetNotForNode { .. } => true,
+            | Self::TargetNotForNode { .. }
+            | Self::SelectorNotProtected(_) => true,
             _ => false,
         }
     }

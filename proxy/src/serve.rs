@@ -81,7 +81,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let metrics = Metrics::new("proxy", env!("CARGO_PKG_VERSION"), Some(tls.clone()));
     pool.set_metrics(&metrics);
-    let mut life = Lifecycle::new(inventory.clone(), pool, secrets);
+    let mut life = Lifecycle::new(inventory.clone(), pool, secrets)
+        .allow_kubelet_settable_selectors(config.allow_kubelet_settable_selectors);
     if let Some(events) = backends.events.clone() {
         life = life.with_events(events);
     }

@@ -30,6 +30,8 @@ mod inventory;
 mod leader;
 #[path = "support/lifecycle.rs"]
 mod lifecycle_support;
+#[path = "kube_backends/node_labels.rs"]
+mod node_labels;
 #[path = "kube_backends/real_api.rs"]
 mod real_api;
 #[path = "support/real_kube.rs"]

@@ -25,6 +25,9 @@ impl From<ProxyError> for Status {
             // are configured: a retry cannot help until an admin changes
             // the target or the node's labels.
             ProxyError::TargetNotForNode { .. } => Code::FailedPrecondition,
+            // The same: the target's selector must change (or the proxy's
+            // flag) before any node gets anything through it.
+            ProxyError::SelectorNotProtected(_) => Code::FailedPrecondition,
             // ControllerPublishVolume: "Volume published but is incompatible".
             ProxyError::PublishedIncompatibly { .. } => Code::AlreadyExists,
             ProxyError::DeviceState { .. } => Code::Unavailable,

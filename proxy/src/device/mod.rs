@@ -1,9 +1,11 @@
 //! The device model and its life cycle: the records both stores keep
-//! (`model`), typed capabilities (`access`), and every transition between
+//! (`model`), typed capabilities (`access`), which Node label keys a
+//! target's selector may rest on (`node_label`), and every transition between
 //! phases as a pure function (`policy`). The inventory does the I/O.
 
 pub mod access;
 mod model;
+pub mod node_label;
 pub mod policy;
 
 pub use access::{Access, Capability, FsType, Mode, UnknownCapability};
@@ -12,3 +14,4 @@ pub use model::{
     LunReport, NewLuns, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
     TargetConflict, Transport,
 };
+pub use node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};

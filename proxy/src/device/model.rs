@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::access::{Access, Capability, FsType};
+use super::node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};
 
 /// A device's life-cycle phase.
 #[derive(
@@ -434,14 +435,48 @@ impl Phase {
 
 impl Target {
     /// Whether node `node`, carrying `labels`, is one this target is for:
-    /// named in `nodes` (or none named) and matching `node_selector`. Only
-    /// such nodes are asked to discover it or sent its CHAP credentials.
-    pub fn selects(&self, node: &str, labels: &BTreeMap<String, String>) -> bool {
-        (self.nodes.is_empty() || self.nodes.iter().any(|n| n == node))
+    /// named in `nodes` (or none named) and matching `node_selector`, whose
+    /// keys `allowed` admits. Only such nodes are asked to discover it or
+    /// sent its CHAP credentials.
+    pub fn selects(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+        allowed: SelectorKeys,
+    ) -> bool {
+        self.check_selector(allowed).is_ok()
+            && (self.nodes.is_empty() || self.nodes.iter().any(|n| n == node))
             && self
                 .node_selector
                 .iter()
                 .all(|(k, v)| labels.get(k) == Some(v))
+    }
+
+    /// The `node_selector` keys a node's kubelet can set on its own Node.
+    pub fn kubelet_settable_keys(&self) -> Vec<String> {
+        self.node_selector
+            .keys()
+            .filter(|k| LabelSetter::of(k) == LabelSetter::Kubelet)
+            .cloned()
+            .collect()
+    }
+
+    /// Refuses a selector that rests on keys a kubelet can set, unless
+    /// `allowed` admits any key. A `nodes` list alone names nodes by the
+    /// identity their certificates carry, so it is never refused.
+    pub fn check_selector(&self, allowed: SelectorKeys) -> Result<(), KubeletSettableSelector> {
+        let keys = match allowed {
+            SelectorKeys::Any => return Ok(()),
+            SelectorKeys::AdminOnly => self.kubelet_settable_keys(),
+        };
+        if keys.is_empty() {
+            Ok(())
+        } else {
+            Err(KubeletSettableSelector {
+                target: self.name.clone(),
+                keys,
+            })
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use csi_scsi_certs::file_watch;
 use tokio::sync::watch;
 
-use super::{AgentDirectory, AgentEntry, Agents, Standing};
+use super::{AgentDirectory, AgentEntry, Agents, LabelSource, Standing};
 use crate::selector::excerpt;
 
 /// Lets an editor's save (write, rename) land before rereading.
@@ -194,6 +194,10 @@ impl AgentDirectory for FileDirectory {
     /// The file was read whole before the directory existed.
     fn is_synced(&self) -> bool {
         true
+    }
+
+    fn label_source(&self) -> LabelSource {
+        LabelSource::AgentsFile
     }
 
     /// The file is the list of nodes: a node out of every clean read of it

@@ -24,7 +24,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::{AgentDirectory, AgentEntry, Agents, Standing, Unready};
+use super::{AgentDirectory, AgentEntry, Agents, LabelSource, Standing, Unready};
 
 /// Name of the agent container port; its number wins over the configured one.
 pub const AGENT_PORT_NAME: &str = "agent-api";
@@ -186,6 +186,10 @@ impl AgentDirectory for PodDirectory {
 
     fn is_synced(&self) -> bool {
         self.is_ready()
+    }
+
+    fn label_source(&self) -> LabelSource {
+        LabelSource::NodeObjects
     }
 
     /// Removed once its Node object is deleted, fenced while the Node

@@ -49,6 +49,8 @@ pub trait AgentDirectory: Send + Sync {
     /// Whether the snapshot reflects a complete first list of the
     /// backend; before that an agent missing from it says nothing.
     fn is_synced(&self) -> bool;
+    /// Who wrote the node labels it hands out.
+    fn label_source(&self) -> LabelSource;
     /// What the backend says of `node` itself, whatever its agent's state;
     /// [`Standing::Member`] while the backend cannot tell yet.
     fn standing(&self, node: &str) -> Standing;
@@ -62,6 +64,17 @@ pub trait AgentDirectory: Send + Sync {
     fn subscribe_unready(&self) -> Option<watch::Receiver<Vec<Unready>>> {
         None
     }
+}
+
+/// Who wrote a directory's node labels, and so which keys a target's
+/// `nodeSelector` may rest on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelSource {
+    /// The operator, in the agents file: no node can change them.
+    AgentsFile,
+    /// The Node objects, whose labels a node's kubelet may edit (except
+    /// the keys NodeRestriction keeps from it).
+    NodeObjects,
 }
 
 /// What a backend says of a node itself, apart from its agent. Only the

@@ -14,7 +14,9 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{InventoryError, Store, Summary, Write};
 use crate::device::policy::PreferenceKey;
-use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
+use crate::device::{
+    Device, DiscoveryRound, KubeletSettableSelector, Phase, ResizeRequest, Target,
+};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Never edit a released step: append a new one.
@@ -777,5 +779,9 @@ impl Store for EmbeddedInventory {
         for c in label_conflicts {
             tracing::info!(target = %round.target, conflict = %c, "device label conflict");
         }
+    }
+
+    async fn target_refused(&self, _: &KubeletSettableSelector) {
+        // No object to hold it: discovery has logged it.
     }
 }

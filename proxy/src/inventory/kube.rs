@@ -39,7 +39,9 @@ use tokio::time::Instant;
 
 use super::{InventoryError, Summary, Write};
 use crate::device::policy::{self, PreferenceKey, preference, preference_key};
-use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target};
+use crate::device::{
+    Device, DiscoveryRound, KubeletSettableSelector, Phase, ResizeRequest, Target,
+};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::kube_wiring::{patch_params, post_params};
 use crate::leader::LeaderHandle;
@@ -606,22 +608,52 @@ impl KubeInventory {
                 now,
             )],
         };
+        self.replace_target_status(&round.target, status).await;
+    }
+
+    /// Says in the target's status that its selector was refused: phase
+    /// `Refused`, condition `Discovered` False with the reason. What the
+    /// last pass saw (nodes, LUN counts) stays as it was.
+    async fn write_target_refused(&self, refused: &KubeletSettableSelector) {
+        let now = Timestamp::now();
+        let mut status = self
+            .inner
+            .target_cache
+            .get(&reflector::ObjectRef::new(&refused.target))
+            .and_then(|t| t.status.clone())
+            .unwrap_or_default();
+        let discovered = condition(
+            &status.conditions,
+            "Discovered",
+            false,
+            "SelectorNotProtected",
+            refused.to_string(),
+            now,
+        );
+        status.phase = Some("Refused".into());
+        status.conditions.retain(|c| c.type_ != "Discovered");
+        status.conditions.push(discovered);
+        self.replace_target_status(&refused.target, status).await;
+    }
+
+    /// Replaces target `name`'s status with `status` (best effort).
+    async fn replace_target_status(&self, name: &str, status: SCSITargetStatus) {
         // The whole status replaces the stored one: the empty fields it
         // skips (no conflicts left, no nodes) must clear, and a JSON merge
         // patch would leave them as they were.
         let mut current = self
             .inner
             .target_cache
-            .get(&reflector::ObjectRef::new(&round.target));
+            .get(&reflector::ObjectRef::new(name));
         for _ in 0..ATTEMPTS {
             let object = match current.take() {
                 Some(o) => o,
-                None => match self.inner.targets.get_opt(&round.target).await {
+                None => match self.inner.targets.get_opt(name).await {
                     Ok(Some(o)) => Arc::new(o),
                     // Removed meanwhile: nothing to report on.
                     Ok(None) => return,
                     Err(e) => {
-                        tracing::warn!(target = %round.target, error = %e, "could not read the SCSITarget to write its status");
+                        tracing::warn!(target = %name, error = %e, "could not read the SCSITarget to write its status");
                         return;
                     }
                 },
@@ -631,7 +663,7 @@ impl KubeInventory {
             match self
                 .inner
                 .targets
-                .replace_status(&round.target, &post_params(), &next)
+                .replace_status(name, &post_params(), &next)
                 .await
             {
                 Ok(_) => return,
@@ -639,12 +671,12 @@ impl KubeInventory {
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return,
                 Err(e) => {
-                    tracing::warn!(target = %round.target, error = %e, "could not write the SCSITarget status");
+                    tracing::warn!(target = %name, error = %e, "could not write the SCSITarget status");
                     return;
                 }
             }
         }
-        tracing::warn!(target = %round.target, "SCSITarget status not written: it kept changing");
+        tracing::warn!(target = %name, "SCSITarget status not written: it kept changing");
     }
 
     /// The PVC bound to the PersistentVolume `volume`, from its claimRef,
@@ -907,6 +939,10 @@ impl super::Store for KubeInventory {
         if self.fence().is_ok() {
             self.sweep_finalizers(&round.target).await;
         }
+    }
+
+    async fn target_refused(&self, refused: &KubeletSettableSelector) {
+        self.write_target_refused(refused).await;
     }
 
     async fn put_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {

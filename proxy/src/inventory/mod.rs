@@ -18,7 +18,8 @@ pub use store::{Store, Summary, Write};
 
 use crate::device::policy::{self, Change};
 use crate::device::{
-    BindRequest, Device, DiscoveryOutcome, DiscoveryRound, Phase, ResizeRequest, Target,
+    BindRequest, Device, DiscoveryOutcome, DiscoveryRound, KubeletSettableSelector, Phase,
+    ResizeRequest, Target,
 };
 use crate::selector::Selector;
 
@@ -437,6 +438,12 @@ impl Inventory {
         conflicts.dedup();
         self.store.discovery_done(&round, conflicts).await;
         Ok(out)
+    }
+
+    /// Records that discovery left a target out because its selector was
+    /// refused (best effort: where the store can show it).
+    pub async fn target_refused(&self, refused: &KubeletSettableSelector) {
+        self.store.target_refused(refused).await;
     }
 
     /// Writes `writes` in one batch; should the batch fail as a whole (one

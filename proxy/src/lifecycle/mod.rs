@@ -20,7 +20,8 @@ use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
 use crate::agents::{AgentPool, deadline};
-use crate::device::{Device, Target, Transport};
+use crate::device::{Device, SelectorKeys, Target, Transport};
+use crate::directory::LabelSource;
 use crate::error::ProxyError;
 use crate::inventory::Inventory;
 use crate::secrets::SecretSource;
@@ -48,6 +49,9 @@ pub struct Lifecycle {
     releases: Releases,
     /// Events on claims (the Kubernetes backend; none in embedded mode).
     events: Option<VolumeEvents>,
+    /// `--allow-kubelet-settable-selectors`: targets may select nodes by
+    /// Node labels their kubelets can set themselves.
+    kubelet_settable_selectors: bool,
 }
 
 impl Lifecycle {
@@ -64,6 +68,27 @@ impl Lifecycle {
             locks: KeyedLocks::default(),
             releases: Releases::default(),
             events: None,
+            kubelet_settable_selectors: false,
+        }
+    }
+
+    /// Lets targets' `nodeSelector`s rest on Node labels a kubelet can set
+    /// on its own Node (warned about at each discovery pass) when `allow`.
+    pub fn allow_kubelet_settable_selectors(mut self, allow: bool) -> Self {
+        self.kubelet_settable_selectors = allow;
+        self
+    }
+
+    /// Which label keys a target's `nodeSelector` may rest on: any, when
+    /// the operator wrote the labels (agents file) or allowed it; else only
+    /// keys a node's kubelet cannot set on itself.
+    pub fn selector_keys(&self) -> SelectorKeys {
+        match (
+            self.agents.directory().label_source(),
+            self.kubelet_settable_selectors,
+        ) {
+            (LabelSource::AgentsFile, _) | (LabelSource::NodeObjects, true) => SelectorKeys::Any,
+            (LabelSource::NodeObjects, false) => SelectorKeys::AdminOnly,
         }
     }
 

@@ -73,10 +73,15 @@ impl Lifecycle {
                 ),
             });
         }
-        // Each target's CHAP credentials go only to the nodes it selects:
-        // refused before anything is recorded or read.
+        // Each target's CHAP credentials go only to the nodes it selects,
+        // and a selector a node could satisfy by labelling itself selects
+        // none: refused before anything is recorded or read.
         let specs = self.target_specs_for(&dev, node).await?;
-        if let Some(t) = specs.iter().find(|t| !t.selects(node, &entry.labels)) {
+        let keys = self.selector_keys();
+        for t in &specs {
+            t.check_selector(keys)?;
+        }
+        if let Some(t) = specs.iter().find(|t| !t.selects(node, &entry.labels, keys)) {
             return Err(ProxyError::TargetNotForNode {
                 node: node.to_owned(),
                 target: t.name.clone(),

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::agents::fan_out;
 use crate::device::{DiscoveryRound, LunReport, Target};
-use crate::directory::NodeAgent;
+use crate::directory::{LabelSource, NodeAgent};
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
 
@@ -87,6 +87,8 @@ pub struct PassSummary {
     pub failed: usize,
     /// Targets whose round could not be merged at all.
     pub failed_targets: usize,
+    /// Targets left out: their nodeSelector uses keys a kubelet can set.
+    pub refused_targets: usize,
 }
 
 /// How passes run.
@@ -169,10 +171,25 @@ pub async fn reconcile_once(
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let mut summary = PassSummary::default();
     let targets = life.inventory().targets().await?;
+    let keys = life.selector_keys();
+    let labels_from_nodes = life.agents().directory().label_source() == LabelSource::NodeObjects;
     for target in &targets {
+        // A selector any node could satisfy by labelling itself selects no
+        // node: no Discover (no CHAP) goes out for it, and its devices'
+        // records stay as they are (no view dropped, nothing Lost).
+        if let Err(refused) = target.check_selector(keys) {
+            tracing::warn!(target = %target.name, error = %refused, "target not discovered");
+            life.inventory().target_refused(&refused).await;
+            summary.refused_targets += 1;
+            continue;
+        }
+        let settable = target.kubelet_settable_keys();
+        if labels_from_nodes && !settable.is_empty() {
+            tracing::warn!(target = %target.name, keys = ?settable, "the target's nodeSelector uses keys a node's kubelet can set on its own Node, allowed by --allow-kubelet-settable-selectors: any node that labels itself gets its CHAP credentials and LUNs");
+        }
         let nodes: Vec<String> = agents
             .iter()
-            .filter(|(n, e)| target.selects(n, &e.labels))
+            .filter(|(n, e)| target.selects(n, &e.labels, keys))
             .map(|(n, _)| n.clone())
             .collect();
         // A target whose CHAP Secret is missing or misplaced is skipped,

@@ -128,7 +128,8 @@ pub struct FibreChannelSpec {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SCSITargetStatus {
-    /// `Ready` (every node answered), `Degraded` (some did not), `Unreachable` (none did).
+    /// `Ready` (every node answered), `Degraded` (some did not), `Unreachable` (none did),
+    /// `Refused` (its nodeSelector uses a key a node's kubelet can set: no node is selected).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Nodes that answered the last pass.

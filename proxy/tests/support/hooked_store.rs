@@ -6,7 +6,9 @@ use std::path::Path;
 
 use async_trait::async_trait;
 use csi_scsi_proxy::device::policy::PreferenceKey;
-use csi_scsi_proxy::device::{Device, DiscoveryRound, ResizeRequest, Target};
+use csi_scsi_proxy::device::{
+    Device, DiscoveryRound, KubeletSettableSelector, ResizeRequest, Target,
+};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, InventoryError, Store, Summary, Write};
 
 /// What a test changes about the store's calls.
@@ -107,5 +109,8 @@ impl<H: Hooks> Store for Hooked<H> {
     }
     async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
         self.inner.discovery_done(round, label_conflicts).await
+    }
+    async fn target_refused(&self, refused: &KubeletSettableSelector) {
+        self.inner.target_refused(refused).await
     }
 }

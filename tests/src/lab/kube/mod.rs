@@ -13,6 +13,7 @@ pub mod images;
 pub mod install;
 pub mod node;
 pub mod node_fs;
+pub mod node_labels;
 pub mod operations;
 pub mod pods;
 pub mod rbac;

@@ -48,6 +48,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "a node labelling itself gets nothing: node-c's kubelet labels its Node with the key a CHAP target selects on; the target is Refused, nothing discovered through it; the protected key is refused to the kubelet",
+        async { Ok(((), super::node_labels::a_node_labelling_itself_gets_nothing(lab, &node_name(2)).await?)) },
+    )
+    .await?;
+
+    r.step(
         "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool; one that matches no LUN)",
         async {
             k.run(&["create", "namespace", NS])?;
