@@ -5,24 +5,25 @@
 //! (as root) and play a whole volume life cycle through it; with `--keep`,
 //! leave it running and write `lab.json`.
 //! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
-//! `lab images [--out DIR] [--tag TAG] [--profile PROFILE]`: build every
-//! container image deploy/ uses (recipes in deploy/images/) as
-//! docker-archive tarballs, without Docker or a registry; for a release,
-//! `cargo build --release -p csi-scsi-proxy -p csi-scsi-agent` first, then
-//! `--profile release`.
+//! `lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests]`:
+//! build every container image deploy/ uses (recipes in deploy/images/) as
+//! image archives, without Docker or a registry, and check the sidecars'
+//! digests against the pins in deploy/ (`--write-digests` rewrites them);
+//! for a release, `cargo build --release -p csi-scsi-proxy -p csi-scsi-agent`
+//! first, then `--profile release`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use csi_scsi_tests::images::ImageOptions;
+use csi_scsi_tests::images::{ImageOptions, Pins};
 use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
 const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
        lab down [--dir DIR]
-       lab images [--out DIR] [--tag TAG] [--profile PROFILE]
+       lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
@@ -38,8 +39,10 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
             every node sees (label tier=pool): devices for suites that create
             many volumes
   images    build every image deploy/ uses (recipes: deploy/images/) as
-            docker-archive tarballs for `ctr -n k8s.io images import` or
-            `docker load -i`; no Docker, no registry
+            image archives (OCI layout with docker's manifest.json) for
+            `ctr -n k8s.io images import` or `docker load -i`; no Docker, no
+            registry. Fails when a sidecar's digest differs from the one
+            deploy/ pins (name:tag@sha256:...)
     --out DIR       where they go (default $CSI_SCSI_CACHE/images,
                     CSI_SCSI_CACHE defaulting to /var/cache/csi-scsi)
     --tag TAG       the tag of csi-scsi/proxy and csi-scsi/agent (default dev);
@@ -47,7 +50,10 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
     --profile NAME  the binaries' cargo profile, target/NAME/ (default debug);
                     for release images run
                     cargo build --release -p csi-scsi-proxy -p csi-scsi-agent
-                    first, then --profile release";
+                    first, then --profile release
+    --write-digests write the sidecars' digests built here into
+                    deploy/base/controller.yaml and the chart's values.yaml
+                    (after an intended change: Go, tools/external-*, a recipe)";
 
 /// A flag's count, refused (not clamped or defaulted) when missing, not a
 /// number, or out of `range`: a typo must not run a different lab.
@@ -83,6 +89,7 @@ fn main() -> ExitCode {
         match a.as_str() {
             "up" | "down" | "images" => cmd = Some(a.clone()),
             "--keep" => keep = true,
+            "--write-digests" => images.pins = Pins::Write,
             "--kubernetes" => kubernetes = true,
             "--vm" => config.vm = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
@@ -184,14 +191,26 @@ fn build_images(opts: &ImageOptions) -> anyhow::Result<()> {
     };
     let rw = width(|b| b.reference.len(), "reference");
     let aw = width(|b| b.archive.display().to_string().len(), "archive");
-    println!("\n{:<rw$}  {:<aw$}  {:>8}", "reference", "archive", "MiB");
+    println!(
+        "\n{:<rw$}  {:<aw$}  {:>8}  digest",
+        "reference", "archive", "MiB"
+    );
     for b in &built {
         println!(
-            "{:<rw$}  {:<aw$}  {:>8.1}",
+            "{:<rw$}  {:<aw$}  {:>8.1}  {}",
             b.reference,
             b.archive.display(),
-            b.bytes as f64 / (1024.0 * 1024.0)
+            b.bytes as f64 / (1024.0 * 1024.0),
+            b.digest
         );
+    }
+    if opts.pins == Pins::Write {
+        println!(
+            "\nthe sidecars' digests are written into deploy/base/controller.yaml and \
+             deploy/chart/csi-scsi/values.yaml: review and commit them"
+        );
+    } else {
+        println!("\nthe sidecars' digests are the ones deploy/ pins");
     }
     println!(
         "\n{} images in {:.1}s (MiB: the uncompressed layer). Load: \

@@ -1,7 +1,12 @@
 //! The container images `deploy/` uses, built without Docker or a
-//! registry: `lab images` turns each recipe in `deploy/images/` into a
-//! docker-archive tarball (the `docker save` format, one uncompressed
-//! layer) that `ctr images import` and `docker load` read.
+//! registry: `lab images` turns each recipe in `deploy/images/` into an
+//! image archive (an OCI layout with docker's manifest.json, one
+//! uncompressed layer) that `ctr images import` and `docker load` read.
+//!
+//! The sidecars' references in deploy/ pin the manifest digest of the
+//! image built here (`name:tag@sha256:...`); a build that gives another
+//! digest fails until the pins are rewritten on purpose
+//! (`lab images --write-digests`), so a changed input cannot slip in.
 //!
 //! The root filesystems are made of files from this machine (Debian 12):
 //! the workspace's binaries from `target/<profile>/` (stripped), the CSI
@@ -33,6 +38,18 @@ pub struct ImageOptions {
     pub tag: String,
     /// The cargo profile directory the binaries come from (`target/<profile>/`).
     pub profile: String,
+    /// What to do with the sidecars' pinned digests in deploy/.
+    pub pins: Pins,
+}
+
+/// The sidecars' digests in deploy/ against the images built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pins {
+    /// Fail when an image built has another digest than deploy/ pins.
+    #[default]
+    Check,
+    /// Write the digests built into deploy/ (`lab images --write-digests`).
+    Write,
 }
 
 impl ImageOptions {
@@ -51,6 +68,7 @@ impl Default for ImageOptions {
             out: Self::default_out(),
             tag: "dev".into(),
             profile: "debug".into(),
+            pins: Pins::Check,
         }
     }
 }
@@ -65,6 +83,10 @@ pub struct BuiltImage {
     pub archive: PathBuf,
     /// The uncompressed layer's size.
     pub bytes: u64,
+    /// The manifest digest (`sha256:<hex>`): what a pinned reference names.
+    pub digest: String,
+    /// The controller container whose image this is, for a sidecar.
+    pub controller_container: Option<String>,
 }
 
 /// The repository root.
@@ -119,7 +141,141 @@ pub fn build(opts: &ImageOptions) -> anyhow::Result<Vec<BuiltImage>> {
             missing.join(" -p ")
         );
     }
-    files.iter().map(|r| build_recipe(r, opts)).collect()
+    let built = files
+        .iter()
+        .map(|r| build_recipe(r, opts))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    match opts.pins {
+        Pins::Check => check_pins(&controller_images()?, &built)?,
+        Pins::Write => write_pins(&built)?,
+    }
+    Ok(built)
+}
+
+/// Fails, naming every sidecar at once, unless each image built for a
+/// controller container has the digest its reference in `images` (by
+/// container name, from deploy/base/controller.yaml) pins.
+fn check_pins(images: &BTreeMap<String, String>, built: &[BuiltImage]) -> anyhow::Result<()> {
+    let mut wrong = Vec::new();
+    for b in built {
+        let Some(container) = &b.controller_container else {
+            continue;
+        };
+        let reference = images.get(container).with_context(|| {
+            format!(
+                "{} has no container {container:?}",
+                controller_yaml().display()
+            )
+        })?;
+        match archive::pinned_digest(reference)? {
+            Some(pinned) if pinned == b.digest => {}
+            Some(pinned) => wrong.push(format!(
+                "container {container}: deploy/ pins {pinned}, the image built here is {}",
+                b.digest
+            )),
+            None => wrong.push(format!(
+                "container {container}: deploy/ runs {reference} without a digest; the image \
+                 built here is {}",
+                b.digest
+            )),
+        }
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "the sidecar images built here are not the ones deploy/ pins:\n  {}\n\
+             A pin is the digest of the image `lab images` builds from the Go modules pinned \
+             in tools/external-*/go.sum, with this machine's Go (`go version`) and the recipe \
+             in deploy/images/; one of those changed. If that change is intended, rewrite the \
+             pins in deploy/base/controller.yaml and the chart's values.yaml with \
+             `lab images --write-digests` and commit them (deploy/README.md, Pinned sidecars).",
+            wrong.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// The chart's values.yaml.
+fn chart_values() -> PathBuf {
+    workspace().join("deploy/chart/csi-scsi/values.yaml")
+}
+
+/// Rewrites every sidecar's pin in deploy/base/controller.yaml and the
+/// chart's values.yaml to the digest built; only those lines change.
+fn write_pins(built: &[BuiltImage]) -> anyhow::Result<()> {
+    let images = controller_images()?;
+    let (controller, values) = (controller_yaml(), chart_values());
+    let mut controller_text = std::fs::read_to_string(&controller)
+        .with_context(|| format!("reading {}", controller.display()))?;
+    let mut values_text = std::fs::read_to_string(&values)
+        .with_context(|| format!("reading {}", values.display()))?;
+    for b in built {
+        let Some(container) = &b.controller_container else {
+            continue;
+        };
+        let reference = images
+            .get(container)
+            .with_context(|| format!("{} has no container {container:?}", controller.display()))?;
+        controller_text = pin_controller_line(&controller_text, reference, &b.digest)
+            .with_context(|| format!("{}, container {container}", controller.display()))?;
+        values_text = pin_chart_digest(&values_text, reference, &b.digest)
+            .with_context(|| format!("{}, container {container}", values.display()))?;
+    }
+    std::fs::write(&controller, controller_text)?;
+    std::fs::write(&values, values_text)?;
+    Ok(())
+}
+
+/// `text` (controller.yaml) with its one line `image: <reference>` pinned
+/// to `digest`.
+fn pin_controller_line(text: &str, reference: &str, digest: &str) -> anyhow::Result<String> {
+    let old = format!("image: {reference}\n");
+    if text.matches(&old).count() != 1 {
+        bail!("not exactly one line `image: {reference}`");
+    }
+    Ok(text.replacen(
+        &old,
+        &format!("image: {}\n", archive::pin(reference, digest)?),
+        1,
+    ))
+}
+
+/// `text` (the chart's values.yaml) with the `digest:` of the image whose
+/// `repository:` is `reference`'s repository set to `digest`: the first
+/// `digest:` key among that map's lines (same indentation).
+fn pin_chart_digest(text: &str, reference: &str, digest: &str) -> anyhow::Result<String> {
+    let name = reference.split_once('@').map_or(reference, |(n, _)| n);
+    let repository = name
+        .rsplit_once(':')
+        .filter(|(_, tag)| !tag.contains('/'))
+        .map_or(name, |(repo, _)| repo);
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let wanted = format!("repository: {repository}");
+    let at: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].trim() == wanted)
+        .collect();
+    let [at] = at[..] else {
+        bail!("not exactly one line `{wanted}`");
+    };
+    let indent = lines[at].len() - lines[at].trim_start().len();
+    let line = (at + 1..lines.len())
+        .take_while(|&i| {
+            let l = lines[i];
+            l.trim().is_empty() || l.len() - l.trim_start().len() >= indent
+        })
+        .find(|&i| {
+            let l = lines[i];
+            l.len() - l.trim_start().len() == indent && l.trim_start().starts_with("digest:")
+        })
+        .with_context(|| format!("no `digest:` beside `{wanted}`"))?;
+    let mut out = String::with_capacity(text.len());
+    for (i, l) in lines.iter().enumerate() {
+        if i == line {
+            out.push_str(&format!("{}digest: {digest}\n", " ".repeat(indent)));
+        } else {
+            out.push_str(l);
+        }
+    }
+    Ok(out)
 }
 
 /// Builds the image of recipe file `path` into `opts.out`.
@@ -133,12 +289,22 @@ pub fn build_recipe(path: &Path, opts: &ImageOptions) -> anyhow::Result<BuiltIma
 }
 
 fn build_image(recipe: &Recipe, stem: &str, opts: &ImageOptions) -> anyhow::Result<BuiltImage> {
-    let reference = match &recipe.image {
+    let (reference, controller_container) = match &recipe.image {
         ImageName::Name(name) => {
             check_tag(&opts.tag)?;
-            format!("{name}:{}", opts.tag)
+            (format!("{name}:{}", opts.tag), None)
         }
-        ImageName::ControllerContainer(container) => controller_image(container)?,
+        // The image is named by tag; the digest deploy/ pins is checked
+        // against the one built (`build`), and the archive gives the image
+        // that name too.
+        ImageName::ControllerContainer(container) => {
+            let pinned = controller_image(container)?;
+            let by_tag = pinned
+                .split_once('@')
+                .map_or(&*pinned, |(n, _)| n)
+                .to_owned();
+            (by_tag, Some(container.clone()))
+        }
     };
     let tag = archive::tag(&reference)?;
     std::fs::create_dir_all(&opts.out)
@@ -205,13 +371,17 @@ fn build_image(recipe: &Recipe, stem: &str, opts: &ImageOptions) -> anyhow::Resu
             env: recipe.env.clone(),
         },
     };
-    archive::write(&partial, &staging, &layer, &[image])?;
+    let digest = archive::write(&partial, &staging, &layer, &[image])?
+        .pop()
+        .context("no manifest written")?;
     std::fs::rename(&partial, &file)
         .with_context(|| format!("moving the archive to {}", file.display()))?;
     Ok(BuiltImage {
         reference: archive::qualified(&reference)?,
         archive: file,
         bytes: layer.bytes,
+        digest,
+        controller_container,
     })
 }
 
@@ -390,6 +560,88 @@ mod tests {
         Ok(())
     }
 
+    fn sidecar(container: &str, digest: &str) -> BuiltImage {
+        BuiltImage {
+            reference: format!("registry.k8s.io/sig-storage/{container}:v1.0.0"),
+            archive: PathBuf::from("/nowhere"),
+            bytes: 0,
+            digest: digest.into(),
+            controller_container: Some(container.into()),
+        }
+    }
+
+    #[test]
+    fn a_sidecar_built_with_another_digest_than_deploy_pins_is_refused() -> anyhow::Result<()> {
+        let (a, b) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "b".repeat(64)),
+        );
+        let pinned = |d: &str| {
+            BTreeMap::from([(
+                "csi-attacher".to_owned(),
+                format!("registry.k8s.io/sig-storage/csi-attacher:v1.0.0@{d}"),
+            )])
+        };
+        check_pins(&pinned(&a), &[sidecar("csi-attacher", &a)])?;
+        let err = check_pins(&pinned(&a), &[sidecar("csi-attacher", &b)])
+            .expect_err("another digest accepted")
+            .to_string();
+        assert!(
+            err.contains(&a) && err.contains(&b) && err.contains("--write-digests"),
+            "{err}"
+        );
+        let unpinned = BTreeMap::from([(
+            "csi-attacher".to_owned(),
+            "registry.k8s.io/sig-storage/csi-attacher:v1.0.0".to_owned(),
+        )]);
+        let err = check_pins(&unpinned, &[sidecar("csi-attacher", &a)])
+            .expect_err("an unpinned sidecar accepted")
+            .to_string();
+        assert!(err.contains("without a digest"), "{err}");
+        Ok(())
+    }
+
+    /// The pins in deploy/base/controller.yaml and the chart's values.yaml
+    /// are the same, and rewriting them touches only the pinned lines.
+    #[test]
+    fn the_chart_pins_what_controller_yaml_pins_and_rewrites_only_those_lines() -> anyhow::Result<()>
+    {
+        let controller = std::fs::read_to_string(controller_yaml())?;
+        let values = std::fs::read_to_string(chart_values())?;
+        let other = format!("sha256:{}", "c".repeat(64));
+        for path in recipes()? {
+            let ImageName::ControllerContainer(container) = Recipe::load(&path)?.image else {
+                continue;
+            };
+            let reference = controller_image(&container)?;
+            let pinned = archive::pinned_digest(&reference)?
+                .with_context(|| format!("{container}: {reference} is not pinned"))?;
+            // The chart's digest for this repository is the same.
+            let same = pin_chart_digest(&values, &reference, &pinned)?;
+            assert_eq!(same, values, "{container}: the chart pins another digest");
+            let rewritten = pin_chart_digest(&values, &reference, &other)?;
+            let changed: Vec<(&str, &str)> = values
+                .lines()
+                .zip(rewritten.lines())
+                .filter(|(a, b)| a != b)
+                .collect();
+            assert_eq!(changed.len(), 1, "{changed:?}");
+            assert_eq!(changed[0].1.trim(), format!("digest: {other}"));
+            let line = pin_controller_line(&controller, &reference, &other)?;
+            let changed: Vec<(&str, &str)> = controller
+                .lines()
+                .zip(line.lines())
+                .filter(|(a, b)| a != b)
+                .collect();
+            assert_eq!(changed.len(), 1, "{changed:?}");
+            assert!(
+                changed[0].1.trim().ends_with(&format!("@{other}")),
+                "{changed:?}"
+            );
+        }
+        Ok(())
+    }
+
     #[test]
     fn a_missing_binary_says_how_to_build_it() {
         let err = cargo_binary("no-such-profile", "csi-scsi-proxy", "csi-scsi-proxy")
@@ -440,6 +692,7 @@ mod tests {
             out: dir.join("images"),
             tag: "test".into(),
             profile: "debug".into(),
+            pins: Pins::Check,
         };
         let built = build_recipe(&recipes_dir().join(format!("{name}.yaml")), &opts)?;
         let root = unpack(&built.archive, dir)?;

@@ -11,11 +11,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end }}
 
-{{/* An image reference: repository:tag, the tag defaulting to appVersion. */}}
+{{/* An image reference: repository:tag, the tag defaulting to appVersion,
+then @digest when the values pin one (the sidecars do). */}}
 {{- define "csi-scsi.image" -}}
 {{- $image := index . 0 -}}
 {{- $root := index . 1 -}}
-{{ $image.repository }}:{{ $image.tag | default $root.Chart.AppVersion }}
+{{ $image.repository }}:{{ $image.tag | default $root.Chart.AppVersion }}{{ with $image.digest }}@{{ . }}{{ end }}
 {{- end }}
 
 {{/* The securityContext of every unprivileged container. */}}

@@ -162,6 +162,7 @@ impl KubeLab {
             out: dir.join("kube/images"),
             tag: LAB_TAG.into(),
             profile: "debug".into(),
+            pins: crate::images::Pins::Check,
         })?;
         archives.extend(built.iter().map(|b| b.archive.clone()));
 

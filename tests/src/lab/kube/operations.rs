@@ -311,6 +311,7 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
         out: lab.lab.config.dir.join("kube/images-next"),
         tag: NEXT_TAG.into(),
         profile: "debug".into(),
+        pins: crate::images::Pins::Check,
     })?;
     for b in built.iter().filter(|b| b.reference.contains(NEXT_TAG)) {
         for n in &nodes {
