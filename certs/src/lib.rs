@@ -31,7 +31,7 @@ pub use error::CertError;
 pub use identity::{Identity, TrustDomain, identity_of, validate_node_name};
 pub use issue::{IssuedCertificate, SignedCertificate, Validity};
 pub use join_token::{JoinTokenRefused, JoinTokens};
-pub use material::{Material, MaterialPaths, Role};
+pub use material::{BundleMismatch, Material, MaterialPaths, Role};
 pub use pem_files::{
     CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_durably, write_issued,
     write_private_file,

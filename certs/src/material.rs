@@ -42,6 +42,25 @@ pub struct MaterialPaths {
     pub ca: PathBuf,
 }
 
+/// Why the proxy may not hand agents a CA bundle yet
+/// ([`Material::can_hand_out`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BundleMismatch {
+    /// The proxy's own `ca.crt` lacks the signing CA.
+    #[error(
+        "the proxy does not trust the signing CA yet (its own ca.crt lacks it): it could not verify the certificates it would sign"
+    )]
+    SignerUntrusted,
+    /// The proxy's own certificate does not chain to the bundle.
+    #[error(
+        "the proxy's own certificate does not chain to the signer's bundle: agents given it would refuse the proxy ({0})"
+    )]
+    OwnOutside(String),
+    /// The bundle does not parse.
+    #[error("the signer's bundle is unusable: {0}")]
+    Unusable(String),
+}
+
 /// Loaded, checked trust material.
 pub struct Material {
     pub(crate) certified_key: Arc<CertifiedKey>,
@@ -275,6 +294,33 @@ impl Material {
         crate::earliest_expiry(&self.raw[2])
             .and_then(|t| t.duration_since(SystemTime::now()).ok())
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// Whether the proxy holding this material may hand agents `bundle`
+    /// (the signer's `ca.crt`, its first certificate the signing CA): it
+    /// must trust the signing CA (or it could not verify the certificates
+    /// it signs), and its own certificate must chain to the bundle (or the
+    /// agents given it would refuse the proxy). During a CA rotation the
+    /// signer's files and the proxy's own can change at different moments.
+    pub fn can_hand_out(&self, bundle: &[u8]) -> Result<(), BundleMismatch> {
+        let path = Path::new("the signer's ca.crt");
+        let certs =
+            parse_certs(path, bundle).map_err(|e| BundleMismatch::Unusable(e.to_string()))?;
+        let trusted = parse_certs(path, &self.raw[2]).unwrap_or_default();
+        if !trusted.contains(&certs[0]) {
+            return Err(BundleMismatch::SignerUntrusted);
+        }
+        let (client_verifier, _) =
+            verifiers(path, bundle).map_err(|e| BundleMismatch::Unusable(e.to_string()))?;
+        let (leaf, intermediates) = self
+            .certified_key
+            .cert
+            .split_first()
+            .ok_or_else(|| BundleMismatch::OwnOutside("no certificate".into()))?;
+        client_verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| BundleMismatch::OwnOutside(e.to_string()))
     }
 
     pub(crate) fn same_files(&self, raw: &[Vec<u8>; 3]) -> bool {

@@ -111,6 +111,7 @@ impl MaterialStore {
         tracing::info!(
             identity = %material.identity(),
             serial = material.serial(),
+            trust = material.trust_digest().unwrap_or_default(),
             "{what}"
         );
         self.current.store(Arc::new(material));

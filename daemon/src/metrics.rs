@@ -95,6 +95,12 @@ struct BuildLabels {
     version: String,
 }
 
+/// The digest of the CA bundle a process trusts now.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrustLabels {
+    sha256: String,
+}
+
 /// Seconds left on the process's own certificate, read at each scrape.
 #[derive(Debug)]
 struct CertificateExpiry(Arc<MaterialStore>);
@@ -348,7 +354,19 @@ impl Collector for CertificateExpiry {
             None,
             gauge.metric_type(),
         )?;
-        gauge.encode(metric)
+        gauge.encode(metric)?;
+        // Which bundle is loaded: a CA rotation step has reached this
+        // process once it shows the step's digest.
+        let info = Info::new(TrustLabels {
+            sha256: material.trust_digest().unwrap_or_default(),
+        });
+        let metric = encoder.encode_descriptor(
+            "trust_bundle",
+            "The CA bundle this process trusts now (sha256 of its certificates, as csi_scsi_certs::trust_digest)",
+            None,
+            info.metric_type(),
+        )?;
+        info.encode(metric)
     }
 }
 

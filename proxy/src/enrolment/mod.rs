@@ -297,8 +297,21 @@ impl Enroller {
 
     /// Looks at every agent once; logs and returns what happened to each.
     pub async fn pass(&self) -> Vec<(String, Result<Outcome, EnrolError>)> {
+        let signer = self.signer();
+        // Signing now would cut agents off: wait for the proxy's own files
+        // (a CA rotation step whose Secrets kubelet updates one by one).
+        if let Err(why) = self
+            .tls
+            .current()
+            .can_hand_out(signer.cert_pem().as_bytes())
+        {
+            tracing::warn!(reason = %why, "holding every enrolment and renewal until the proxy's own TLS material fits the signer's CA");
+            let behind = i64::try_from(self.agents_on_other_trust()).unwrap_or(i64::MAX);
+            self.metrics.agents_on_other_trust.set(behind);
+            return Vec::new();
+        }
         let now = unix(SystemTime::now());
-        let trust = self.signer().trust_digest();
+        let trust = signer.trust_digest();
         // Ready agents whose certificate is known not to be due, under the
         // signer's bundle, are not dialled; an unready one (enrolling, or
         // its certificate lost) is.

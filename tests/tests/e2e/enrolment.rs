@@ -432,22 +432,34 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
         }));
     }
 
-    // 1. The new CA trusted beside the old: by the signer (so by every
-    //    agent it renews) and by the proxy.
+    // 1. The new CA trusted beside the old, by the signer (so by every
+    //    agent it renews). The proxy's own Secret lags: kubelet updates
+    //    each Secret volume in its own time.
     publish(&signer, 1, &signer_files(&old, &[&new_crt]));
-    publish(
-        &tls,
-        1,
-        &proxy_files(&env, &old, &[&new_crt], "proxy-issued-1"),
-    );
     let step1 = digest(&signer_files(&old, &[&new_crt])[0].1);
     eventually("step 1: every agent trusts old and new", || {
         all_trust(step1.clone())
     })
     .await;
 
-    // 2. The new CA signs; the proxy's own certificate from it.
+    // 2. The new CA signs, while the proxy does not trust it yet: signing
+    //    now would give agents certificates the proxy cannot verify, so
+    //    every renewal is held until the proxy's own files catch up.
     publish(&signer, 2, &signer_files(&new, &[&old_crt]));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        proxy.log().contains("holding every enrolment and renewal"),
+        "{}",
+        proxy.log()
+    );
+    for (_, node_tls) in &agents {
+        assert_eq!(
+            trusted(node_tls),
+            Some(step1.clone()),
+            "renewed before the proxy trusts the new CA"
+        );
+    }
+    // The proxy's own certificate from the new CA, trusting both.
     publish(
         &tls,
         2,
@@ -518,6 +530,13 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
         Some(0.0)
     );
     let agent_metrics = scrape(status_addr(&agents[0].0.daemon).await).await;
+    // Both show the final bundle: how an operator sees a step arrive.
+    for exposition in [&proxy_metrics, &agent_metrics] {
+        assert_eq!(
+            exposition.value("csi_scsi_trust_bundle_info", &[("sha256", step3.as_str())]),
+            Some(1.0)
+        );
+    }
     let trusted = agent_metrics
         .value("csi_scsi_trusted_ca_expiry_seconds", &[])
         .expect("the agent's trusted CA expiry");

@@ -4,7 +4,8 @@
 //! signing and the proxy's certificate from it; the old CA dropped). After
 //! each step the leading proxy has reloaded its signer and renewed every
 //! agent onto the new bundle (`csi_scsi_enrolment_agents_on_other_trust`
-//! back at 0), and across the whole rotation no agent call the proxies
+//! back at 0), and every proxy and agent shows the step's bundle
+//! (`csi_scsi_trust_bundle_info`); across the whole rotation no agent call the proxies
 //! made failed (`csi_scsi_agent_client_handling_seconds_count` by code),
 //! while discovery kept calling every agent. The last step of the lab: the
 //! lab's own CA (`lab.pki`) is left behind.
@@ -45,6 +46,7 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
         let started = std::time::Instant::now();
         let expected = bundle_digest(signer, also)?;
         apply_step(lab, &ns, signer, also)?;
+        let signer_line = format!("trust={expected}");
         let leader = lab
             .kubectl
             .wait_for(
@@ -53,20 +55,38 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
                 |k| {
                     let leader = lease_holder(k, &ns, "csi-scsi-proxy")?;
                     let log = proxy_log(lab, &leader)?;
-                    Ok(log.contains(&format!("trust={expected}")).then_some(leader))
+                    let reloaded = log
+                        .lines()
+                        .any(|l| l.contains("the signer's CA changed") && l.contains(&signer_line));
+                    Ok(reloaded.then_some(leader))
                 },
             )
             .await?;
+        let bundle = format!("csi_scsi_trust_bundle_info{{sha256=\"{expected}\"}} 1");
         lab.kubectl
             .wait_for(
-                &format!("step {}: every agent renewed onto the new bundle", i + 1),
+                &format!(
+                    "step {}: every proxy and agent trusts the new bundle, no agent left behind",
+                    i + 1
+                ),
                 STEP,
                 |k| {
-                    let metrics = pod_metrics(k, &ns, &leader)?;
-                    Ok(
-                        (sample(&metrics, "csi_scsi_enrolment_agents_on_other_trust")? == 0.0)
-                            .then_some(()),
-                    )
+                    let metrics = pod_metrics(k, &ns, &leader, PROXY_PORT)?;
+                    if sample(&metrics, "csi_scsi_enrolment_agents_on_other_trust")? != 0.0 {
+                        return Ok(None);
+                    }
+                    for (selector, port) in [
+                        (super::pods::CONTROLLER_SELECTOR, PROXY_PORT),
+                        (super::pods::AGENT_SELECTOR, AGENT_PORT),
+                    ] {
+                        for pod in super::pods::list(k, &ns, selector)? {
+                            let name = super::pods::name(&pod);
+                            if !pod_metrics(k, &ns, &name, port)?.contains(&bundle) {
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    Ok(Some(()))
                 },
             )
             .await?;
@@ -142,12 +162,16 @@ fn proxy_log(lab: &KubeLab, pod: &str) -> anyhow::Result<String> {
     lab.proxy_log_of(node, pod)
 }
 
-/// `/metrics` of the proxy in Pod `pod`, through the API server's proxy.
-fn pod_metrics(k: &crate::kube::Kubectl, ns: &str, pod: &str) -> anyhow::Result<String> {
+/// The proxy's and the agents' status ports (deploy/base).
+const PROXY_PORT: u16 = 9812;
+const AGENT_PORT: u16 = 9811;
+
+/// `/metrics` of Pod `pod` on `port`, through the API server's proxy.
+fn pod_metrics(k: &crate::kube::Kubectl, ns: &str, pod: &str, port: u16) -> anyhow::Result<String> {
     k.run(&[
         "get",
         "--raw",
-        &format!("/api/v1/namespaces/{ns}/pods/{pod}:9812/proxy/metrics"),
+        &format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics"),
     ])
 }
 
@@ -174,7 +198,7 @@ fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
         failed: 0,
     };
     for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
-        let metrics = pod_metrics(&lab.kubectl, ns, &super::pods::name(&pod))?;
+        let metrics = pod_metrics(&lab.kubectl, ns, &super::pods::name(&pod), PROXY_PORT)?;
         for line in metrics.lines() {
             let Some(rest) = line.strip_prefix("csi_scsi_agent_client_handling_seconds_count{")
             else {
