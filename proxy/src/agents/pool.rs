@@ -134,6 +134,26 @@ impl AgentPool {
                 });
             }
         });
+        // A reloaded certificate (a renewal, a CA rotation step) is used
+        // on every agent connection at once: open connections would go on
+        // presenting the old one for up to their 10 minutes, and an agent
+        // that has dropped the old CA refuses it on every call.
+        let weak = Arc::downgrade(&pool);
+        let mut reloads = pool.tls.subscribe();
+        tokio::spawn(async move {
+            while reloads.changed().await.is_ok() {
+                let Some(pool) = weak.upgrade() else { return };
+                let mut channels = pool.channels.lock().unwrap_or_else(|p| p.into_inner());
+                if !channels.is_empty() {
+                    tracing::info!(
+                        channels = channels.len(),
+                        "own TLS material reloaded; agent channels dial afresh with it"
+                    );
+                }
+                // Not severed: calls in flight finish on the old connections.
+                channels.clear();
+            }
+        });
         pool
     }
 

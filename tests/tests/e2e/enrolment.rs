@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use csi_scsi_certs::{MaterialPaths, MaterialStore, Role, TrustDomain, identity_of};
 use csi_scsi_daemon::agent_channel;
+use csi_scsi_proto::agent::CertificateStatusRequest;
+use csi_scsi_proto::agent::enrolment_client::EnrolmentClient;
 use csi_scsi_tests::binaries::binary;
 use csi_scsi_tests::daemon::Daemon;
 use csi_scsi_tests::patience::eventually;
@@ -94,6 +96,9 @@ fn signing_proxy_at(
         "--signer-ca-dir",
         &signer.display().to_string(),
         "--tls-poll-interval",
+        "1",
+        // Its agent probe: calls over the pooled connections every second.
+        "--agent-probe-interval",
         "1",
         "--join-tokens-dir",
         &env.path("join-tokens").display().to_string(),
@@ -395,8 +400,10 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
     })
     .await;
 
-    // Calls as the proxy makes them, without pause, on fresh connections
-    // and on one kept open, with the proxy's files as they change.
+    // Calls of the agent API (its proxy-only Enrolment service) without
+    // pause, each on a fresh connection with the proxy's files as they
+    // change. The proxy's own calls (its agent probe, every second, over
+    // its pooled connections) are counted from its /metrics at the end.
     let store = MaterialStore::load(
         MaterialPaths::in_dir(&tls),
         Role::Proxy,
@@ -414,17 +421,14 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
             stop.clone(),
         );
         callers.push(tokio::spawn(async move {
-            let open =
-                agent_channel(&api, &node, store.clone(), Duration::from_secs(5)).expect("channel");
             let (mut calls, mut failures) = (0u32, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let fresh = agent_channel(&api, &node, store.clone(), Duration::from_secs(5))
                     .expect("channel");
-                for channel in [fresh, open.clone()] {
-                    calls += 1;
-                    if let Err(e) = check_channel(channel).await {
-                        failures.push(format!("{node}: {e}"));
-                    }
+                calls += 1;
+                let mut client = EnrolmentClient::new(fresh);
+                if let Err(s) = client.certificate_status(CertificateStatusRequest {}).await {
+                    failures.push(format!("{node}: {:?} {}", s.code(), s.message()));
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -507,6 +511,28 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
         proxy.log()
     );
     assert!(calls > 20, "only {calls} calls");
+    // The proxy's own calls: over pooled connections, which must follow
+    // its reloaded certificate (an agent that dropped the old CA refuses
+    // a connection still presenting it).
+    let exposition = scrape(status_addr(&proxy).await).await;
+    let proxy_calls: Vec<(String, f64)> = exposition
+        .samples
+        .iter()
+        .filter(|s| s.name == "csi_scsi_agent_client_handling_seconds_count")
+        .map(|s| (format!("{:?}", s.labels), s.value))
+        .collect();
+    let (ok, failed): (Vec<_>, Vec<_>) = proxy_calls
+        .iter()
+        .partition(|(labels, _)| labels.contains("\"code\": \"OK\""));
+    assert!(
+        failed.is_empty(),
+        "the proxy's agent calls failed during the rotation: {failed:?}\n{}",
+        proxy.log()
+    );
+    assert!(
+        ok.iter().map(|(_, n)| n).sum::<f64>() >= 10.0,
+        "the proxy hardly called the agents: {ok:?}"
+    );
     let log = proxy.log();
     assert!(log.contains("the signer's CA changed"), "{log}");
     assert!(!log.contains("new signer CA files refused"), "{log}");

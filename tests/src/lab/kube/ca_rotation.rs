@@ -99,9 +99,11 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
     let after = agent_calls(lab, &ns)?;
     if after.failed != before.failed {
         bail!(
-            "agent calls failed during the rotation: {} before, {} after",
+            "agent calls failed during the rotation: {} before, {} after (before: {:?}; after: {:?})",
             before.failed,
-            after.failed
+            after.failed,
+            before.by_labels,
+            after.by_labels
         );
     }
     if after.total <= before.total {
@@ -190,12 +192,15 @@ fn sample(metrics: &str, name: &str) -> anyhow::Result<f64> {
 struct Calls {
     total: u64,
     failed: u64,
+    /// Failed calls by their labels (method, code), for the message.
+    by_labels: std::collections::BTreeMap<String, u64>,
 }
 
 fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
     let mut calls = Calls {
         total: 0,
         failed: 0,
+        by_labels: std::collections::BTreeMap::new(),
     };
     for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
         let metrics = pod_metrics(&lab.kubectl, ns, &super::pods::name(&pod), PROXY_PORT)?;
@@ -209,6 +214,7 @@ fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
             calls.total += n as u64;
             if !labels.contains("code=\"OK\"") {
                 calls.failed += n as u64;
+                *calls.by_labels.entry(labels.to_owned()).or_default() += n as u64;
             }
         }
     }
