@@ -164,6 +164,25 @@ impl Agents {
             .unwrap();
     }
 
+    /// A Ready agent Pod `name` on `node` at 127.0.0.1, whose agent port is
+    /// a listener that answers nothing and counts connections: the
+    /// returned closure gives the count of connections since the last call.
+    pub async fn put_counting_agent(&self, name: &str, node: &str) -> impl Fn() -> usize {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let mut body = pod(name, node, "127.0.0.1", true);
+        body["spec"]["containers"][1]["ports"][0]["containerPort"] =
+            json!(listener.local_addr().unwrap().port());
+        self.put(body).await;
+        move || {
+            let mut n = 0;
+            while listener.accept().is_ok() {
+                n += 1;
+            }
+            n
+        }
+    }
+
     /// Creates the Pod `body` (from [`pod`]) unless it exists, then writes
     /// its status as kubelet would.
     pub async fn put(&self, body: Value) {

@@ -4,7 +4,6 @@
 //! with its kubelet's credentials; the proxy's discovery and publish over
 //! the agent Pods and Nodes then send nothing to it.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 
 use csi_scsi_proxy::device::{Access, Mode};
@@ -17,7 +16,7 @@ use serde_json::{Value, json};
 use tonic::{Code, Status};
 
 use crate::devices::wwid;
-use crate::directory::{Agents, locate, pod};
+use crate::directory::{Agents, locate};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
@@ -113,19 +112,7 @@ async fn a_target_selecting_on_a_label_a_kubelet_can_set_selects_no_node() {
         "{refused:?}"
     );
     // node-a's agent listens where every connection is counted.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let mut body = pod("agent-a", "node-a", "127.0.0.1", true);
-    body["spec"]["containers"][1]["ports"][0]["containerPort"] =
-        json!(listener.local_addr().unwrap().port());
-    agents.put(body).await;
-    let connections = || {
-        let mut n = 0;
-        while listener.accept().is_ok() {
-            n += 1;
-        }
-        n
-    };
+    let connections = agents.put_counting_agent("agent-a", "node-a").await;
     let mut t1 = target("t1");
     t1["spec"]["nodeSelector"] = json!({SETTABLE: "true"});
     create(&admin, t1).await;

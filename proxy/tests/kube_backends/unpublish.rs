@@ -17,7 +17,7 @@ use serde_json::json;
 use tonic::{Code, Status};
 
 use crate::devices::wwid;
-use crate::directory::{Agents, OUT_OF_SERVICE, locate, pod};
+use crate::directory::{Agents, OUT_OF_SERVICE, locate};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
@@ -217,19 +217,7 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
     // node-a's agent Pod still looks Ready, at an address where a listener
     // counts the connections and answers nothing (a dead node's socket
     // would not even do that).
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let mut body = pod("agent-a", "node-a", "127.0.0.1", true);
-    body["spec"]["containers"][1]["ports"][0]["containerPort"] =
-        json!(listener.local_addr().unwrap().port());
-    agents.put(body).await;
-    let connections = || {
-        let mut n = 0;
-        while listener.accept().is_ok() {
-            n += 1;
-        }
-        n
-    };
+    let connections = agents.put_counting_agent("agent-a", "node-a").await;
     let p = Published::new(&admin, &agents, &["node-a"], "node-a").await;
     let (life, id, directory) = (&p.life, p.id.clone(), p.directory.clone());
     let published_to = || p.nodes();
