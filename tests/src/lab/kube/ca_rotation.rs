@@ -32,6 +32,7 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
     certs(&["init-ca", "--out", &new.display().to_string(), "--force"])?;
     let (old_crt, new_crt) = (old.join("ca.crt"), new.join("ca.crt"));
     let before = agent_calls(lab, &ns)?;
+    let marks = log_marks(lab, &ns)?;
     let steps: [(&str, &Path, Option<&Path>); 3] = [
         ("the new CA trusted beside the old", &old, Some(&new_crt)),
         (
@@ -97,11 +98,19 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
         ));
     }
     let after = agent_calls(lab, &ns)?;
-    if after.failed != before.failed {
+    // Any refusal between the proxies and the agents in the logs since the
+    // first step: a handshake refused, a certificate not verified, a
+    // proxy certificate the agent no longer trusts.
+    let refusals = tls_refusals(lab, &ns, &marks)?;
+    if !refusals.is_empty() {
+        bail!("TLS refusals during the rotation: {}", refusals.join(" | "));
+    }
+    // The agent probe's Status calls have no other reason to fail than the
+    // connection (Discover may fail for the array's own reasons: a login
+    // the lab's array refuses on every pass).
+    if after.failed_status != before.failed_status {
         bail!(
-            "agent calls failed during the rotation: {} before, {} after (before: {:?}; after: {:?})",
-            before.failed,
-            after.failed,
+            "the proxies' Status calls to agents failed during the rotation: {:?} before, {:?} after",
             before.by_labels,
             after.by_labels
         );
@@ -110,7 +119,7 @@ pub async fn ca_rotation(lab: &KubeLab) -> anyhow::Result<String> {
         bail!("no agent call during the rotation: it proves nothing");
     }
     Ok(format!(
-        "{}; {} agent calls during it, none failed",
+        "{}; {} agent calls during it, no TLS refusal in any proxy's or agent's log, no Status call failed",
         done.join("; "),
         after.total - before.total
     ))
@@ -191,7 +200,8 @@ fn sample(metrics: &str, name: &str) -> anyhow::Result<f64> {
 /// Agent calls the proxies made, all and failed (any code but OK).
 struct Calls {
     total: u64,
-    failed: u64,
+    /// Failed calls of the agent probe (`Status`).
+    failed_status: u64,
     /// Failed calls by their labels (method, code), for the message.
     by_labels: std::collections::BTreeMap<String, u64>,
 }
@@ -199,7 +209,7 @@ struct Calls {
 fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
     let mut calls = Calls {
         total: 0,
-        failed: 0,
+        failed_status: 0,
         by_labels: std::collections::BTreeMap::new(),
     };
     for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
@@ -213,10 +223,63 @@ fn agent_calls(lab: &KubeLab, ns: &str) -> anyhow::Result<Calls> {
             let n: f64 = value.trim().parse().context("a count")?;
             calls.total += n as u64;
             if !labels.contains("code=\"OK\"") {
-                calls.failed += n as u64;
+                if labels.contains("method=\"Status\"") {
+                    calls.failed_status += n as u64;
+                }
                 *calls.by_labels.entry(labels.to_owned()).or_default() += n as u64;
             }
         }
     }
     Ok(calls)
+}
+
+/// What a refusal between a proxy and an agent logs (daemon's agent
+/// transport, the agent's per-request check, rustls through the proxy).
+const TLS_REFUSALS: &[&str] = &[
+    "TLS handshake refused",
+    "no longer verifies against this agent's trust material",
+    "invalid peer certificate",
+    "but the peer's certificate names",
+];
+
+/// How many lines each driver container's log has now, by Pod.
+fn log_marks(lab: &KubeLab, ns: &str) -> anyhow::Result<Vec<(String, usize)>> {
+    Ok(driver_logs(lab, ns)?
+        .into_iter()
+        .map(|(pod, log)| (pod, log.lines().count()))
+        .collect())
+}
+
+/// Lines past `marks` naming a TLS refusal.
+fn tls_refusals(lab: &KubeLab, ns: &str, marks: &[(String, usize)]) -> anyhow::Result<Vec<String>> {
+    let mut found = Vec::new();
+    for (pod, log) in driver_logs(lab, ns)? {
+        let from = marks.iter().find(|(p, _)| *p == pod).map_or(0, |(_, n)| *n);
+        for line in log.lines().skip(from) {
+            if TLS_REFUSALS.iter().any(|r| line.contains(r)) {
+                found.push(format!(
+                    "{pod}: {}",
+                    line.chars().take(300).collect::<String>()
+                ));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The logs of every proxy and agent container, by Pod.
+fn driver_logs(lab: &KubeLab, ns: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut logs = Vec::new();
+    for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
+        let node = pod["spec"]["nodeName"].as_str().context("the Pod's node")?;
+        let name = super::pods::name(&pod);
+        logs.push((name.clone(), lab.proxy_log_of(node, &name)?));
+    }
+    for node in &lab.nodes {
+        logs.push((
+            format!("agent on {}", node.name),
+            lab.agent_log(&node.name)?,
+        ));
+    }
+    Ok(logs)
 }
