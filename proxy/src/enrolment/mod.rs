@@ -392,7 +392,10 @@ impl Enroller {
                     let status = status.into_inner();
                     let trust = self.signer().trust_digest();
                     if !due(&status, SystemTime::now(), self.lifetime, &trust) {
-                        self.remember(node, address, uid, status.not_after, &trust);
+                        // What the agent says it trusts, not the signer's:
+                        // one that reports nothing (older than the field) is
+                        // not counted as having reached a rotation step.
+                        self.remember(node, address, uid, status.not_after, &status.trust_sha256);
                         return Ok(Outcome::Current);
                     }
                     let serial = self.enrol(&mut client, node, address, uid, true).await?;
