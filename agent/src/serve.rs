@@ -5,8 +5,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role, server_config};
 use csi_scsi_daemon::{
-    CsiSocket, HandshakeLimit, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
-    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, tls_incoming_bounded,
+    CallSpan, CsiSocket, HandshakeLimit, IdentityService, Metrics, Readiness, Shutdown,
+    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, ToolsCheck, server_layers,
+    tls_incoming_bounded,
 };
 use csi_scsi_proto::agent::agent_server::AgentServer;
 use csi_scsi_proto::agent::enrolment_server::EnrolmentServer;
@@ -18,8 +19,8 @@ use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
-use crate::api::AgentApi;
 use crate::api::enrolment::EnrolmentService;
+use crate::api::{AgentApi, ProxyOnly};
 use crate::config::Config;
 use crate::csi::node::NodeService;
 use crate::device::{Attachments, Devices};
@@ -102,9 +103,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         luns.clone(),
     );
     let csi = Server::builder()
-        .layer(metrics.grpc_layer().with_request_span())
-        .layer(NameUnservedLayer::new(
+        .layer(server_layers(
+            &metrics,
             "CSI Identity and Node (csi-scsi-agent)",
+            CallSpan::PerCall,
         ))
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
@@ -133,8 +135,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut status =
         crate::status::AgentStatus::new(&config.node_name, devices.clone(), metrics.clone());
     let fence = crate::api::EpochFence::load(&config.state_dir);
-    let agent_api =
-        AgentApi::new(devices, &config.node_name, store.clone(), fence).with_metrics(&metrics);
+    let agent_api = AgentApi::new(devices, &config.node_name, fence).with_metrics(&metrics);
     let mut readiness = readiness.with(SocketCheck(socket.path().to_owned()));
     // /readyz only: a failing CSI Probe would have the livenessprobe
     // sidecar restart the agent, which a refusal by kubelet does not cure.
@@ -152,17 +153,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // current trust material) at least this often.
         .max_connection_age(AGENT_API_CONNECTION_MAX_AGE)
         .max_connection_age_grace(AGENT_API_CONNECTION_GRACE)
-        .layer(metrics.grpc_layer())
-        .layer(NameUnservedLayer::new(
+        .layer(server_layers(
+            &metrics,
             "the csi-scsi agent API and gRPC health",
+            CallSpan::InHandlers,
         ))
         .add_service(health)
-        .add_service(AgentServer::new(agent_api))
-        .add_service(EnrolmentServer::new(EnrolmentService::new(
-            &config.node_name,
-            store.clone(),
-            config.enrolment.clone(),
-        )))
+        // Both behind the one authorisation check, so a new RPC cannot
+        // forget it.
+        .add_service(AgentServer::with_interceptor(
+            agent_api,
+            ProxyOnly::new(store.clone()),
+        ))
+        .add_service(EnrolmentServer::with_interceptor(
+            EnrolmentService::new(&config.node_name, store.clone(), config.enrolment.clone()),
+            ProxyOnly::new(store.clone()),
+        ))
         .serve_with_incoming_shutdown(
             tls_incoming_bounded(listener, server_config(store.clone())?, handshakes),
             shutdown.signaled(),
@@ -197,9 +203,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .map(|conn| conn.map(fix_authority));
         let stop = shutdown.clone();
         Server::builder()
-            .layer(metrics.grpc_layer())
-            .layer(NameUnservedLayer::new(
+            .layer(server_layers(
+                &metrics,
                 "kubelet plugin registration (csi-scsi-agent)",
+                CallSpan::InHandlers,
             ))
             .add_service(RegistrationServer::new(RegistrationService::new(
                 registration,

@@ -17,6 +17,7 @@ mod metrics;
 mod process;
 mod readiness;
 pub mod request_id;
+mod server_layers;
 mod shutdown;
 mod status_http;
 pub mod text;
@@ -38,7 +39,8 @@ pub use metrics::{
 };
 pub use process::{EX_USAGE, parse_args, run_main};
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
-pub use request_id::RequestId;
+pub use request_id::{CallSpan, RequestId, RequestIdLayer, RequestIdService};
+pub use server_layers::{ServerLayers, server_layers};
 pub use shutdown::Shutdown;
 pub use status_http::{
     CONNECTION_MAX_AGE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, METRICS_CONTENT_TYPE,

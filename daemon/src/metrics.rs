@@ -6,8 +6,8 @@
 //! errors, and helpers to set gauges. Each binary registers its own domain
 //! series ([`Metrics::register`]) next to the code that sets them.
 //!
-//! The layer reads the method from the request path, the request ID from
-//! `x-request-id`, and the outcome from `grpc-status` (in the response
+//! The layer reads the method from the request path, the request ID that
+//! [`crate::RequestIdLayer`] settled, and the outcome from `grpc-status` (in the response
 //! headers for an immediate error, in the trailers otherwise), so it sees
 //! every call, including the ones a service refuses before its handler
 //! runs. Failed calls also go to a bounded list of recent errors that
@@ -33,7 +33,6 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry, Unit};
 use tonic::{Code, Status};
 
-use crate::request_id::RequestId;
 use crate::text;
 
 /// How many failed calls `/status` keeps.
@@ -55,7 +54,6 @@ pub struct Metrics {
 #[derive(Clone)]
 pub struct GrpcMetricsLayer {
     metrics: Metrics,
-    span: bool,
 }
 
 /// The service [`GrpcMetricsLayer`] wraps around a server's routes.
@@ -63,7 +61,6 @@ pub struct GrpcMetricsLayer {
 pub struct GrpcMetricsService<S> {
     inner: S,
     metrics: Metrics,
-    span: bool,
 }
 
 /// A response body that records the call when its trailers pass (or when
@@ -226,17 +223,11 @@ impl Metrics {
         }
     }
 
-    /// The layer that times every call of a tonic server:
-    /// `Server::builder().layer(metrics.grpc_layer())`.
-    ///
-    /// Every call leaves it with an `x-request-id`: the caller's, or a new
-    /// one when it sent none (or an unusable one), also put in the
-    /// request's extensions ([`RequestId::of`]), so that the handler's
-    /// span, the recent errors and the logs all name the same ID.
+    /// The layer that times every call of a tonic server; servers take it
+    /// inside [`crate::server_layers`], behind the request ID layer.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
         GrpcMetricsLayer {
             metrics: self.clone(),
-            span: false,
         }
     }
 
@@ -372,16 +363,6 @@ impl Collector for CertificateExpiry {
 
 // === impl GrpcMetricsLayer ===
 
-impl GrpcMetricsLayer {
-    /// Also runs each call inside an `rpc{method, request_id}` span, for
-    /// servers whose handlers' spans do not carry the request ID (CSI Node,
-    /// called by kubelet).
-    pub fn with_request_span(mut self) -> Self {
-        self.span = true;
-        self
-    }
-}
-
 impl<S> tower::Layer<S> for GrpcMetricsLayer {
     type Service = GrpcMetricsService<S>;
 
@@ -389,7 +370,6 @@ impl<S> tower::Layer<S> for GrpcMetricsLayer {
         GrpcMetricsService {
             inner,
             metrics: self.metrics.clone(),
-            span: self.span,
         }
     }
 }
@@ -411,19 +391,9 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let (service, method) = self.metrics.method_labels(split_path(req.uri().path()));
-        let id = RequestId::from_headers(req.headers()).unwrap_or_else(|| {
-            let id = RequestId::fresh();
-            if let Ok(v) = http::HeaderValue::from_str(id.as_str()) {
-                req.headers_mut().insert(crate::request_id::HEADER, v);
-            }
-            id
-        });
-        let request_id = id.to_string();
-        // Handlers read it from here (`RequestId::of`), not the header.
-        req.extensions_mut().insert(id);
-        let span = self
-            .span
-            .then(|| tracing::info_span!("rpc", method = %method, request_id = %request_id));
+        // Settled by the request ID layer outside; settled here when this
+        // layer runs alone.
+        let request_id = crate::request_id::settle(&mut req).to_string();
         let mut call = CallRecord {
             metrics: self.metrics.clone(),
             service,
@@ -432,10 +402,7 @@ where
             start: Instant::now(),
             done: false,
         };
-        let fut = match &span {
-            Some(span) => span.in_scope(|| self.inner.call(req)),
-            None => self.inner.call(req),
-        };
+        let fut = self.inner.call(req);
         let fut = async move {
             match fut.await {
                 Ok(response) => {
@@ -460,10 +427,7 @@ where
                 }
             }
         };
-        match span {
-            Some(span) => Box::pin(tracing::Instrument::instrument(fut, span)),
-            None => Box::pin(fut),
-        }
+        Box::pin(fut)
     }
 }
 

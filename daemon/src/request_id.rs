@@ -1,11 +1,17 @@
 //! Request IDs: the one rule for the `x-request-id` a call carries. The
-//! gRPC metrics layer settles each call's ID (the caller's when usable, a
-//! fresh one otherwise), writes it back into the header and puts it in the
-//! request's extensions, where handlers read it with [`RequestId::of`]: the
-//! span, the recent-error list, the logs and the calls forwarded to an
-//! agent all name the same ID.
+//! outermost layer of every server ([`RequestIdLayer`]) settles each call's
+//! ID (the caller's when usable, a fresh one otherwise), writes it back into
+//! the header and puts it in the request's extensions, where the metrics
+//! layer and the handlers read it ([`RequestId::of`]): the span, the
+//! recent-error list, the logs and the calls forwarded to an agent all name
+//! the same ID.
 
 use std::fmt;
+
+mod layer;
+
+pub(crate) use layer::settle;
+pub use layer::{CallSpan, RequestIdLayer, RequestIdService};
 
 /// The header that carries a request ID.
 pub const HEADER: &str = "x-request-id";
@@ -41,7 +47,7 @@ impl RequestId {
         Self::parse(headers.get(HEADER)?.to_str().ok()?)
     }
 
-    /// The ID the metrics layer settled for this call; for a call that did
+    /// The ID [`RequestIdLayer`] settled for this call; for a call that did
     /// not pass through it (a handler called directly), the caller's usable
     /// ID or a fresh one.
     pub fn of<T>(req: &tonic::Request<T>) -> Self {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use csi_scsi_certs::{MaterialStore, Role};
 use csi_scsi_daemon::{
-    Check, CsiSocket, IdentityService, Metrics, NameUnservedLayer, Readiness, Shutdown,
-    SocketCheck, StatusListener, StatusService, TlsMaterialCheck, TrustedPeers,
+    CallSpan, Check, CsiSocket, IdentityService, Metrics, Readiness, Shutdown, SocketCheck,
+    StatusListener, StatusService, TlsMaterialCheck, TrustedPeers, server_layers,
 };
 use csi_scsi_proto::csi::controller_server::ControllerServer;
 use csi_scsi_proto::csi::identity_server::IdentityServer;
@@ -205,9 +205,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let identity = IdentityService::new(env!("CARGO_PKG_VERSION"), CAPABILITIES.to_vec(), probe)
         .with_expansion(csi_scsi_proto::csi::plugin_capability::volume_expansion::Type::Online);
     let csi = Server::builder()
-        .layer(metrics.grpc_layer())
-        .layer(NameUnservedLayer::new(
+        .layer(server_layers(
+            &metrics,
             "CSI Identity and Controller (csi-scsi-proxy)",
+            CallSpan::InHandlers,
         ))
         .add_service(IdentityServer::new(identity))
         .add_service(

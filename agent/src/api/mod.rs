@@ -7,5 +7,6 @@ mod metrics;
 mod server;
 mod status;
 
+pub use auth::ProxyOnly;
 pub use epoch::EpochFence;
 pub use server::AgentApi;

@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_certs::MaterialStore;
 use csi_scsi_daemon::{RequestId, grpc_timeout, text};
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
@@ -16,7 +15,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::auth::require_proxy;
 use super::epoch::{CallKind, EpochFence};
 use super::metrics::WipeMetrics;
 use super::status::to_status;
@@ -31,8 +29,6 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 pub struct AgentApi {
     devices: Arc<Devices>,
     node: String,
-    /// The trust material each request's client chain is checked against.
-    trust: Arc<MaterialStore>,
     /// Refuses a stale proxy leader's destructive calls.
     fence: EpochFence,
     wipes: Option<WipeMetrics>,
@@ -41,16 +37,10 @@ pub struct AgentApi {
 impl AgentApi {
     /// The API of `node`, over `devices`, for the proxy as `trust` (the
     /// agent's current TLS material) knows it, behind the leader `fence`.
-    pub fn new(
-        devices: Arc<Devices>,
-        node: &str,
-        trust: Arc<MaterialStore>,
-        fence: EpochFence,
-    ) -> Self {
+    pub fn new(devices: Arc<Devices>, node: &str, fence: EpochFence) -> Self {
         Self {
             devices,
             node: node.to_owned(),
-            trust,
             fence,
             wipes: None,
         }
@@ -128,10 +118,10 @@ fn lun_message(l: &HostLun) -> Lun {
 }
 
 impl AgentApi {
-    /// Admits a call: from the proxy only, and, for a destructive one, not
-    /// from a leader older than one already seen. Returns its request ID.
+    /// Admits a call (the caller is already known to be the proxy: see
+    /// [`super::ProxyOnly`]): for a destructive one, not from a leader older
+    /// than one already seen. Returns its request ID.
     fn accept<T>(&self, request: &Request<T>, kind: CallKind) -> Result<String, Status> {
-        require_proxy(request, &self.trust)?;
         let rid = RequestId::of(request).to_string();
         self.fence.admit(request, kind).map_err(|e| {
             // A stale leader's call is a fenced-off proxy acting: say so
