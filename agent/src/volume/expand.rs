@@ -3,13 +3,15 @@
 //! volumes have nothing to grow: the new size is just reported. The size
 //! reported is the device's, read live from the device node.
 
+use super::decide::SeenMount;
+use super::decide::expand::{self as decide, AtPath, Grow};
 use super::device;
 use super::mount_table;
-use crate::csi::request::{AccessType, ExpandRequest};
+use crate::csi::request::ExpandRequest;
 use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::block;
-use crate::host::filesystem::{self, FsType};
+use crate::host::filesystem;
 use crate::host::mount::{self, BlockRecord};
 
 /// Grows the volume at the request's path to fill its device; returns the
@@ -27,7 +29,7 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
     let wwid = req.volume.wwid();
     let mut device = device::require(host, wwid)?;
     let mut size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
-    if req.required_bytes.is_some_and(|required| required > size) {
+    if decide::needs_rescan(req.required_bytes, size) {
         // The controller's rescan may have missed this node (a path in
         // transition while the array re-presented the LUN), or reached its
         // paths while the map stayed at the old size: this node reads the
@@ -37,63 +39,31 @@ pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError>
         device = device::require(host, wwid)?;
         size = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
     }
-    check_range(req, size)?;
+    decide::in_range(req.required_bytes, req.limit_bytes, size)?;
 
+    let at = AtPath {
+        volume: &req.volume,
+        path,
+    };
     let node = block::node_number(path).map_err(|e| AgentError::io(path, e))?;
-    let is_block = match &req.access {
-        Some(AccessType::Block) => true,
-        Some(AccessType::Mount { .. }) => false,
-        None => node.is_some() || BlockRecord::read(path)?.is_some(),
+    // The record is looked for only when neither the capability nor a
+    // device node at the path says.
+    let record = req.access.is_none() && node.is_none() && BlockRecord::read(path)?.is_some();
+    let grow = if decide::is_block(req.access.as_ref(), node.is_some(), record) {
+        decide::block(at, node.map(|n| (n, device.is(n))), device.number)?
+    } else {
+        let table = mount_table(host)?;
+        let mount = table
+            .mount_at(path)
+            .map(|m| SeenMount::of(m, device.is(m.device)));
+        decide::filesystem(at, mount.as_ref())?
     };
-    if is_block {
-        if let Some(n) = node
-            && !device.is(n)
-        {
-            return Err(not_at_path(format!(
-                "it is device {n}, not {}",
-                device.number
-            )));
+    match grow {
+        Grow::Nothing => Ok(size),
+        Grow::Filesystem(fs) => {
+            filesystem::grow(host, fs, &device.node, Some(path)).await?;
+            tracing::info!(volume_id = %req.volume, path = %path.display(), %fs, size, "filesystem grown to fill the device");
+            Ok(size)
         }
-        // A raw block volume is as large as its device: nothing to grow.
-        return Ok(size);
     }
-
-    let table = mount_table(host)?;
-    let Some(m) = table.mount_at(path) else {
-        return Err(not_at_path("nothing is mounted there".to_owned()));
-    };
-    if !device.is(m.device) {
-        return Err(not_at_path(format!("it holds {}", device::describe(m))));
-    }
-    let fs = FsType::from_name(&m.fs_type).ok_or_else(|| {
-        AgentError::UnsupportedCapability(format!(
-            "cannot grow a {} filesystem (only ext4 and xfs)",
-            m.fs_type
-        ))
-    })?;
-    filesystem::grow(host, fs, &device.node, Some(path)).await?;
-    tracing::info!(volume_id = %req.volume, path = %path.display(), %fs, size, "filesystem grown to fill the device");
-    Ok(size)
-}
-
-/// Spec: OUT_OF_RANGE for a capacity range the volume cannot meet. The
-/// device's size is what the volume can have; the node cannot change it.
-fn check_range(req: &ExpandRequest, size: u64) -> Result<(), AgentError> {
-    if let Some(required) = req.required_bytes
-        && required > size
-    {
-        return Err(AgentError::CapacityOutOfRange {
-            size,
-            wanted: format!("at least {required} bytes (the LUN has not grown that far yet)"),
-        });
-    }
-    if let Some(limit) = req.limit_bytes
-        && limit < size
-    {
-        return Err(AgentError::CapacityOutOfRange {
-            size,
-            wanted: format!("at most {limit} bytes"),
-        });
-    }
-    Ok(())
 }

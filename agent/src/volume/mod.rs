@@ -5,6 +5,7 @@
 //! its work already done answers success, and one that finds something
 //! else in its way refuses without touching it.
 
+pub mod decide;
 pub mod device;
 pub mod expand;
 pub mod publish;

@@ -3,13 +3,15 @@
 //! carries no signature at all); a raw block volume has nothing to mount,
 //! so its staging path holds a small record of the device instead.
 
+use super::decide::stage::{self as decide, AtStaging, OnProbe};
+use super::decide::{SeenMount, Step};
 use super::device::{self, Device};
 use super::{check_supported, mount_table};
 use crate::csi::request::{AccessType, StageRequest, UnstageRequest};
 use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::block::{self, DeviceNumber, Holder};
-use crate::host::filesystem::{self, FsType, Signature};
+use crate::host::filesystem::{self, FsType};
 use crate::host::mount::{self, BlockRecord, MountOptions};
 use crate::host::mountinfo::MountTable;
 
@@ -48,32 +50,22 @@ async fn stage_filesystem(
     early: Option<filesystem::TypedProbe>,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    if let Some(m) = table.mount_at(staging) {
-        if !device.is(m.device) {
-            return Err(AgentError::PathTaken {
-                path: staging.to_owned(),
-                holder: device::describe(m),
-            });
-        }
-        if m.fs_type != fs.name() {
-            return Err(incompatible(
-                req,
-                format!(
-                    "it is staged as {} and the request asks for {fs}",
-                    m.fs_type
-                ),
-            ));
-        }
-        // Spec: "If the volume corresponding to the volume_id is already
-        // staged to the staging_target_path, and is identical to the
-        // specified volume_capability the Plugin MUST reply 0 OK."
+    let mount = table
+        .mount_at(staging)
+        .map(|m| SeenMount::of(m, device.is(m.device)));
+    // The record matters only where nothing is mounted.
+    let record = match mount {
+        Some(_) => None,
+        None => BlockRecord::read(staging)?,
+    };
+    let at = AtStaging {
+        volume: &req.volume,
+        path: staging,
+        mount: mount.as_ref(),
+        record: record.as_ref(),
+    };
+    if decide::filesystem_path(at, fs)? == Step::AlreadyDone {
         return Ok(());
-    }
-    if BlockRecord::read(staging)?.is_some() {
-        return Err(incompatible(
-            req,
-            format!("it is staged as a raw block device and the request asks for {fs}"),
-        ));
     }
     ensure_unused(req, device, table)?;
     let read_only = read_only(host, req, device)?;
@@ -100,31 +92,25 @@ async fn format_if_blank(
     fs: FsType,
     read_only: bool,
 ) -> Result<(), AgentError> {
-    match filesystem::probe(&device.node).await? {
-        Signature::Filesystem(found) if found == fs.name() => {}
-        Signature::Blank if req.published_read_only => {
-            return Err(AgentError::PublishedReadOnlyBlank {
-                volume: req.volume.to_string(),
-            });
-        }
-        Signature::Blank if read_only => {
-            return Err(AgentError::DeviceReadOnly {
-                device: device.node.clone(),
-            });
-        }
-        Signature::Blank => {
+    let found = filesystem::probe(&device.node).await?;
+    match decide::on_probe(
+        &req.volume,
+        &device.node,
+        fs,
+        &found,
+        req.published_read_only,
+        read_only,
+    )? {
+        OnProbe::Mount => Ok(()),
+        OnProbe::Format => {
             // The last look before the only write that destroys data.
             device::reverify(host, req.volume.wwid(), &device.node, &device.kernel_name).await?;
             filesystem::format(host, &device.node, fs, &req.mkfs).await?;
             // Trust, but verify: mount only what is now really there.
             let made = filesystem::probe(&device.node).await?;
-            if made != Signature::Filesystem(fs.name().to_owned()) {
-                return Err(foreign(device, fs, &made));
-            }
+            decide::after_format(&device.node, fs, &made)
         }
-        other => return Err(foreign(device, fs, &other)),
     }
-    Ok(())
 }
 
 fn stage_block(
@@ -134,33 +120,26 @@ fn stage_block(
     table: &MountTable,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    if let Some(m) = table.mount_at(staging) {
-        if device.is(m.device) {
-            return Err(incompatible(
-                req,
-                "it is staged as a filesystem and the request asks for raw block".to_owned(),
-            ));
-        }
-        return Err(AgentError::PathTaken {
-            path: staging.to_owned(),
-            holder: device::describe(m),
-        });
-    }
-    let volume_id = req.volume.to_string();
-    if let Some(record) = BlockRecord::read(staging)? {
-        if record.volume_id == volume_id && record.wwid == req.volume.wwid().as_str() {
-            // Spec: already staged with an identical capability: 0 OK.
-            return Ok(());
-        }
-        return Err(AgentError::PathTaken {
-            path: staging.to_owned(),
-            holder: format!("raw block volume {}", record.volume_id),
-        });
+    let mount = table
+        .mount_at(staging)
+        .map(|m| SeenMount::of(m, device.is(m.device)));
+    let record = match mount {
+        Some(_) => None,
+        None => BlockRecord::read(staging)?,
+    };
+    let at = AtStaging {
+        volume: &req.volume,
+        path: staging,
+        mount: mount.as_ref(),
+        record: record.as_ref(),
+    };
+    if decide::block_path(at)? == Step::AlreadyDone {
+        return Ok(());
     }
     ensure_unused(req, device, table)?;
     read_only(host, req, device)?;
     BlockRecord {
-        volume_id,
+        volume_id: req.volume.to_string(),
         wwid: req.volume.wwid().to_string(),
         major: device.number.major,
         minor: device.number.minor,
@@ -177,57 +156,32 @@ fn ensure_unused(
     device: &Device,
     table: &MountTable,
 ) -> Result<(), AgentError> {
-    if let Some(m) = device.numbers().find_map(|n| table.mounts_of(n).next()) {
-        return Err(AgentError::DeviceInUse {
-            wwid: req.volume.wwid().clone(),
-            holder: format!("mounted at {}", m.mount_point.display()),
-        });
+    let mounted_at = device
+        .numbers()
+        .find_map(|n| table.mounts_of(n).next())
+        .map(|m| m.mount_point.as_path());
+    if let Some(at) = mounted_at {
+        // Mounted is reason enough: no exclusive open is tried.
+        return decide::unused(&req.volume, &device.node, Some(at), Holder::Free);
     }
-    match block::holder(&device.node).map_err(|e| AgentError::io(&device.node, e))? {
-        Holder::Free => Ok(()),
-        Holder::Busy => Err(AgentError::DeviceInUse {
-            wwid: req.volume.wwid().clone(),
-            holder: format!(
-                "{} is held exclusively (mounted in another mount namespace, or open by another program)",
-                device.node.display()
-            ),
-        }),
-    }
+    let holder = block::holder(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
+    decide::unused(&req.volume, &device.node, None, holder)
 }
 
-/// Whether the volume is to be staged read-only: published read-only, or
-/// a device the kernel marks read-only (refused unless the capability or
-/// the publication is read-only).
+/// Whether the volume is to be staged read-only ([`decide::read_only`]).
 fn read_only(host: &Host, req: &StageRequest, device: &Device) -> Result<bool, AgentError> {
-    let device_read_only = device_read_only(host, device)?;
-    if device_read_only && !req.capability.mode.read_only() && !req.published_read_only {
-        return Err(AgentError::DeviceReadOnly {
-            device: device.node.clone(),
-        });
-    }
-    Ok(device_read_only || req.published_read_only)
+    decide::read_only(
+        &device.node,
+        device_read_only(host, device)?,
+        req.capability.mode.read_only(),
+        req.published_read_only,
+    )
 }
 
 /// Whether the kernel marks the device read-only.
 fn device_read_only(host: &Host, device: &Device) -> Result<bool, AgentError> {
     block::read_only(host, &device.kernel_name)
         .map_err(|e| AgentError::io(host.sys("block").join(&device.kernel_name), e))
-}
-
-fn incompatible(req: &StageRequest, reason: String) -> AgentError {
-    AgentError::Incompatible {
-        volume: req.volume.to_string(),
-        path: req.staging.as_path().to_owned(),
-        reason,
-    }
-}
-
-fn foreign(device: &Device, fs: FsType, found: &Signature) -> AgentError {
-    AgentError::ForeignFilesystem {
-        device: device.node.clone(),
-        found: found.describe(),
-        wanted: format!("a filesystem of type {fs}"),
-    }
 }
 
 /// Unstages the volume: unmounts the staging mount (or removes the raw
@@ -252,24 +206,15 @@ pub async fn unstage(host: &Host, req: &UnstageRequest) -> Result<(), AgentError
     let Some(record) = BlockRecord::read(staging)? else {
         return Ok(());
     };
-    if record.volume_id != req.volume.to_string() {
-        return Err(AgentError::ForeignMount {
-            volume: req.volume.to_string(),
-            path: staging.to_owned(),
-            holder: format!(
-                "the raw block staging record of volume {}",
-                record.volume_id
-            ),
-        });
-    }
+    decide::unstage_record(&req.volume, staging, &record)?;
     refuse_if_published(host, req, &table, record.device())?;
     BlockRecord::remove(staging)?;
     tracing::info!(volume_id = %req.volume, staging = %staging.display(), "unstaged raw block");
     Ok(())
 }
 
-/// Spec: "All NodeUnpublishVolume MUST be called and return success for a
-/// volume before NodeUnstageVolume MAY be called for the volume."
+/// Refuses to unstage while the volume is published anywhere on the node
+/// ([`decide::unpublished_first`]).
 fn refuse_if_published(
     host: &Host,
     req: &UnstageRequest,
@@ -277,12 +222,5 @@ fn refuse_if_published(
     number: DeviceNumber,
 ) -> Result<(), AgentError> {
     let targets = device::publications(host, table, number, &[req.staging.as_path()]);
-    if targets.is_empty() {
-        Ok(())
-    } else {
-        Err(AgentError::StillPublished {
-            volume: req.volume.to_string(),
-            targets,
-        })
-    }
+    decide::unpublished_first(&req.volume, targets)
 }

@@ -1,0 +1,51 @@
+//! The node side's decisions, apart from its I/O: each step of stage,
+//! publish, unstage, unpublish and expand is a pure function of what the
+//! shell read (the mount at a path, a raw block record, a probe's result,
+//! read-only flags, filesystem types) and returns what to do: already done,
+//! go on (format, mount, bind), or a refusal with its reason. The shell
+//! (`stage.rs`, `publish.rs`, `expand.rs`) reads, calls these, and acts;
+//! the rules are table-tested here without root or devices.
+
+pub mod expand;
+pub mod publish;
+pub mod stage;
+
+use crate::host::mountinfo::Mount;
+
+/// A mount found at a path, judged against the volume's device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenMount {
+    /// Whether it is a mount of the volume's device.
+    pub ours: bool,
+    /// The mounted filesystem's type as the mount table names it.
+    pub fs_type: String,
+    /// Whether it is mounted read-only.
+    pub read_only: bool,
+    /// The mount, described for people (in refusals).
+    pub described: String,
+}
+
+impl SeenMount {
+    /// `mount`, of the volume's device when `ours`.
+    pub fn of(mount: &Mount, ours: bool) -> Self {
+        Self {
+            ours,
+            fs_type: mount.fs_type.clone(),
+            read_only: mount.read_only(),
+            described: super::device::describe(mount),
+        }
+    }
+}
+
+/// What a step found: its work already done, or work to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Done before (the spec's idempotent repeat): answer OK, change nothing.
+    AlreadyDone,
+    /// Nothing is in the way: do the work.
+    Proceed,
+}
+
+fn how(read_only: bool) -> &'static str {
+    if read_only { "read-only" } else { "read-write" }
+}
