@@ -18,5 +18,6 @@ pub mod node_tree;
 pub mod patience;
 pub mod pki;
 pub mod reliability;
+pub mod tail;
 pub mod tgt;
 pub mod vm;

@@ -236,7 +236,7 @@ fn proxy_hwm_mib(lab: &KubeLab) -> anyhow::Result<f64> {
     use crate::lab::kube::pods;
     let mut most = 0.0f64;
     for p in pods::list(&lab.kubectl, &lab.namespace, pods::CONTROLLER_SELECTOR)? {
-        let node = p["spec"]["nodeName"].as_str().context("nodeName")?;
+        let node = crate::lab::kube::api::scheduled_on(&p).context("nodeName")?;
         let id = pods::container_id(&p, "csi-scsi-proxy")?;
         let (_, hwm) = rss_mib(lab.container_pid(node, &id)?)?;
         most = most.max(hwm);

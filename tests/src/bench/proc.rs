@@ -56,9 +56,7 @@ impl Proc {
 
     /// The last lines of its output, for error messages.
     pub fn log_tail(&self) -> String {
-        let log = self.log();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        crate::tail::tail(&self.log(), 15)
     }
 
     /// Fails with the log when the process has exited.

@@ -215,7 +215,7 @@ pub async fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Resu
         let mut this = Report::parse(&std::fs::read(&json).with_context(|| {
             format!(
                 "csi-sanity (exit {status}) wrote no report; its output:\n{}",
-                tail(&text, 60)
+                crate::tail::tail(&text, 60)
             )
         })?)?;
         this.passes.push(Pass {
@@ -261,11 +261,6 @@ fn tally_line(text: &str) -> String {
         .map(|l| l.trim())
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Waits (bounded) until the proxy offers every pool LUN on `node`.

@@ -235,7 +235,7 @@ impl Vm {
                 bail!(
                     "the VM node did not come up within {within:?}; its console ({}):\n{}",
                     self.console.display(),
-                    tail(&self.console, 40)
+                    crate::tail::tail_file(&self.console, 40)
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -254,13 +254,6 @@ impl Vm {
         let _ = tokio::time::timeout(Duration::from_millis(200), m.read(&mut buf)).await;
         Ok(())
     }
-}
-
-/// The last `n` lines of `path`.
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Whether `/dev/kvm` is a KVM that boots a stock kernel. The PVM

@@ -168,9 +168,9 @@ fn certs(args: &[&str]) -> anyhow::Result<String> {
 
 /// The log of the proxy in Pod `pod`.
 fn proxy_log(lab: &KubeLab, pod: &str) -> anyhow::Result<String> {
-    let p = lab.kubectl.get_json(&["pod", pod, "-n", &lab.namespace])?;
-    let node = p["spec"]["nodeName"].as_str().context("the Pod's node")?;
-    lab.proxy_log_of(node, pod)
+    let node =
+        super::scenario::node_of(&lab.kubectl, pod, &lab.namespace).context("the Pod's node")?;
+    lab.proxy_log_of(&node, pod)
 }
 
 /// The proxy's and the agents' status ports (deploy/base).
@@ -271,7 +271,7 @@ fn tls_refusals(lab: &KubeLab, ns: &str, marks: &[(String, usize)]) -> anyhow::R
 fn driver_logs(lab: &KubeLab, ns: &str) -> anyhow::Result<Vec<(String, String)>> {
     let mut logs = Vec::new();
     for pod in super::pods::list(&lab.kubectl, ns, super::pods::CONTROLLER_SELECTOR)? {
-        let node = pod["spec"]["nodeName"].as_str().context("the Pod's node")?;
+        let node = super::api::scheduled_on(&pod).context("the Pod's node")?;
         let name = super::pods::name(&pod);
         logs.push((name.clone(), lab.proxy_log_of(node, &name)?));
     }

@@ -14,6 +14,17 @@ use csi_scsi_certs::{Identity, TrustDomain, identity_of, node_uid_of};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, Node, ObjectFieldSelector, Pod, PodSpec, Probe,
+    ProjectedVolumeSource, Secret, SecretVolumeSource, ServiceAccount,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+
+use super::api::{Typed, pod_ready, uid_of};
 use super::{KubeLab, LAB_TAG, pods};
 use crate::kube::Kubectl;
 
@@ -21,6 +32,8 @@ use crate::kube::Kubectl;
 const AUDIENCE: &str = "csi-scsi-enrolment";
 /// Owns the impostor Pods (their deletion removes them).
 const OWNER: &str = "lab-impostors";
+/// The Secret holding node-a's agent token, as a thief would carry it.
+const STOLEN: &str = "lab-stolen-token";
 
 /// An impostor: its name, its ServiceAccount, and the token it presents
 /// (`None`: its own projected one).
@@ -40,16 +53,22 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
 
     let (node_a, node_b) = (lab.nodes[0].name.clone(), lab.nodes[1].name.clone());
     let agent_a = pods::name(&pods::agent_on(&k, &ns, &node_a)?);
-    k.apply(&format!(
-        r#"{{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {{"name": "{OWNER}", "namespace": "{ns}"}}}}"#
-    ))?;
-    let owner_uid = k.get_json(&["configmap", OWNER, "-n", &ns])?["metadata"]["uid"]
-        .as_str()
-        .context("ConfigMap uid")?
-        .to_owned();
-    k.apply(&format!(
-        r#"{{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {{"name": "lab-impostor", "namespace": "{ns}"}}}}"#
-    ))?;
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.clone()),
+        ..ObjectMeta::default()
+    };
+    k.apply_object(&ConfigMap {
+        metadata: meta(OWNER),
+        ..ConfigMap::default()
+    })?;
+    let owner_uid = Some(uid_of(&k.object::<ConfigMap>(OWNER, Some(&ns))?).to_owned())
+        .filter(|u| !u.is_empty())
+        .context("ConfigMap uid")?;
+    k.apply_object(&ServiceAccount {
+        metadata: meta("lab-impostor"),
+        ..ServiceAccount::default()
+    })?;
     // node-a's agent Pod's token, as a stolen one would be carried over.
     let stolen = k.run(&[
         "create",
@@ -64,14 +83,14 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
         "--bound-object-name",
         &agent_a,
     ])?;
-    k.apply(
-        &serde_json::json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "lab-stolen-token", "namespace": ns},
-            "stringData": {"token": stolen.trim()},
-        })
-        .to_string(),
-    )?;
+    k.apply_object(&Secret {
+        metadata: meta(STOLEN),
+        string_data: Some(BTreeMap::from([(
+            "token".to_owned(),
+            stolen.trim().to_owned(),
+        )])),
+        ..Secret::default()
+    })?;
 
     let impostors = [
         Impostor {
@@ -100,7 +119,7 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
         },
     ];
     for i in &impostors {
-        k.apply(&impostor_pod(i, &ns, &node_b, &owner_uid))?;
+        k.apply_object(&impostor_pod(i, &ns, &node_b, &owner_uid))?;
     }
     let t = std::time::Instant::now();
     let logs = k
@@ -120,20 +139,17 @@ pub async fn enrolment(lab: &mut KubeLab) -> anyhow::Result<String> {
     // Nothing was signed for them: none became Ready (an agent is Ready
     // only with a certificate), and the real node-b agent still is.
     for i in &impostors {
-        let pod = k.get_json(&["pod", i.name, "-n", &ns])?;
+        let pod = k.object::<Pod>(i.name, Some(&ns))?;
         anyhow::ensure!(
-            !super::condition_true(&pod, "Ready"),
+            !pod_ready(&pod),
             "{} is Ready: it has a certificate",
             i.name
         );
     }
     let real_b = pods::agent_on(&k, &ns, &node_b)?;
-    anyhow::ensure!(
-        super::condition_true(&real_b, "Ready"),
-        "node-b's agent is no longer Ready"
-    );
+    anyhow::ensure!(pod_ready(&real_b), "node-b's agent is no longer Ready");
     k.run(&["delete", "configmap", OWNER, "-n", &ns])?;
-    k.run(&["delete", "secret", "lab-stolen-token", "-n", &ns])?;
+    k.run(&["delete", "secret", STOLEN, "-n", &ns])?;
     for i in &impostors {
         k.run(&[
             "delete",
@@ -217,65 +233,136 @@ fn certificates(lab: &KubeLab) -> anyhow::Result<String> {
 }
 
 fn node_uid(k: &Kubectl, node: &str) -> anyhow::Result<String> {
-    k.get_json(&["node", node])?["metadata"]["uid"]
-        .as_str()
-        .map(str::to_owned)
+    Some(uid_of(&k.object::<Node>(node, None)?).to_owned())
+        .filter(|u| !u.is_empty())
         .context("Node uid")
 }
 
 /// The agent image, as node-b's agent claims to be, with the impostor's
 /// token; labelled like the agents, owned by the ConfigMap.
-fn impostor_pod(i: &Impostor, ns: &str, node: &str, owner_uid: &str) -> String {
+fn impostor_pod(i: &Impostor, ns: &str, node: &str, owner_uid: &str) -> Pod {
     let token_volume = if i.borrowed {
-        serde_json::json!({"name": "token", "secret": {"secretName": "lab-stolen-token"}})
+        Volume {
+            name: "token".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(STOLEN.into()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        }
     } else {
-        serde_json::json!({"name": "token", "projected": {"sources": [
-            {"serviceAccountToken": {"audience": AUDIENCE, "expirationSeconds": 3600, "path": "token"}}
-        ]}})
+        Volume {
+            name: "token".into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(AUDIENCE.into()),
+                        expiration_seconds: Some(3600),
+                        path: "token".into(),
+                    }),
+                    ..VolumeProjection::default()
+                }]),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        }
     };
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": i.name, "namespace": ns,
-            "labels": {"app.kubernetes.io/name": "csi-scsi-node", "lab": "impostor"},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": OWNER,
-                                 "uid": owner_uid, "controller": true}],
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    };
+    let args = [
+        format!("--node-name={node}"),
+        "--csi-endpoint=unix:///run/csi/csi.sock".into(),
+        "--kubelet-registration=off".into(),
+        "--kubelet-dir=/run/kubelet".into(),
+        "--agent-listen=$(POD_IP):9810".into(),
+        "--status-listen=$(POD_IP):9811".into(),
+        "--tls-dir=/run/tls".into(),
+        "--state-dir=/run/state".into(),
+        "--enrol-token-file=/run/token/token".into(),
+        "--enrol-ca-file=/etc/csi-scsi/ca/ca.crt".into(),
+    ];
+    let container = Container {
+        name: "csi-scsi-agent".into(),
+        image: Some(format!("csi-scsi/agent:{LAB_TAG}")),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(args.into()),
+        env: Some(vec![EnvVar {
+            name: "POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("agent-api".into()),
+            container_port: 9810,
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/readyz".into()),
+                port: IntOrString::Int(9811),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(5),
+            ..Probe::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("scratch", "/run", false),
+            mount("token", "/run/token", true),
+            mount("ca", "/etc/csi-scsi/ca", true),
+        ]),
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(i.name.into()),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([
+                ("app.kubernetes.io/name".into(), "csi-scsi-node".into()),
+                ("lab".into(), "impostor".into()),
+            ])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: OWNER.into(),
+                uid: owner_uid.into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
         },
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": i.service_account,
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "csi-scsi-agent",
-                "image": format!("csi-scsi/agent:{LAB_TAG}"),
-                "imagePullPolicy": "IfNotPresent",
-                "args": [
-                    format!("--node-name={node}"),
-                    "--csi-endpoint=unix:///run/csi/csi.sock",
-                    "--kubelet-registration=off",
-                    "--kubelet-dir=/run/kubelet",
-                    "--agent-listen=$(POD_IP):9810",
-                    "--status-listen=$(POD_IP):9811",
-                    "--tls-dir=/run/tls",
-                    "--state-dir=/run/state",
-                    "--enrol-token-file=/run/token/token",
-                    "--enrol-ca-file=/etc/csi-scsi/ca/ca.crt",
-                ],
-                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                "ports": [{"name": "agent-api", "containerPort": 9810}],
-                "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9811}, "periodSeconds": 5},
-                "volumeMounts": [
-                    {"name": "scratch", "mountPath": "/run"},
-                    {"name": "token", "mountPath": "/run/token", "readOnly": true},
-                    {"name": "ca", "mountPath": "/etc/csi-scsi/ca", "readOnly": true},
-                ],
-            }],
-            "volumes": [
-                {"name": "scratch", "emptyDir": {}},
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            service_account_name: Some(i.service_account.into()),
+            automount_service_account_token: Some(false),
+            containers: vec![container],
+            volumes: Some(vec![
+                Volume {
+                    name: "scratch".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                },
                 token_volume,
-                {"name": "ca", "configMap": {"name": "csi-scsi-ca"}},
-            ],
-        },
-    })
-    .to_string()
+                Volume {
+                    name: "ca".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "csi-scsi-ca".into(),
+                        ..ConfigMapVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+            ]),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
 }

@@ -6,6 +6,7 @@
 //! chart installed with helm), the agent running as the DaemonSet and the
 //! proxy with the real CSI sidecars as the Deployment.
 
+pub mod api;
 pub mod ca_rotation;
 pub mod enrolment;
 pub mod identities;
@@ -26,11 +27,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
 use serde::{Deserialize, Serialize};
 
 use super::{Lab, LabConfig, Manifest};
 use crate::binaries::binary;
 use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Helm, Kubectl};
+use api::Typed;
 use install::{Installer, Via};
 use node::{KubeNode, NodeSpec};
 use node_fs::NodeFs;
@@ -200,12 +205,12 @@ impl KubeLab {
                     &format!("Node {} Ready", n.name),
                     Duration::from_secs(120),
                     |k| {
-                        let node = k.get_json(&["node", &n.name])?;
-                        Ok(condition_true(&node, "Ready").then_some(()))
+                        let node = k.object::<Node>(&n.name, None)?;
+                        Ok(api::node_ready(&node).then_some(()))
                     },
                 )
                 .await
-                .with_context(|| tail(&n.kubelet.log()))?;
+                .with_context(|| crate::tail::tail(&n.kubelet.log(), 40))?;
         }
 
         progress(&format!(
@@ -254,11 +259,12 @@ impl KubeLab {
             &format!("DaemonSet csi-scsi-node: {nodes} Pods ready"),
             Duration::from_secs(180),
             |k| {
-                let ds = k.get_json(&["daemonset", "csi-scsi-node", "-n", ns])?;
-                let st = &ds["status"];
-                Ok((st["numberReady"] == nodes
-                    && st["updatedNumberScheduled"] == nodes
-                    && st["observedGeneration"] == ds["metadata"]["generation"])
+                let ds = k.object::<DaemonSet>("csi-scsi-node", Some(ns))?;
+                let st = ds.status.unwrap_or_default();
+                let nodes = i32::try_from(nodes)?;
+                Ok((st.number_ready == nodes
+                    && st.updated_number_scheduled == Some(nodes)
+                    && st.observed_generation == ds.metadata.generation)
                     .then_some(()))
             },
         )
@@ -268,12 +274,12 @@ impl KubeLab {
             "Deployment csi-scsi-controller available",
             Duration::from_secs(180),
             |k| {
-                let d = k.get_json(&["deployment", "csi-scsi-controller", "-n", ns])?;
-                let want = &d["spec"]["replicas"];
-                let st = &d["status"];
-                Ok((st["availableReplicas"] == *want
-                    && st["updatedReplicas"] == *want
-                    && st["observedGeneration"] == d["metadata"]["generation"])
+                let d = k.object::<Deployment>("csi-scsi-controller", Some(ns))?;
+                let want = d.spec.and_then(|s| s.replicas);
+                let st = d.status.unwrap_or_default();
+                Ok((st.available_replicas == want
+                    && st.updated_replicas == want
+                    && st.observed_generation == d.metadata.generation)
                     .then_some(()))
             },
         )
@@ -284,11 +290,8 @@ impl KubeLab {
                 &format!("CSINode {} with csi-scsi.io", n.name),
                 Duration::from_secs(60),
                 |k| {
-                    let csinode = k.get_json(&["csinode", &n.name])?;
-                    let has = csinode["spec"]["drivers"]
-                        .as_array()
-                        .is_some_and(|d| d.iter().any(|d| d["name"] == "csi-scsi.io"));
-                    Ok(has.then_some(()))
+                    let csinode = k.object::<CSINode>(&n.name, None)?;
+                    Ok(scenario::has_driver(&csinode).then_some(()))
                 },
             )
             .await?;
@@ -312,13 +315,6 @@ impl KubeLab {
             kubectl: self.plane.tools.path("kubectl").to_owned(),
         }
     }
-}
-
-/// Whether `object.status.conditions` has `kind` = True.
-pub fn condition_true(object: &serde_json::Value, kind: &str) -> bool {
-    object["status"]["conditions"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == "True"))
 }
 
 /// The trust material the driver's Pods mount, made as docs/kubernetes.md
@@ -387,11 +383,6 @@ fn route_pod_subnets(lab: &Lab, routes: &[(String, String)]) -> anyhow::Result<(
 
 fn sh_ok(program: &str, args: &[&str]) -> anyhow::Result<()> {
     super::net::sh(program, args).map(drop)
-}
-
-fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 impl KubeLab {

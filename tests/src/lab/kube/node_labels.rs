@@ -7,9 +7,12 @@
 
 use anyhow::{Context, bail};
 
+use csi_scsi_proxy::resources::SCSITarget;
+
 use super::KubeLab;
+use super::api::Typed;
 use super::scenario::WAIT;
-use crate::lab::LAB_ARRAY;
+use super::targets::lab_target;
 
 /// A key any kubelet can set on its own Node.
 const SETTABLE: &str = "storage.example.com/array1";
@@ -36,29 +39,23 @@ pub async fn a_node_labelling_itself_gets_nothing(
     if let Ok(out) = kubelet.run(&["label", "node", node, &format!("{PROTECTED}=true")]) {
         bail!("the kubelet set {PROTECTED} on its own Node: {out}");
     }
-    let portal = format!("{}:3260", lab.lab.net.host_ip());
-    let ns = &lab.namespace;
-    k.apply(&format!(
-        r#"{{"apiVersion":"csi-scsi.io/v1alpha1","kind":"SCSITarget","metadata":{{"name":"self-labelled"}},
-            "spec":{{"iscsi":{{"portals":["{portal}"],"iqn":"iqn.2026-11.io.csi-scsi.lab:array-a",
-            "chapSecretRef":{{"name":"chap-array-a","namespace":"{ns}"}}}},
-            "nodeSelector":{{"{SETTABLE}":"true"}},"array":"{LAB_ARRAY}"}}}}"#
-    ))?;
+    let mut target = lab_target(lab, "self-labelled", "array-a", Some(&lab.namespace));
+    target.spec.node_selector = [(SETTABLE.to_owned(), "true".to_owned())].into();
+    k.apply_object(&target)?;
     let message = k
         .wait_for("SCSITarget self-labelled Refused", WAIT, |k| {
-            let t = k.get_json(&["scsitarget", "self-labelled"])?;
-            let status = &t["status"];
-            if status["phase"] != "Refused" {
+            let t = k.object::<SCSITarget>("self-labelled", None)?;
+            let status = t.status.unwrap_or_default();
+            if status.phase.as_deref() != Some("Refused") {
                 return Ok(None);
             }
             // Never discovered through: no node in its status.
             anyhow::ensure!(
-                status["nodes"].as_array().is_none_or(Vec::is_empty),
-                "nodes discovered through a refused target: {status}"
+                status.nodes.is_empty(),
+                "nodes discovered through a refused target: {}",
+                serde_json::to_string(&status)?
             );
-            Ok(status["conditions"][0]["message"]
-                .as_str()
-                .map(str::to_owned))
+            Ok(status.conditions.first().map(|c| c.message.clone()))
         })
         .await?;
     anyhow::ensure!(message.contains(SETTABLE), "status says {message:?}");

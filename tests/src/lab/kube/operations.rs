@@ -6,10 +6,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use csi_scsi_proxy::device::Phase;
+use csi_scsi_proxy::resources::SCSIDevice;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
 
+use super::api::{Typed, deleting, name_of, pod_phase, scheduled_on, uid_of};
 use super::scenario::{
-    NS, WAIT, Workload, attachment, bound_pv, delete_workloads, exec, one_replica, pod, pvc,
-    wait_running,
+    NS, WAIT, Workload, attached, attachment, attachment_status, bound_pv, delete_workloads, exec,
+    node_of, one_replica, phase, pod, pvc, volume_handle, wait_running,
 };
 use super::{KubeLab, LAB_TAG, pods};
 use crate::disks::Fault;
@@ -28,9 +33,8 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
     // no other I/O (a bound LUN's writeback) meets the stall.
     let available: Vec<String> = super::scenario::pool_devices(&k)?
         .iter()
-        .filter(|d| d["status"]["phase"] == "Available")
-        .filter_map(|d| d["spec"]["lun"].as_u64())
-        .map(|lun| format!("c{lun}"))
+        .filter(|d| phase(d) == Some(Phase::Available))
+        .map(|d| format!("c{}", d.spec.lun))
         .collect();
     let disks = lab.lab.disks.as_deref().cloned();
     if let Some(d) = &disks {
@@ -39,8 +43,8 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
         }
     }
     let crashed = async {
-        k.apply(&pvc("crash", "lab-pool", "Filesystem", "32Mi"))?;
-        k.apply(&pod(
+        k.apply_object(&pvc("crash", "lab-pool", "Filesystem", "32Mi"))?;
+        k.apply_object(&pod(
             "crash",
             node,
             "crash",
@@ -53,22 +57,17 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
         let agent = pods::agent_on(&k, &lab.namespace, node)?;
         let id = pods::container_id(&agent, "csi-scsi-agent")?;
         k.wait_for("the VolumeAttachment attached", WAIT, |k| {
-            Ok(attachment(k, &pv, node)?
-                .filter(|va| va["status"]["attached"] == true)
-                .map(drop))
+            Ok(attachment(k, &pv, node)?.filter(attached).map(drop))
         })
         .await?;
         let stalled = match &disks {
             Some(d) => {
-                let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeHandle"]
-                    .as_str()
-                    .and_then(|h| h.split(':').next())
-                    .context("volumeHandle")?
-                    .to_owned();
+                let handle = volume_handle(&k, &pv)?;
+                let wwid = handle.split(':').next().unwrap_or_default();
                 let lun = super::scenario::pool_devices(&k)?
                     .iter()
-                    .find(|d| d["spec"]["wwid"] == wwid.as_str())
-                    .and_then(|d| d["spec"]["lun"].as_u64())
+                    .find(|d| d.spec.wwid == wwid)
+                    .map(|d| d.spec.lun)
                     .with_context(|| format!("no pool SCSIDevice {wwid}"))?;
                 let name = format!("c{lun}");
                 d.until_stalled(&name, WAIT).await?;
@@ -88,10 +87,7 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
     }
     let (pv, stalled, at_kill) = crashed?;
     let killed = Instant::now();
-    let handle = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeHandle"]
-        .as_str()
-        .context("volumeHandle")?
-        .to_owned();
+    let handle = volume_handle(&k, &pv)?;
     let said = |log: &str, what: &str| log.lines().any(|l| l.contains(&handle) && l.contains(what));
     let started = said(&at_kill, "MountVolume.WaitForAttach succeeded");
     let finished = said(&at_kill, "MountVolume.MountDevice succeeded");
@@ -137,18 +133,15 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
 /// another node, with its data.
 pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
-    k.apply(&pvc("moved", "lab-pool", "Filesystem", "32Mi"))?;
+    k.apply_object(&pvc("moved", "lab-pool", "Filesystem", "32Mi"))?;
     k.apply(&one_replica(
         Workload::Deployment,
         "mover",
         "moved",
         "if [ -f /data/marker ]; then cat /data/marker > /data/seen; else echo drain-marker > /data/marker; sync; fi; sleep 100000",
-    ))?;
+    )?)?;
     let first = mover(&k).await?;
-    let from = first["spec"]["nodeName"]
-        .as_str()
-        .context("mover's node")?
-        .to_owned();
+    let from = scheduled_on(&first).context("mover's node")?.to_owned();
     let first_name = pods::name(&first);
     let pv = bound_pv(&k, "moved")?;
     let t = Instant::now();
@@ -166,17 +159,10 @@ pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
         drained?;
         let second = k
             .wait_for("the mover Pod running on another node", WAIT, |k| {
-                let list = k.get_json(&["pods", "-n", NS, "-l", "app=mover"])?;
-                Ok(list["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|p| {
-                        p["status"]["phase"] == "Running"
-                            && p["metadata"]["name"] != first_name.as_str()
-                            && p["metadata"]["deletionTimestamp"].is_null()
-                    })
-                    .cloned())
+                let list = k.objects::<Pod>(&["-n", NS, "-l", "app=mover"])?;
+                Ok(list.into_iter().find(|p| {
+                    pod_phase(p) == "Running" && name_of(p) != first_name && !deleting(p)
+                }))
             })
             .await?;
         anyhow::Ok(second)
@@ -185,10 +171,7 @@ pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
     let _ = k.run(&["uncordon", &from]);
     let second = moved?;
     let again = t.elapsed();
-    let to = second["spec"]["nodeName"]
-        .as_str()
-        .context("node")?
-        .to_owned();
+    let to = scheduled_on(&second).context("node")?.to_owned();
     anyhow::ensure!(to != from, "the drained Pod came back on {from}");
     let name = pods::name(&second);
     let seen = k
@@ -220,15 +203,10 @@ pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
     ))
 }
 
-async fn mover(k: &Kubectl) -> anyhow::Result<serde_json::Value> {
+async fn mover(k: &Kubectl) -> anyhow::Result<Pod> {
     k.wait_for("the mover Pod running", WAIT, |k| {
-        let list = k.get_json(&["pods", "-n", NS, "-l", "app=mover"])?;
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["status"]["phase"] == "Running")
-            .cloned())
+        let list = k.objects::<Pod>(&["-n", NS, "-l", "app=mover"])?;
+        Ok(list.into_iter().find(|p| pod_phase(p) == "Running"))
     })
     .await
 }
@@ -264,15 +242,15 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
     let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
     let load: Vec<String> = nodes.iter().map(|n| format!("load-{n}")).collect();
     for (name, node) in load.iter().zip(&nodes) {
-        k.apply(&pvc(name, "lab-pool", "Filesystem", "32Mi"))?;
-        k.apply(&pod(name, node, name, false, LOAD))?;
+        k.apply_object(&pvc(name, "lab-pool", "Filesystem", "32Mi"))?;
+        k.apply_object(&pod(name, node, name, false, LOAD))?;
     }
     for name in &load {
         wait_running(&k, name).await?;
     }
-    let uids: Vec<serde_json::Value> = load
+    let uids: Vec<String> = load
         .iter()
-        .map(|p| Ok(k.get_json(&["pod", p, "-n", NS])?["metadata"]["uid"].clone()))
+        .map(|p| Ok(uid_of(&k.object::<Pod>(p, Some(NS))?).to_owned()))
         .collect::<anyhow::Result<_>>()?;
     // The evidence that outlives the agents' Pods (whose logs go with
     // them): kubelet's logs from here on, and the VolumeAttachments.
@@ -280,19 +258,18 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
         .iter()
         .map(|c| bound_pv(&k, c))
         .collect::<anyhow::Result<_>>()?;
-    let attachments = |k: &Kubectl| -> anyhow::Result<Vec<serde_json::Value>> {
+    let attachments = |k: &Kubectl| -> anyhow::Result<Vec<String>> {
         pvs.iter()
             .zip(&nodes)
             .map(|(pv, n)| {
                 let va =
                     attachment(k, pv, n)?.with_context(|| format!("{pv} not attached to {n}"))?;
                 anyhow::ensure!(
-                    va["status"]["attached"] == true
-                        && va["metadata"]["deletionTimestamp"].is_null(),
+                    attached(&va) && !deleting(&va),
                     "{pv}'s attachment to {n} is going: {}",
-                    va["status"]
+                    attachment_status(&va)
                 );
-                Ok(va["metadata"]["uid"].clone())
+                Ok(uid_of(&va).to_owned())
             })
             .collect()
     };
@@ -326,9 +303,11 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
             )?;
         }
     }
-    let max_unavailable = k.get_json(&["daemonset", "csi-scsi-node", "-n", &ns])?["spec"]
-        ["updateStrategy"]["rollingUpdate"]["maxUnavailable"]
-        .clone();
+    let max_unavailable = k
+        .object::<DaemonSet>("csi-scsi-node", Some(&ns))?
+        .spec
+        .and_then(|s| s.update_strategy?.rolling_update?.max_unavailable);
+    let max_unavailable = serde_json::to_string(&max_unavailable)?;
     let up = roll(lab, NEXT_TAG, Roll::Upgrade).await?;
     let after_up = check_load(lab, &load, &uids, &start).await?;
     let down = roll(lab, LAB_TAG, Roll::Rollback).await?;
@@ -361,23 +340,19 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
         let status = lab.agent_status(n).await?;
         // Published entries carry the PV's name (from the target path);
         // a staged one only kubelet's hash of it: match them by WWID.
-        let volumes = &status["volumes"];
-        let wwid = volumes["published"]
-            .as_array()
-            .and_then(|v| v.iter().find(|v| v["volume"] == pv.as_str()))
-            .map(|v| v["wwid"].clone())
+        let volumes = &status.volumes;
+        let wwid = volumes
+            .published
+            .iter()
+            .find(|v| v.volume == pv)
+            .map(|v| v.wwid.clone())
             .with_context(|| format!("the agent on {n} does not list {pv} as published"))?;
-        let staged = volumes["staged"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|v| v["wwid"] == wwid));
+        let staged = volumes.staged.iter().any(|v| v.wwid == wwid);
         anyhow::ensure!(
             staged,
-            "the agent on {n} does not list {pv} ({wwid}) as staged"
+            "the agent on {n} does not list {pv} ({wwid:?}) as staged"
         );
-        rebuilt.push(format!(
-            "{n}: {} staged",
-            status["volumes"]["staged"].as_array().map_or(0, Vec::len)
-        ));
+        rebuilt.push(format!("{n}: {} staged", volumes.staged.len()));
     }
     let bytes: u64 = after_down.iter().map(|(b, _)| b).sum::<u64>() * 65536
         - start.iter().map(|(b, _)| b).sum::<u64>() * 65536;
@@ -417,19 +392,19 @@ async fn roll(lab: &KubeLab, tag: &str, how: Roll) -> anyhow::Result<String> {
     }
     let mut most_unavailable = 0;
     let ds = loop {
-        let ds = k.get_json(&["daemonset", "csi-scsi-node", "-n", ns])?;
-        let st = &ds["status"];
-        most_unavailable = most_unavailable.max(st["numberUnavailable"].as_u64().unwrap_or(0));
-        let done = st["observedGeneration"] == ds["metadata"]["generation"]
-            && st["updatedNumberScheduled"] == st["desiredNumberScheduled"]
-            && st["numberAvailable"] == st["desiredNumberScheduled"];
+        let ds = k.object::<DaemonSet>("csi-scsi-node", Some(ns))?;
+        let st = ds.status.unwrap_or_default();
+        most_unavailable = most_unavailable.max(st.number_unavailable.unwrap_or(0));
+        let done = st.observed_generation == ds.metadata.generation
+            && st.updated_number_scheduled == Some(st.desired_number_scheduled)
+            && st.number_available == Some(st.desired_number_scheduled);
         if done {
             break t.elapsed();
         }
         anyhow::ensure!(
             t.elapsed() < Duration::from_secs(300),
             "the DaemonSet rollout to {tag} did not finish: {}",
-            st
+            serde_json::to_string(&st)?
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
@@ -450,11 +425,7 @@ async fn roll(lab: &KubeLab, tag: &str, how: Roll) -> anyhow::Result<String> {
     let images: Vec<String> = pods::list(k, ns, pods::AGENT_SELECTOR)?
         .iter()
         .chain(pods::list(k, ns, pods::CONTROLLER_SELECTOR)?.iter())
-        .filter_map(|p| {
-            p["spec"]["containers"][0]["image"]
-                .as_str()
-                .map(str::to_owned)
-        })
+        .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
         .collect();
     anyhow::ensure!(
         images.iter().all(|i| i.ends_with(&format!(":{tag}"))),
@@ -472,7 +443,7 @@ async fn roll(lab: &KubeLab, tag: &str, how: Roll) -> anyhow::Result<String> {
 async fn check_load(
     lab: &KubeLab,
     load: &[String],
-    uids: &[serde_json::Value],
+    uids: &[String],
     from: &[(u64, u64)],
 ) -> anyhow::Result<Vec<(u64, u64)>> {
     let k = &lab.kubectl;
@@ -480,8 +451,8 @@ async fn check_load(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut now = Vec::new();
     for ((p, uid), (n0, _)) in load.iter().zip(uids).zip(from) {
-        let pod = k.get_json(&["pod", p, "-n", NS])?;
-        anyhow::ensure!(pod["metadata"]["uid"] == *uid, "{p} was replaced");
+        let pod = k.object::<Pod>(p, Some(NS))?;
+        anyhow::ensure!(uid_of(&pod) == uid, "{p} was replaced");
         anyhow::ensure!(pods::restarts(&pod, "c") == 0, "{p} restarted");
         let (n, e) = progress(k, p)?;
         anyhow::ensure!(e == 0, "{p}: {e} write or verify errors");
@@ -499,23 +470,14 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let ns = lab.namespace.clone();
     let bound = |k: &Kubectl| -> anyhow::Result<Vec<(String, String)>> {
-        let list = k.get_json(&["scsidevices"])?;
-        let mut v: Vec<(String, String)> = list["items"]
-            .as_array()
+        let mut v: Vec<(String, String)> = k
+            .objects::<SCSIDevice>(&[])?
             .into_iter()
-            .flatten()
-            .filter(|d| d["status"]["phase"] == "Bound")
+            .filter(|d| phase(d) == Some(Phase::Bound))
             .map(|d| {
-                (
-                    d["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                    d["status"]["binding"]["volumeName"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                )
+                let volume = d.status.as_ref().and_then(|s| s.binding.as_ref());
+                let volume = volume.map(|b| b.volume_name.clone()).unwrap_or_default();
+                (name_of(&d).to_owned(), volume)
             })
             .collect();
         v.sort();
@@ -545,10 +507,7 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
     anyhow::ensure!(bound(&k)? == before, "the reinstall changed the inventory");
     // The existing PV, served by the new driver: the reader goes, a new Pod
     // on another node mounts it (detach, attach, stage, publish).
-    let from = k.get_json(&["pod", "reader", "-n", NS])?["spec"]["nodeName"]
-        .as_str()
-        .context("reader's node")?
-        .to_owned();
+    let from = node_of(&k, "reader", NS).context("reader's node")?;
     let to = lab
         .nodes
         .iter()
@@ -564,7 +523,7 @@ pub async fn reinstall(lab: &mut KubeLab) -> anyhow::Result<String> {
         "--wait=true",
         "--timeout=120s",
     ])?;
-    k.apply(&pod("reader", &to, "data", false, "sleep 100000"))?;
+    k.apply_object(&pod("reader", &to, "data", false, "sleep 100000"))?;
     wait_running(&k, "reader").await?;
     let got = exec(&k, "reader", &["cat", "/data/marker"])?;
     anyhow::ensure!(
@@ -589,7 +548,10 @@ impl KubeLab {
 
     /// The agent's `/status` on `node` (its status listener, the node's
     /// address: what an operator's `csi-scsi --url` reads).
-    pub async fn agent_status(&self, node: &str) -> anyhow::Result<serde_json::Value> {
+    pub async fn agent_status(
+        &self,
+        node: &str,
+    ) -> anyhow::Result<csi_scsi_status::agent::Document> {
         let i = self.node_index(node)?;
         let url = format!("http://{}/status", self.lab.nodes[i].status);
         let out = crate::lab::net::sh("curl", &["-sf", "-m", "5", &url])?;

@@ -3,8 +3,10 @@
 //! an operator on the node would with `ctr`).
 
 use anyhow::Context;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 use super::KubeLab;
+use super::api::{Typed, deleting, name_of, owner_kind, pod_node};
 use crate::kube::Kubectl;
 use crate::lab::net::sh;
 
@@ -13,50 +15,46 @@ pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=csi-scsi-node";
 /// The controller Deployment's label.
 pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=csi-scsi-controller";
 
-/// The driver's Pods with `selector`, as JSON objects.
-pub fn list(k: &Kubectl, ns: &str, selector: &str) -> anyhow::Result<Vec<serde_json::Value>> {
-    let pods = k.get_json(&["pods", "-n", ns, "-l", selector])?;
-    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+/// The driver's Pods with `selector`.
+pub fn list(k: &Kubectl, ns: &str, selector: &str) -> anyhow::Result<Vec<Pod>> {
+    k.objects(&["-n", ns, "-l", selector])
 }
 
 /// The agent Pod on `node` (the DaemonSet's, not being deleted).
-pub fn agent_on(k: &Kubectl, ns: &str, node: &str) -> anyhow::Result<serde_json::Value> {
+pub fn agent_on(k: &Kubectl, ns: &str, node: &str) -> anyhow::Result<Pod> {
     list(k, ns, AGENT_SELECTOR)?
         .into_iter()
-        .find(|p| {
-            p["spec"]["nodeName"] == node
-                && p["metadata"]["deletionTimestamp"].is_null()
-                && p["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
-        })
+        .find(|p| pod_node(p) == node && !deleting(p) && owner_kind(p) == "DaemonSet")
         .with_context(|| format!("no agent Pod on {node}"))
 }
 
 /// The Pod's name.
-pub fn name(pod: &serde_json::Value) -> String {
-    pod["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+pub fn name(pod: &Pod) -> String {
+    name_of(pod).to_owned()
+}
+
+/// The status of `container` in `pod`, once the kubelet reported it.
+pub fn status_of<'p>(pod: &'p Pod, container: &str) -> Option<&'p ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_deref()?
+        .iter()
+        .find(|c| c.name == container)
 }
 
 /// The containerd ID of `container` in `pod` (`containerd://<id>`).
-pub fn container_id(pod: &serde_json::Value, container: &str) -> anyhow::Result<String> {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == container))
-        .and_then(|c| c["containerID"].as_str())
+pub fn container_id(pod: &Pod, container: &str) -> anyhow::Result<String> {
+    status_of(pod, container)
+        .and_then(|c| c.container_id.as_deref())
         .and_then(|id| id.strip_prefix("containerd://"))
         .map(str::to_owned)
         .with_context(|| format!("{} has no running {container}", name(pod)))
 }
 
 /// The restart count of `container` in `pod`.
-pub fn restarts(pod: &serde_json::Value, container: &str) -> u64 {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["name"] == container))
-        .and_then(|c| c["restartCount"].as_u64())
-        .unwrap_or(0)
+pub fn restarts(pod: &Pod, container: &str) -> u64 {
+    status_of(pod, container).map_or(0, |c| u64::try_from(c.restart_count).unwrap_or(0))
 }
 
 /// Every driver Pod's phase, conditions and container states, and the
@@ -68,10 +66,9 @@ pub fn describe(k: &Kubectl, ns: &str) -> String {
     let events = k
         .run(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"])
         .unwrap_or_default();
-    let tail: Vec<&str> = events.lines().collect();
     format!(
         "Pods:\n{pods}\nEvents (last 30):\n{}",
-        tail[tail.len().saturating_sub(30)..].join("\n")
+        crate::tail::tail(&events, 30)
     )
 }
 

@@ -6,12 +6,32 @@
 //! Node service; the sidecars call the Controller service; nothing here
 //! calls CSI.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use csi_scsi_proxy::device::Phase;
+use csi_scsi_proxy::resources::{PendingResizeRequest, SCSIDevice, SCSITarget};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Event, Node, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec,
+    Volume, VolumeDevice, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 
+use super::KubeLab;
+use super::api::{
+    Typed, deleting, message, name_of, node_ready, pod_phase, pod_ready, reason, reporter,
+    scheduled_on, uid_of,
+};
 use super::images::BUSYBOX;
-use super::{KubeLab, condition_true};
 use crate::kube::Kubectl;
 use crate::lab::node_name;
 use crate::lab::scenario::{Report, lun_file};
@@ -29,17 +49,16 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         super::targets::create_targets(lab)?;
         let devices = k
             .wait_for("SCSIDevices discovered", WAIT, |k| {
-                let list = k.get_json(&["scsidevices"])?;
-                let n = list["items"].as_array().map_or(0, Vec::len);
+                let n = k.objects::<SCSIDevice>(&[])?.len();
                 Ok((n >= 6).then_some(n))
             })
             .await?;
         // The proxy's best-effort status write (RBAC: scsitargets/status).
         let (phase, answered) = k
             .wait_for("SCSITarget array-a status (phase, nodes)", WAIT, |k| {
-                let t = k.get_json(&["scsitarget", "array-a"])?;
-                let phase = t["status"]["phase"].as_str().unwrap_or_default().to_owned();
-                let nodes = t["status"]["nodes"].as_array().map_or(0, Vec::len);
+                let status = k.object::<SCSITarget>("array-a", None)?.status.unwrap_or_default();
+                let phase = status.phase.unwrap_or_default();
+                let nodes = status.nodes.len();
                 Ok((!phase.is_empty() && nodes == lab.nodes.len()).then_some((phase, nodes)))
             })
             .await?;
@@ -57,10 +76,10 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool; one that matches no LUN)",
         async {
             k.run(&["create", "namespace", NS])?;
-            k.apply(&storage_class("lab-xfs", "array=a", "xfs", "zero"))?;
-            k.apply(&storage_class("lab-pool", "tier=pool", "ext4", "discard"))?;
-            k.apply(&storage_class("lab-none", "tier=none", "ext4", "none"))?;
-            k.apply(&storage_class("lab-chap", "array=a", "ext4", "discard"))?;
+            k.apply_object(&storage_class("lab-xfs", "array=a", "xfs", "zero"))?;
+            k.apply_object(&storage_class("lab-pool", "tier=pool", "ext4", "discard"))?;
+            k.apply_object(&storage_class("lab-none", "tier=none", "ext4", "none"))?;
+            k.apply_object(&storage_class("lab-chap", "array=a", "ext4", "discard"))?;
             Ok(((), String::new()))
         },
     )
@@ -84,8 +103,8 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "provision + stage + publish: a PVC and a Pod on node-a that writes a marker",
         async {
-            k.apply(&pvc("data", "lab-xfs", "Filesystem", "400Mi"))?;
-            k.apply(&pod(
+            k.apply_object(&pvc("data", "lab-xfs", "Filesystem", "400Mi"))?;
+            k.apply_object(&pod(
                 "writer",
                 &node_a,
                 "data",
@@ -95,10 +114,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             wait_running(&k, "writer").await?;
             let got = exec(&k, "writer", &["cat", "/data/marker"])?;
             anyhow::ensure!(got.trim() == "lab-marker-1", "marker read back as {got:?}");
-            let pv = k.get_json(&["pvc", "data", "-n", NS])?["spec"]["volumeName"]
-                .as_str()
-                .context("bound PV")?
-                .to_owned();
+            let pv = bound_pv(&k, "data").context("bound PV")?;
             Ok(((), format!("{pv} mounted on {node_a}")))
         },
     )
@@ -107,8 +123,8 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "raw block: a Block PVC on the pool, a Pod that writes and reads the device",
         async {
-            k.apply(&pvc("raw", "lab-pool", "Block", "32Mi"))?;
-            k.apply(&pod(
+            k.apply_object(&pvc("raw", "lab-pool", "Block", "32Mi"))?;
+            k.apply_object(&pod(
             "raw",
             &node_a,
             "raw",
@@ -169,7 +185,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
                 "--wait=true",
                 "--timeout=120s",
             ])?;
-            k.apply(&pod("reader", &node_b, "data", false, "sleep 100000"))?;
+            k.apply_object(&pod("reader", &node_b, "data", false, "sleep 100000"))?;
             wait_running(&k, "reader").await?;
             let got = exec(&k, "reader", &["cat", "/data/marker"])?;
             anyhow::ensure!(
@@ -257,18 +273,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
                 "--timeout=120s",
             ])?;
             k.wait_for("every PV gone", WAIT, |k| {
-                let pvs = k.get_json(&["pv"])?;
-                Ok(pvs["items"]
-                    .as_array()
-                    .is_some_and(Vec::is_empty)
-                    .then_some(()))
+                Ok(k.objects::<PersistentVolume>(&[])?.is_empty().then_some(()))
             })
             .await?;
             let available = k
                 .wait_for("every SCSIDevice Available", WAIT, |k| {
-                    let list = k.get_json(&["scsidevices"])?;
-                    let items = list["items"].as_array().context("items")?;
-                    let all = items.iter().all(|d| d["status"]["phase"] == "Available");
+                    let items = k.objects::<SCSIDevice>(&[])?;
+                    let all = items.iter().all(|d| phase(d) == Some(Phase::Available));
                     Ok(all.then_some(items.len()))
                 })
                 .await?;
@@ -296,37 +307,109 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     Ok(r)
 }
 
-pub(super) fn storage_class(name: &str, selector: &str, fs: &str, cleanup: &str) -> String {
-    format!(
-        r#"{{"apiVersion":"storage.k8s.io/v1","kind":"StorageClass","metadata":{{"name":"{name}"}},
-            "provisioner":"csi-scsi.io","volumeBindingMode":"WaitForFirstConsumer","allowVolumeExpansion":true,
-            "reclaimPolicy":"Delete",
-            "parameters":{{"deviceSelector":"{selector}","cleanup":"{cleanup}","csi.storage.k8s.io/fstype":"{fs}"}}}}"#
-    )
+/// A StorageClass of the driver: devices matching `selector`, filesystem
+/// `fs`, `cleanup` on delete; bound where the first Pod lands, growable.
+pub(super) fn storage_class(name: &str, selector: &str, fs: &str, cleanup: &str) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        provisioner: "csi-scsi.io".into(),
+        volume_binding_mode: Some("WaitForFirstConsumer".into()),
+        allow_volume_expansion: Some(true),
+        reclaim_policy: Some("Delete".into()),
+        parameters: Some(BTreeMap::from([
+            ("deviceSelector".into(), selector.into()),
+            ("cleanup".into(), cleanup.into()),
+            ("csi.storage.k8s.io/fstype".into(), fs.into()),
+        ])),
+        ..StorageClass::default()
+    }
 }
 
-pub(super) fn pvc(name: &str, class: &str, mode: &str, size: &str) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{{"name":"{name}","namespace":"{NS}"}},
-            "spec":{{"storageClassName":"{class}","volumeMode":"{mode}","accessModes":["ReadWriteOnce"],
-            "resources":{{"requests":{{"storage":"{size}"}}}}}}}}"#
-    )
+/// A ReadWriteOnce claim in [`NS`] of class `class`, volume mode `mode`
+/// (`Filesystem` or `Block`), asking for `size`.
+pub(super) fn pvc(name: &str, class: &str, mode: &str, size: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: in_lab(name),
+        spec: Some(PersistentVolumeClaimSpec {
+            storage_class_name: Some(class.into()),
+            volume_mode: Some(mode.into()),
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
 }
 
-pub(super) fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str) -> String {
-    let attach = if block {
-        r#""volumeDevices":[{"name":"v","devicePath":"/dev/xvda"}]"#.to_owned()
+/// A busybox Pod on `node` running `script`, with claim `claim` mounted
+/// at `/data`, or as the device `/dev/xvda` when `block`.
+pub(super) fn pod(name: &str, node: &str, claim: &str, block: bool, script: &str) -> Pod {
+    let mut spec = busybox(claim, script, block);
+    spec.node_selector = Some(BTreeMap::from([(
+        "kubernetes.io/hostname".into(),
+        node.into(),
+    )]));
+    Pod {
+        metadata: in_lab(name),
+        spec: Some(spec),
+        ..Pod::default()
+    }
+}
+
+/// Object metadata: `name` in [`NS`].
+fn in_lab(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(NS.into()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The workloads' Pod spec: one busybox container running `script`, the
+/// claim as volume `v`, no service account token, quick to stop.
+fn busybox(claim: &str, script: &str, block: bool) -> PodSpec {
+    let (volume_devices, volume_mounts) = if block {
+        let device = VolumeDevice {
+            name: "v".into(),
+            device_path: "/dev/xvda".into(),
+        };
+        (Some(vec![device]), None)
     } else {
-        r#""volumeMounts":[{"name":"v","mountPath":"/data"}]"#.to_owned()
+        let mount = VolumeMount {
+            name: "v".into(),
+            mount_path: "/data".into(),
+            ..VolumeMount::default()
+        };
+        (None, Some(vec![mount]))
     };
-    let script = serde_json::to_string(script).unwrap_or_default();
-    format!(
-        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"{NS}"}},
-            "spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{node}"}},"terminationGracePeriodSeconds":1,
-            "automountServiceAccountToken":false,
-            "containers":[{{"name":"c","image":"{BUSYBOX}","imagePullPolicy":"Never","command":["sh","-c",{script}],{attach}}}],
-            "volumes":[{{"name":"v","persistentVolumeClaim":{{"claimName":"{claim}"}}}}]}}}}"#
-    )
+    PodSpec {
+        termination_grace_period_seconds: Some(1),
+        automount_service_account_token: Some(false),
+        containers: vec![Container {
+            name: "c".into(),
+            image: Some(BUSYBOX.into()),
+            image_pull_policy: Some("Never".into()),
+            command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+            volume_devices,
+            volume_mounts,
+            ..Container::default()
+        }],
+        volumes: Some(vec![Volume {
+            name: "v".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.into(),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]),
+        ..PodSpec::default()
+    }
 }
 
 /// The workload kinds [`one_replica`] writes.
@@ -339,35 +422,64 @@ pub(super) enum Workload {
 }
 
 /// A one-replica workload `name` whose Pods (label `app=<name>`) run
-/// `script` with claim `claim` at `/data`, on any node.
-pub(super) fn one_replica(kind: Workload, name: &str, claim: &str, script: &str) -> String {
-    let (kind, extra) = match kind {
-        Workload::Deployment => (
-            "Deployment",
-            r#""strategy":{"type":"Recreate"},"#.to_owned(),
-        ),
-        Workload::StatefulSet => ("StatefulSet", format!(r#""serviceName":"{name}","#)),
+/// `script` with claim `claim` at `/data`, on any node; as JSON, for
+/// `kubectl apply`.
+pub(super) fn one_replica(
+    kind: Workload,
+    name: &str,
+    claim: &str,
+    script: &str,
+) -> anyhow::Result<String> {
+    let labels = BTreeMap::from([("app".to_owned(), name.to_owned())]);
+    let selector = LabelSelector {
+        match_labels: Some(labels.clone()),
+        ..LabelSelector::default()
     };
-    let script = serde_json::to_string(script).unwrap_or_default();
-    format!(
-        r#"{{"apiVersion":"apps/v1","kind":"{kind}","metadata":{{"name":"{name}","namespace":"{NS}"}},
-            "spec":{{"replicas":1,"selector":{{"matchLabels":{{"app":"{name}"}}}},{extra}
-            "template":{{"metadata":{{"labels":{{"app":"{name}"}}}},"spec":{{"terminationGracePeriodSeconds":1,
-            "automountServiceAccountToken":false,
-            "containers":[{{"name":"c","image":"{BUSYBOX}","imagePullPolicy":"Never","command":["sh","-c",{script}],
-                           "volumeMounts":[{{"name":"v","mountPath":"/data"}}]}}],
-            "volumes":[{{"name":"v","persistentVolumeClaim":{{"claimName":"{claim}"}}}}]}}}}}}}}"#
-    )
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(busybox(claim, script, false)),
+    };
+    let json = match kind {
+        Workload::Deployment => serde_json::to_string(&Deployment {
+            metadata: in_lab(name),
+            spec: Some(DeploymentSpec {
+                replicas: Some(1),
+                selector,
+                strategy: Some(DeploymentStrategy {
+                    type_: Some("Recreate".into()),
+                    ..DeploymentStrategy::default()
+                }),
+                template,
+                ..DeploymentSpec::default()
+            }),
+            ..Deployment::default()
+        })?,
+        Workload::StatefulSet => serde_json::to_string(&StatefulSet {
+            metadata: in_lab(name),
+            spec: Some(StatefulSetSpec {
+                replicas: Some(1),
+                selector,
+                service_name: Some(name.into()),
+                template,
+                ..StatefulSetSpec::default()
+            }),
+            ..StatefulSet::default()
+        })?,
+    };
+    Ok(json)
 }
 
 pub(super) async fn wait_running(k: &Kubectl, pod: &str) -> anyhow::Result<()> {
     let waited = k
         .wait_for(&format!("Pod {pod} Running"), WAIT, |k| {
-            let p = k.get_json(&["pod", pod, "-n", NS])?;
-            if p["status"]["phase"] == "Failed" {
-                bail!("Pod {pod} failed: {}", p["status"]);
+            let p = k.object::<Pod>(pod, Some(NS))?;
+            if pod_phase(&p) == "Failed" {
+                bail!("Pod {pod} failed: {}", serde_json::to_string(&p.status)?);
             }
-            Ok((p["status"]["phase"] == "Running" && condition_true(&p, "Ready")).then_some(()))
+            Ok((pod_phase(&p) == "Running" && pod_ready(&p)).then_some(()))
         })
         .await;
     if waited.is_err() {
@@ -395,19 +507,14 @@ fn df_kib(k: &Kubectl, pod: &str) -> anyhow::Result<u64> {
 }
 
 /// The Events about `name` in [`NS`] (core and events.k8s.io alike).
-fn events_of(k: &Kubectl, name: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+fn events_of(k: &Kubectl, name: &str) -> anyhow::Result<Vec<Event>> {
     let selector = format!("involvedObject.name={name}");
-    let list = k.get_json(&["events", "-n", NS, "--field-selector", &selector])?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+    k.objects(&["-n", NS, "--field-selector", &selector])
 }
 
-/// Who reported an Event (events.k8s.io: reportingComponent; core: source).
-fn reporter(e: &serde_json::Value) -> &str {
-    e["reportingComponent"]
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .or_else(|| e["source"]["component"].as_str())
-        .unwrap_or_default()
+/// The device's phase (None before the proxy wrote its status).
+pub(super) fn phase(d: &SCSIDevice) -> Option<Phase> {
+    d.status.as_ref().map(|s| s.phase)
 }
 
 /// Deletes Pods then PVCs by name and waits for them to go.
@@ -445,8 +552,8 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
         ),
     ];
     for (name, class, size, _) in cases {
-        k.apply(&pvc(name, class, "Filesystem", size))?;
-        k.apply(&pod(name, node, name, false, "sleep 100000"))?;
+        k.apply_object(&pvc(name, class, "Filesystem", size))?;
+        k.apply_object(&pod(name, node, name, false, "sleep 100000"))?;
     }
     let mut out = Vec::new();
     for (name, _, _, why) in cases {
@@ -458,22 +565,20 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
                     let events = events_of(k, name)?;
                     Ok(events
                         .iter()
-                        .find(|e| {
-                            e["type"] == "Warning"
-                                && e["message"].as_str().is_some_and(|m| m.contains(why))
-                        })
+                        .find(|e| e.type_.as_deref() == Some("Warning") && message(e).contains(why))
                         .map(|e| {
                             (
-                                e["reason"].as_str().unwrap_or_default().to_owned(),
+                                reason(e).to_owned(),
                                 reporter(e).to_owned(),
-                                e["message"].as_str().unwrap_or_default().to_owned(),
+                                message(e).to_owned(),
                             )
                         }))
                 },
             )
             .await?;
-        let phase = k.get_json(&["pvc", name, "-n", NS])?["status"]["phase"].clone();
-        anyhow::ensure!(phase == "Pending", "PVC {name} is {phase}, not Pending");
+        let claim = k.object::<PersistentVolumeClaim>(name, Some(NS))?;
+        let phase = claim.status.and_then(|s| s.phase).unwrap_or_default();
+        anyhow::ensure!(phase == "Pending", "PVC {name} is {phase:?}, not Pending");
         // The driver's own Event (events.rs NoDeviceFits): a missing
         // events.k8s.io RBAC rule fails here, not only in a log line.
         k.wait_for(
@@ -482,7 +587,9 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
             |k| {
                 Ok(events_of(k, name)?
                     .iter()
-                    .any(|e| reporter(e) == "csi-scsi.io" && e["reason"] == "NoDeviceFits")
+                    .any(|e| {
+                        reporter(e) == "csi-scsi.io" && super::api::reason(e) == "NoDeviceFits"
+                    })
                     .then_some(()))
             },
         )
@@ -502,34 +609,63 @@ pub(super) fn attachment(
     k: &Kubectl,
     pv: &str,
     node: &str,
-) -> anyhow::Result<Option<serde_json::Value>> {
-    let list = k.get_json(&["volumeattachments"])?;
-    Ok(list["items"].as_array().and_then(|items| {
-        items
-            .iter()
-            .find(|va| {
-                va["spec"]["source"]["persistentVolumeName"] == pv && va["spec"]["nodeName"] == node
-            })
-            .cloned()
+) -> anyhow::Result<Option<VolumeAttachment>> {
+    Ok(k.objects::<VolumeAttachment>(&[])?.into_iter().find(|va| {
+        va.spec.source.persistent_volume_name.as_deref() == Some(pv) && va.spec.node_name == node
     }))
 }
 
+/// Whether the VolumeAttachment says attached.
+pub(super) fn attached(va: &VolumeAttachment) -> bool {
+    va.status.as_ref().is_some_and(|s| s.attached)
+}
+
+/// The VolumeAttachment's status as JSON, for a message.
+pub(super) fn attachment_status(va: &VolumeAttachment) -> String {
+    serde_json::to_string(&va.status).unwrap_or_default()
+}
+
+/// The PV claim `claim` in [`NS`] is bound to.
 pub(super) fn bound_pv(k: &Kubectl, claim: &str) -> anyhow::Result<String> {
-    k.get_json(&["pvc", claim, "-n", NS])?["spec"]["volumeName"]
-        .as_str()
+    k.object::<PersistentVolumeClaim>(claim, Some(NS))?
+        .spec
+        .and_then(|s| s.volume_name)
         .filter(|s| !s.is_empty())
-        .map(str::to_owned)
         .with_context(|| format!("PVC {claim} is not bound"))
+}
+
+/// PV `pv`'s CSI source: its volume handle and attributes.
+pub(super) fn csi_source(
+    k: &Kubectl,
+    pv: &str,
+) -> anyhow::Result<k8s_openapi::api::core::v1::CSIPersistentVolumeSource> {
+    k.object::<PersistentVolume>(pv, None)?
+        .spec
+        .and_then(|s| s.csi)
+        .with_context(|| format!("PV {pv} has no CSI source"))
+}
+
+/// PV `pv`'s CSI volume handle (the volume ID).
+pub(super) fn volume_handle(k: &Kubectl, pv: &str) -> anyhow::Result<String> {
+    Ok(csi_source(k, pv)?.volume_handle)
+}
+
+/// PV `pv`'s `wwid` volume attribute.
+pub(super) fn pv_wwid(k: &Kubectl, pv: &str) -> anyhow::Result<String> {
+    csi_source(k, pv)?
+        .volume_attributes
+        .and_then(|mut a| a.remove("wwid"))
+        .context("the PV's wwid attribute")
 }
 
 /// Sets the CHAP password in the Secret object: the proxy reads it through
 /// the API at each login, so nothing restarts.
 fn set_chap_password(lab: &KubeLab, password: &str) -> anyhow::Result<()> {
-    let patch = format!(r#"{{"stringData":{{"password":"{password}"}}}}"#);
+    let patch = serde_json::json!({"stringData": {"password": password}}).to_string();
     lab.kubectl.run(&[
         "patch",
         "secret",
-        "chap-array-a",
+        super::targets::CHAP_SECRET,
         "-n",
         &lab.namespace,
         "--type=merge",
@@ -553,26 +689,22 @@ async fn wrong_chap(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> {
         // The node must log in again to meet the password: log it out of
         // array-a (no volume of array-a is attached there).
         lab.lab.logout_iscsi(index, "array-a")?;
-        k.apply(&pvc("chap", "lab-chap", "Filesystem", "100Mi"))?;
-        k.apply(&pod("chap", node, "chap", false, "sleep 100000"))?;
+        k.apply_object(&pvc("chap", "lab-chap", "Filesystem", "100Mi"))?;
+        k.apply_object(&pod("chap", node, "chap", false, "sleep 100000"))?;
         let pv = k
             .wait_for("PVC chap bound", WAIT, |k| Ok(bound_pv(k, "chap").ok()))
             .await?;
         let error = k
             .wait_for("the VolumeAttachment's attachError", WAIT, |k| {
-                Ok(attachment(k, &pv, node)?.and_then(|va| {
-                    va["status"]["attachError"]["message"]
-                        .as_str()
-                        .map(str::to_owned)
-                }))
+                Ok(attachment(k, &pv, node)?.and_then(|va| va.status?.attach_error?.message))
             })
             .await?;
         let event = k
             .wait_for("FailedAttachVolume on the Pod", WAIT, |k| {
                 Ok(events_of(k, "chap")?
                     .iter()
-                    .find(|e| e["reason"] == "FailedAttachVolume")
-                    .map(|e| e["message"].as_str().unwrap_or_default().to_owned()))
+                    .find(|e| reason(e) == "FailedAttachVolume")
+                    .map(|e| message(e).to_owned()))
             })
             .await?;
         anyhow::Ok((error, event))
@@ -603,7 +735,7 @@ fn pvc_events_from_driver(k: &Kubectl, claim: &str) -> anyhow::Result<Vec<String
     Ok(events_of(k, claim)?
         .iter()
         .filter(|e| reporter(e) == "csi-scsi.io")
-        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .filter_map(|e| e.reason.clone())
         .collect())
 }
 
@@ -618,9 +750,9 @@ async fn cleanup_modes(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> 
         let class = format!("lab-cleanup-{mode}");
         let name = format!("cleanup-{mode}");
         let marker = format!("tenant data kept or shredded: cleanup {mode}");
-        k.apply(&storage_class(&class, "tier=pool", "ext4", mode))?;
-        k.apply(&pvc(&name, &class, "Filesystem", "32Mi"))?;
-        k.apply(&pod(
+        k.apply_object(&storage_class(&class, "tier=pool", "ext4", mode))?;
+        k.apply_object(&pvc(&name, &class, "Filesystem", "32Mi"))?;
+        k.apply_object(&pod(
             &name,
             node,
             &name,
@@ -629,10 +761,7 @@ async fn cleanup_modes(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> 
         ))?;
         wait_running(&k, &name).await?;
         let pv = bound_pv(&k, &name)?;
-        let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
-            .as_str()
-            .context("the PV's wwid attribute")?
-            .to_owned();
+        let wwid = pv_wwid(&k, &pv)?;
         let (lun, file) =
             lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
         for (kind, object) in [("pod", &name), ("pvc", &name)] {
@@ -652,13 +781,10 @@ async fn cleanup_modes(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> 
                 .run(&["get", "pv", &pv, "--ignore-not-found", "-o", "name"])?
                 .trim()
                 .to_owned();
-            let devices = k.get_json(&["scsidevices"])?;
-            let available = devices["items"].as_array().into_iter().flatten().any(|d| {
-                d["spec"]["wwid"]
-                    .as_str()
-                    .is_some_and(|w| w.contains(&device))
-                    && d["status"]["phase"] == "Available"
-            });
+            let available = k
+                .objects::<SCSIDevice>(&[])?
+                .iter()
+                .any(|d| d.spec.wwid.contains(&device) && phase(d) == Some(Phase::Available));
             Ok((pv_left.is_empty() && available).then_some(()))
         })
         .await?;
@@ -701,14 +827,13 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let before = df_kib(&k, "writer")?;
     let pv = bound_pv(&k, "data")?;
-    let wwid = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
-        .as_str()
-        .context("the PV's wwid attribute")?
-        .to_owned();
+    let wwid = pv_wwid(&k, &pv)?;
     let (lun, _) = lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
     let now = std::fs::metadata(&lab.lab.luns[&lun])?.len();
     let want = (now + (256 << 20)) >> 20;
-    let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{want}Mi"}}}}}}}}"#);
+    let patch =
+        serde_json::json!({"spec": {"resources": {"requests": {"storage": format!("{want}Mi")}}}})
+            .to_string();
     k.run(&[
         "patch",
         "pvc",
@@ -723,24 +848,30 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
     // namespace), and an Event on the PVC.
     let request = k
         .wait_for("a PendingResizeRequest in the PVC's namespace", WAIT, |k| {
-            let list = k.get_json(&["pendingresizerequests", "-A"])?;
-            let items = list["items"].as_array().cloned().unwrap_or_default();
-            if let Some(elsewhere) = items.iter().find(|r| r["metadata"]["namespace"] != NS) {
+            let items = k.objects::<PendingResizeRequest>(&["-A"])?;
+            if let Some(elsewhere) = items
+                .iter()
+                .find(|r| r.metadata.namespace.as_deref() != Some(NS))
+            {
                 bail!(
-                    "PendingResizeRequest {} in namespace {}, not {NS}",
-                    elsewhere["metadata"]["name"],
-                    elsewhere["metadata"]["namespace"]
+                    "PendingResizeRequest {} in namespace {:?}, not {NS}",
+                    name_of(elsewhere),
+                    elsewhere.metadata.namespace
                 );
             }
             let Some(r) = items.first() else {
                 return Ok(None);
             };
             // Owned by its claim, so it goes with the PVC.
-            let owner = &r["metadata"]["ownerReferences"][0];
-            if owner["kind"] != "PersistentVolumeClaim" || owner["name"] != "data" {
-                bail!("PendingResizeRequest owned by {owner}, not PVC data");
+            let owner = r
+                .metadata
+                .owner_references
+                .as_deref()
+                .and_then(<[_]>::first);
+            if !owner.is_some_and(|o| o.kind == "PersistentVolumeClaim" && o.name == "data") {
+                bail!("PendingResizeRequest owned by {owner:?}, not PVC data");
             }
-            Ok(r["metadata"]["name"].as_str().map(str::to_owned))
+            Ok(r.metadata.name.clone())
         })
         .await?;
     k.wait_for(
@@ -765,11 +896,13 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
         .await?;
     let capacity = k
         .wait_for("the PVC's capacity", WAIT, |k| {
-            let pvc = k.get_json(&["pvc", "data", "-n", NS])?;
-            let cap = pvc["status"]["capacity"]["storage"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
+            let cap = k
+                .object::<PersistentVolumeClaim>("data", Some(NS))?
+                .status
+                .and_then(|s| s.capacity)
+                .and_then(|mut c| c.remove("storage"))
+                .map(|q| q.0)
+                .unwrap_or_default();
             Ok((cap == format!("{want}Mi")).then_some(cap))
         })
         .await?;
@@ -786,11 +919,8 @@ async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
         .await?;
     // Done requests are deleted by the proxy.
     k.wait_for("the done PendingResizeRequest deleted", WAIT, |k| {
-        let list = k.get_json(&["pendingresizerequests", "-n", NS])?;
-        Ok(list["items"]
-            .as_array()
-            .is_some_and(Vec::is_empty)
-            .then_some(()))
+        let left = k.objects::<PendingResizeRequest>(&["-n", NS])?;
+        Ok(left.is_empty().then_some(()))
     })
     .await?;
     Ok(format!(
@@ -822,28 +952,37 @@ pub(super) fn agent_detaches(lab: &KubeLab, node: &str) -> anyhow::Result<usize>
 /// Waits for kubelet on `node` to renew its node Lease after `since`
 /// (server time, RFC 3339): a kubelet that is up again, not a Ready
 /// condition left over from before it stopped.
-pub(super) async fn wait_lease_renewed(k: &Kubectl, node: &str, since: &str) -> anyhow::Result<()> {
+pub(super) async fn wait_lease_renewed(
+    k: &Kubectl,
+    node: &str,
+    since: Timestamp,
+) -> anyhow::Result<()> {
     k.wait_for(
         &format!("kubelet on {node} to renew its Lease"),
         WAIT,
         |k| {
-            let lease = k.get_json(&["lease", node, "-n", "kube-node-lease"])?;
-            let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default();
-            // Compare at second precision: renewTime has microseconds.
-            Ok(
-                (renewed.get(..19).unwrap_or_default() > since.get(..19).unwrap_or_default())
-                    .then_some(()),
-            )
+            let lease = k.object::<Lease>(node, Some("kube-node-lease"))?;
+            Ok(renewed_after(&lease, since).then_some(()))
         },
     )
     .await
 }
 
+/// Whether the Lease was renewed after `since`, at second precision
+/// (renewTime has microseconds, the server's clock reads seconds).
+pub(super) fn renewed_after(lease: &Lease, since: Timestamp) -> bool {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.renew_time.as_ref())
+        .is_some_and(|t| t.0.as_second() > since.as_second())
+}
+
 pub(super) async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> anyhow::Result<()> {
     let what = if ready { "Ready" } else { "NotReady" };
     k.wait_for(&format!("Node {node} {what}"), WAIT, |k| {
-        let n = k.get_json(&["node", node])?;
-        Ok((condition_true(&n, "Ready") == ready).then_some(()))
+        let n = k.object::<Node>(node, None)?;
+        Ok((node_ready(&n) == ready).then_some(()))
     })
     .await
 }
@@ -865,17 +1004,17 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
         stage > 0,
         "no NodeStageVolume in {node}'s agent log: wrong log format?"
     );
-    let uid = k.get_json(&["pod", "writer", "-n", NS])?["metadata"]["uid"].clone();
+    let uid = uid_of(&k.object::<Pod>("writer", Some(NS))?).to_owned();
     lab.nodes[i].stop_kubelet().await;
     let stopped = chrono_now(&k)?;
     restart_kubelet(lab, i).await?;
     let t = std::time::Instant::now();
-    wait_lease_renewed(&k, &node, &stopped).await?;
+    wait_lease_renewed(&k, &node, stopped).await?;
     wait_node_ready(&k, &node, true).await?;
     let ready = t.elapsed();
     wait_running(&k, "writer").await?;
-    let p = k.get_json(&["pod", "writer", "-n", NS])?;
-    anyhow::ensure!(p["metadata"]["uid"] == uid, "the Pod was replaced");
+    let p = k.object::<Pod>("writer", Some(NS))?;
+    anyhow::ensure!(uid_of(&p) == uid, "the Pod was replaced");
     // The Node and Pod still say Ready from before the restart; exec
     // answers once the new kubelet has found its Pods again.
     let got = k
@@ -894,7 +1033,7 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
         u2 == unstage && p2 == unpublish,
         "kubelet tore the volume down after its restart: NodeUnstageVolume {unstage} -> {u2}, NodeUnpublishVolume {unpublish} -> {p2}"
     );
-    let restarts = p["status"]["containerStatuses"][0]["restartCount"].clone();
+    let restarts = super::pods::restarts(&p, "c");
     let restaged = agent_calls(lab, &node, "NodeStageVolume")?.saturating_sub(stage);
     Ok(format!(
         "{node}'s kubelet back (Lease renewed, Ready) {:.1}s after the restart; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
@@ -903,29 +1042,25 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
 }
 
 /// Devices of array-c (the pool, which every node sees).
-pub(super) fn pool_devices(k: &Kubectl) -> anyhow::Result<Vec<serde_json::Value>> {
-    let list = k.get_json(&["scsidevices"])?;
-    Ok(list["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|d| d["spec"]["target"] == "array-c")
-        .collect())
+pub(super) fn pool_devices(k: &Kubectl) -> anyhow::Result<Vec<SCSIDevice>> {
+    let mut devices = k.objects::<SCSIDevice>(&[])?;
+    devices.retain(|d| d.spec.target == "array-c");
+    Ok(devices)
 }
 
-fn sees(d: &serde_json::Value, node: &str) -> bool {
-    d["status"]["nodeNames"]
-        .as_array()
-        .is_some_and(|n| n.iter().any(|n| n == node))
+/// Whether `node` is among the nodes that see the device.
+fn sees(d: &SCSIDevice, node: &str) -> bool {
+    d.status
+        .as_ref()
+        .is_some_and(|s| s.node_names.iter().any(|n| n == node))
 }
 
 /// A node whose kubelet stops is unreachable, not gone.
 async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let node = lab.nodes[i].name.clone();
-    k.apply(&pvc("cvol", "lab-pool", "Filesystem", "32Mi"))?;
-    k.apply(&pod(
+    k.apply_object(&pvc("cvol", "lab-pool", "Filesystem", "32Mi"))?;
+    k.apply_object(&pod(
         "cpod",
         &node,
         "cvol",
@@ -943,12 +1078,9 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         let not_ready = t.elapsed();
         // A discovery pass since the kubelet stopped.
         k.wait_for("a discovery pass after the kubelet stopped", WAIT, |k| {
-            let t = k.get_json(&["scsitarget", "array-c"])?;
-            let last = t["status"]["lastDiscovery"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            Ok((last > stopped).then_some(()))
+            let target = k.object::<SCSITarget>("array-c", None)?;
+            let last = target.status.and_then(|s| s.last_discovery);
+            Ok(last.is_some_and(|t| t.0 > stopped).then_some(()))
         })
         .await?;
         let devices = pool_devices(&k)?;
@@ -961,9 +1093,9 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         );
         let va = attachment(&k, &pv, &node)?.context("the VolumeAttachment went")?;
         anyhow::ensure!(
-            va["status"]["attached"] == true && va["metadata"]["deletionTimestamp"].is_null(),
+            attached(&va) && !deleting(&va),
             "the VolumeAttachment on {node} is being detached: {}",
-            va["status"]
+            attachment_status(&va)
         );
         anyhow::Ok((not_ready, devices.len()))
     }
@@ -979,7 +1111,7 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
         detached == 0,
         "{detached} Detach calls on {node} while it was NotReady"
     );
-    wait_lease_renewed(&k, &node, &restarted).await?;
+    wait_lease_renewed(&k, &node, restarted).await?;
     wait_node_ready(&k, &node, true).await?;
     wait_running(&k, "cpod").await?;
     let back = t.elapsed();
@@ -993,17 +1125,17 @@ async fn node_not_ready(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     ))
 }
 
-/// The API server's clock, RFC 3339 (seconds), as the proxy writes it.
-pub(super) fn chrono_now(k: &Kubectl) -> anyhow::Result<String> {
+/// The API server's clock (seconds), as the proxy writes it.
+pub(super) fn chrono_now(k: &Kubectl) -> anyhow::Result<Timestamp> {
     // A fresh object's creationTimestamp is the server's time.
     let name = "lab-clock";
     let _ = k.run(&["delete", "configmap", name, "-n", NS, "--ignore-not-found"]);
     k.run(&["create", "configmap", name, "-n", NS])?;
-    let cm = k.get_json(&["configmap", name, "-n", NS])?;
+    let cm = k.object::<ConfigMap>(name, Some(NS))?;
     let _ = k.run(&["delete", "configmap", name, "-n", NS]);
-    cm["metadata"]["creationTimestamp"]
-        .as_str()
-        .map(str::to_owned)
+    cm.metadata
+        .creation_timestamp
+        .map(|t| t.0)
         .context("creationTimestamp")
 }
 
@@ -1027,8 +1159,7 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
             &format!("{node} pruned from the SCSIDevice views"),
             WAIT,
             |k| {
-                let all = k.get_json(&["scsidevices"])?;
-                let items = all["items"].as_array().cloned().unwrap_or_default();
+                let items = k.objects::<SCSIDevice>(&[])?;
                 Ok((!items.is_empty() && items.iter().all(|d| !sees(d, &node)))
                     .then_some(items.len()))
             },
@@ -1039,11 +1170,7 @@ async fn node_deleted(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     let pruned_at = t.elapsed();
     wait_node_ready(&k, &node, true).await?;
     k.wait_for(&format!("CSINode {node} with csi-scsi.io"), WAIT, |k| {
-        let csinode = k.get_json(&["csinode", &node])?;
-        let has = csinode["spec"]["drivers"]
-            .as_array()
-            .is_some_and(|d| d.iter().any(|d| d["name"] == "csi-scsi.io"));
-        Ok(has.then_some(()))
+        Ok(has_driver(&k.object::<CSINode>(&node, None)?).then_some(()))
     })
     .await?;
     let registered = t.elapsed();
@@ -1074,11 +1201,7 @@ pub(super) async fn wait_back_in_views(k: &Kubectl, node: &str) -> anyhow::Resul
 }
 
 /// Each of `containers`' restarts in `pod` since the counts `before`.
-fn restarts_since(
-    pod: &serde_json::Value,
-    containers: &[String],
-    before: &[u64],
-) -> Vec<(String, u64)> {
+fn restarts_since(pod: &Pod, containers: &[String], before: &[u64]) -> Vec<(String, u64)> {
     containers
         .iter()
         .zip(before)
@@ -1097,11 +1220,36 @@ fn restarted_over(restarts: &[(String, u64)], limit: u64) -> String {
         .join(", ")
 }
 
+/// The node Pod `pod` in `ns` is scheduled on.
+pub(super) fn node_of(k: &Kubectl, pod: &str, ns: &str) -> anyhow::Result<String> {
+    Ok(scheduled_on(&k.object::<Pod>(pod, Some(ns))?)?.to_owned())
+}
+
+/// The SCSIDevice whose status holds volume `handle`.
+pub(super) fn device_of_volume(k: &Kubectl, handle: &str) -> anyhow::Result<SCSIDevice> {
+    k.objects::<SCSIDevice>(&[])?
+        .into_iter()
+        .find(|d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.volume_id.as_deref() == Some(handle))
+        })
+        .with_context(|| format!("no SCSIDevice holds volume {handle}"))
+}
+
+/// Whether the CSINode lists the csi-scsi.io driver (it registered).
+pub(super) fn has_driver(csinode: &CSINode) -> bool {
+    csinode.spec.drivers.iter().any(|d| d.name == "csi-scsi.io")
+}
+
+/// Who holds Lease `lease` in `ns`.
 pub(super) fn lease_holder(k: &Kubectl, ns: &str, lease: &str) -> anyhow::Result<String> {
-    k.get_json(&["lease", lease, "-n", ns])?["spec"]["holderIdentity"]
-        .as_str()
-        .map(str::to_owned)
-        .context("no holder")
+    holder(&k.object::<Lease>(lease, Some(ns))?).context("no holder")
+}
+
+/// The Lease's holder identity, if held.
+fn holder(lease: &Lease) -> Option<String> {
+    lease.spec.as_ref()?.holder_identity.clone()
 }
 
 /// Two controller replicas; the leader dies in the middle of a batch.
@@ -1118,8 +1266,8 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
     let name = |i: usize| format!("batch-{i}");
     let create = |i: usize| -> anyhow::Result<()> {
-        k.apply(&pvc(&name(i), "lab-pool", "Filesystem", "32Mi"))?;
-        k.apply(&pod(
+        k.apply_object(&pvc(&name(i), "lab-pool", "Filesystem", "32Mi"))?;
+        k.apply_object(&pod(
             &name(i),
             &nodes[i % nodes.len()],
             &name(i),
@@ -1154,21 +1302,20 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         .count();
     let running_at_freeze = (0..BATCH / 2)
         .filter(|i| {
-            k.get_json(&["pod", &name(*i), "-n", NS])
-                .is_ok_and(|p| p["status"]["phase"] == "Running")
+            k.object::<Pod>(&name(*i), Some(NS))
+                .is_ok_and(|p| pod_phase(&p) == "Running")
         })
         .count();
     // Freeze every container of the leading Pod through its node's
     // containerd: alive, holding its Leases, but silent, as on a stalled
     // node. A SIGKILL would not do: kubelet restarts the containers under
     // the same Pod name, the Lease identity, and they may lead again.
-    let victim_node = victim["spec"]["nodeName"]
-        .as_str()
+    let victim_node = scheduled_on(victim)
         .context("the leader's node")?
         .to_owned();
     // The Pod as it is now: a container may have been restarted since the
     // list (its ID changed).
-    let victim = k.get_json(&["pod", &leader, "-n", &ns])?;
+    let victim = k.object::<Pod>(&leader, Some(&ns))?;
     let victim_restarts: Vec<u64> = containers
         .iter()
         .map(|c| super::pods::restarts(&victim, c))
@@ -1192,23 +1339,13 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         // alone cannot say whose it is.)
         let frozen_at = chrono_now(&k)?;
         let all_renewed = |k: &Kubectl| -> anyhow::Result<Option<Vec<String>>> {
-            let leases = k.get_json(&["leases", "-n", &ns])?;
-            let items = leases["items"].as_array().cloned().unwrap_or_default();
-            let second = |t: &str| t.get(..19).unwrap_or(t).to_owned();
-            let renewed = items.iter().all(|l| {
-                second(l["spec"]["renewTime"].as_str().unwrap_or_default()) > second(&frozen_at)
-            });
+            let items = k.objects::<Lease>(&["-n", &ns])?;
+            let renewed = items.iter().all(|l| renewed_after(l, frozen_at));
             // The proxy's and each sidecar's Lease.
             Ok((items.len() > super::SIDECARS.len() && renewed).then(|| {
                 items
                     .iter()
-                    .map(|l| {
-                        format!(
-                            "{}={}",
-                            l["metadata"]["name"].as_str().unwrap_or_default(),
-                            l["spec"]["holderIdentity"].as_str().unwrap_or_default()
-                        )
-                    })
+                    .map(|l| format!("{}={}", name_of(l), holder(l).unwrap_or_default()))
                     .collect()
             }))
         };
@@ -1237,10 +1374,10 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     }
     let all_up = frozen_since.elapsed();
     // One LUN per volume: no device bound twice, no volume on two devices.
-    let devices = k.get_json(&["scsidevices"])?;
     let mut ids = std::collections::BTreeSet::new();
-    for d in devices["items"].as_array().cloned().unwrap_or_default() {
-        if let Some(id) = d["status"]["volumeId"].as_str().filter(|s| !s.is_empty()) {
+    for d in k.objects::<SCSIDevice>(&[])? {
+        let volume = d.status.and_then(|s| s.volume_id);
+        if let Some(id) = volume.as_deref().filter(|s| !s.is_empty()) {
             anyhow::ensure!(
                 ids.insert(id.to_owned()),
                 "volume {id} bound on two SCSIDevices"
@@ -1250,10 +1387,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     let mut wwids = std::collections::BTreeSet::new();
     for i in 0..BATCH {
         let pv = bound_pv(&k, &name(i))?;
-        let handle = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeHandle"]
-            .as_str()
-            .context("volumeHandle")?
-            .to_owned();
+        let handle = volume_handle(&k, &pv)?;
         anyhow::ensure!(
             ids.contains(&handle),
             "{pv}'s volume {handle} is on no SCSIDevice"
@@ -1261,7 +1395,7 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         let wwid = handle.split(':').next().unwrap_or_default().to_owned();
         anyhow::ensure!(wwids.insert(wwid.clone()), "two PVs on LUN {wwid}");
     }
-    let now = k.get_json(&["pod", &survivor_name, "-n", &ns])?;
+    let now = k.object::<Pod>(&survivor_name, Some(&ns))?;
     let restarted = restarted_over(&restarts_since(&now, &containers, &survivor_restarts), 0);
     anyhow::ensure!(
         restarted.is_empty(),
@@ -1281,15 +1415,11 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
     lease_stays("thawed")?;
     let victim_restarted = k
         .wait_for(&format!("{leader} Ready again after the thaw"), WAIT, |k| {
-            let p = k.get_json(&["pod", &leader, "-n", &ns])?;
+            let p = k.object::<Pod>(&leader, Some(&ns))?;
             // Each container by name: a status not reported yet is not Ready.
-            let statuses = p["status"]["containerStatuses"].as_array();
-            let ready = containers.iter().all(|c| {
-                statuses.is_some_and(|all| {
-                    all.iter()
-                        .any(|s| s["name"] == c.as_str() && s["ready"] == true)
-                })
-            });
+            let ready = containers
+                .iter()
+                .all(|c| super::pods::status_of(&p, c).is_some_and(|s| s.ready));
             Ok(ready.then(|| restarts_since(&p, &containers, &victim_restarts)))
         })
         .await?;
@@ -1317,4 +1447,98 @@ async fn two_replicas(lab: &mut KubeLab) -> anyhow::Result<String> {
         wwids.len(),
         all_up.as_secs_f64()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn as_json<T: serde::Serialize>(object: &T) -> Value {
+        serde_json::to_value(object).expect("serialises")
+    }
+
+    /// The typed manifests are the objects the lab applied when it wrote
+    /// them as JSON text.
+    #[test]
+    fn the_workload_manifests_are_the_objects_the_lab_always_applied() {
+        let container = |attach: (&str, Value)| {
+            let mut c = json!({"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo \"x\" > /data/m"]});
+            c[attach.0] = attach.1;
+            c
+        };
+        let mounted = ("volumeMounts", json!([{"name": "v", "mountPath": "/data"}]));
+        let device = (
+            "volumeDevices",
+            json!([{"name": "v", "devicePath": "/dev/xvda"}]),
+        );
+        let volumes = json!([{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]);
+        let pod_of = |c: Value| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": NS},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": "node-a"},
+                    "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
+                    "containers": [c], "volumes": volumes}})
+        };
+        let template = json!({"metadata": {"labels": {"app": "m"}}, "spec": {
+            "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
+            "containers": [container(mounted.clone())], "volumes": volumes}});
+        let script = "echo \"x\" > /data/m";
+        let cases: [(&str, Value, Value); 6] = [
+            (
+                "storage class",
+                as_json(&storage_class("lab-xfs", "array=a", "xfs", "zero")),
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                    "metadata": {"name": "lab-xfs"}, "provisioner": "csi-scsi.io",
+                    "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": true,
+                    "reclaimPolicy": "Delete", "parameters": {"deviceSelector": "array=a",
+                        "cleanup": "zero", "csi.storage.k8s.io/fstype": "xfs"}}),
+            ),
+            (
+                "claim",
+                as_json(&pvc("data", "lab-pool", "Block", "32Mi")),
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "data", "namespace": NS},
+                    "spec": {"storageClassName": "lab-pool", "volumeMode": "Block",
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "32Mi"}}}}),
+            ),
+            (
+                "filesystem pod",
+                as_json(&pod("w", "node-a", "data", false, script)),
+                pod_of(container(mounted.clone())),
+            ),
+            (
+                "block pod",
+                as_json(&pod("w", "node-a", "data", true, script)),
+                pod_of(container(device)),
+            ),
+            (
+                "deployment",
+                serde_json::from_str(
+                    &one_replica(Workload::Deployment, "m", "data", script).expect("json"),
+                )
+                .expect("parses"),
+                json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "m", "namespace": NS},
+                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m"}},
+                        "strategy": {"type": "Recreate"}, "template": template}}),
+            ),
+            (
+                "stateful set",
+                serde_json::from_str(
+                    &one_replica(Workload::StatefulSet, "m", "data", script).expect("json"),
+                )
+                .expect("parses"),
+                json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "metadata": {"name": "m", "namespace": NS},
+                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m"}},
+                        "serviceName": "m", "template": template}}),
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got, want, "{what}");
+        }
+    }
 }

@@ -9,11 +9,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use k8s_openapi::api::core::v1::Pod;
+
+use super::api::{Typed, deleting, pod_node, pod_phase, pod_ready, uid_of};
 use super::scenario::{
-    NS, WAIT, Workload, attachment, bound_pv, chrono_now, delete_workloads, exec, lease_holder,
-    one_replica, pvc, wait_back_in_views, wait_lease_renewed, wait_node_ready,
+    NS, WAIT, Workload, attached, attachment, attachment_status, bound_pv, chrono_now,
+    delete_workloads, device_of_volume, exec, lease_holder, node_of, one_replica, pvc,
+    volume_handle, wait_back_in_views, wait_lease_renewed, wait_node_ready,
 };
-use super::{KubeLab, condition_true, pods};
+use super::{KubeLab, api, pods};
 use crate::kube::Kubectl;
 
 /// The StatefulSet and its claim.
@@ -37,10 +41,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     // Not the node of the proxy's leader: a leader's death is the two
     // replicas step's subject; here the driver must keep running.
     let leader = lease_holder(&k, &lab.namespace, "csi-scsi-proxy")?;
-    let leader_node = k.get_json(&["pod", &leader, "-n", &lab.namespace])?["spec"]["nodeName"]
-        .as_str()
-        .context("the leader's node")?
-        .to_owned();
+    let leader_node = node_of(&k, &leader, &lab.namespace).context("the leader's node")?;
     let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
     let dead = nodes
         .iter()
@@ -52,7 +53,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
 
     // The Pod on `dead`: the other nodes cordoned while it schedules (the
     // StatefulSet's Pod must be free to move later, so no nodeSelector).
-    k.apply(&pvc(NAME, "lab-pool", "Filesystem", "32Mi"))?;
+    k.apply_object(&pvc(NAME, "lab-pool", "Filesystem", "32Mi"))?;
     let others: Vec<&String> = nodes.iter().filter(|n| **n != dead).collect();
     for n in &others {
         k.run(&["cordon", n])?;
@@ -63,7 +64,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
             NAME,
             NAME,
             "sleep 100000",
-        ))?;
+        )?)?;
         new_pod_running(&k, None, WAIT).await
     }
     .await;
@@ -83,10 +84,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     )?;
     anyhow::ensure!(marker.trim().len() == 32, "marker written as {marker:?}");
     let pv = bound_pv(&k, NAME)?;
-    let handle = k.get_json(&["pv", &pv])?["spec"]["csi"]["volumeHandle"]
-        .as_str()
-        .context("volumeHandle")?
-        .to_owned();
+    let handle = volume_handle(&k, &pv)?;
     anyhow::ensure!(
         published_to(&k, &handle)? == [dead.clone()],
         "{pv} is not published to {dead} alone"
@@ -105,9 +103,9 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
             let va = attachment(&k, &pv, &dead)?
                 .with_context(|| format!("the VolumeAttachment of {pv} on NotReady {dead} went"))?;
             anyhow::ensure!(
-                va["status"]["attached"] == true && va["metadata"]["deletionTimestamp"].is_null(),
+                attached(&va) && !deleting(&va),
                 "{pv}'s VolumeAttachment on NotReady {dead} is being detached: {}",
-                va["status"]
+                attachment_status(&va)
             );
             let published = published_to(&k, &handle)?;
             anyhow::ensure!(
@@ -121,15 +119,14 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
         // The operator's word (the runbook's step 3), the node fenced.
         k.run(&["taint", "nodes", &dead, TAINT])?;
         let tainted = Instant::now();
-        let (_, to) = new_pod_running(&k, Some(&first_uid), MOVE).await?;
+        let (_, to) = new_pod_running(&k, Some(first_uid.as_str()), MOVE).await?;
         let running = tainted.elapsed();
         anyhow::ensure!(to != dead, "{POD} came back on the fenced {dead}");
         let published = k
             .wait_for(&format!("{pv} published to {to} only"), WAIT, |k| {
                 let published = published_to(k, &handle)?;
                 let va_gone = attachment(k, &pv, &dead)?.is_none();
-                let va_new =
-                    attachment(k, &pv, &to)?.is_some_and(|va| va["status"]["attached"] == true);
+                let va_new = attachment(k, &pv, &to)?.is_some_and(|va| attached(&va));
                 Ok((va_gone && va_new && published == [to.clone()]).then_some(published))
             })
             .await?;
@@ -163,7 +160,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     let pids = lab.nodes[i].power_on().await?;
     lab.lab.record_pids(&pids)?;
     let ready = async {
-        wait_lease_renewed(&k, &dead, &since).await?;
+        wait_lease_renewed(&k, &dead, since).await?;
         wait_node_ready(&k, &dead, true).await
     }
     .await;
@@ -174,7 +171,7 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     let ns = lab.namespace.clone();
     k.wait_for(&format!("the agent Pod on {dead} Ready"), WAIT, |k| {
         let agent = pods::agent_on(k, &ns, &dead)?;
-        Ok(condition_true(&agent, "Ready").then_some(()))
+        Ok(api::pod_ready(&agent).then_some(()))
     })
     .await?;
     let views = wait_back_in_views(&k, &dead).await?;
@@ -198,11 +195,11 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
     .await?;
     let cleaned = powered.elapsed();
     // The moved Pod stays where it is, with its data.
-    let p = k.get_json(&["pod", POD, "-n", NS])?;
+    let p = k.object::<Pod>(POD, Some(NS))?;
     anyhow::ensure!(
-        p["spec"]["nodeName"] == to.as_str() && p["metadata"]["deletionTimestamp"].is_null(),
+        pod_node(&p) == to && !deleting(&p),
         "{POD} did not stay on {to}: {}",
-        p["spec"]["nodeName"]
+        pod_node(&p)
     );
     let got = exec(&k, POD, &["cat", "/data/marker"])?;
     anyhow::ensure!(
@@ -239,41 +236,27 @@ pub async fn out_of_service(lab: &mut KubeLab) -> anyhow::Result<String> {
 /// Running and Ready; returns its UID and node.
 async fn new_pod_running(
     k: &Kubectl,
-    old: Option<&serde_json::Value>,
+    old: Option<&str>,
     bound: Duration,
-) -> anyhow::Result<(serde_json::Value, String)> {
+) -> anyhow::Result<(String, String)> {
     k.wait_for(&format!("Pod {POD} Running (a new one)"), bound, |k| {
-        let Ok(p) = k.get_json(&["pod", POD, "-n", NS]) else {
+        let Ok(p) = k.object::<Pod>(POD, Some(NS)) else {
             return Ok(None);
         };
-        let fresh = old.is_none_or(|uid| p["metadata"]["uid"] != *uid);
-        let up = p["status"]["phase"] == "Running" && condition_true(&p, "Ready");
-        Ok((fresh && up).then(|| {
-            (
-                p["metadata"]["uid"].clone(),
-                p["spec"]["nodeName"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            )
-        }))
+        let fresh = old.is_none_or(|uid| uid_of(&p) != uid);
+        let up = pod_phase(&p) == "Running" && pod_ready(&p);
+        Ok((fresh && up).then(|| (uid_of(&p).to_owned(), pod_node(&p).to_owned())))
     })
     .await
 }
 
 /// The nodes the SCSIDevice holding volume `handle` is published to.
 fn published_to(k: &Kubectl, handle: &str) -> anyhow::Result<Vec<String>> {
-    let list = k.get_json(&["scsidevices"])?;
-    let device = list["items"]
-        .as_array()
+    let device = device_of_volume(k, handle)?;
+    Ok(device
+        .status
         .into_iter()
-        .flatten()
-        .find(|d| d["status"]["volumeId"] == handle)
-        .with_context(|| format!("no SCSIDevice holds volume {handle}"))?;
-    Ok(device["status"]["published"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["node"].as_str().map(str::to_owned))
+        .flat_map(|s| s.published)
+        .map(|p| p.node)
         .collect())
 }

@@ -10,11 +10,22 @@
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use anyhow::Context;
+use csi_scsi_proxy::device::Phase;
+use csi_scsi_proxy::resources::SCSIDevice;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::KubeLab;
+use super::api::{Typed, deleting};
 use super::pods;
-use super::scenario::{NS, WAIT, bound_pv, excerpt, lease_holder, pod, pvc, wait_running};
+use super::scenario::{
+    NS, WAIT, bound_pv, excerpt, lease_holder, node_of, phase, pod, pv_wwid, pvc, volume_handle,
+    wait_running,
+};
 use crate::lab::node_name;
 use crate::lab::scenario::lun_file;
 
@@ -37,29 +48,34 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
     let faults_on = Instant::now();
     set_faults(lab, Some(FAULTS)).await?;
     let faults_on = faults_on.elapsed();
-    k.apply(&format!(
-        r#"{{"apiVersion":"storage.k8s.io/v1","kind":"StorageClass","metadata":{{"name":"{CLASS}"}},
-            "provisioner":"csi-scsi.io","volumeBindingMode":"Immediate","reclaimPolicy":"Delete",
-            "parameters":{{"deviceSelector":"tier=pool","cleanup":"zero"}}}}"#
-    ))?;
-    k.apply(&pvc("stale-old", CLASS, "Block", "32Mi"))?;
+    k.apply_object(&StorageClass {
+        metadata: ObjectMeta {
+            name: Some(CLASS.into()),
+            ..ObjectMeta::default()
+        },
+        provisioner: "csi-scsi.io".into(),
+        volume_binding_mode: Some("Immediate".into()),
+        reclaim_policy: Some("Delete".into()),
+        parameters: Some(BTreeMap::from([
+            ("deviceSelector".into(), "tier=pool".into()),
+            ("cleanup".into(), "zero".into()),
+        ])),
+        ..StorageClass::default()
+    })?;
+    k.apply_object(&pvc("stale-old", CLASS, "Block", "32Mi"))?;
     let old_pv = k
         .wait_for("PVC stale-old Bound", WAIT, |k| {
             Ok(bound_pv(k, "stale-old").ok())
         })
         .await?;
-    let wwid = pv_wwid(lab, &old_pv)?;
+    let wwid = pv_wwid(&k, &old_pv)?;
     let (lun, file) =
         lun_file(&lab.lab, &wwid).with_context(|| format!("no lab LUN has {wwid}"))?;
 
     // The leader deletes the volume and reads the LUN; its release holds
     // the Wipe back, and says so.
     let leader = lease_holder(&k, &ns, "csi-scsi-proxy")?;
-    let victim = k.get_json(&["pod", &leader, "-n", &ns])?;
-    let victim_node = victim["spec"]["nodeName"]
-        .as_str()
-        .context("the leader's node")?
-        .to_owned();
+    let victim_node = node_of(&k, &leader, &ns).context("the leader's node")?;
     k.run(&["delete", "pvc", "stale-old", "-n", NS, "--wait=false"])?;
     let request_id = k
         .wait_for(
@@ -80,7 +96,7 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
     let containers: Vec<&str> = std::iter::once("csi-scsi-proxy")
         .chain(super::SIDECARS.iter().copied())
         .collect();
-    let victim = k.get_json(&["pod", &leader, "-n", &ns])?;
+    let victim = k.object::<Pod>(&leader, Some(&ns))?;
     let ids = containers
         .iter()
         .map(|c| pods::container_id(&victim, c))
@@ -106,7 +122,7 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
             .await?;
         let took_over = frozen_since.elapsed();
         k.wait_for(&format!("{lun} wiped and Available again"), WAIT, |k| {
-            Ok((device(k, &wwid)?["status"]["phase"] == "Available").then_some(()))
+            Ok((phase(&device(k, &wwid)?) == Some(Phase::Available)).then_some(()))
         })
         .await?;
         let released = frozen_since.elapsed();
@@ -115,14 +131,14 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         let mut found = None;
         for n in 0..MAX_CLAIMS {
             let claim = format!("stale-new-{n}");
-            k.apply(&pvc(&claim, CLASS, "Block", "32Mi"))?;
+            k.apply_object(&pvc(&claim, CLASS, "Block", "32Mi"))?;
             lock(&claims).push(claim.clone());
             let pv = k
                 .wait_for(&format!("PVC {claim} Bound"), WAIT, |k| {
                     Ok(bound_pv(k, &claim).ok())
                 })
                 .await?;
-            if pv_wwid(lab, &pv)? == wwid {
+            if pv_wwid(&k, &pv)? == wwid {
                 found = Some((claim, pv));
                 break;
             }
@@ -130,7 +146,7 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         let (claim, new_pv) = found.with_context(|| {
             format!("none of {MAX_CLAIMS} new claims bound {lun} ({wwid}) again")
         })?;
-        k.apply(&pod(
+        k.apply_object(&pod(
             "stale-new",
             &node_c,
             &claim,
@@ -202,15 +218,13 @@ pub async fn stale_leader(lab: &KubeLab) -> anyhow::Result<String> {
         holds(&file, &marker)?,
         "{lun}'s marker is gone after the thaw: {leader}'s stale Wipe went through"
     );
-    let handle = k.get_json(&["pv", &new_pv])?["spec"]["csi"]["volumeHandle"]
-        .as_str()
-        .context("volumeHandle")?
-        .to_owned();
+    let handle = volume_handle(&k, &new_pv)?;
     let dev = device(&k, &wwid)?;
+    let status = dev.status.unwrap_or_default();
     anyhow::ensure!(
-        dev["status"]["phase"] == "Bound" && dev["status"]["volumeId"] == handle.as_str(),
+        status.phase == Phase::Bound && status.volume_id.as_deref() == Some(handle.as_str()),
         "{lun} should stay Bound to {handle}: {}",
-        dev["status"]
+        serde_json::to_string(&status)?
     );
 
     // The defects off again (the thawed replica is replaced too), and the
@@ -265,42 +279,30 @@ async fn set_faults(lab: &KubeLab, faults: Option<&str>) -> anyhow::Result<()> {
     lab.wait_installed().await?;
     k.wait_for("a leader of the new revision, Ready", WAIT, |k| {
         let holder = lease_holder(k, ns, "csi-scsi-proxy")?;
-        let p = k.get_json(&["pod", &holder, "-n", ns])?;
-        let set = p["spec"]["containers"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["name"] == "csi-scsi-proxy"))
-            .and_then(|c| c["env"].as_array())
-            .and_then(|env| env.iter().find(|e| e["name"] == "CSI_SCSI_FAULT"))
-            .and_then(|e| e["value"].as_str());
-        let ready = p["status"]["containerStatuses"]
-            .as_array()
-            .is_some_and(|all| !all.is_empty() && all.iter().all(|s| s["ready"] == true));
-        Ok((set == faults && ready && p["metadata"]["deletionTimestamp"].is_null()).then_some(()))
+        let p = k.object::<Pod>(&holder, Some(ns))?;
+        let set = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "csi-scsi-proxy"))
+            .and_then(|c| c.env.as_deref())
+            .and_then(|env| env.iter().find(|e| e.name == "CSI_SCSI_FAULT"))
+            .and_then(|e| e.value.as_deref());
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_deref())
+            .is_some_and(|all| !all.is_empty() && all.iter().all(|s| s.ready));
+        Ok((set == faults && ready && !deleting(&p)).then_some(()))
     })
     .await
 }
 
-/// The WWID a PV's volume attributes name.
-fn pv_wwid(lab: &KubeLab, pv: &str) -> anyhow::Result<String> {
-    lab.kubectl.get_json(&["pv", pv])?["spec"]["csi"]["volumeAttributes"]["wwid"]
-        .as_str()
-        .map(str::to_owned)
-        .context("the PV's wwid attribute")
-}
-
 /// The SCSIDevice of `wwid`.
-fn device(k: &crate::kube::Kubectl, wwid: &str) -> anyhow::Result<serde_json::Value> {
+fn device(k: &crate::kube::Kubectl, wwid: &str) -> anyhow::Result<SCSIDevice> {
     let device = wwid.strip_prefix("naa.").unwrap_or(wwid);
-    k.get_json(&["scsidevices"])?["items"]
-        .as_array()
+    k.objects::<SCSIDevice>(&[])?
         .into_iter()
-        .flatten()
-        .find(|d| {
-            d["spec"]["wwid"]
-                .as_str()
-                .is_some_and(|w| w.contains(device))
-        })
-        .cloned()
+        .find(|d| d.spec.wwid.contains(device))
         .with_context(|| format!("no SCSIDevice has {wwid}"))
 }
 

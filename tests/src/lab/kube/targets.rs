@@ -1,23 +1,45 @@
 //! The lab's storage as a cluster admin declares it: the CHAP Secret and
 //! one SCSITarget per lab array, created through the API.
 
+use std::collections::BTreeMap;
+
+use csi_scsi_proxy::resources::{IscsiSpec, SCSITarget, SCSITargetSpec, SecretReference};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::KubeLab;
+use super::api::Typed;
 use crate::lab::{CHAP_USER, LAB_ARRAY};
 
+/// The Secret with array-a's CHAP credentials.
+pub(super) const CHAP_SECRET: &str = "chap-array-a";
+
 /// The lab arrays' SCSITargets: name, IQN suffix, CHAP, device labels.
-const TARGETS: &[(&str, &str, bool, &str)] = &[
-    ("array-a", "array-a", true, r#"{"array":"a","tier":"fast"}"#),
+type TargetRow = (
+    &'static str,
+    &'static str,
+    bool,
+    &'static [(&'static str, &'static str)],
+);
+
+const TARGETS: &[TargetRow] = &[
+    (
+        "array-a",
+        "array-a",
+        true,
+        &[("array", "a"), ("tier", "fast")],
+    ),
     (
         "array-b",
         "array-b",
         false,
-        r#"{"array":"b","tier":"capacity"}"#,
+        &[("array", "b"), ("tier", "capacity")],
     ),
     (
         "array-c",
         "array-c",
         false,
-        r#"{"array":"c","tier":"pool"}"#,
+        &[("array", "c"), ("tier", "pool")],
     ),
 ];
 
@@ -27,23 +49,49 @@ const TARGETS: &[(&str, &str, bool, &str)] = &[
 pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
     let k = &lab.kubectl;
     let ns = &lab.namespace;
-    let portal = format!("{}:3260", lab.lab.net.host_ip());
-    k.apply(&format!(
-        r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"chap-array-a","namespace":"{ns}"}},
-            "stringData":{{"username":"{CHAP_USER}","password":"{secret}"}}}}"#,
-        secret = crate::lab::chap_secret_for_lab()
-    ))?;
+    k.apply_object(&Secret {
+        metadata: ObjectMeta {
+            name: Some(CHAP_SECRET.into()),
+            namespace: Some(ns.clone()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some(BTreeMap::from([
+            ("username".into(), CHAP_USER.into()),
+            ("password".into(), crate::lab::chap_secret_for_lab().into()),
+        ])),
+        ..Secret::default()
+    })?;
     for (name, iqn, chap, labels) in TARGETS {
-        let chap_ref = if *chap {
-            format!(r#","chapSecretRef":{{"name":"chap-array-a","namespace":"{ns}"}}"#)
-        } else {
-            String::new()
-        };
-        k.apply(&format!(
-            r#"{{"apiVersion":"csi-scsi.io/v1alpha1","kind":"SCSITarget","metadata":{{"name":"{name}"}},
-                "spec":{{"iscsi":{{"portals":["{portal}"],"iqn":"iqn.2026-11.io.csi-scsi.lab:{iqn}"{chap_ref}}},
-                "deviceLabels":{labels},"array":"{LAB_ARRAY}"}}}}"#
-        ))?;
+        let mut target = lab_target(lab, name, iqn, chap.then_some(ns.as_str()));
+        target.spec.device_labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        k.apply_object(&target)?;
     }
     Ok(())
+}
+
+/// An SCSITarget `name` of the lab's tgtd (portal on the host, IQN
+/// `iqn.2026-11.io.csi-scsi.lab:<iqn>`, array [`LAB_ARRAY`]), with the
+/// CHAP Secret in `chap_namespace` when given.
+pub(super) fn lab_target(
+    lab: &KubeLab,
+    name: &str,
+    iqn: &str,
+    chap_namespace: Option<&str>,
+) -> SCSITarget {
+    let spec = SCSITargetSpec {
+        iscsi: Some(IscsiSpec {
+            portals: vec![format!("{}:3260", lab.lab.net.host_ip())],
+            iqn: format!("iqn.2026-11.io.csi-scsi.lab:{iqn}"),
+            chap_secret_ref: chap_namespace.map(|ns| SecretReference {
+                name: CHAP_SECRET.into(),
+                namespace: Some(ns.into()),
+            }),
+        }),
+        array: Some(LAB_ARRAY.into()),
+        ..SCSITargetSpec::default()
+    };
+    SCSITarget::new(name, spec)
 }

@@ -142,7 +142,7 @@ pub async fn run(scale: Scale, seed: u64, dir: &Path) -> anyhow::Result<SuiteRep
     if let Err(e) = &result {
         eprintln!(
             "[fault] stopped: {e:#}\nproxy log (tail):\n{}",
-            tail(&suite.lab.config.dir.join("proxy.log"), 40)
+            crate::tail::tail_file(&suite.lab.config.dir.join("proxy.log"), 40)
         );
     }
     result?;
@@ -1532,13 +1532,6 @@ fn fill(path: &Path) -> anyhow::Result<u64> {
         }
     }
     Ok(written)
-}
-
-/// The last `lines` lines of a file.
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// The median of `v` (sorted in place); 0 when empty.

@@ -413,6 +413,5 @@ fn excerpt(line: &str, needle: &str) -> String {
 /// The last `lines` lines of the log at `path` that mention `wwid`.
 fn about(path: &Path, wwid: &str, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let hits: Vec<&str> = text.lines().filter(|l| l.contains(wwid)).collect();
-    hits[hits.len().saturating_sub(lines)..].join("\n")
+    crate::tail::last_lines(text.lines().filter(|l| l.contains(wwid)), lines)
 }
