@@ -10,11 +10,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use csi_scsi_proxy::device::Phase;
+use csi_scsi_proxy::resources::SCSIDevice;
+use k8s_openapi::api::core::v1::Pod;
 
 use super::Options;
 use super::proc::rss_mib;
 use super::table::{Row, Unit};
 use crate::lab::kube::KubeLab;
+use crate::lab::kube::api::{Typed, pod_phase};
 use crate::lab::kube::install::Via;
 use crate::lab::scenario::{Clients, attach_and_mount_fs, capability, capacity, prefer};
 use crate::lab::{Lab, LabConfig, node_name};
@@ -150,14 +154,14 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     // The targets, as in the lab's scenario; wait until the pool is in the inventory.
     crate::lab::kube::targets::create_targets(&lab)?;
     k.wait_for("the pool LUNs discovered", Duration::from_secs(120), |k| {
-        let list = k.get_json(&["scsidevices"])?;
-        let pool = list["items"].as_array().map_or(0, |d| {
-            d.iter()
-                .filter(|d| {
-                    d["spec"]["labels"]["tier"] == "pool" && d["status"]["phase"] == "Available"
-                })
-                .count()
-        });
+        let devices = k.objects::<SCSIDevice>(&[])?;
+        let pool = devices
+            .iter()
+            .filter(|d| {
+                d.spec.labels.get("tier").map(String::as_str) == Some("pool")
+                    && d.status.as_ref().map(|s| s.phase) == Some(Phase::Available)
+            })
+            .count();
         Ok((pool >= n).then_some(()))
     })
     .await?;
@@ -189,12 +193,8 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     let started = Instant::now();
     k.apply(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string())?;
     k.wait_for("every Pod Running", Duration::from_secs(600), |k| {
-        let pods = k.get_json(&["pods", "-n", "bench"])?;
-        let running = pods["items"].as_array().map_or(0, |p| {
-            p.iter()
-                .filter(|p| p["status"]["phase"] == "Running")
-                .count()
-        });
+        let pods = k.objects::<Pod>(&["-n", "bench"])?;
+        let running = pods.iter().filter(|p| pod_phase(p) == "Running").count();
         Ok((running == n).then_some(()))
     })
     .await?;

@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 
 use super::KubeLab;
 use super::rbac::SIDECARS_ACCOUNT;
+use super::targets::CHAP_SECRET;
 
 /// The Secret holding the sidecars' token (deploy/rbac/controller.yaml).
 const SIDECARS_TOKEN_SECRET: &str = "csi-scsi-sidecars-token";
@@ -17,7 +18,7 @@ const SIDECARS_TOKEN_SECRET: &str = "csi-scsi-sidecars-token";
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The Secrets a sidecar must not read: the signer CA (with its key) and
 /// the lab's CHAP Secret (tests/src/lab/kube/targets.rs).
-const GUARDED: &[&str] = &["csi-scsi-ca", "chap-array-a"];
+const GUARDED: &[&str] = &["csi-scsi-ca", CHAP_SECRET];
 
 /// Reads the guarded Secrets with the sidecars' token; all must be refused.
 pub fn sidecar_token_reads_no_secret(lab: &KubeLab) -> anyhow::Result<String> {
@@ -84,49 +85,53 @@ pub fn sidecar_token_reads_no_secret(lab: &KubeLab) -> anyhow::Result<String> {
 
 /// Checks which volume each controller container mounts at the token path.
 fn token_mounts(lab: &KubeLab) -> anyhow::Result<String> {
-    let pods = lab.kubectl.get_json(&[
-        "pods",
-        "-n",
+    let pods = super::pods::list(
+        &lab.kubectl,
         &lab.namespace,
-        "-l",
         super::pods::CONTROLLER_SELECTOR,
-    ])?;
-    let pod = pods["items"]
-        .as_array()
-        .and_then(|p| p.first())
-        .context("no controller Pod")?;
-    if pod["spec"]["serviceAccountName"] != super::rbac::PROXY_ACCOUNT {
+    )?;
+    let spec = pods
+        .into_iter()
+        .next()
+        .context("no controller Pod")?
+        .spec
+        .context("the controller Pod's spec")?;
+    if spec.service_account_name.as_deref() != Some(super::rbac::PROXY_ACCOUNT) {
         bail!(
-            "the controller Pod runs as {}, not {}",
-            pod["spec"]["serviceAccountName"],
+            "the controller Pod runs as {:?}, not {}",
+            spec.service_account_name,
             super::rbac::PROXY_ACCOUNT
         );
     }
-    let volumes = pod["spec"]["volumes"]
-        .as_array()
-        .context("the Pod's volumes")?;
+    let volumes = spec.volumes.as_deref().context("the Pod's volumes")?;
     let mut seen = 0;
-    for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
-        let name = c["name"].as_str().unwrap_or_default();
-        let mount = c["volumeMounts"]
-            .as_array()
-            .into_iter()
+    for c in &spec.containers {
+        let name = c.name.as_str();
+        let mount = c
+            .volume_mounts
+            .iter()
             .flatten()
-            .find(|m| m["mountPath"] == TOKEN_DIR)
+            .find(|m| m.mount_path == TOKEN_DIR)
             .with_context(|| format!("container {name} mounts no token"))?;
         let volume = volumes
             .iter()
-            .find(|v| v["name"] == mount["name"])
+            .find(|v| v.name == mount.name)
             .with_context(|| format!("container {name}'s token volume"))?;
-        let sidecars_secret = volume["secret"]["secretName"] == SIDECARS_TOKEN_SECRET;
-        let projected = volume["projected"].is_object();
+        let sidecars_secret = volume
+            .secret
+            .as_ref()
+            .is_some_and(|s| s.secret_name.as_deref() == Some(SIDECARS_TOKEN_SECRET));
+        let projected = volume.projected.is_some();
         let right = if name == "csi-scsi-proxy" {
             projected && !sidecars_secret
         } else {
             sidecars_secret
         };
         if !right {
-            bail!("container {name} mounts the wrong token: volume {}", volume);
+            bail!(
+                "container {name} mounts the wrong token: volume {}",
+                serde_json::to_string(volume)?
+            );
         }
         seen += 1;
     }

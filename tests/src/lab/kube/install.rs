@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::DynamicObject;
 
+use super::api::Typed;
+use super::rbac::GrantingRole;
 use crate::kube::{Helm, Kubectl};
 
 /// The namespace and release name a Helm install uses (docs/kubernetes.md).
@@ -55,7 +60,7 @@ pub struct Rendered {
     /// The driver's namespace.
     pub namespace: String,
     /// The ClusterRoles and Roles it grants (the lab checks each is used).
-    pub roles: Vec<serde_json::Value>,
+    pub roles: Vec<GrantingRole>,
 }
 
 /// Installs the driver by one path, and later upgrades, rolls back,
@@ -106,15 +111,14 @@ impl Installer {
         let kubectl = &self.kubectl;
         let overlay = deploy_dir().join("overlays/lab");
         let yaml = kubectl.run(&["kustomize", &overlay.display().to_string()])?;
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&yaml).context("parsing the rendered overlay")?;
+        let docs = objects(&yaml).context("parsing the rendered overlay")?;
         let mut apply = Vec::new();
         let mut workloads = Vec::new();
         for doc in docs {
-            match doc["kind"].as_str().unwrap_or_default() {
+            match kind(&doc) {
                 "Deployment" | "DaemonSet" => workloads.push(doc),
                 // The install's own Secret: the sidecars' token.
-                "Secret" if doc["type"] == "kubernetes.io/service-account-token" => apply.push(doc),
+                "Secret" if is_token_secret(&doc)? => apply.push(doc),
                 // The examples': the lab's steps create their own.
                 "SCSITarget" | "Secret" | "StorageClass" => {}
                 _ => apply.push(doc),
@@ -124,8 +128,8 @@ impl Installer {
         // CRDs first, established before anything names their kinds.
         let (crds, rest): (Vec<_>, Vec<_>) = apply
             .into_iter()
-            .partition(|d| d["kind"] == "CustomResourceDefinition");
-        kubectl.apply(&list(crds))?;
+            .partition(|d| kind(d) == "CustomResourceDefinition");
+        kubectl.apply(&list(&crds)?)?;
         kubectl.run(&[
             "wait",
             "--for=condition=Established",
@@ -133,9 +137,9 @@ impl Installer {
             "crd",
             "--all",
         ])?;
-        kubectl.apply(&list(rest))?;
+        kubectl.apply(&list(&rest)?)?;
         before_workloads(&rendered.namespace)?;
-        kubectl.apply(&list(workloads))?;
+        kubectl.apply(&list(&workloads)?)?;
         Ok(rendered)
     }
 
@@ -147,7 +151,7 @@ impl Installer {
         // docs/kubernetes.md §1 and §3 (Helm): the namespace exists before
         // the release (helm keeps its record there), labelled for the
         // privileged node plugin; the proxy's Secret is in it.
-        kubectl.apply(&namespace(RELEASE))?;
+        kubectl.apply_object(&namespace(RELEASE))?;
         before_workloads(RELEASE)?;
         let chart = deploy_dir().join("chart/csi-scsi");
         let values = chart.join("ci/lab-values.yaml");
@@ -165,9 +169,7 @@ impl Installer {
         let manifest = self
             .helm()?
             .run(&["get", "manifest", RELEASE, "--namespace", RELEASE])?;
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&manifest).context("parsing the release's manifest")?;
-        let docs: Vec<_> = docs.into_iter().filter(|d| !d.is_null()).collect();
+        let docs = objects(&manifest).context("parsing the release's manifest")?;
         rendered(&docs)
     }
 
@@ -314,10 +316,10 @@ fn deploy_dir() -> PathBuf {
 
 /// The namespace and roles of an install's objects, which must hold
 /// exactly a Deployment and a DaemonSet.
-fn rendered(docs: &[serde_json::Value]) -> anyhow::Result<Rendered> {
+fn rendered(docs: &[DynamicObject]) -> anyhow::Result<Rendered> {
     let workloads: Vec<_> = docs
         .iter()
-        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+        .filter(|d| matches!(kind(d), "Deployment" | "DaemonSet"))
         .collect();
     if workloads.len() != 2 {
         bail!(
@@ -325,32 +327,58 @@ fn rendered(docs: &[serde_json::Value]) -> anyhow::Result<Rendered> {
             workloads.len()
         );
     }
-    let namespace = workloads[0]["metadata"]["namespace"]
-        .as_str()
-        .context("the workloads' namespace")?
-        .to_owned();
+    let namespace = workloads[0]
+        .metadata
+        .namespace
+        .clone()
+        .context("the workloads' namespace")?;
     let roles = docs
         .iter()
-        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
-        .cloned()
-        .collect();
+        .filter_map(|d| GrantingRole::from_object(d).transpose())
+        .collect::<anyhow::Result<_>>()?;
     Ok(Rendered { namespace, roles })
+}
+
+/// The objects of a multi-document YAML stream (empty documents skipped).
+fn objects(yaml: &str) -> anyhow::Result<Vec<DynamicObject>> {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)?;
+    docs.into_iter()
+        .filter(|d| !d.is_null())
+        .map(|d| Ok(serde_json::from_value(d)?))
+        .collect()
+}
+
+/// An object's kind (empty when it names none).
+fn kind(object: &DynamicObject) -> &str {
+    object.types.as_ref().map_or("", |t| t.kind.as_str())
+}
+
+/// Whether a Secret is a ServiceAccount's token (the install's own).
+fn is_token_secret(object: &DynamicObject) -> anyhow::Result<bool> {
+    let secret: Secret = object.clone().try_parse()?;
+    Ok(secret.type_.as_deref() == Some("kubernetes.io/service-account-token"))
 }
 
 /// The driver's namespace as docs/kubernetes.md has users make it for a
 /// Helm install: labelled for the privileged node plugin.
-fn namespace(name: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": name,
-            "labels": {"pod-security.kubernetes.io/enforce": "privileged"},
+fn namespace(name: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    "pod-security.kubernetes.io/enforce".to_owned(),
+                    "privileged".to_owned(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
         },
-    })
-    .to_string()
+        ..Namespace::default()
+    }
 }
 
-fn list(items: Vec<serde_json::Value>) -> String {
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+/// `items` as one `v1/List`, for one `kubectl apply`.
+fn list(items: &[DynamicObject]) -> anyhow::Result<String> {
+    Ok(serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string())
 }

@@ -17,6 +17,9 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Context, bail};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use kube::core::DynamicObject;
+use serde::Deserialize;
 
 use super::KubeLab;
 
@@ -37,6 +40,91 @@ pub const PROXY_ACCOUNT: &str = "csi-scsi-proxy";
 /// The sidecars' ServiceAccount: its token is mounted into them only.
 pub const SIDECARS_ACCOUNT: &str = "csi-scsi-sidecars";
 
+/// A role the install grants: cluster-wide, or in one namespace.
+#[derive(Clone, Debug)]
+pub enum GrantingRole {
+    /// A ClusterRole.
+    Cluster(ClusterRole),
+    /// A Role.
+    Namespaced(Role),
+}
+
+impl GrantingRole {
+    /// The role a rendered object is, if it is one.
+    pub fn from_object(object: &DynamicObject) -> anyhow::Result<Option<Self>> {
+        let kind = object.types.as_ref().map_or("", |t| t.kind.as_str());
+        Ok(match kind {
+            "ClusterRole" => Some(Self::Cluster(object.clone().try_parse()?)),
+            "Role" => Some(Self::Namespaced(object.clone().try_parse()?)),
+            _ => None,
+        })
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Self::Cluster(r) => r.metadata.name.as_deref(),
+            Self::Namespaced(r) => r.metadata.name.as_deref(),
+        }
+        .unwrap_or_default()
+    }
+
+    fn rules(&self) -> &[PolicyRule] {
+        match self {
+            Self::Cluster(r) => r.rules.as_deref(),
+            Self::Namespaced(r) => r.rules.as_deref(),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Whether it applies to a request in `namespace` (None: cluster-scoped).
+    fn applies_in(&self, namespace: Option<&str>) -> bool {
+        match self {
+            Self::Cluster(_) => true,
+            Self::Namespaced(r) => {
+                namespace.is_some() && r.metadata.namespace.as_deref() == namespace
+            }
+        }
+    }
+}
+
+/// One line of the API server's audit log (audit.k8s.io/v1 Event), as
+/// much of it as the check reads; absent fields read empty.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct AuditEvent {
+    stage: String,
+    user: AuditUser,
+    verb: String,
+    user_agent: String,
+    /// Absent for discovery (`/api`, `/version`).
+    object_ref: Option<AuditObject>,
+    response_status: AuditStatus,
+}
+
+/// Who made the request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AuditUser {
+    username: String,
+}
+
+/// What the request was about.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct AuditObject {
+    api_group: String,
+    resource: String,
+    subresource: Option<String>,
+    namespace: Option<String>,
+}
+
+/// How the API server answered.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AuditStatus {
+    code: i32,
+}
+
 /// Checks the audit log against the rendered roles; returns a summary.
 pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let user = |account: &str| format!("system:serviceaccount:{}:{account}", lab.namespace);
@@ -47,25 +135,24 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let mut wrong_identity = BTreeSet::new();
     let mut refused = Vec::new();
     for line in text.lines() {
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(e) = serde_json::from_str::<AuditEvent>(line) else {
             continue;
         };
-        let username = e["user"]["username"].as_str().unwrap_or_default();
-        if e["stage"] != "ResponseComplete" || (username != proxy_user && username != sidecars_user)
-        {
+        let username = e.user.username.as_str();
+        if e.stage != "ResponseComplete" || (username != proxy_user && username != sidecars_user) {
             continue;
         }
-        let r = &e["objectRef"];
-        let mut resource = r["resource"].as_str().unwrap_or_default().to_owned();
-        if let Some(sub) = r["subresource"].as_str() {
+        let r = e.object_ref.as_ref();
+        let mut resource = r.map(|r| r.resource.clone()).unwrap_or_default();
+        if let Some(sub) = r.and_then(|r| r.subresource.as_deref()) {
             resource = format!("{resource}/{sub}");
         }
         let grant = (
-            r["apiGroup"].as_str().unwrap_or_default().to_owned(),
+            r.map(|r| r.api_group.clone()).unwrap_or_default(),
             resource,
-            e["verb"].as_str().unwrap_or_default().to_owned(),
+            e.verb.clone(),
         );
-        let who = component(e["userAgent"].as_str().unwrap_or_default());
+        let who = component(&e.user_agent);
         let expected = if who == "proxy" {
             &proxy_user
         } else {
@@ -74,13 +161,13 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
         if username != expected {
             wrong_identity.insert(format!("{who} as {username}"));
         }
-        if e["responseStatus"]["code"] == 403 {
+        if e.response_status.code == 403 {
             refused.push(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
         }
-        let namespace = r["namespace"].as_str();
+        let namespace = r.and_then(|r| r.namespace.as_deref());
         // Discovery (`/api`, `/version`) has no objectRef: the built-in
         // system:discovery role grants it to everyone, not ours.
-        if !r.is_null() && !own_roles_cover(lab, who, namespace, &grant) {
+        if r.is_some() && !own_roles_cover(lab, who, namespace, &grant) {
             uncovered.insert(format!("{who} {} {}/{}", grant.2, grant.0, grant.1));
         }
         used.insert((who.to_owned(), grant));
@@ -105,12 +192,12 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let mut unused = Vec::new();
     let mut checked = 0;
     for role in &lab.rendered.roles {
-        let name = role["metadata"]["name"].as_str().unwrap_or_default();
+        let name = role.name();
         let owners = owners(role);
-        for rule in role["rules"].as_array().into_iter().flatten() {
-            let groups = strings(&rule["apiGroups"]);
-            let resources = strings(&rule["resources"]);
-            let verbs = strings(&rule["verbs"]);
+        for rule in role.rules() {
+            let groups = rule.api_groups.clone().unwrap_or_default();
+            let resources = rule.resources.clone().unwrap_or_default();
+            let verbs = &rule.verbs;
             let exempt = NOT_REACHED.iter().any(|(r, g, res, _)| {
                 *r == name && groups.iter().any(|x| x == g) && resources.iter().any(|x| x == res)
             });
@@ -150,25 +237,19 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
 /// Role of the request's namespace.
 fn own_roles_cover(lab: &KubeLab, who: &str, namespace: Option<&str>, grant: &Grant) -> bool {
     lab.rendered.roles.iter().any(|role| {
-        let applies = role["kind"] == "ClusterRole"
-            || (namespace.is_some() && role["metadata"]["namespace"].as_str() == namespace);
-        applies
+        role.applies_in(namespace)
             && owners(role).contains(&who)
-            && role["rules"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|rule| grants(rule, grant))
+            && role.rules().iter().any(|rule| grants(rule, grant))
     })
 }
 
 /// The components a role is for: a ClusterRole's `csi-scsi-<component>`;
 /// for a Role, the holders of the ServiceAccount it is bound to (as
 /// deploy/rbac/controller.yaml binds them).
-fn owners(role: &serde_json::Value) -> Vec<&str> {
-    let name = role["metadata"]["name"].as_str().unwrap_or_default();
-    match (role["kind"].as_str(), name) {
-        (Some("ClusterRole"), _) => vec![name.strip_prefix("csi-scsi-").unwrap_or(name)],
+fn owners(role: &GrantingRole) -> Vec<&str> {
+    let name = role.name();
+    match (role, name) {
+        (GrantingRole::Cluster(_), _) => vec![name.strip_prefix("csi-scsi-").unwrap_or(name)],
         (_, "csi-scsi-proxy" | "csi-scsi-chap-secrets") => vec!["proxy"],
         (_, "csi-scsi-sidecars") => vec!["provisioner", "attacher", "resizer"],
         _ => Vec::new(),
@@ -176,10 +257,9 @@ fn owners(role: &serde_json::Value) -> Vec<&str> {
 }
 
 /// Whether `rule` grants `grant` (group, resource, verb).
-fn grants(rule: &serde_json::Value, (group, resource, verb): &Grant) -> bool {
-    strings(&rule["apiGroups"]).contains(group)
-        && strings(&rule["resources"]).contains(resource)
-        && strings(&rule["verbs"]).contains(verb)
+fn grants(rule: &PolicyRule, (group, resource, verb): &Grant) -> bool {
+    let has = |list: &Option<Vec<String>>, x: &String| list.as_ref().is_some_and(|l| l.contains(x));
+    has(&rule.api_groups, group) && has(&rule.resources, resource) && rule.verbs.contains(verb)
 }
 
 /// The component a request came from, named as its ClusterRole is.
@@ -197,10 +277,55 @@ fn component(user_agent: &str) -> &'static str {
     .map_or("proxy", |(_, name)| name)
 }
 
-fn strings(v: &serde_json::Value) -> Vec<String> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_owned))
-        .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_audit_line_reads_as_the_event_it_records() {
+        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete",
+            "verb":"patch","user":{"username":"system:serviceaccount:ns:csi-scsi-proxy","groups":["a"]},
+            "userAgent":"csi-scsi-proxy/0.1","objectRef":{"resource":"scsitargets","subresource":"status",
+            "apiGroup":"csi-scsi.io","apiVersion":"v1alpha1","name":"array-a"},"responseStatus":{"metadata":{},"code":403}}"#;
+        let e: AuditEvent = serde_json::from_str(line).expect("an audit event");
+        assert_eq!(e.stage, "ResponseComplete");
+        assert_eq!(e.user.username, "system:serviceaccount:ns:csi-scsi-proxy");
+        assert_eq!(e.response_status.code, 403);
+        let r = e.object_ref.expect("objectRef");
+        assert_eq!(
+            (
+                r.api_group.as_str(),
+                r.resource.as_str(),
+                r.subresource.as_deref(),
+                r.namespace
+            ),
+            ("csi-scsi.io", "scsitargets", Some("status"), None)
+        );
+        let discovery: AuditEvent =
+            serde_json::from_str(r#"{"stage":"ResponseComplete","verb":"get"}"#)
+                .expect("discovery");
+        assert!(discovery.object_ref.is_none());
+        assert_eq!(discovery.user_agent, "");
+    }
+
+    #[test]
+    fn a_rule_grants_only_its_groups_resources_and_verbs() {
+        let rule = PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["events".into()]),
+            verbs: vec!["create".into(), "patch".into()],
+            ..PolicyRule::default()
+        };
+        let grant = |g: &str, r: &str, v: &str| (g.to_owned(), r.to_owned(), v.to_owned());
+        let cases = [
+            (grant("", "events", "create"), true),
+            (grant("", "events", "patch"), true),
+            (grant("", "events", "delete"), false),
+            (grant("", "pods", "create"), false),
+            (grant("events.k8s.io", "events", "create"), false),
+        ];
+        for (g, want) in cases {
+            assert_eq!(grants(&rule, &g), want, "{g:?}");
+        }
+    }
 }
