@@ -19,6 +19,7 @@ use super::proc::rss_mib;
 use super::table::{Row, Unit};
 use crate::lab::kube::KubeLab;
 use crate::lab::kube::api::{Typed, pod_phase};
+use crate::lab::kube::audit::AuditEvent;
 use crate::lab::kube::install::Via;
 use crate::lab::scenario::{Clients, attach_and_mount_fs, capability, capacity, prefer};
 use crate::lab::{Lab, LabConfig, node_name};
@@ -216,15 +217,15 @@ fn count_requests(audit: &Path, from: u64) -> anyhow::Result<(usize, usize)> {
     let text = String::from_utf8_lossy(&text[from as usize..]);
     let (mut proxy, mut sidecars) = (0, 0);
     for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Some(event) = AuditEvent::parse(line) else {
             continue;
         };
-        if event["stage"] != "ResponseComplete" {
+        if event.stage != "ResponseComplete" {
             continue;
         }
-        match event["user"]["username"].as_str() {
-            Some("system:serviceaccount:csi-scsi:csi-scsi-proxy") => proxy += 1,
-            Some("system:serviceaccount:csi-scsi:csi-scsi-sidecars") => sidecars += 1,
+        match event.user.username.as_str() {
+            "system:serviceaccount:csi-scsi:csi-scsi-proxy" => proxy += 1,
+            "system:serviceaccount:csi-scsi:csi-scsi-sidecars" => sidecars += 1,
             _ => {}
         }
     }

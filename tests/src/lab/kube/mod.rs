@@ -7,6 +7,7 @@
 //! proxy with the real CSI sidecars as the Deployment.
 
 pub mod api;
+pub mod audit;
 pub mod ca_rotation;
 pub mod enrolment;
 pub mod identities;

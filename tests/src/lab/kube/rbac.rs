@@ -19,9 +19,9 @@ use std::collections::BTreeSet;
 use anyhow::{Context, bail};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::core::DynamicObject;
-use serde::Deserialize;
 
 use super::KubeLab;
+use super::audit::AuditEvent;
 
 /// Rules the life cycle cannot reach, by (role, group, resource), and why.
 /// Anything else unused fails.
@@ -87,44 +87,6 @@ impl GrantingRole {
     }
 }
 
-/// One line of the API server's audit log (audit.k8s.io/v1 Event), as
-/// much of it as the check reads; absent fields read empty.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct AuditEvent {
-    stage: String,
-    user: AuditUser,
-    verb: String,
-    user_agent: String,
-    /// Absent for discovery (`/api`, `/version`).
-    object_ref: Option<AuditObject>,
-    response_status: AuditStatus,
-}
-
-/// Who made the request.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct AuditUser {
-    username: String,
-}
-
-/// What the request was about.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
-struct AuditObject {
-    api_group: String,
-    resource: String,
-    subresource: Option<String>,
-    namespace: Option<String>,
-}
-
-/// How the API server answered.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct AuditStatus {
-    code: i32,
-}
-
 /// Checks the audit log against the rendered roles; returns a summary.
 pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let user = |account: &str| format!("system:serviceaccount:{}:{account}", lab.namespace);
@@ -135,7 +97,7 @@ pub fn check(lab: &KubeLab) -> anyhow::Result<String> {
     let mut wrong_identity = BTreeSet::new();
     let mut refused = Vec::new();
     for line in text.lines() {
-        let Ok(e) = serde_json::from_str::<AuditEvent>(line) else {
+        let Some(e) = AuditEvent::parse(line) else {
             continue;
         };
         let username = e.user.username.as_str();
@@ -280,33 +242,6 @@ fn component(user_agent: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_audit_line_reads_as_the_event_it_records() {
-        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete",
-            "verb":"patch","user":{"username":"system:serviceaccount:ns:csi-scsi-proxy","groups":["a"]},
-            "userAgent":"csi-scsi-proxy/0.1","objectRef":{"resource":"scsitargets","subresource":"status",
-            "apiGroup":"csi-scsi.io","apiVersion":"v1alpha1","name":"array-a"},"responseStatus":{"metadata":{},"code":403}}"#;
-        let e: AuditEvent = serde_json::from_str(line).expect("an audit event");
-        assert_eq!(e.stage, "ResponseComplete");
-        assert_eq!(e.user.username, "system:serviceaccount:ns:csi-scsi-proxy");
-        assert_eq!(e.response_status.code, 403);
-        let r = e.object_ref.expect("objectRef");
-        assert_eq!(
-            (
-                r.api_group.as_str(),
-                r.resource.as_str(),
-                r.subresource.as_deref(),
-                r.namespace
-            ),
-            ("csi-scsi.io", "scsitargets", Some("status"), None)
-        );
-        let discovery: AuditEvent =
-            serde_json::from_str(r#"{"stage":"ResponseComplete","verb":"get"}"#)
-                .expect("discovery");
-        assert!(discovery.object_ref.is_none());
-        assert_eq!(discovery.user_agent, "");
-    }
 
     #[test]
     fn a_rule_grants_only_its_groups_resources_and_verbs() {
