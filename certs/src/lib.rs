@@ -7,13 +7,12 @@
 //! - files are reloaded when they change; there is never a plaintext fallback.
 //!
 //! This crate issues certificates (rcgen) and builds the rustls configs; it
-//! never opens sockets. [`file_watch`] is the workspace's one file watcher.
+//! never opens sockets.
 #![forbid(unsafe_code)]
 
 mod authority;
 mod enrol;
 mod error;
-pub mod file_watch;
 mod identity;
 mod issue;
 mod join_token;
@@ -26,6 +25,9 @@ mod trust;
 mod verify;
 
 pub use authority::CertificateAuthority;
+/// Durable writes, from `csi-scsi-textfs` (the agent API's epoch record
+/// still names it here).
+pub use csi_scsi_textfs::write_durably;
 pub use enrol::{PendingKey, node_uid_of};
 pub use error::CertError;
 pub use identity::{Identity, TrustDomain, identity_of, validate_node_name};
@@ -33,7 +35,7 @@ pub use issue::{IssuedCertificate, SignedCertificate, Validity};
 pub use join_token::{JoinTokenRefused, JoinTokens};
 pub use material::{BundleMismatch, Material, MaterialPaths, Role};
 pub use pem_files::{
-    CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_durably, write_issued,
+    CA_CERT_FILE, CA_KEY_FILE, TLS_CERT_FILE, TLS_KEY_FILE, write_ca, write_issued,
     write_private_file,
 };
 pub use reload::MaterialStore;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use crate::file_watch;
 use crate::pem_files::{io_err, write_file};
 use crate::{CertError, Material, MaterialPaths, Role, TrustDomain};
+use csi_scsi_textfs::file_watch;
 
 /// Lets the several files of one rotation (a symlink swap) land together.
 const SETTLE: Duration = Duration::from_millis(100);
@@ -175,7 +175,7 @@ impl MaterialStore {
         Ok(true)
     }
 
-    /// Reloads whenever the files change ([`crate::file_watch`], polling
+    /// Reloads whenever the files change ([`csi_scsi_textfs::file_watch`], polling
     /// every `poll` as the fallback). Stops when the store is dropped. Needs
     /// a Tokio runtime.
     pub fn watch(self: &Arc<Self>, poll: Duration) {

@@ -27,7 +27,7 @@ impl LeaderEpoch {
     /// Parses a header value: decimal digits only, as [`fmt::Display`]
     /// prints them.
     pub fn parse(s: &str) -> Result<Self, InvalidLeaderEpoch> {
-        let bad = || InvalidLeaderEpoch(crate::wwid::excerpt(s));
+        let bad = || InvalidLeaderEpoch(csi_scsi_textfs::excerpt(s));
         if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
         }

@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use crate::wwid::{InvalidWwid, Wwid, excerpt};
+use csi_scsi_textfs::excerpt;
+
+use crate::wwid::{InvalidWwid, Wwid};
 
 /// The longest binding UID (a UUID has 36 characters).
 pub const MAX_BINDING_UID_LEN: usize = 64;

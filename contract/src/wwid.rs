@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::excerpt;
 
 /// A LUN's WWID in canonical form.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,13 +220,6 @@ impl Wwid {
         names.push(format!("scsi-{serial}"));
         names
     }
-}
-
-/// `s` cut to [`text::INPUT_MAX`] bytes: what an error quotes of a rejected
-/// input, so hostile input of any size is never echoed whole into logs and
-/// gRPC statuses.
-pub(crate) fn excerpt(s: &str) -> String {
-    text::bounded(s, text::INPUT_MAX).into_owned()
 }
 
 impl fmt::Display for Wwid {

@@ -33,7 +33,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry, Unit};
 use tonic::{Code, Status};
 
-use crate::text;
+use csi_scsi_textfs::text;
 
 /// How many failed calls `/status` keeps.
 pub const RECENT_ERRORS: usize = 50;

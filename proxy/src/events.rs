@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};

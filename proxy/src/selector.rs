@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use csi_scsi_daemon::text;
-
 /// A parsed selector: every requirement must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Selector(Vec<Requirement>);
@@ -149,12 +147,7 @@ fn value_of(v: &str) -> Result<String, String> {
     }
 }
 
-/// `s` cut to the contract's input bound ([`text::INPUT_MAX`]): what an
-/// error quotes of a rejected text, so a parameter of any size is never
-/// echoed whole into a gRPC status or an event.
-pub(crate) fn excerpt(s: &str) -> String {
-    text::bounded(s, text::INPUT_MAX).into_owned()
-}
+pub(crate) use csi_scsi_textfs::excerpt;
 
 #[cfg(test)]
 mod tests {

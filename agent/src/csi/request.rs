@@ -10,13 +10,13 @@ use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
-use csi_scsi_daemon::text;
 use csi_scsi_proto::csi::volume_capability::{AccessType as ProtoAccessType, access_mode::Mode};
 use csi_scsi_proto::csi::{
     CapacityRange, NodeExpandVolumeRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
 use csi_scsi_proto::publish_context;
+use csi_scsi_textfs::text;
 
 use crate::error::AgentError;
 use crate::host::Host;

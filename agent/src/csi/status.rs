@@ -4,7 +4,7 @@
 //! spec's Error Scheme and the per-RPC error tables of the Node service;
 //! messages name volumes and paths, never secrets.
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 use tonic::{Code, Status};
 
 use crate::error::AgentError;

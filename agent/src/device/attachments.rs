@@ -159,7 +159,7 @@ impl Attachments {
 
     fn save_lost(&self, lost: &Lost) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(lost)?;
-        csi_scsi_certs::write_durably(&self.lost_path(), &bytes, 0o600)
+        csi_scsi_textfs::write_durably(&self.lost_path(), &bytes, 0o600)
     }
 
     /// Whether a detach may log out of the iSCSI target `iqn`, no attached
@@ -315,7 +315,7 @@ impl Attachments {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(not_saved)?;
         }
-        csi_scsi_certs::write_durably(&self.path, &bytes, 0o600).map_err(not_saved)
+        csi_scsi_textfs::write_durably(&self.path, &bytes, 0o600).map_err(not_saved)
     }
 }
 

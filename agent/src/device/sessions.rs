@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 
 use super::Devices;
 use crate::error::AgentError;

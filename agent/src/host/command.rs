@@ -235,7 +235,7 @@ impl Output {
         };
         let all: Vec<&str> = text.trim().lines().collect();
         let start = all.len().saturating_sub(lines);
-        csi_scsi_daemon::text::bounded(&all[start..].join(" | "), max).into_owned()
+        csi_scsi_textfs::text::bounded(&all[start..].join(" | "), max).into_owned()
     }
 }
 

@@ -21,14 +21,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use command::CommandRunner;
-use csi_scsi_daemon::text;
 
-/// `s` cut to [`text::INPUT_MAX`] bytes: what an error quotes of a rejected
-/// input, so hostile input of any size is never echoed whole into logs and
-/// gRPC statuses.
-pub(crate) fn excerpt(s: &str) -> String {
-    text::bounded(s, text::INPUT_MAX).into_owned()
-}
+pub(crate) use csi_scsi_textfs::excerpt;
 
 /// Where this host's trees and tools are.
 #[derive(Debug, Clone)]

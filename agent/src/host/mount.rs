@@ -11,7 +11,7 @@
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 use nix::mount::{MntFlags, MsFlags};
 use serde::{Deserialize, Serialize};
 
@@ -455,7 +455,7 @@ impl BlockRecord {
             .map_err(|_| AgentError::Unreachable("a block record always serialises"))?;
         // Durably: a record lost to a power cut would make a staged raw
         // block volume look unstaged.
-        csi_scsi_certs::write_durably(&path, &text, 0o644).map_err(|source| {
+        csi_scsi_textfs::write_durably(&path, &text, 0o644).map_err(|source| {
             AgentError::RecordNotSaved {
                 path: path.clone(),
                 source,

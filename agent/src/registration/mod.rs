@@ -17,13 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
-use csi_scsi_daemon::text::{STATUS_MAX, bounded};
 use csi_scsi_daemon::{Check, PLUGIN_NAME, rfc3339};
 use csi_scsi_proto::pluginregistration::registration_server::Registration;
 use csi_scsi_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use csi_scsi_status::agent as doc;
+use csi_scsi_textfs::text::{STATUS_MAX, bounded};
 use tonic::{Request, Response, Status};
 
 /// The plugin type kubelet's watcher hands CSI drivers to.

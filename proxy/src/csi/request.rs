@@ -1,10 +1,10 @@
 //! Raw CSI messages into typed values: capabilities, topology, capacity,
 //! request IDs. A failure names the field.
 
-use csi_scsi_daemon::text;
 use csi_scsi_proto::csi::volume_capability::AccessType;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
+use csi_scsi_textfs::text;
 
 use crate::device::{Access, Mode};
 use crate::error::ProxyError;

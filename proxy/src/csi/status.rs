@@ -2,7 +2,7 @@
 //! following the spec's error tables. Exhaustive on purpose: a new variant
 //! must choose its code here.
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 use tonic::{Code, Status};
 
 use crate::agents::{AgentError, PoolError, Refusal};

@@ -214,7 +214,7 @@ impl Capability {
 
     /// Parses the canonical text.
     pub fn parse(s: &str) -> Result<Self, UnknownCapability> {
-        let unknown = || UnknownCapability(csi_scsi_daemon::text::bounded(s, 64).into_owned());
+        let unknown = || UnknownCapability(csi_scsi_textfs::text::bounded(s, 64).into_owned());
         let mut parts = s.split(':');
         let cap = match (parts.next(), parts.next(), parts.next(), parts.next()) {
             (Some("block"), Some(m), None, None) => {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use csi_scsi_certs::file_watch;
+use csi_scsi_textfs::file_watch;
 use tokio::sync::watch;
 
 use super::{AgentDirectory, AgentEntry, Agents, LabelSource, Standing};

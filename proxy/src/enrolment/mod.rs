@@ -245,7 +245,7 @@ impl Enroller {
             dir.join(csi_scsi_certs::CA_CERT_FILE),
             dir.join(csi_scsi_certs::CA_KEY_FILE),
         );
-        let mut rx = csi_scsi_certs::file_watch::watch_paths(
+        let mut rx = csi_scsi_textfs::file_watch::watch_paths(
             [cert.clone(), key.clone()],
             poll,
             Duration::from_millis(500),

@@ -315,7 +315,7 @@ fn lun_report(l: Lun) -> Result<LunReport, ReportRefused> {
         Ok(w) => {
             return Err(ReportRefused::Wwid(format!(
                 "WWID {:?} is not in canonical form ({})",
-                csi_scsi_daemon::text::bounded(&l.wwid, csi_scsi_daemon::text::INPUT_MAX),
+                csi_scsi_textfs::text::bounded(&l.wwid, csi_scsi_textfs::text::INPUT_MAX),
                 w.as_str()
             )));
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_certs::file_watch;
+use csi_scsi_textfs::file_watch;
 use tokio::sync::Notify;
 
 use crate::device::Target;

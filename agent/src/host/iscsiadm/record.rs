@@ -57,7 +57,7 @@ pub async fn write_auth(
         lines.extend(auth.iter().cloned());
         let mut body = lines.join("\n");
         body.push('\n');
-        csi_scsi_certs::write_durably(&file, body.as_bytes(), 0o600)
+        csi_scsi_textfs::write_durably(&file, body.as_bytes(), 0o600)
             .map_err(|e| record_error(&file, &e))?;
     }
     Ok(())

@@ -37,6 +37,13 @@ pub fn quote(s: &str, max: usize) -> String {
     }
 }
 
+/// `s` cut to [`INPUT_MAX`] bytes: what an error quotes of a rejected
+/// input, so hostile input of any size is never echoed whole into logs and
+/// gRPC statuses.
+pub fn excerpt(s: &str) -> String {
+    bounded(s, INPUT_MAX).into_owned()
+}
+
 /// The head of `s` and the marker, when `s` is over `max` bytes.
 fn cut(s: &str, max: usize) -> Option<(&str, String)> {
     if s.len() <= max {

@@ -2,9 +2,6 @@
 //! on the files' directories, debounced, with a metadata poll that always
 //! runs as the fallback. One failure policy for every user: when notify
 //! cannot start, or fails later, log once and keep polling.
-//!
-//! It lives here, not in `csi-scsi-daemon`, because the daemon crate
-//! depends on this one and the TLS reload here needs it too.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
