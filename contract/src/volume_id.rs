@@ -60,12 +60,12 @@ impl VolumeId {
         if !binding_ok {
             return Err(InvalidVolumeId::Binding(excerpt(s)));
         }
-        let wwid = Wwid::parse(text)?;
         // Only the canonical spelling, exactly (no blanks either), is a
         // volume ID we issued: anything else would not print back as given.
-        if wwid.as_str() != text {
-            return Err(InvalidVolumeId::NotCanonical(excerpt(s)));
-        }
+        let wwid = Wwid::parse_canonical(text).map_err(|e| match e.reason {
+            crate::wwid::NOT_CANONICAL => InvalidVolumeId::NotCanonical(excerpt(s)),
+            _ => InvalidVolumeId::Wwid(e),
+        })?;
         Ok(Self {
             wwid,
             binding_uid: binding.to_owned(),

@@ -27,6 +27,10 @@ const MAX_INPUT_LEN: usize = MAX_LEN + 16;
 // The refusal below spells the limit out.
 const _: () = assert!(MAX_INPUT_LEN == 272);
 
+/// [`Wwid::parse_canonical`]'s reason for a WWID spelled another way.
+pub const NOT_CANONICAL: &str =
+    "not in canonical form (naa./eui./t10./name., lower-case hex, no blanks)";
+
 /// Why a string is not a WWID.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid WWID {input:?}: {reason}")]
@@ -104,6 +108,20 @@ impl Wwid {
             WwidKind::Naa | WwidKind::Eui => Self::from_hex(kind, rest).map_err(bad),
             WwidKind::T10 | WwidKind::Name => Self::from_text(kind, rest).map_err(bad),
         }
+    }
+
+    /// Parses only the canonical spelling, exactly (no other prefix, case
+    /// or blanks): for a WWID this driver wrote itself (an ID it issued, a
+    /// stored key), where any other spelling means it did not write it.
+    pub fn parse_canonical(input: &str) -> Result<Self, InvalidWwid> {
+        let wwid = Self::parse(input)?;
+        if wwid.as_str() != input {
+            return Err(InvalidWwid {
+                input: excerpt(input),
+                reason: NOT_CANONICAL,
+            });
+        }
+        Ok(wwid)
     }
 
     /// A WWID from a designator's identifier bytes (VPD page 0x83).
@@ -313,6 +331,51 @@ mod tests {
         let e = Wwid::parse(&"x".repeat(100_000)).expect_err("too long");
         assert!(e.to_string().len() < 200, "{e}");
         assert!(e.to_string().contains("100000 bytes"), "{e}");
+    }
+
+    #[test]
+    fn only_the_canonical_spelling_parses_canonically() {
+        for canonical in [
+            "naa.6001405d27e5d898829468b90ce4ef8c",
+            "naa.50002ac20398383d",
+            "eui.0123456789abcdef",
+            "t10.IET_00080001",
+            "name.iqn.2003-01.org:disk_1",
+        ] {
+            assert_eq!(
+                Wwid::parse_canonical(canonical).map(|w| w.to_string()),
+                Ok(canonical.to_owned())
+            );
+        }
+        for (other, reason) in [
+            ("naa.6001405D27E5D898829468B90CE4EF8C", NOT_CANONICAL),
+            ("36001405d27e5d898829468b90ce4ef8c", NOT_CANONICAL),
+            ("wwn-0x6001405d27e5d898829468b90ce4ef8c", NOT_CANONICAL),
+            ("naa.6001405d27e5d898829468b90ce4ef8c\n", NOT_CANONICAL),
+            (" naa.6001405d27e5d898829468b90ce4ef8c", NOT_CANONICAL),
+            ("t10.IET     00080001", NOT_CANONICAL),
+            (
+                "naa.12345",
+                "identifier has the wrong length for its designator type",
+            ),
+            ("", "empty"),
+        ] {
+            let e = Wwid::parse_canonical(other).expect_err(other);
+            assert_eq!(e.reason, reason, "{other:?}");
+            // What parses canonically is exactly what parse accepts and
+            // prints back unchanged.
+            assert!(Wwid::parse(other).is_err() || reason == NOT_CANONICAL);
+        }
+    }
+
+    proptest::proptest! {
+        /// `parse_canonical` accepts a text exactly when `parse` does and
+        /// prints it back unchanged.
+        #[test]
+        fn canonical_parsing_is_parse_that_prints_back(s in "(naa\\.|eui\\.|t10\\.|3|wwn-0x)?[0-9a-fA-F_ ]{0,34}") {
+            let canonical = Wwid::parse(&s).ok().filter(|w| w.as_str() == s);
+            proptest::prop_assert_eq!(Wwid::parse_canonical(&s).ok(), canonical);
+        }
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl ClassParameters {
 
 /// Checks a filesystem name: ext4 or xfs.
 pub fn fs_type(v: &str) -> Result<FsType, InvalidParameter> {
-    FsType::parse(v).ok_or_else(|| InvalidParameter::Value {
+    FsType::parse(v).map_err(|_| InvalidParameter::Value {
         key: "fsType",
         reason: format!("{:?} is not supported (ext4, xfs)", excerpt(v)),
     })

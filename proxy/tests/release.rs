@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use csi_scsi_certs::CertificateAuthority;
 use csi_scsi_proxy::agents::{Backoff, deadline};
-use csi_scsi_proxy::device::{Access, Device, DiscoveryRound, FsType, Mode, NewLuns, Phase};
+use csi_scsi_proxy::device::{Access, AccessMode, Device, DiscoveryRound, FsType, NewLuns, Phase};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::leader::LeaderHandle;
@@ -170,7 +170,7 @@ impl Proxy {
                 access: vec![Access {
                     block: false,
                     fs_type: None,
-                    mode: Mode::SingleNodeWriter,
+                    mode: AccessMode::SingleNodeWriter,
                 }],
                 parameters: ClassParameters::parse(&HashMap::new()).unwrap(),
                 nodes: Vec::new(),
@@ -477,7 +477,7 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
     let access = Access {
         block: false,
         fs_type: Some(FsType::Ext4),
-        mode: Mode::SingleNodeWriter,
+        mode: AccessMode::SingleNodeWriter,
     };
     p.life
         .publish(&id, "node-a", &access, false, "t")

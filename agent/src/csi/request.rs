@@ -22,6 +22,7 @@ use crate::error::AgentError;
 use crate::host::Host;
 use crate::host::filesystem::{FsType, MkfsOptions};
 use crate::host::mount::{self, MountOptions};
+pub use csi_scsi_contract::AccessMode;
 use csi_scsi_contract::VolumeId;
 
 /// The `volume_context` key whose value holds extra `mkfs` arguments
@@ -57,25 +58,6 @@ pub enum AccessType {
         /// Checked mount flags.
         options: MountOptions,
     },
-}
-
-/// A CSI access mode (UNKNOWN is refused while parsing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccessMode {
-    /// SINGLE_NODE_WRITER.
-    SingleNodeWriter,
-    /// SINGLE_NODE_READER_ONLY.
-    SingleNodeReaderOnly,
-    /// MULTI_NODE_READER_ONLY.
-    MultiNodeReaderOnly,
-    /// MULTI_NODE_SINGLE_WRITER.
-    MultiNodeSingleWriter,
-    /// MULTI_NODE_MULTI_WRITER.
-    MultiNodeMultiWriter,
-    /// SINGLE_NODE_SINGLE_WRITER.
-    SingleNodeSingleWriter,
-    /// SINGLE_NODE_MULTI_WRITER.
-    SingleNodeMultiWriter,
 }
 
 /// A parsed `VolumeCapability`.
@@ -319,64 +301,6 @@ fn steps(path: &Path) -> Vec<Step> {
     out
 }
 
-// === impl AccessMode ===
-
-impl AccessMode {
-    /// The spec's name of the mode.
-    pub fn name(self) -> &'static str {
-        self.proto().as_str_name()
-    }
-
-    /// Whether the mode only allows reads.
-    pub fn read_only(self) -> bool {
-        matches!(self, Self::SingleNodeReaderOnly | Self::MultiNodeReaderOnly)
-    }
-
-    /// Whether several nodes may use the volume at once.
-    pub fn multi_node(self) -> bool {
-        matches!(
-            self,
-            Self::MultiNodeReaderOnly | Self::MultiNodeSingleWriter | Self::MultiNodeMultiWriter
-        )
-    }
-
-    /// Whether a second publication on this node (another target path) must
-    /// be refused: the spec's second-publish table with
-    /// SINGLE_NODE_MULTI_WRITER support says FAILED_PRECONDITION for
-    /// SINGLE_NODE_SINGLE_WRITER and the other non-MULTI_NODE modes.
-    pub fn one_publication_per_node(self) -> bool {
-        matches!(
-            self,
-            Self::SingleNodeWriter | Self::SingleNodeReaderOnly | Self::SingleNodeSingleWriter
-        )
-    }
-
-    fn proto(self) -> Mode {
-        match self {
-            Self::SingleNodeWriter => Mode::SingleNodeWriter,
-            Self::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
-            Self::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
-            Self::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
-            Self::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
-            Self::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
-            Self::SingleNodeMultiWriter => Mode::SingleNodeMultiWriter,
-        }
-    }
-
-    fn from_proto(value: i32) -> Option<Self> {
-        match Mode::try_from(value).ok()? {
-            Mode::Unknown => None,
-            Mode::SingleNodeWriter => Some(Self::SingleNodeWriter),
-            Mode::SingleNodeReaderOnly => Some(Self::SingleNodeReaderOnly),
-            Mode::MultiNodeReaderOnly => Some(Self::MultiNodeReaderOnly),
-            Mode::MultiNodeSingleWriter => Some(Self::MultiNodeSingleWriter),
-            Mode::MultiNodeMultiWriter => Some(Self::MultiNodeMultiWriter),
-            Mode::SingleNodeSingleWriter => Some(Self::SingleNodeSingleWriter),
-            Mode::SingleNodeMultiWriter => Some(Self::SingleNodeMultiWriter),
-        }
-    }
-}
-
 /// Parses NodeStageVolume.
 pub fn stage(host: &Host, r: &NodeStageVolumeRequest) -> Result<StageRequest, AgentError> {
     let volume = volume_id(&r.volume_id)?;
@@ -532,12 +456,19 @@ fn capability(c: Option<&VolumeCapability>) -> Result<Capability, AgentError> {
     let bad = |field, reason: String| AgentError::InvalidArgument { field, reason };
     let c = c.ok_or_else(|| bad("volume_capability", "is required".to_owned()))?;
     let mode_value = c.access_mode.as_ref().map(|m| m.mode).unwrap_or_default();
-    let mode = AccessMode::from_proto(mode_value).ok_or_else(|| {
-        bad(
-            "volume_capability.access_mode",
-            format!("{mode_value} is not a known access mode (UNKNOWN or unset is not allowed)"),
-        )
-    })?;
+    // The spec's names are the contract's: UNKNOWN and unknown numbers are
+    // no mode.
+    let mode = Mode::try_from(mode_value)
+        .ok()
+        .and_then(|m| AccessMode::parse(m.as_str_name()).ok())
+        .ok_or_else(|| {
+            bad(
+                "volume_capability.access_mode",
+                format!(
+                    "{mode_value} is not a known access mode (UNKNOWN or unset is not allowed)"
+                ),
+            )
+        })?;
     let access = match &c.access_type {
         None => {
             return Err(bad(

@@ -55,7 +55,7 @@ impl Devices {
         let mut reached = 0;
         let mut last_err = None;
         for t in targets {
-            match self.ensure_session(t).await {
+            match self.connect_target(t).await {
                 Ok(_) => reached += 1,
                 Err(e) => {
                     tracing::warn!(target = %t.name, error = %e, "target not reachable for attach");
@@ -197,12 +197,15 @@ impl Devices {
             let Transport::Iscsi { iqn, .. } = &t.transport else {
                 return Ok(false);
             };
-            iqns.push(iqn);
+            iqns.push(iqn.as_str());
         }
         let sessions = sysfs::iscsi_sessions(&self.host)
             .map_err(|e| AgentError::io(self.host.sys("class/iscsi_session"), e))?;
         let mut hosts = Vec::new();
-        for s in sessions.iter().filter(|s| iqns.contains(&&s.target)) {
+        for s in sessions
+            .iter()
+            .filter(|s| iqns.contains(&s.target.as_str()))
+        {
             let Some(host) = s.scsi_host else {
                 return Ok(false);
             };

@@ -261,7 +261,7 @@ impl Devices {
         // carry LUNs attached then: held back while any shows through it.
         let mut releasing = None;
         if let super::Transport::Iscsi { iqn, .. } = &target.transport {
-            match self.attachments.may_log_out(iqn, showing.len()) {
+            match self.attachments.may_log_out(iqn.as_str(), showing.len()) {
                 Logout::Allowed => {}
                 Logout::AllowedReleasing => releasing = Some(iqn),
                 Logout::HeldBack(why) => {
@@ -323,7 +323,7 @@ impl Devices {
             Ok(()) => {
                 tracing::info!(target = %target.name, "logged out: no attached LUN uses this target");
                 if let Some(iqn) = releasing {
-                    self.attachments.release(iqn);
+                    self.attachments.release(iqn.as_str());
                 }
             }
             Err(e) => tracing::warn!(target = %target.name, error = %e, "logout failed"),

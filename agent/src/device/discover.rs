@@ -15,7 +15,7 @@ impl Devices {
         target: &TargetSpec,
     ) -> Result<(Vec<Lun>, Vec<PortalReport>), AgentError> {
         let _held = self.lock_targets(std::slice::from_ref(target)).await;
-        let reports = self.ensure_session(target).await?;
+        let reports = self.connect_target(target).await?;
         self.rescan_target(target).await?;
         self.settle(target, Duration::from_secs(3)).await;
         let mut luns = self.luns()?;

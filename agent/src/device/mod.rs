@@ -7,6 +7,7 @@ mod detach;
 mod discover;
 mod rescan;
 mod sessions;
+mod targets;
 mod verify;
 mod wipe;
 
@@ -15,13 +16,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use attachments::Attachments;
-pub use sessions::{PortalReport, TargetSpec, Transport};
+pub use sessions::PortalReport;
+pub use targets::{TargetSpec, Transport};
 pub use verify::{MAX_RANGE, MAX_RANGES, Verified};
 pub use wipe::{WipeMode, WipeStep};
 
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 pub(crate) use rescan::{grow_map, rescan_paths};
-pub(crate) use sessions::TargetKey;
+pub(crate) use targets::TargetKey;
 
 use crate::error::AgentError;
 use crate::host::Host;

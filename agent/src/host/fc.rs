@@ -1,34 +1,19 @@
 //! Fibre Channel under the sysfs root: the HBA ports (`class/fc_host`), the
 //! remote (target) ports they are logged in to (`class/fc_remote_ports`),
-//! the LIP trigger that makes an HBA rediscover the fabric; and [`Wwpn`], a
-//! port name in one canonical spelling whichever way it was written.
+//! and the LIP trigger that makes an HBA rediscover the fabric. Port names
+//! are `csi_scsi_contract::Wwpn`.
 //!
 //! FC has no login of ours: a target's LUNs appear after a LIP and a SCSI
 //! host scan (`sysfs::scan_host`), and are matched to the target through its
 //! port WWPN (here, or in `/dev/disk/by-path/*-fc-0x<wwpn>-lun-<n>`).
 
-use std::fmt;
 use std::io::ErrorKind;
 use std::path::Path;
 
+pub use csi_scsi_contract::{InvalidWwpn, Wwpn};
+
 use super::Host;
-use super::excerpt;
 use super::sysfs::{read_attr, write_trigger};
-
-/// A Fibre Channel port name (WWPN) or node name (WWNN): 64 bits, shown as
-/// 16 lowercase hex digits (`500a0981891b8dc5`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Wwpn(u64);
-
-/// Why a string is not a WWPN.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid WWPN {input:?}: {reason}")]
-pub struct InvalidWwpn {
-    /// What was given (an excerpt of a long input).
-    pub input: String,
-    /// Why it was refused.
-    pub reason: &'static str,
-}
 
 /// An FC HBA port (`class/fc_host/host<N>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,69 +166,6 @@ pub fn target_addresses(host: &Host, wwpn: Wwpn) -> std::io::Result<Vec<FcTarget
     out.sort();
     out.dedup();
     Ok(out)
-}
-
-// === impl Wwpn ===
-
-impl Wwpn {
-    /// Parses the usual spellings: 16 hex digits (`500A0981891B8DC5`),
-    /// `0x`-prefixed (`0x500a0981891b8dc5`, as sysfs and by-path write it),
-    /// or 8 bytes separated by `:` or `-` (`50:0a:09:81:89:1b:8d:c5`), in
-    /// either case, with surrounding blanks ignored.
-    pub fn parse(input: &str) -> Result<Self, InvalidWwpn> {
-        let bad = |reason| InvalidWwpn {
-            input: excerpt(input),
-            reason,
-        };
-        let s = input.trim();
-        if s.is_empty() {
-            return Err(bad("empty"));
-        }
-        let hex: String = if s.contains([':', '-']) {
-            let groups: Vec<&str> = s.split([':', '-']).collect();
-            if groups.len() != 8 || groups.iter().any(|g| g.len() != 2) {
-                return Err(bad("separated form must be 8 groups of 2 hex digits"));
-            }
-            groups.concat()
-        } else {
-            s.strip_prefix("0x")
-                .or_else(|| s.strip_prefix("0X"))
-                .unwrap_or(s)
-                .to_owned()
-        };
-        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad("not hexadecimal"));
-        }
-        if hex.len() != 16 {
-            return Err(bad("a WWPN has 16 hex digits"));
-        }
-        u64::from_str_radix(&hex, 16)
-            .map(Self)
-            .map_err(|_| bad("not hexadecimal"))
-    }
-
-    /// The 64-bit value.
-    pub fn as_u64(self) -> u64 {
-        self.0
-    }
-
-    /// The spelling sysfs and `/dev/disk/by-path` use: `0x` + 16 lowercase hex digits.
-    pub fn to_0x(self) -> String {
-        format!("0x{:016x}", self.0)
-    }
-}
-
-impl fmt::Display for Wwpn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl std::str::FromStr for Wwpn {
-    type Err = InvalidWwpn;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
 }
 
 /// `(name, dir)` of every entry of `class/<class>`, sorted by name; a

@@ -7,21 +7,13 @@
 //! filesystem only on a terminal, and the `blkid` tool answers "nothing
 //! found" with the same exit code when it cannot read.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
+
+pub use csi_scsi_contract::FsType;
 
 use super::Host;
 use super::command::{Arg, CommandError};
 use crate::error::AgentError;
-
-/// A filesystem this driver creates and grows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FsType {
-    /// ext4 (the default).
-    Ext4,
-    /// XFS (needs a device of at least 300 MB).
-    Xfs,
-}
 
 /// What [`probe`] found on a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,36 +103,6 @@ const XFS_OPTIONS: &[(&str, Value)] = &[
     ),
     ("-K", Value::Flag),
 ];
-
-// === impl FsType ===
-
-impl FsType {
-    /// Every supported type, for messages.
-    pub const ALL: [Self; 2] = [Self::Ext4, Self::Xfs];
-
-    /// The type named `name` (`ext4`, `xfs`) as blkid and mountinfo spell it.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "ext4" => Some(Self::Ext4),
-            "xfs" => Some(Self::Xfs),
-            _ => None,
-        }
-    }
-
-    /// The name blkid, mount and mountinfo use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ext4 => "ext4",
-            Self::Xfs => "xfs",
-        }
-    }
-}
-
-impl fmt::Display for FsType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 // === impl Signature ===
 

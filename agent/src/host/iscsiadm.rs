@@ -12,40 +12,16 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use csi_scsi_contract::iscsi::{DEFAULT_PORT, InvalidPortal, Portal};
+use csi_scsi_contract::iscsi::{MAX_CHAP_LEN, MAX_NAME_LEN};
+
 use super::Host;
 use super::command::{Arg, CommandError, Output};
-use super::excerpt;
-
-/// The iSCSI well-known port.
-pub const DEFAULT_PORT: u16 = 3260;
 
 /// Extra time given to `iscsiadm --login` beyond the login timeout set in
 /// the node record, so that iscsid reports its own timeout (exit 8) before
 /// we kill the CLI.
 const LOGIN_SLACK: Duration = Duration::from_secs(5);
-
-/// The longest iSCSI name (RFC 3720, 3.2.6.1).
-const MAX_NAME_LEN: usize = 223;
-
-/// open-iscsi's CHAP limit (`AUTH_STR_MAX_LEN`, including the NUL).
-const MAX_CHAP_LEN: usize = 255;
-
-/// An iSCSI portal: address (IPv4, IPv6 or host name) and TCP port.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Portal {
-    address: String,
-    port: u16,
-}
-
-/// Why a string is not a portal.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid portal {input:?}: {reason}")]
-pub struct InvalidPortal {
-    /// What was given (an excerpt of a long input).
-    pub input: String,
-    /// Why it was refused.
-    pub reason: &'static str,
-}
 
 /// A secret (a CHAP password): shown as `<redacted>` by `Debug`, no `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -402,102 +378,6 @@ pub async fn rescan_session(host: &Host, sid: u32) -> Result<(), IscsiError> {
     };
     run(host, Op::Rescan, &args, None, &who, &[]).await?;
     Ok(())
-}
-
-// === impl Portal ===
-
-impl Portal {
-    /// A portal from an address and port (as sysfs stores them).
-    pub fn new(address: &str, port: u16) -> Result<Self, InvalidPortal> {
-        let bad = |reason| InvalidPortal {
-            input: excerpt(&format!("{address}:{port}")),
-            reason,
-        };
-        let address = address.trim().trim_start_matches('[').trim_end_matches(']');
-        if address.is_empty() {
-            return Err(bad("empty address"));
-        }
-        if address.starts_with('-') {
-            return Err(bad("address starts with '-'"));
-        }
-        if !address
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '%' | '_'))
-        {
-            return Err(bad(
-                "address has characters outside an IP address or host name",
-            ));
-        }
-        if port == 0 {
-            return Err(bad("port 0"));
-        }
-        Ok(Self {
-            address: address.to_owned(),
-            port,
-        })
-    }
-
-    /// Parses `ip:port`, `[ipv6]:port`, a bare `ip` or `[ipv6]` (port
-    /// 3260), or an unbracketed IPv6 address (port 3260), as iscsiadm and
-    /// `SCSITarget` portals spell them.
-    pub fn parse(input: &str) -> Result<Self, InvalidPortal> {
-        let bad = |reason| InvalidPortal {
-            input: excerpt(input),
-            reason,
-        };
-        let s = input.trim();
-        let (address, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (addr, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-            match after {
-                "" => (addr, None),
-                p => (
-                    addr,
-                    Some(p.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?),
-                ),
-            }
-        } else if s.matches(':').count() == 1 {
-            let (addr, port) = s.split_once(':').ok_or_else(|| bad("no port"))?;
-            (addr, Some(port))
-        } else {
-            // No colon (an IPv4 address or host name), or several (IPv6
-            // without brackets, which cannot carry a port).
-            (s, None)
-        };
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p
-                .parse::<u16>()
-                .map_err(|_| bad("port is not a number from 1 to 65535"))?,
-        };
-        Self::new(address, port).map_err(|e| bad(e.reason))
-    }
-
-    /// The address (without brackets).
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
-    /// The TCP port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-impl fmt::Display for Portal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.address.contains(':') {
-            write!(f, "[{}]:{}", self.address, self.port)
-        } else {
-            write!(f, "{}:{}", self.address, self.port)
-        }
-    }
-}
-
-impl std::str::FromStr for Portal {
-    type Err = InvalidPortal;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
 }
 
 // === impl Secret ===

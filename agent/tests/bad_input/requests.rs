@@ -701,7 +701,12 @@ proptest! {
             && iqn.chars().all(|c| c.is_ascii_graphic())
             && iscsi_name_form(&iqn);
         let chap_ok = !username.chars().any(char::is_control);
-        let r = TargetSpec::iscsi("array-a", &iqn, &["10.0.0.1:3260".to_owned()], Some((&username, "secret", "", "")));
+        let chap = ChapCredentials {
+            username: username.clone(),
+            password: "secret".to_owned(),
+            ..Default::default()
+        };
+        let r = TargetSpec::iscsi("array-a", &iqn, &["10.0.0.1:3260".to_owned()], Some(&chap));
         match r {
             Ok(_) => prop_assert!(iqn_ok && chap_ok, "accepted iqn {iqn:?} with CHAP user {username:?}"),
             Err(e) => {

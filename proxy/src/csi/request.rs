@@ -6,7 +6,7 @@ use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
 use csi_scsi_textfs::text;
 
-use crate::device::{Access, Mode};
+use crate::device::{Access, AccessMode};
 use crate::error::ProxyError;
 use crate::lifecycle::NODE_TOPOLOGY_KEY;
 use crate::parameters;
@@ -66,22 +66,15 @@ pub fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, Prox
 
 /// One capability.
 pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
-    let mode = match cap.access_mode.as_ref().map(|m| CsiMode::try_from(m.mode)) {
-        Some(Ok(CsiMode::SingleNodeWriter)) => Mode::SingleNodeWriter,
-        Some(Ok(CsiMode::SingleNodeReaderOnly)) => Mode::SingleNodeReaderOnly,
-        Some(Ok(CsiMode::MultiNodeReaderOnly)) => Mode::MultiNodeReaderOnly,
-        Some(Ok(CsiMode::MultiNodeSingleWriter)) => Mode::MultiNodeSingleWriter,
-        Some(Ok(CsiMode::MultiNodeMultiWriter)) => Mode::MultiNodeMultiWriter,
-        Some(Ok(CsiMode::SingleNodeSingleWriter)) => Mode::SingleNodeSingleWriter,
-        Some(Ok(CsiMode::SingleNodeMultiWriter)) => Mode::SingleNodeMultiWriter,
-        Some(Ok(CsiMode::Unknown)) | Some(Err(_)) => {
-            return Err(invalid(
-                "volume_capability.access_mode",
-                "unknown access mode",
-            ));
-        }
-        None => return Err(invalid("volume_capability.access_mode", "is required")),
+    // The spec's names are the contract's: UNKNOWN and unknown numbers
+    // are no mode.
+    let Some(m) = cap.access_mode.as_ref() else {
+        return Err(invalid("volume_capability.access_mode", "is required"));
     };
+    let mode = CsiMode::try_from(m.mode)
+        .ok()
+        .and_then(|m| AccessMode::parse(m.as_str_name()).ok())
+        .ok_or_else(|| invalid("volume_capability.access_mode", "unknown access mode"))?;
     let (block, fs_type) = match &cap.access_type {
         Some(AccessType::Block(_)) => (true, None),
         Some(AccessType::Mount(m)) => {

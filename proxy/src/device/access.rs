@@ -7,35 +7,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use csi_scsi_contract::{AccessMode as Mode, FsType};
 use serde::{Deserialize, Serialize};
-
-/// The filesystems this driver makes on a mount volume.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FsType {
-    /// ext4: the default when neither the capability nor the class names one.
-    Ext4,
-    /// xfs (the LUN must have 300 MiB or more: [`FsType::min_bytes`]).
-    Xfs,
-}
-
-/// The CSI access modes this driver understands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Mode {
-    /// SINGLE_NODE_WRITER.
-    SingleNodeWriter,
-    /// SINGLE_NODE_READER_ONLY.
-    SingleNodeReaderOnly,
-    /// MULTI_NODE_READER_ONLY.
-    MultiNodeReaderOnly,
-    /// MULTI_NODE_SINGLE_WRITER (block only).
-    MultiNodeSingleWriter,
-    /// MULTI_NODE_MULTI_WRITER (block only: clustered apps, VM live migration).
-    MultiNodeMultiWriter,
-    /// SINGLE_NODE_SINGLE_WRITER.
-    SingleNodeSingleWriter,
-    /// SINGLE_NODE_MULTI_WRITER.
-    SingleNodeMultiWriter,
-}
 
 /// One capability as a request states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,100 +34,6 @@ pub enum Capability {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not a capability (block:<MODE> or mount:<ext4|xfs>:<MODE>)")]
 pub struct UnknownCapability(String);
-
-/// One mebibyte.
-const MIB: u64 = 1024 * 1024;
-
-// === impl FsType ===
-
-impl FsType {
-    /// What a mount volume gets when nothing names a filesystem.
-    pub const DEFAULT: Self = Self::Ext4;
-
-    /// The smallest LUN its `mkfs` accepts: a volume of this filesystem is
-    /// never bound to a smaller one (it could never be staged).
-    pub const fn min_bytes(self) -> u64 {
-        match self {
-            // mke2fs 1.47 refuses below 112 KiB ("too small for a
-            // journal"); 1 MiB leaves room for other versions' defaults.
-            Self::Ext4 => MIB,
-            // mkfs.xfs (xfsprogs 5.19 on, Debian 12's 6.1) refuses below
-            // 300 MiB ("Filesystem must be larger than 300MB").
-            Self::Xfs => 300 * MIB,
-        }
-    }
-
-    /// Its minimum as people read it (`300 MiB`): minimums are whole MiB.
-    pub fn min_size_text(self) -> String {
-        format!("{} MiB", self.min_bytes() / MIB)
-    }
-
-    /// Parses `ext4` or `xfs`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "ext4" => Some(Self::Ext4),
-            "xfs" => Some(Self::Xfs),
-            _ => None,
-        }
-    }
-
-    /// The name `mkfs.<name>` and `mount -t` take.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ext4 => "ext4",
-            Self::Xfs => "xfs",
-        }
-    }
-}
-
-impl fmt::Display for FsType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-// === impl Mode ===
-
-impl Mode {
-    const ALL: [Self; 7] = [
-        Self::SingleNodeWriter,
-        Self::SingleNodeReaderOnly,
-        Self::MultiNodeReaderOnly,
-        Self::MultiNodeSingleWriter,
-        Self::MultiNodeMultiWriter,
-        Self::SingleNodeSingleWriter,
-        Self::SingleNodeMultiWriter,
-    ];
-
-    /// Whether only one node may have the volume published.
-    pub fn single_node(self) -> bool {
-        matches!(
-            self,
-            Self::SingleNodeWriter
-                | Self::SingleNodeReaderOnly
-                | Self::SingleNodeSingleWriter
-                | Self::SingleNodeMultiWriter
-        )
-    }
-
-    /// The spec's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SingleNodeWriter => "SINGLE_NODE_WRITER",
-            Self::SingleNodeReaderOnly => "SINGLE_NODE_READER_ONLY",
-            Self::MultiNodeReaderOnly => "MULTI_NODE_READER_ONLY",
-            Self::MultiNodeSingleWriter => "MULTI_NODE_SINGLE_WRITER",
-            Self::MultiNodeMultiWriter => "MULTI_NODE_MULTI_WRITER",
-            Self::SingleNodeSingleWriter => "SINGLE_NODE_SINGLE_WRITER",
-            Self::SingleNodeMultiWriter => "SINGLE_NODE_MULTI_WRITER",
-        }
-    }
-
-    /// Parses the spec's name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|m| m.as_str() == s)
-    }
-}
 
 // === impl Access ===
 
@@ -207,8 +86,8 @@ impl Capability {
     /// Canonical text: `block:<MODE>` or `mount:<fs>:<MODE>`.
     pub fn canonical(self) -> Cow<'static, str> {
         match self {
-            Self::Block(m) => format!("block:{}", m.as_str()).into(),
-            Self::Mount(fs, m) => format!("mount:{}:{}", fs.as_str(), m.as_str()).into(),
+            Self::Block(m) => format!("block:{}", m.name()).into(),
+            Self::Mount(fs, m) => format!("mount:{}:{}", fs.name(), m.name()).into(),
         }
     }
 
@@ -218,11 +97,11 @@ impl Capability {
         let mut parts = s.split(':');
         let cap = match (parts.next(), parts.next(), parts.next(), parts.next()) {
             (Some("block"), Some(m), None, None) => {
-                Self::Block(Mode::parse(m).ok_or_else(unknown)?)
+                Self::Block(Mode::parse(m).map_err(|_| unknown())?)
             }
             (Some("mount"), Some(fs), Some(m), None) => Self::Mount(
-                FsType::parse(fs).ok_or_else(unknown)?,
-                Mode::parse(m).ok_or_else(unknown)?,
+                FsType::parse(fs).map_err(|_| unknown())?,
+                Mode::parse(m).map_err(|_| unknown())?,
             ),
             _ => return Err(unknown()),
         };
@@ -343,7 +222,7 @@ mod tests {
         assert_eq!(Capability::Block(Mode::SingleNodeWriter).min_bytes(), 0);
         assert_eq!(
             Capability::Mount(FsType::Xfs, Mode::MultiNodeReaderOnly).min_bytes(),
-            300 * MIB
+            300 * 1024 * 1024
         );
     }
 

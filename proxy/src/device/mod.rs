@@ -8,7 +8,8 @@ mod model;
 pub mod node_label;
 pub mod policy;
 
-pub use access::{Access, Capability, FsType, Mode, UnknownCapability};
+pub use access::{Access, Capability, UnknownCapability};
+pub use csi_scsi_contract::{AccessMode, FsType};
 pub use model::{
     BindRequest, Binding, Cleanup, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
     LunReport, NewLuns, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,

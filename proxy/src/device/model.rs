@@ -8,8 +8,9 @@ use csi_scsi_proto::agent::WipeMode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::access::{Access, Capability, FsType};
+use super::access::{Access, Capability};
 use super::node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};
+use csi_scsi_contract::FsType;
 
 /// A device's life-cycle phase.
 #[derive(
@@ -579,7 +580,7 @@ impl Device {
 #[cfg(test)]
 mod publication_tests {
     use super::Publication;
-    use crate::device::{Capability, Mode};
+    use crate::device::{AccessMode, Capability};
 
     #[test]
     fn a_publication_stored_as_a_bare_node_name_still_loads_with_its_capability_unrecorded() {
@@ -594,7 +595,7 @@ mod publication_tests {
         );
         let new = Publication {
             node: "node-b".into(),
-            access: Some(Capability::Block(Mode::MultiNodeMultiWriter)),
+            access: Some(Capability::Block(AccessMode::MultiNodeMultiWriter)),
             readonly: true,
         };
         let text = serde_json::to_string(&vec![new.clone()]).expect("write");

@@ -31,11 +31,12 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::access::{Capability, FsType};
+use super::access::Capability;
 use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NewLuns, NodeView, Phase, Publication,
     TargetConflict,
 };
+use csi_scsi_contract::FsType;
 
 /// How stale `last_seen` may get when nothing else about a device changed:
 /// 50,000 devices must not mean 50,000 writes per discovery pass.

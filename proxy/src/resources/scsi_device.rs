@@ -300,7 +300,7 @@ fn is_zero(n: &u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Capability, Mode};
+    use crate::device::{AccessMode, Capability};
 
     #[test]
     fn a_status_written_before_publications_kept_their_capability_still_reads() {
@@ -320,7 +320,7 @@ mod tests {
         .expect("new");
         assert_eq!(
             new.published[0].access,
-            Some(Capability::Block(Mode::MultiNodeMultiWriter))
+            Some(Capability::Block(AccessMode::MultiNodeMultiWriter))
         );
         assert!(new.published[0].readonly);
     }

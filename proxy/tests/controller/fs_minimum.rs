@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use csi_scsi_proxy::device::{Access, Capability, Device, FsType, Mode, Phase};
+use csi_scsi_proxy::device::{Access, AccessMode, Capability, Device, FsType, Phase};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::lifecycle::{CreateRequest, Lifecycle};
@@ -39,7 +39,7 @@ fn access(block: bool, fs: Option<FsType>) -> Access {
     Access {
         block,
         fs_type: fs,
-        mode: Mode::SingleNodeWriter,
+        mode: AccessMode::SingleNodeWriter,
     }
 }
 
@@ -132,8 +132,8 @@ async fn xfs_takes_the_lun_large_enough_and_a_block_volume_the_smallest() {
     let life = controller(&dir, &[64 * MIB, 512 * MIB, 64 * MIB]).await;
     let all = Selector::default();
     let nodes: &[String] = &[];
-    let xfs = Capability::Mount(FsType::Xfs, Mode::SingleNodeWriter);
-    let block = Capability::Block(Mode::SingleNodeWriter);
+    let xfs = Capability::Mount(FsType::Xfs, AccessMode::SingleNodeWriter);
+    let block = Capability::Block(AccessMode::SingleNodeWriter);
     // GetCapacity for an xfs volume counts only what xfs could be bound to.
     assert_eq!(
         life.capacity(nodes, &all, &[xfs]).await.unwrap(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use csi_scsi_proxy::device::policy;
-use csi_scsi_proxy::device::{Access, Device, FsType, Mode, Phase, Publication};
+use csi_scsi_proxy::device::{Access, AccessMode, Device, FsType, Phase, Publication};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError, Store, Write};
 use csi_scsi_proxy::lifecycle::Lifecycle;
@@ -131,7 +131,7 @@ impl Fixture {
         let access = Access {
             block: false,
             fs_type: Some(FsType::Ext4),
-            mode: Mode::SingleNodeWriter,
+            mode: AccessMode::SingleNodeWriter,
         };
         self.life
             .publish(&self.volume, "node-b", &access, readonly, "t")

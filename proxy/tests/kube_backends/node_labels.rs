@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use csi_scsi_proxy::device::{Access, Mode};
+use csi_scsi_proxy::device::{Access, AccessMode};
 use csi_scsi_proxy::directory::NodeAgent;
 use csi_scsi_proxy::reconcile::discovery;
 use csi_scsi_proxy::resources::{SCSIDevice, SCSITarget};
@@ -147,7 +147,7 @@ async fn a_target_selecting_on_a_label_a_kubelet_can_set_selects_no_node() {
     let writer = Access {
         block: false,
         fs_type: None,
-        mode: Mode::SingleNodeWriter,
+        mode: AccessMode::SingleNodeWriter,
     };
     let id = format!("{}:uid-pv-1", wwid(1));
     let publish = Status::from(

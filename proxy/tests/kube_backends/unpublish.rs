@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_daemon::Check;
-use csi_scsi_proxy::device::{Access, Mode};
+use csi_scsi_proxy::device::{Access, AccessMode};
 use csi_scsi_proxy::directory::{DirectoryCheck, NodeAgent};
 use csi_scsi_proxy::reconcile::discovery;
 use csi_scsi_proxy::resources::SCSIDevice;
@@ -74,7 +74,7 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     let writer = Access {
         block: false,
         fs_type: None,
-        mode: Mode::SingleNodeWriter,
+        mode: AccessMode::SingleNodeWriter,
     };
     let elsewhere = Status::from(
         life.publish(&id, "node-a", &writer, false, "t")
@@ -112,7 +112,7 @@ fn writer() -> Access {
     Access {
         block: false,
         fs_type: None,
-        mode: Mode::SingleNodeWriter,
+        mode: AccessMode::SingleNodeWriter,
     }
 }
 

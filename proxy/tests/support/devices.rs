@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use csi_scsi_proxy::device::{
-    BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport, Mode, NewLuns,
-    Publication,
+    AccessMode, BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport,
+    NewLuns, Publication,
 };
 use csi_scsi_proxy::selector::Selector;
 
@@ -61,7 +61,7 @@ pub fn round(
 }
 
 /// The capability every test volume is created with.
-pub const WRITER: Capability = Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter);
+pub const WRITER: Capability = Capability::Mount(FsType::Ext4, AccessMode::SingleNodeWriter);
 
 /// The binding of a volume named `name` (uid `uid-<name>`).
 pub fn binding(name: &str) -> Binding {

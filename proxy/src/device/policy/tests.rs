@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::device::{Capability, Cleanup, FsType, Mode};
+use crate::device::{AccessMode, Capability, Cleanup, FsType};
 use crate::selector::Selector;
 
 fn wwid(i: u32) -> String {
@@ -42,7 +42,10 @@ fn binding(name: &str) -> Binding {
         volume_name: name.into(),
         required_bytes: 1,
         limit_bytes: 0,
-        capabilities: vec![Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter)],
+        capabilities: vec![Capability::Mount(
+            FsType::Ext4,
+            AccessMode::SingleNodeWriter,
+        )],
         parameters: BTreeMap::new(),
         cleanup: Cleanup::Zero,
     }
@@ -80,7 +83,7 @@ fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
 /// A raw block volume's request (no filesystem minimum: sizes as given).
 fn request(min: u64, max: u64, selector: &str, nodes: &[&str]) -> BindRequest {
     request_for(
-        &[Capability::Block(Mode::SingleNodeWriter)],
+        &[Capability::Block(AccessMode::SingleNodeWriter)],
         min,
         max,
         selector,
@@ -453,9 +456,9 @@ const MIB: u64 = 1024 * 1024;
 
 #[test]
 fn a_lun_below_the_filesystems_minimum_never_fits_and_no_fit_names_the_minimum() {
-    let xfs = Capability::Mount(FsType::Xfs, Mode::SingleNodeWriter);
-    let ext4 = Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter);
-    let block = Capability::Block(Mode::SingleNodeWriter);
+    let xfs = Capability::Mount(FsType::Xfs, AccessMode::SingleNodeWriter);
+    let ext4 = Capability::Mount(FsType::Ext4, AccessMode::SingleNodeWriter);
+    let block = Capability::Block(AccessMode::SingleNodeWriter);
     assert_eq!(FsType::Xfs.min_bytes(), 300 * MIB);
     assert_eq!(FsType::Ext4.min_bytes(), MIB);
     // (capabilities, required bytes, LUN size, fits, smallest)
@@ -497,8 +500,8 @@ fn a_lun_below_the_filesystems_minimum_never_fits_and_no_fit_names_the_minimum()
 
 #[test]
 fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
-    let snw = Capability::Mount(FsType::Ext4, Mode::SingleNodeWriter);
-    let mnmw = Capability::Block(Mode::MultiNodeMultiWriter);
+    let snw = Capability::Mount(FsType::Ext4, AccessMode::SingleNodeWriter);
+    let mnmw = Capability::Block(AccessMode::MultiNodeMultiWriter);
     let on = |node: &str, access: Capability, readonly: bool| Publication {
         node: node.into(),
         access: Some(access),
