@@ -12,6 +12,10 @@ pub const DEFAULT_PORT: u16 = 3260;
 /// The longest iSCSI name (RFC 3720, 3.2.6.1).
 pub const MAX_NAME_LEN: usize = 223;
 
+/// Most portals one iSCSI target may list (real arrays have a few per
+/// controller; an agent logs in on each, all at once).
+pub const MAX_PORTALS: usize = 16;
+
 /// open-iscsi's limit on a CHAP name or secret (`AUTH_STR_MAX_LEN`,
 /// including the NUL).
 pub const MAX_CHAP_LEN: usize = 255;

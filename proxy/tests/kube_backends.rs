@@ -36,6 +36,8 @@ mod node_labels;
 mod real_api;
 #[path = "support/real_kube.rs"]
 mod real_kube;
+#[path = "kube_backends/target_refusal.rs"]
+mod target_refusal;
 #[path = "kube_backends/unpublish.rs"]
 mod unpublish;
 

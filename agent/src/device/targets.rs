@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use csi_scsi_contract::iscsi::MAX_CHAP_LEN;
+use csi_scsi_contract::iscsi::{MAX_CHAP_LEN, MAX_PORTALS};
 use csi_scsi_contract::{Iqn, Portal, Wwpn};
 use csi_scsi_proto::agent::ChapCredentials;
 use csi_scsi_textfs::text;
@@ -14,10 +14,6 @@ use csi_scsi_textfs::text;
 use crate::error::AgentError;
 use crate::host::iscsiadm::{Chap, MutualChap, Secret};
 use crate::host::sysfs;
-
-/// Most portals one iSCSI target may list (real arrays have a few per
-/// controller; each is a login, and they are tried at once).
-pub const MAX_PORTALS: usize = 16;
 
 /// How a target is reached, parsed from the agent API request.
 #[derive(Clone, Debug)]

@@ -1,12 +1,14 @@
 //! The device model and its life cycle: the records both stores keep
 //! (`model`), typed capabilities (`access`), which Node label keys a
-//! target's selector may rest on (`node_label`), and every transition between
+//! target's selector may rest on (`node_label`), why discovery refuses a
+//! target (`target_refusal`), and every transition between
 //! phases as a pure function (`policy`). The inventory does the I/O.
 
 pub mod access;
 mod model;
 pub mod node_label;
 pub mod policy;
+mod target_refusal;
 
 pub use access::{Access, Capability, UnknownCapability};
 pub use csi_scsi_contract::{AccessMode, FsType};
@@ -16,3 +18,4 @@ pub use model::{
     TargetConflict, Transport,
 };
 pub use node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};
+pub use target_refusal::{InvalidTransport, TargetRefused, TransportFault};

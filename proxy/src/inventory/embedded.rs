@@ -14,9 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{InventoryError, Store, Summary, Write};
 use crate::device::policy::PreferenceKey;
-use crate::device::{
-    Device, DiscoveryRound, KubeletSettableSelector, Phase, ResizeRequest, Target,
-};
+use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target, TargetRefused};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Never edit a released step: append a new one.
@@ -781,7 +779,7 @@ impl Store for EmbeddedInventory {
         }
     }
 
-    async fn target_refused(&self, _: &KubeletSettableSelector) {
+    async fn target_refused(&self, _: &TargetRefused) {
         // No object to hold it: discovery has logged it.
     }
 }

@@ -39,9 +39,7 @@ use tokio::time::Instant;
 
 use super::{InventoryError, Summary, Write};
 use crate::device::policy::{self, PreferenceKey, preference, preference_key};
-use crate::device::{
-    Device, DiscoveryRound, KubeletSettableSelector, Phase, ResizeRequest, Target,
-};
+use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target, TargetRefused};
 use crate::events::{ClaimRef, VolumeEvents};
 use crate::kube_wiring::{patch_params, post_params};
 use crate::leader::LeaderHandle;
@@ -611,29 +609,29 @@ impl KubeInventory {
         self.replace_target_status(&round.target, status).await;
     }
 
-    /// Says in the target's status that its selector was refused: phase
+    /// Says in the target's status that it was refused: phase
     /// `Refused`, condition `Discovered` False with the reason. What the
     /// last pass saw (nodes, LUN counts) stays as it was.
-    async fn write_target_refused(&self, refused: &KubeletSettableSelector) {
+    async fn write_target_refused(&self, refused: &TargetRefused) {
         let now = Timestamp::now();
         let mut status = self
             .inner
             .target_cache
-            .get(&reflector::ObjectRef::new(&refused.target))
+            .get(&reflector::ObjectRef::new(refused.target()))
             .and_then(|t| t.status.clone())
             .unwrap_or_default();
         let discovered = condition(
             &status.conditions,
             "Discovered",
             false,
-            "SelectorNotProtected",
+            refused.reason(),
             refused.to_string(),
             now,
         );
         status.phase = Some("Refused".into());
         status.conditions.retain(|c| c.type_ != "Discovered");
         status.conditions.push(discovered);
-        self.replace_target_status(&refused.target, status).await;
+        self.replace_target_status(refused.target(), status).await;
     }
 
     /// Replaces target `name`'s status with `status` (best effort).
@@ -941,7 +939,7 @@ impl super::Store for KubeInventory {
         }
     }
 
-    async fn target_refused(&self, refused: &KubeletSettableSelector) {
+    async fn target_refused(&self, refused: &TargetRefused) {
         self.write_target_refused(refused).await;
     }
 

@@ -18,8 +18,8 @@ pub use store::{Store, Summary, Write};
 
 use crate::device::policy::{self, Change};
 use crate::device::{
-    BindRequest, Device, DiscoveryOutcome, DiscoveryRound, KubeletSettableSelector, Phase,
-    ResizeRequest, Target,
+    BindRequest, Device, DiscoveryOutcome, DiscoveryRound, Phase, ResizeRequest, Target,
+    TargetRefused,
 };
 use crate::selector::Selector;
 
@@ -440,9 +440,9 @@ impl Inventory {
         Ok(out)
     }
 
-    /// Records that discovery left a target out because its selector was
-    /// refused (best effort: where the store can show it).
-    pub async fn target_refused(&self, refused: &KubeletSettableSelector) {
+    /// Records that discovery left a target out because its selector or
+    /// its transport was refused (best effort: where the store can show it).
+    pub async fn target_refused(&self, refused: &TargetRefused) {
         self.store.target_refused(refused).await;
     }
 

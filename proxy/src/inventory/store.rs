@@ -7,9 +7,7 @@ use async_trait::async_trait;
 
 use super::InventoryError;
 use crate::device::policy::PreferenceKey;
-use crate::device::{
-    Device, DiscoveryRound, KubeletSettableSelector, Phase, ResizeRequest, Target,
-};
+use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target, TargetRefused};
 
 /// A device record to write.
 #[derive(Clone, Debug)]
@@ -86,7 +84,8 @@ pub trait Store: Send + Sync {
     /// What a discovery round saw, after its devices were written (the
     /// Kubernetes store writes it into the target's status).
     async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>);
-    /// A target left out of discovery because its selector was refused
-    /// (the Kubernetes store says so in the target's status; best effort).
-    async fn target_refused(&self, refused: &KubeletSettableSelector);
+    /// A target left out of discovery because its selector or its
+    /// transport was refused (the Kubernetes store says so in the target's
+    /// status; best effort).
+    async fn target_refused(&self, refused: &TargetRefused);
 }

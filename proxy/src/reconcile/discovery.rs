@@ -12,7 +12,7 @@ use csi_scsi_proto::agent::{DiscoverRequest, Lun};
 use tokio::sync::Notify;
 
 use crate::agents::fan_out;
-use crate::device::{DiscoveryRound, LunReport, Target};
+use crate::device::{DiscoveryRound, LunReport, Target, TargetRefused};
 use crate::directory::{LabelSource, NodeAgent};
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
@@ -177,7 +177,13 @@ pub async fn reconcile_once(
         // A selector any node could satisfy by labelling itself selects no
         // node: no Discover (no CHAP) goes out for it, and its devices'
         // records stay as they are (no view dropped, nothing Lost).
-        if let Err(refused) = target.check_selector(keys) {
+        // Nor does one whose IQN, portals or WWPNs do not parse: every
+        // agent would refuse it on every Discover; it is refused here, once.
+        let checked = target
+            .check_selector(keys)
+            .map_err(TargetRefused::from)
+            .and_then(|()| target.check_transport().map_err(TargetRefused::from));
+        if let Err(refused) = checked {
             tracing::warn!(target = %target.name, error = %refused, "target not discovered");
             life.inventory().target_refused(&refused).await;
             summary.refused_targets += 1;

@@ -1,6 +1,8 @@
 //! Embedded mode's SCSITargets: a JSON file (an array of targets, the same
 //! shape as the SCSITarget spec plus `name`) synced into the inventory when
-//! it changes. A bad file keeps the targets already stored.
+//! it changes. A bad file (an entry that does not parse, or whose IQN,
+//! portals or WWPNs do not: `Target::check_transport`) keeps the targets
+//! already stored.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,10 +36,13 @@ pub fn read(path: &Path) -> Result<Vec<Target>, String> {
             ));
         }
         let name = name.to_owned();
-        targets.push(
-            serde_json::from_value::<Target>(object.into())
-                .map_err(|e| format!("{}: target {name}: {e}", path.display()))?,
-        );
+        let target = serde_json::from_value::<Target>(object.into())
+            .map_err(|e| format!("{}: target {name}: {e}", path.display()))?;
+        // Refused here, once, rather than by every agent on every Discover.
+        target
+            .check_transport()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        targets.push(target);
     }
     Ok(targets)
 }
@@ -151,5 +156,31 @@ mod tests {
             .collect();
         assert_eq!(names, ["t1", "t2"]);
         task.abort();
+    }
+
+    #[test]
+    fn a_target_whose_iqn_or_portal_does_not_parse_is_refused_when_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("targets.json");
+        std::fs::write(&path, format!("[{}]", target("t1"))).expect("write");
+        assert_eq!(read(&path).map(|t| t.len()), Ok(1));
+        for (entry, said) in [
+            (
+                r#"{"name":"t2","iscsi":{"portals":["198.18.0.9:3260"],"iqn":"iqn.2026-1.test:t2"}}"#,
+                r#"target t2's iscsi.iqn "iqn.2026-1.test:t2" is not of the form"#,
+            ),
+            (
+                r#"{"name":"t2","iscsi":{"portals":["198.18.0.9:70000"],"iqn":"iqn.2026-01.test:t2"}}"#,
+                "target t2's iscsi.portals: invalid portal",
+            ),
+            (
+                r#"{"name":"t2","fibreChannel":{"wwpns":["0x5"]}}"#,
+                "target t2's fibreChannel.wwpns: invalid WWPN",
+            ),
+        ] {
+            std::fs::write(&path, format!("[{},{entry}]", target("t1"))).expect("write");
+            let e = read(&path).expect_err(entry);
+            assert!(e.contains(said), "{e}");
+        }
     }
 }
