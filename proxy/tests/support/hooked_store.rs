@@ -6,9 +6,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 use csi_scsi_proxy::device::policy::PreferenceKey;
-use csi_scsi_proxy::device::{
-    Device, DiscoveryRound, KubeletSettableSelector, ResizeRequest, Target,
-};
+use csi_scsi_proxy::device::{Device, DiscoveryRound, ResizeRequest, Target, TargetRefused};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, InventoryError, Store, Summary, Write};
 
 /// What a test changes about the store's calls.
@@ -110,7 +108,7 @@ impl<H: Hooks> Store for Hooked<H> {
     async fn discovery_done(&self, round: &DiscoveryRound, label_conflicts: Vec<String>) {
         self.inner.discovery_done(round, label_conflicts).await
     }
-    async fn target_refused(&self, refused: &KubeletSettableSelector) {
+    async fn target_refused(&self, refused: &TargetRefused) {
         self.inner.target_refused(refused).await
     }
 }
