@@ -129,7 +129,8 @@ pub struct FibreChannelSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SCSITargetStatus {
     /// `Ready` (every node answered), `Degraded` (some did not), `Unreachable` (none did),
-    /// `Refused` (its nodeSelector uses a key a node's kubelet can set: no node is selected).
+    /// `Refused` (its nodeSelector uses a key a node's kubelet can set, or its IQN, portals or
+    /// WWPNs do not parse: no node is asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Nodes that answered the last pass.
