@@ -119,7 +119,7 @@ impl EpochFence {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(not_saved)?;
         }
-        csi_scsi_certs::write_durably(&self.path, format!("{epoch}\n").as_bytes(), 0o600)
+        csi_scsi_textfs::write_durably(&self.path, format!("{epoch}\n").as_bytes(), 0o600)
             .map_err(not_saved)
     }
 

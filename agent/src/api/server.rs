@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_daemon::{RequestId, grpc_timeout, text};
+use csi_scsi_daemon::{RequestId, grpc_timeout};
 use csi_scsi_proto::agent::agent_server::Agent;
 use csi_scsi_proto::agent::*;
 use futures::Stream;
@@ -54,18 +54,12 @@ impl AgentApi {
     }
 }
 
-/// A WWID as agent.proto names devices: canonical form only. The other
-/// spellings `Wwid::parse` reads are what the kernel and udev print; a
-/// caller that sends one (or pads it with blanks or NULs) is not the proxy.
+/// A WWID as agent.proto names devices: canonical form only
+/// ([`Wwid::parse_canonical`]). The other spellings `Wwid::parse` reads are
+/// what the kernel and udev print; a caller that sends one (or pads it with
+/// blanks or NULs) is not the proxy.
 fn wwid(s: &str) -> Result<Wwid, Status> {
-    let w = Wwid::parse(s).map_err(|e| to_status(e.into()))?;
-    if w.as_str() != s {
-        return Err(Status::invalid_argument(format!(
-            "WWID {} is not in canonical form ({w})",
-            text::quote(s, text::INPUT_MAX)
-        )));
-    }
-    Ok(w)
+    Wwid::parse_canonical(s).map_err(|e| to_status(e.into()))
 }
 
 /// A target of the request, parsed. The constructors of [`TargetSpec`]

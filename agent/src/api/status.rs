@@ -5,7 +5,7 @@
 //! may answer later) is UNAVAILABLE, which the proxy retries; a state the
 //! caller must change first is FAILED_PRECONDITION.
 
-use csi_scsi_daemon::text;
+use csi_scsi_textfs::text;
 use tonic::{Code, Status};
 
 use crate::error::AgentError;

@@ -99,9 +99,9 @@ pub fn filesystem(at: AtPath<'_>, mount: Option<&SeenMount>) -> Result<Grow, Age
     if !m.ours {
         return Err(at.not_at_path(format!("it holds {}", m.described)));
     }
-    FsType::from_name(&m.fs_type)
+    FsType::parse(&m.fs_type)
         .map(Grow::Filesystem)
-        .ok_or_else(|| {
+        .map_err(|_| {
             AgentError::UnsupportedCapability(format!(
                 "cannot grow a {} filesystem (only ext4 and xfs)",
                 m.fs_type
