@@ -6,6 +6,17 @@
 //! tools' own checks are no defence: mke2fs asks before overwriting a
 //! filesystem only on a terminal, and the `blkid` tool answers "nothing
 //! found" with the same exit code when it cannot read.
+//!
+//! The probe runs in process (libblkid through `libblkid-rs`, on the
+//! blocking pool, bounded by [`PROBE_TIMEOUT`]) rather than as a `blkid`
+//! child process: it saves a fork and exec on every stage of an already
+//! formatted volume (the common case), and it tells a read error from
+//! "nothing found", which the tool's exit codes do not. The price is crash
+//! isolation: a defect in libblkid that crashes on a hostile superblock
+//! takes the agent down with it (kubelet restarts it; nothing was written),
+//! and a probe stuck in the kernel holds a blocking thread past its timeout
+//! (the call answers UNAVAILABLE at the timeout; the thread is lost until
+//! the read returns).
 
 use std::path::{Path, PathBuf};
 

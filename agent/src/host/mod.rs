@@ -1,8 +1,18 @@
-//! The only door to the machine. Every module here reads or changes host
-//! state under a configurable root (sysfs, /dev, mountinfo, the kubelet
-//! directory) or through a configurable tool path, so tests and the lab can
-//! point the production code at a prepared tree of real loop devices.
-//! Domain code never builds a path from a literal `/sys`, `/dev` or `/proc`.
+//! The door to the machine's storage: devices (sysfs, /dev and its links,
+//! block devices), mounts (the mount table, mount and unmount), filesystems,
+//! iSCSI sessions, FC HBAs and multipath maps. Every module here works under
+//! a configurable root (sysfs, /dev, mountinfo, the kubelet directory) or
+//! through a configurable tool path, so tests and the lab can point the
+//! production code at a prepared tree of real loop devices; `command.rs` is
+//! the agent's only process spawner. Domain code never builds a path from a
+//! literal `/sys`, `/dev` or `/proc`.
+//!
+//! Not through here: the agent's own files, read and written where they are
+//! owned (the attachment records in `device/attachments.rs` and the leader
+//! epoch in `api/epoch.rs`, both under `--state-dir`; the enrolment
+//! credential in `api/enrolment.rs`), and the checks of kubelet's paths
+//! (`csi/request.rs` resolves them under the kubelet directory, refusing
+//! links out of it; `volume/stats.rs` tells a missing path from a broken one).
 
 pub mod block;
 pub mod blocking;
