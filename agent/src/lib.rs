@@ -3,15 +3,18 @@
 //! for the proxy over mutual TLS, and its own registration with kubelet
 //! ([`registration`]). All host access goes through [`host`].
 #![forbid(unsafe_code)]
+// Only what the binary and the integration tests use is exported, so the
+// compiler reports what nothing uses.
+#![warn(unreachable_pub)]
 
-pub mod api;
+mod api;
 pub mod config;
 pub mod csi;
 pub mod device;
 pub mod error;
 pub mod host;
-pub mod registration;
+mod registration;
 pub mod serve;
-pub mod status;
-pub mod volume;
+mod status;
+mod volume;
 pub mod vpd;

@@ -27,7 +27,7 @@ use crate::host::sysfs::{self, DeviceState, Lun, Transport};
 use crate::registration::KubeletRegistration;
 
 /// The agent's status source.
-pub struct AgentStatus {
+pub(crate) struct AgentStatus {
     node: String,
     devices: Arc<Devices>,
     metrics: Metrics,
@@ -65,7 +65,7 @@ struct Snapshot {
 impl AgentStatus {
     /// The status of `node`, over `devices`, with errors from `metrics`
     /// (where it registers its gauges: one per process).
-    pub fn new(node: &str, devices: Arc<Devices>, metrics: Metrics) -> Self {
+    pub(crate) fn new(node: &str, devices: Arc<Devices>, metrics: Metrics) -> Self {
         Self {
             node: node.to_owned(),
             devices,
@@ -77,7 +77,7 @@ impl AgentStatus {
     }
 
     /// Also shows the registration with kubelet.
-    pub fn with_registration(mut self, registration: KubeletRegistration) -> Self {
+    pub(crate) fn with_registration(mut self, registration: KubeletRegistration) -> Self {
         self.registration = Some(registration);
         self
     }

@@ -14,14 +14,14 @@ use tonic_tls::rustls::SslConnectInfo;
 
 /// Admits only calls from the proxy over mutual TLS.
 #[derive(Clone)]
-pub struct ProxyOnly {
+pub(crate) struct ProxyOnly {
     /// The trust material each request's client chain is checked against.
     trust: Arc<MaterialStore>,
 }
 
 impl ProxyOnly {
     /// Checks callers against `trust` (the agent's current TLS material).
-    pub fn new(trust: Arc<MaterialStore>) -> Self {
+    pub(crate) fn new(trust: Arc<MaterialStore>) -> Self {
         Self { trust }
     }
 }

@@ -61,7 +61,7 @@ impl From<EnrolmentError> for Status {
 }
 
 /// The Enrolment service of one agent.
-pub struct EnrolmentService {
+pub(crate) struct EnrolmentService {
     node: String,
     store: Arc<MaterialStore>,
     credential: Option<Credential>,
@@ -72,7 +72,11 @@ pub struct EnrolmentService {
 impl EnrolmentService {
     /// The service of `node`, installing into `store`; `credential` is what
     /// it relays to the proxy (none: renewals over a verified connection).
-    pub fn new(node: &str, store: Arc<MaterialStore>, credential: Option<Credential>) -> Self {
+    pub(crate) fn new(
+        node: &str,
+        store: Arc<MaterialStore>,
+        credential: Option<Credential>,
+    ) -> Self {
         Self {
             node: node.to_owned(),
             store,

@@ -19,7 +19,7 @@ const FILE: &str = "leader-epoch";
 
 /// What a call may do, for the fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallKind {
+pub(crate) enum CallKind {
     /// Attach, Detach, Wipe: refused from a stale leader.
     Destructive,
     /// Discover, Status, Rescan, Verify: never refused, still raise the
@@ -29,7 +29,7 @@ pub enum CallKind {
 
 /// The highest leader epoch seen, and where it is kept.
 #[derive(Debug)]
-pub struct EpochFence {
+pub(crate) struct EpochFence {
     path: PathBuf,
     /// The highest epoch seen, or why the record was unreadable at start.
     highest: Mutex<Result<LeaderEpoch, String>>,
@@ -39,7 +39,7 @@ impl EpochFence {
     /// Loads `<dir>/leader-epoch`; missing is a node no proxy has called
     /// yet (epoch 0). An unreadable record is doubt: destructive calls are
     /// refused (UNAVAILABLE) until an operator removes it.
-    pub fn load(dir: &Path) -> Self {
+    pub(crate) fn load(dir: &Path) -> Self {
         let path = dir.join(FILE);
         let highest = match std::fs::read_to_string(&path) {
             Ok(text) => LeaderEpoch::parse(text.trim_end_matches('\n')).map_err(|e| e.to_string()),
@@ -61,7 +61,8 @@ impl EpochFence {
     }
 
     /// The highest epoch seen; `None` if unreadable.
-    pub fn highest(&self) -> Option<LeaderEpoch> {
+    #[cfg(test)]
+    pub(crate) fn highest(&self) -> Option<LeaderEpoch> {
         self.lock().as_ref().ok().copied()
     }
 
@@ -69,7 +70,7 @@ impl EpochFence {
     /// not. A higher epoch is saved before the call proceeds; a destructive
     /// call whose higher epoch cannot be saved is refused (a restart would
     /// forget it).
-    pub fn admit<T>(&self, request: &Request<T>, kind: CallKind) -> Result<(), AgentError> {
+    pub(crate) fn admit<T>(&self, request: &Request<T>, kind: CallKind) -> Result<(), AgentError> {
         let epoch = match request.metadata().get(LEADER_EPOCH_HEADER) {
             None => LeaderEpoch(0),
             Some(v) => LeaderEpoch::parse(&String::from_utf8_lossy(v.as_bytes()))?,

@@ -12,7 +12,7 @@ use prometheus_client::registry::Unit;
 
 /// The wipe series, registered once per process.
 #[derive(Clone, Debug)]
-pub struct WipeMetrics {
+pub(super) struct WipeMetrics {
     bytes: Family<ModeLabels, Counter>,
     seconds: Family<WipeLabels, Histogram, fn() -> Histogram>,
 }
@@ -37,7 +37,7 @@ fn wipe_histogram() -> Histogram {
 
 impl WipeMetrics {
     /// Registers the wipe series in `metrics`.
-    pub fn new(metrics: &Metrics) -> Self {
+    pub(super) fn new(metrics: &Metrics) -> Self {
         let wipes = Self {
             bytes: Family::default(),
             seconds: Family::new_with_constructor(wipe_histogram),
@@ -58,7 +58,7 @@ impl WipeMetrics {
     }
 
     /// A wipe finished: `bytes` written or discarded over all passes.
-    pub fn finished(&self, mode: &str, bytes: u64, took: Duration, ok: bool) {
+    pub(super) fn finished(&self, mode: &str, bytes: u64, took: Duration, ok: bool) {
         let mode = mode.to_owned();
         if bytes > 0 {
             self.bytes

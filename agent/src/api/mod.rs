@@ -1,12 +1,12 @@
 //! The agent API served to the proxy over mutual TLS.
 
 mod auth;
-pub mod enrolment;
+pub(crate) mod enrolment;
 mod epoch;
 mod metrics;
 mod server;
 mod status;
 
-pub use auth::ProxyOnly;
-pub use epoch::EpochFence;
-pub use server::AgentApi;
+pub(crate) use auth::ProxyOnly;
+pub(crate) use epoch::EpochFence;
+pub(crate) use server::AgentApi;

@@ -26,7 +26,7 @@ use csi_scsi_contract::Wwid;
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The agent API.
-pub struct AgentApi {
+pub(crate) struct AgentApi {
     devices: Arc<Devices>,
     node: String,
     /// Refuses a stale proxy leader's destructive calls.
@@ -37,7 +37,7 @@ pub struct AgentApi {
 impl AgentApi {
     /// The API of `node`, over `devices`, for the proxy as `trust` (the
     /// agent's current TLS material) knows it, behind the leader `fence`.
-    pub fn new(devices: Arc<Devices>, node: &str, fence: EpochFence) -> Self {
+    pub(crate) fn new(devices: Arc<Devices>, node: &str, fence: EpochFence) -> Self {
         Self {
             devices,
             node: node.to_owned(),
@@ -48,7 +48,7 @@ impl AgentApi {
 
     /// Also counts wipes (bytes, duration) in `metrics`, where it registers
     /// their series.
-    pub fn with_metrics(mut self, metrics: &csi_scsi_daemon::Metrics) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: &csi_scsi_daemon::Metrics) -> Self {
         self.wipes = Some(WipeMetrics::new(metrics));
         self
     }

@@ -13,7 +13,7 @@ use crate::host::command::CommandError;
 use crate::host::iscsiadm::IscsiError;
 
 /// The agent API's status for `e`.
-pub fn to_status(e: AgentError) -> Status {
+pub(super) fn to_status(e: AgentError) -> Status {
     Status::new(
         code(&e),
         text::bounded(&e.to_string(), text::STATUS_MAX).into_owned(),
@@ -21,7 +21,7 @@ pub fn to_status(e: AgentError) -> Status {
 }
 
 /// The agent API's code for `e`.
-pub fn code(e: &AgentError) -> Code {
+pub(super) fn code(e: &AgentError) -> Code {
     match e {
         AgentError::InvalidArgument { .. }
         | AgentError::InvalidVolumeId(_)

@@ -2,6 +2,6 @@
 //! its requests, and the one mapping of errors to gRPC statuses. (Identity
 //! is shared with the proxy and lives in the daemon crate.)
 
-pub mod node;
+pub(crate) mod node;
 pub mod request;
-pub mod status;
+pub(crate) mod status;

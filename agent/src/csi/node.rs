@@ -36,10 +36,10 @@ use csi_scsi_contract::{VolumeId, Wwid};
 
 /// The topology key under which NodeGetInfo reports the node's name; the
 /// controller's accessible topology uses the same key.
-pub const TOPOLOGY_NODE_KEY: &str = csi_scsi_daemon::NODE_TOPOLOGY_KEY;
+pub(crate) const TOPOLOGY_NODE_KEY: &str = csi_scsi_daemon::NODE_TOPOLOGY_KEY;
 
 /// What this Node service supports (NodeGetCapabilities).
-pub const CAPABILITIES: [RpcType; 5] = [
+pub(crate) const CAPABILITIES: [RpcType; 5] = [
     RpcType::StageUnstageVolume,
     RpcType::GetVolumeStats,
     RpcType::ExpandVolume,
@@ -49,7 +49,7 @@ pub const CAPABILITIES: [RpcType; 5] = [
 
 /// The CSI Node service of one agent.
 #[derive(Debug)]
-pub struct NodeService {
+pub(crate) struct NodeService {
     host: Arc<Host>,
     node_id: String,
     max_volumes: u64,
@@ -69,7 +69,7 @@ impl NodeService {
     /// A Node service for node `node_id` on `host`, reporting at most
     /// `max_volumes` volumes (0: no limit), taking LUNs in `luns` (the agent
     /// API's set).
-    pub fn new(
+    pub(crate) fn new(
         host: Arc<Host>,
         node_id: String,
         max_volumes: u64,

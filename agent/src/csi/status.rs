@@ -12,7 +12,7 @@ use crate::host::command::CommandError;
 
 /// The status for `err`, with its message for people, cut to
 /// [`text::STATUS_MAX`] bytes.
-pub fn status(err: &AgentError) -> Status {
+pub(crate) fn status(err: &AgentError) -> Status {
     Status::new(
         code(err),
         text::bounded(&err.to_string(), text::STATUS_MAX).into_owned(),
@@ -20,7 +20,7 @@ pub fn status(err: &AgentError) -> Status {
 }
 
 /// The CSI code of `err`.
-pub fn code(err: &AgentError) -> Code {
+pub(crate) fn code(err: &AgentError) -> Code {
     match err {
         // Error Scheme: "Missing required field" / "Invalid or unsupported
         // field in the request".

@@ -12,7 +12,7 @@ use crate::host::{block, dev_links, multipath};
 
 /// How long an attach on a dm-multipath node waits for multipathd to build
 /// a LUN's map before it settles for a single path nothing holds.
-pub const MAP_GRACE: Duration = Duration::from_secs(10);
+pub(super) const MAP_GRACE: Duration = Duration::from_secs(10);
 use crate::volume::device::publications;
 use crate::volume::mount_table;
 use csi_scsi_contract::Wwid;

@@ -15,7 +15,7 @@ use crate::host::sysfs::{self, ScanAddress};
 
 /// Most iSCSI logins this node runs at once: an attach storm still
 /// overlaps its logins, without hundreds of iscsiadm processes.
-pub const MAX_CONCURRENT_LOGINS: usize = 8;
+pub(super) const MAX_CONCURRENT_LOGINS: usize = 8;
 
 /// How one portal fared.
 #[derive(Clone, Debug)]

@@ -265,13 +265,13 @@ fn erase(
 }
 
 /// How many ranges inside the LUN a wipe reads back, besides its ends.
-pub const SPREAD_RANGES: usize = 8;
+pub(super) const SPREAD_RANGES: usize = 8;
 /// The length of each of them.
-pub const SPREAD_LEN: u64 = 64 << 10;
+pub(super) const SPREAD_LEN: u64 = 64 << 10;
 
 /// [`SPREAD_RANGES`] ranges of [`SPREAD_LEN`] bytes, 4 KiB aligned, at
 /// random places of a device of `size` bytes (fewer on a tiny one).
-pub fn spread_ranges(size: u64, rng: &mut fastrand::Rng) -> Vec<(u64, u64)> {
+pub(super) fn spread_ranges(size: u64, rng: &mut fastrand::Rng) -> Vec<(u64, u64)> {
     let len = SPREAD_LEN.min(size);
     let room = (size - len) / 4096;
     (0..SPREAD_RANGES)

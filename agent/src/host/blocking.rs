@@ -10,14 +10,14 @@ use std::time::Duration;
 use crate::error::AgentError;
 
 /// How long a mount or unmount may take.
-pub const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a flush of a block device may take.
-pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs `call` off the async workers; [`AgentError::Stuck`] when it has not
 /// returned within `within` (it keeps running on its thread, and whatever
 /// it does when it returns is found by the retry).
-pub async fn within<T, F>(
+pub(crate) async fn within<T, F>(
     op: &'static str,
     path: &Path,
     within: Duration,
@@ -35,7 +35,7 @@ where
 /// the start. Dropped unfinished, its result is discarded (the call itself
 /// runs to its end on its thread).
 #[derive(Debug)]
-pub struct Started<T> {
+pub(crate) struct Started<T> {
     op: &'static str,
     path: PathBuf,
     limit: Duration,
@@ -46,7 +46,7 @@ pub struct Started<T> {
 /// Starts `call` on the blocking pool now, without waiting: a worker can
 /// go on with other checks while a thread wakes for it (on a VM, waking an
 /// idle thread costs more than the work it then does).
-pub fn start<T, F>(op: &'static str, path: &Path, limit: Duration, call: F) -> Started<T>
+pub(crate) fn start<T, F>(op: &'static str, path: &Path, limit: Duration, call: F) -> Started<T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -63,7 +63,7 @@ where
 impl<T> Started<T> {
     /// The call's result; [`AgentError::Stuck`] when it has not returned
     /// within its limit from its start.
-    pub async fn finish(self) -> Result<T, AgentError> {
+    pub(crate) async fn finish(self) -> Result<T, AgentError> {
         match tokio::time::timeout_at(self.deadline, self.handle).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) => Err(AgentError::Unreachable(

@@ -9,7 +9,7 @@ use csi_scsi_contract::Wwid;
 
 /// A device node found through a `/dev/disk` link.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkedDevice {
+pub(crate) struct LinkedDevice {
     /// The link used (`<dev>/disk/by-id/...`).
     pub link: PathBuf,
     /// The device node it points at, inside the /dev root (`<dev>/sdb`).
@@ -20,7 +20,7 @@ pub struct LinkedDevice {
 
 /// Finds the device of `wwid` through `/dev/disk/by-id`, preferring the
 /// multipath map over a single path. `Ok(None)` when no link exists.
-pub fn find_by_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Option<LinkedDevice>> {
+pub(crate) fn find_by_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Option<LinkedDevice>> {
     for name in wwid.by_id_names() {
         let link = host.dev("disk/by-id").join(&name);
         match resolve(host, &link) {
@@ -35,7 +35,7 @@ pub fn find_by_wwid(host: &Host, wwid: &Wwid) -> std::io::Result<Option<LinkedDe
 /// Every link of `/dev/disk/<dir>` by the kernel name it resolves to, each
 /// list sorted: one listing for a walk over all disks, where asking per
 /// disk lists the directory once per disk.
-pub fn links_by_device(
+pub(crate) fn links_by_device(
     host: &Host,
     dir: &str,
 ) -> std::io::Result<std::collections::HashMap<String, Vec<String>>> {

@@ -14,17 +14,16 @@ use nix::fcntl::{FallocateFlags, fallocate};
 use super::block::{self, DeviceNumber};
 
 /// A device opened exclusively for erasing.
-pub struct Eraser {
+pub(crate) struct Eraser {
     file: File,
     path: PathBuf,
     size: u64,
-    device: DeviceNumber,
 }
 
 /// Why a device could not be claimed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ClaimError {
+pub(crate) enum ClaimError {
     /// Mounted or opened exclusively by someone (in any mount namespace).
     #[error("{0} is in use (mounted or held open)")]
     InUse(PathBuf),
@@ -48,7 +47,7 @@ pub enum ClaimError {
 
 impl Eraser {
     /// Claims `node`, which must still be the device `expected`.
-    pub fn claim(node: &Path, expected: DeviceNumber) -> Result<Self, ClaimError> {
+    pub(crate) fn claim(node: &Path, expected: DeviceNumber) -> Result<Self, ClaimError> {
         let io = |source| ClaimError::Io {
             path: node.to_owned(),
             source,
@@ -79,23 +78,17 @@ impl Eraser {
             file: f,
             path: node.to_owned(),
             size,
-            device,
         })
     }
 
     /// Size in bytes.
-    pub fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.size
-    }
-
-    /// The claimed device's number.
-    pub fn device(&self) -> DeviceNumber {
-        self.device
     }
 
     /// Zeroes `[offset, offset+len)`: WRITE ZEROES where supported, else
     /// plain writes of zero buffers.
-    pub fn zero(&self, offset: u64, len: u64) -> std::io::Result<()> {
+    pub(crate) fn zero(&self, offset: u64, len: u64) -> std::io::Result<()> {
         match fallocate(
             &self.file,
             FallocateFlags::FALLOC_FL_ZERO_RANGE,
@@ -112,7 +105,7 @@ impl Eraser {
 
     /// Discards `[offset, offset+len)` such that it reads back as zeroes.
     /// `Ok(false)` when the device cannot discard (the caller zeroes).
-    pub fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+    pub(crate) fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
         let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
         match fallocate(&self.file, flags, offset as i64, len as i64) {
             Ok(()) => Ok(true),
@@ -122,19 +115,19 @@ impl Eraser {
     }
 
     /// Writes random data over `[offset, offset+len)`.
-    pub fn randomize(&self, offset: u64, len: u64) -> std::io::Result<()> {
+    pub(crate) fn randomize(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let mut rng = fastrand::Rng::new();
         self.write_pattern(offset, len, |b| rng.fill(b))
     }
 
     /// Flushes everything written to stable storage.
-    pub fn sync(&mut self) -> std::io::Result<()> {
+    pub(crate) fn sync(&mut self) -> std::io::Result<()> {
         self.file.flush()?;
         self.file.sync_all()
     }
 
     /// Whether every byte of `[offset, offset+len)` reads back as zero.
-    pub fn reads_zero(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+    pub(crate) fn reads_zero(&self, offset: u64, len: u64) -> std::io::Result<bool> {
         let mut buf = vec![0u8; 1 << 20];
         let mut pos = offset;
         while pos < offset + len {
@@ -176,7 +169,7 @@ impl std::fmt::Debug for Eraser {
 }
 
 /// The device number of `node`, for [`Eraser::claim`].
-pub fn expected_device(node: &Path) -> std::io::Result<DeviceNumber> {
+pub(crate) fn expected_device(node: &Path) -> std::io::Result<DeviceNumber> {
     block::device_number(node)
 }
 

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub use csi_scsi_contract::FsType;
+pub(crate) use csi_scsi_contract::FsType;
 
 use super::Host;
 use super::command::{Arg, CommandError};
@@ -28,7 +28,7 @@ use crate::error::AgentError;
 
 /// What [`probe`] found on a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Signature {
+pub(crate) enum Signature {
     /// No signature at all: the device may be formatted.
     Blank,
     /// A filesystem of this type (`TYPE` with `USAGE=filesystem`).
@@ -47,7 +47,7 @@ pub struct MkfsOptions {
 
 /// Space usage of a mounted filesystem, as `df -B1` and `df -i` show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Size in bytes (`f_blocks * f_frsize`).
     pub total_bytes: u64,
     /// Bytes available to unprivileged users (`f_bavail * f_frsize`).
@@ -119,7 +119,7 @@ const XFS_OPTIONS: &[(&str, Value)] = &[
 
 impl Signature {
     /// A description for error messages ("an xfs filesystem").
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Blank => "no signature".to_owned(),
             Self::Filesystem(t) => format!("a filesystem of type {t}"),
@@ -191,15 +191,15 @@ impl Value {
 
 /// How long one mkfs may run: longer than other tools (a large LUN on a
 /// slow array), but bounded.
-pub const MKFS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const MKFS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How long reading the probe areas may take.
-pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+pub(crate) const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// How much of each end of a device is read before calling it blank:
 /// every signature blkid knows of the kinds that matter here (filesystems,
 /// partition tables, RAID, LVM, LUKS) lies within the first or last MiB.
-pub const PROBE_AREA: u64 = 1 << 20;
+pub(crate) const PROBE_AREA: u64 = 1 << 20;
 
 /// Probes `device` for any signature, in process with libblkid's safe
 /// probe (superblocks and partition tables: filesystems, RAID, LVM, LUKS,
@@ -210,7 +210,7 @@ pub const PROBE_AREA: u64 = 1 << 20;
 /// error), a device that cannot be read, reads short, reports no size or
 /// does not answer in time is not ready (UNAVAILABLE, retried), never
 /// blank; data the probe does not explain is a signature of its own.
-pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
+pub(crate) async fn probe(device: &Path) -> Result<Signature, AgentError> {
     let owned = device.to_owned();
     super::blocking::within("probe", device, PROBE_TIMEOUT, move || probe_now(&owned))
         .await?
@@ -225,7 +225,7 @@ pub async fn probe(device: &Path) -> Result<Signature, AgentError> {
 /// dozens): the fast path of staging a volume that is already formatted.
 /// The read starts at once on the blocking pool, so the caller can go on
 /// with its own checks meanwhile; [`TypedProbe::answer`] waits for it.
-pub fn carries(device: &Path, fs: FsType) -> TypedProbe {
+pub(crate) fn carries(device: &Path, fs: FsType) -> TypedProbe {
     let owned = device.to_owned();
     TypedProbe {
         device: device.to_owned(),
@@ -238,7 +238,7 @@ pub fn carries(device: &Path, fs: FsType) -> TypedProbe {
 
 /// A typed probe under way (see [`carries`]).
 #[derive(Debug)]
-pub struct TypedProbe {
+pub(crate) struct TypedProbe {
     device: PathBuf,
     fs: FsType,
     started: super::blocking::Started<Result<Probed, String>>,
@@ -249,7 +249,7 @@ impl TypedProbe {
     /// more; only [`probe`] may call a device blank. A read error or a
     /// device that does not answer within [`PROBE_TIMEOUT`] of the start
     /// is not ready.
-    pub async fn answer(self) -> Result<bool, AgentError> {
+    pub(crate) async fn answer(self) -> Result<bool, AgentError> {
         let probed = self
             .started
             .finish()
@@ -364,7 +364,7 @@ fn signature_of(kind: Option<&str>, usage: Option<&str>, table: Option<&str>) ->
 
 /// Creates a filesystem of type `fs` on `device`. The caller must have
 /// seen [`Signature::Blank`]; mkfs is never forced.
-pub async fn format(
+pub(crate) async fn format(
     host: &Host,
     device: &Path,
     fs: FsType,
@@ -391,7 +391,7 @@ pub async fn format(
 /// Grows the filesystem on `device` to fill it. `mounted_at` is a mount
 /// point of that filesystem when it is mounted (online grow), `None` when
 /// it is not (ext4 only: XFS grows only while mounted).
-pub async fn grow(
+pub(crate) async fn grow(
     host: &Host,
     fs: FsType,
     device: &Path,
@@ -477,7 +477,7 @@ fn check_grow(
 }
 
 /// Space and inode usage of the filesystem mounted at `path` (`statvfs`).
-pub fn usage(path: &Path) -> Result<Usage, AgentError> {
+pub(crate) fn usage(path: &Path) -> Result<Usage, AgentError> {
     let st = nix::sys::statvfs::statvfs(path).map_err(|e| AgentError::io(path, e.into()))?;
     let frsize = st.fragment_size();
     let blocks = st.blocks();

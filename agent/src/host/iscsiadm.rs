@@ -400,28 +400,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-// === impl IscsiError ===
-
-impl IscsiError {
-    /// A stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::InvalidArgument { .. } => "invalid_argument",
-            Self::AuthFailed { .. } => "auth_failed",
-            Self::Timeout { .. } => "timeout",
-            Self::PortalUnreachable { .. } => "portal_unreachable",
-            Self::LoginRefused { .. } => "login_refused",
-            Self::NoNodeRecord { .. } => "no_node_record",
-            Self::NodeRecordFile { .. } => "node_record_file",
-            Self::SessionNotFound { .. } => "session_not_found",
-            Self::SessionBusy { .. } => "session_busy",
-            Self::DaemonUnavailable { .. } => "daemon_unavailable",
-            Self::Failed { .. } => "failed",
-            Self::Tool(_) => "tool",
-        }
-    }
-}
-
 // === impl Op ===
 
 impl Op {

@@ -15,16 +15,16 @@
 //! links out of it; `volume/stats.rs` tells a missing path from a broken one).
 
 pub mod block;
-pub mod blocking;
+pub(crate) mod blocking;
 pub mod command;
-pub mod dev_links;
-pub mod erase;
+pub(crate) mod dev_links;
+pub(crate) mod erase;
 pub mod fc;
-pub mod filesystem;
+pub(crate) mod filesystem;
 pub mod iscsiadm;
-pub mod mount;
+pub(crate) mod mount;
 pub mod mountinfo;
-pub mod multipath;
+pub(crate) mod multipath;
 pub mod sysfs;
 
 use std::collections::BTreeMap;

@@ -21,7 +21,7 @@ use super::filesystem::FsType;
 use crate::error::AgentError;
 
 /// The name of the raw block staging record inside a staging directory.
-pub const BLOCK_RECORD: &str = "csi-scsi-block.json";
+pub(crate) const BLOCK_RECORD: &str = "csi-scsi-block.json";
 
 /// Checked mount flags: per-mount flags for mount(2) plus filesystem data
 /// options, both from an allow-list.
@@ -34,7 +34,7 @@ pub struct MountOptions {
 /// What a raw block staging path records: which volume and device it
 /// stands for. Written atomically, read back on every later call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockRecord {
+pub(crate) struct BlockRecord {
     /// The volume ID that staged it.
     pub volume_id: String,
     /// The LUN's WWID (canonical).
@@ -194,7 +194,7 @@ fn data_allowed(fs: FsType, flag: &str) -> bool {
 }
 
 /// Mounts the `fs` filesystem on `device` at `target` (a directory).
-pub async fn mount_filesystem(
+pub(crate) async fn mount_filesystem(
     device: &Path,
     target: &Path,
     fs: FsType,
@@ -223,7 +223,11 @@ pub async fn mount_filesystem(
 /// those copies) would stay read-write. So the flags are set on a private
 /// scratch bind first, and `target` is a bind of that one, which carries
 /// them into every copy. If a step fails, what was made is undone.
-pub async fn bind(source: &Path, target: &Path, options: &MountOptions) -> Result<(), AgentError> {
+pub(crate) async fn bind(
+    source: &Path,
+    target: &Path,
+    options: &MountOptions,
+) -> Result<(), AgentError> {
     let flags = options.bind_flags();
     if flags.is_empty() {
         return bind_plain(source, target).await;
@@ -313,7 +317,7 @@ async fn remount_bind(target: &Path, flags: MsFlags) -> Result<(), AgentError> {
 
 /// Unmounts the mount on top of `target` (never following a symlink at
 /// `target`, and never lazily: a busy mount stays and the error says so).
-pub async fn unmount(target: &Path) -> Result<(), AgentError> {
+pub(crate) async fn unmount(target: &Path) -> Result<(), AgentError> {
     let target = target.to_owned();
     blocking("unmount", target.clone(), move || {
         tracing::debug!(target = %target.display(), "unmount");
@@ -339,13 +343,13 @@ where
 }
 
 /// Creates the directory `path` (and missing parents) as a mount point.
-pub fn create_dir(path: &Path) -> Result<(), AgentError> {
+pub(crate) fn create_dir(path: &Path) -> Result<(), AgentError> {
     std::fs::create_dir_all(path).map_err(|e| AgentError::io(path, e))
 }
 
 /// Creates `path` as an empty regular file (a raw block mount point) unless
 /// a file is there already.
-pub fn create_file(path: &Path) -> Result<(), AgentError> {
+pub(crate) fn create_file(path: &Path) -> Result<(), AgentError> {
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -367,7 +371,7 @@ pub fn create_file(path: &Path) -> Result<(), AgentError> {
 /// Removes the mount point `path` the plugin created: an empty directory or
 /// a regular file. Never recursive: a directory with content is refused,
 /// whatever it holds stays. Already gone is success.
-pub fn remove_mount_point(path: &Path) -> Result<(), AgentError> {
+pub(crate) fn remove_mount_point(path: &Path) -> Result<(), AgentError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -386,7 +390,7 @@ pub fn remove_mount_point(path: &Path) -> Result<(), AgentError> {
 
 /// The kubelet directory as the kernel resolves it: mountinfo shows
 /// resolved paths, so every comparison with it uses this form.
-pub fn kubelet_root(host: &Host) -> PathBuf {
+pub(crate) fn kubelet_root(host: &Host) -> PathBuf {
     std::fs::canonicalize(&host.kubelet_dir).unwrap_or_else(|_| host.kubelet_dir.clone())
 }
 
@@ -394,7 +398,7 @@ pub fn kubelet_root(host: &Host) -> PathBuf {
 /// another device than its parent, or cannot be looked at). A bind mount
 /// from the same filesystem reads as no mount point here; the mount table
 /// is what decides.
-pub fn may_be_mount_point(path: &Path) -> bool {
+pub(crate) fn may_be_mount_point(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Some(parent) = path.parent() else {
         return true;
@@ -410,7 +414,7 @@ pub fn may_be_mount_point(path: &Path) -> bool {
 }
 
 /// Whether `path` exists (without following a final symlink).
-pub fn exists(path: &Path) -> Result<bool, AgentError> {
+pub(crate) fn exists(path: &Path) -> Result<bool, AgentError> {
     match std::fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
@@ -426,7 +430,7 @@ pub fn exists(path: &Path) -> Result<bool, AgentError> {
 
 impl BlockRecord {
     /// The device number recorded at staging.
-    pub fn device(&self) -> DeviceNumber {
+    pub(crate) fn device(&self) -> DeviceNumber {
         DeviceNumber {
             major: self.major,
             minor: self.minor,
@@ -434,7 +438,7 @@ impl BlockRecord {
     }
 
     /// Reads the record in staging directory `staging`; `None` when there is none.
-    pub fn read(staging: &Path) -> Result<Option<Self>, AgentError> {
+    pub(crate) fn read(staging: &Path) -> Result<Option<Self>, AgentError> {
         let path = staging.join(BLOCK_RECORD);
         let text = match std::fs::read(&path) {
             Ok(t) => t,
@@ -448,7 +452,7 @@ impl BlockRecord {
 
     /// Writes the record into staging directory `staging`, atomically
     /// (a temporary file renamed over it), creating the directory if needed.
-    pub fn write(&self, staging: &Path) -> Result<(), AgentError> {
+    pub(crate) fn write(&self, staging: &Path) -> Result<(), AgentError> {
         create_dir(staging)?;
         let path = staging.join(BLOCK_RECORD);
         let text = serde_json::to_vec_pretty(self)
@@ -464,7 +468,7 @@ impl BlockRecord {
     }
 
     /// Removes the record from `staging`; already gone is success.
-    pub fn remove(staging: &Path) -> Result<(), AgentError> {
+    pub(crate) fn remove(staging: &Path) -> Result<(), AgentError> {
         let path = staging.join(BLOCK_RECORD);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(AgentError::io(path, e)),

@@ -8,7 +8,7 @@ use super::command::{Arg, CommandError};
 
 /// What a flush did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlushOutcome {
+pub(crate) enum FlushOutcome {
     /// The map was removed.
     Flushed,
     /// No such map: the state asked for.
@@ -18,7 +18,7 @@ pub enum FlushOutcome {
 /// Why a `multipath` operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum MultipathError {
+pub(crate) enum MultipathError {
     /// The map is open (mounted, or held by a process) and was not removed.
     #[error("multipath map {map} is in use: {detail}")]
     MapInUse {
@@ -49,7 +49,7 @@ pub enum MultipathError {
 /// WWID). Flush buffers and unmount first: an open map is
 /// [`MultipathError::MapInUse`]. A map that does not exist is
 /// [`FlushOutcome::NotPresent`], so Detach can be repeated.
-pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathError> {
+pub(crate) async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathError> {
     check_map_name(map)?;
     let args: [Arg; 2] = ["-f".into(), map.into()];
     let out = host.runner.output(&host.tool("multipath"), &args).await?;
@@ -83,7 +83,7 @@ pub async fn flush(host: &Host, map: &str) -> Result<FlushOutcome, MultipathErro
 /// Grows map `map` to the size of its paths (`multipathd resize map
 /// <map>`): a map keeps the size it was built with until multipathd is
 /// told, whatever its paths report after a rescan.
-pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
+pub(crate) async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
     check_map_name(map)?;
     multipathd(host, "resize", &["resize".into(), "map".into(), map.into()]).await
 }
@@ -91,7 +91,7 @@ pub async fn resize(host: &Host, map: &str) -> Result<(), MultipathError> {
 /// Asks multipathd to add path `path` (a kernel name, `sdb`) to its map
 /// (`multipathd add path`): a path that was open while multipathd built
 /// the map is left out of it, and multipathd does not try again.
-pub async fn add_path(host: &Host, path: &str) -> Result<(), MultipathError> {
+pub(crate) async fn add_path(host: &Host, path: &str) -> Result<(), MultipathError> {
     check_map_name(path)?;
     multipathd(
         host,
@@ -134,22 +134,8 @@ fn check_map_name(map: &str) -> Result<(), MultipathError> {
 /// which multipathd loads). `/etc/multipath.conf` is not consulted: it lives
 /// outside the roots the agent is given, and a node without the module
 /// cannot build maps whatever its configuration says.
-pub fn is_configured(host: &Host) -> bool {
+pub(crate) fn is_configured(host: &Host) -> bool {
     host.tools.contains_key("multipath") || host.sys("module/dm_multipath").is_dir()
-}
-
-// === impl MultipathError ===
-
-impl MultipathError {
-    /// A stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::MapInUse { .. } => "map_in_use",
-            Self::InvalidMapName(_) => "invalid_map_name",
-            Self::Failed { .. } => "failed",
-            Self::Tool(_) => "tool",
-        }
-    }
 }
 
 /// Most bytes of multipath's output an error quotes.

@@ -29,7 +29,7 @@ const AUTHORITY: &[u8] = b"localhost";
 
 /// Serves `client` (kubelet's connection) through a pipe whose other end is
 /// returned for the gRPC server; the rewriting runs until either side closes.
-pub fn fix_authority<S>(client: S) -> DuplexStream
+pub(crate) fn fix_authority<S>(client: S) -> DuplexStream
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {

@@ -11,7 +11,7 @@
 
 mod authority;
 
-pub use authority::fix_authority;
+pub(crate) use authority::fix_authority;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -27,13 +27,13 @@ use csi_scsi_textfs::text::{STATUS_MAX, bounded};
 use tonic::{Request, Response, Status};
 
 /// The plugin type kubelet's watcher hands CSI drivers to.
-pub const PLUGIN_TYPE: &str = "CSIPlugin";
+pub(crate) const PLUGIN_TYPE: &str = "CSIPlugin";
 
 /// The registration API versions the agent speaks.
-pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
+pub(crate) const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
 
 /// The registration socket's file name, as node-driver-registrar names it.
-pub fn socket_name() -> String {
+pub(crate) fn socket_name() -> String {
     format!("{PLUGIN_NAME}-reg.sock")
 }
 
@@ -48,7 +48,7 @@ pub struct RegistrationPaths {
 
 /// What kubelet last reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Nothing yet since the agent started.
     Pending,
     /// kubelet registered the driver.
@@ -60,7 +60,7 @@ pub enum Outcome {
 /// The registration's state, shared by the service, `/status` and
 /// `/readyz`.
 #[derive(Clone, Debug)]
-pub struct KubeletRegistration {
+pub(crate) struct KubeletRegistration {
     paths: Arc<RegistrationPaths>,
     state: Arc<Mutex<State>>,
 }
@@ -74,12 +74,12 @@ struct State {
 
 /// kubelet's `Registration` service over a [`KubeletRegistration`].
 #[derive(Debug)]
-pub struct RegistrationService(KubeletRegistration);
+pub(crate) struct RegistrationService(KubeletRegistration);
 
 /// `/readyz` fails while kubelet's last report is a refusal: kubelet will
 /// not call this node's CSI service, so no volume can be used here.
 #[derive(Debug)]
-pub struct RegistrationCheck(pub KubeletRegistration);
+pub(crate) struct RegistrationCheck(pub KubeletRegistration);
 
 // === impl RegistrationPaths ===
 
@@ -97,7 +97,7 @@ impl RegistrationPaths {
 
 impl KubeletRegistration {
     /// A registration nothing has been reported about yet.
-    pub fn new(paths: RegistrationPaths) -> Self {
+    pub(crate) fn new(paths: RegistrationPaths) -> Self {
         Self {
             paths: Arc::new(paths),
             state: Arc::new(Mutex::new(State {
@@ -109,17 +109,17 @@ impl KubeletRegistration {
     }
 
     /// The socket and the endpoint.
-    pub fn paths(&self) -> &RegistrationPaths {
+    pub(crate) fn paths(&self) -> &RegistrationPaths {
         &self.paths
     }
 
     /// What kubelet last reported.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         self.lock().outcome.clone()
     }
 
     /// The answer to `GetInfo`; notes that kubelet found the socket.
-    pub fn info(&self) -> PluginInfo {
+    pub(crate) fn info(&self) -> PluginInfo {
         self.lock().info_requested = Some(SystemTime::now());
         tracing::info!(
             socket = %self.paths.socket.display(),
@@ -136,7 +136,7 @@ impl KubeletRegistration {
 
     /// Keeps and logs kubelet's verdict; the last one stands (kubelet may
     /// try again after a refusal).
-    pub fn record(&self, status: &RegistrationStatus) {
+    pub(crate) fn record(&self, status: &RegistrationStatus) {
         let outcome = if status.plugin_registered {
             Outcome::Registered
         } else if status.error.is_empty() {
@@ -160,7 +160,7 @@ impl KubeletRegistration {
     }
 
     /// The `/status` block.
-    pub fn report(&self) -> doc::KubeletRegistration {
+    pub(crate) fn report(&self) -> doc::KubeletRegistration {
         let state = self.lock();
         let (state_name, error) = match &state.outcome {
             Outcome::Pending => (doc::RegistrationState::Pending, None),
@@ -187,7 +187,7 @@ impl KubeletRegistration {
 
 impl RegistrationService {
     /// Serves `registration`.
-    pub fn new(registration: KubeletRegistration) -> Self {
+    pub(crate) fn new(registration: KubeletRegistration) -> Self {
         Self(registration)
     }
 }

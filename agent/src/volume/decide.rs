@@ -6,15 +6,15 @@
 //! (`stage.rs`, `publish.rs`, `expand.rs`) reads, calls these, and acts;
 //! the rules are table-tested here without root or devices.
 
-pub mod expand;
-pub mod publish;
-pub mod stage;
+pub(crate) mod expand;
+pub(crate) mod publish;
+pub(crate) mod stage;
 
 use crate::host::mountinfo::Mount;
 
 /// A mount found at a path, judged against the volume's device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeenMount {
+pub(crate) struct SeenMount {
     /// Whether it is a mount of the volume's device.
     pub ours: bool,
     /// The mounted filesystem's type as the mount table names it.
@@ -27,7 +27,7 @@ pub struct SeenMount {
 
 impl SeenMount {
     /// `mount`, of the volume's device when `ours`.
-    pub fn of(mount: &Mount, ours: bool) -> Self {
+    pub(crate) fn of(mount: &Mount, ours: bool) -> Self {
         Self {
             ours,
             fs_type: mount.fs_type.clone(),
@@ -39,7 +39,7 @@ impl SeenMount {
 
 /// What a step found: its work already done, or work to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Done before (the spec's idempotent repeat): answer OK, change nothing.
     AlreadyDone,
     /// Nothing is in the way: do the work.

@@ -13,7 +13,7 @@ use csi_scsi_contract::{VolumeId, Wwid};
 
 /// A LUN's device node, verified to report the LUN's WWID.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
+pub(crate) struct Device {
     /// The device node inside the /dev root.
     pub node: PathBuf,
     /// The kernel name (`sdb`, `dm-3`).
@@ -27,12 +27,12 @@ pub struct Device {
 
 impl Device {
     /// Whether `n` is this LUN (any of its paths, or its map).
-    pub fn is(&self, n: DeviceNumber) -> bool {
+    pub(crate) fn is(&self, n: DeviceNumber) -> bool {
         n == self.number || self.others.contains(&n)
     }
 
     /// Every number of this LUN, the linked one first.
-    pub fn numbers(&self) -> impl Iterator<Item = DeviceNumber> + '_ {
+    pub(crate) fn numbers(&self) -> impl Iterator<Item = DeviceNumber> + '_ {
         std::iter::once(self.number).chain(self.others.iter().copied())
     }
 }
@@ -53,7 +53,7 @@ const NETWORK_FS: &[&str] = &[
 /// Finds the device of `wwid`: `Ok(None)` when no link names it (the LUN is
 /// not on this node), an error when the device behind the link reports
 /// another WWID (the link is stale; the device is never touched).
-pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
+pub(crate) fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
     let Some(linked) = dev_links::find_by_wwid(host, wwid)
         .map_err(|e| AgentError::io(host.dev("disk/by-id"), e))?
     else {
@@ -85,7 +85,7 @@ pub fn find(host: &Host, wwid: &Wwid) -> Result<Option<Device>, AgentError> {
 /// then reads every path's WWID again. A path that now reports another
 /// WWID (an array that reused the LUN number) or none refuses the write;
 /// one that cannot be rescanned or read is not ready.
-pub async fn reverify(
+pub(crate) async fn reverify(
     host: &Host,
     wwid: &Wwid,
     node: &Path,
@@ -155,7 +155,7 @@ pub async fn reverify(
 }
 
 /// The device numbers of every path of `wwid` and of its multipath map.
-pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, AgentError> {
+pub(crate) fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, AgentError> {
     let io = |e| AgentError::io(host.sys("block"), e);
     let paths: Vec<String> = sysfs::disk_wwids(host)
         .map_err(io)?
@@ -186,12 +186,12 @@ pub fn path_numbers(host: &Host, wwid: &Wwid) -> Result<Vec<DeviceNumber>, Agent
 }
 
 /// Like [`find`], but a missing device is [`AgentError::DeviceNotFound`].
-pub fn require(host: &Host, wwid: &Wwid) -> Result<Device, AgentError> {
+pub(crate) fn require(host: &Host, wwid: &Wwid) -> Result<Device, AgentError> {
     find(host, wwid)?.ok_or_else(|| AgentError::DeviceNotFound(wwid.clone()))
 }
 
 /// What a path holds, for messages ("device 7:1 (ext4 from /dev/sdb)").
-pub fn describe(mount: &Mount) -> String {
+pub(crate) fn describe(mount: &Mount) -> String {
     format!(
         "device {} ({} from {})",
         mount.device, mount.fs_type, mount.source
@@ -200,7 +200,7 @@ pub fn describe(mount: &Mount) -> String {
 
 /// The device a mount point shows: the node's number when it is a bind of
 /// a device node (raw block publication), else the filesystem's device.
-pub fn mounted_device(mount: &Mount) -> Result<DeviceNumber, AgentError> {
+pub(crate) fn mounted_device(mount: &Mount) -> Result<DeviceNumber, AgentError> {
     if is_node_bind_candidate(mount)
         && let Some(n) = block::node_number(&mount.mount_point)
             .map_err(|e| AgentError::io(&mount.mount_point, e))?
@@ -212,7 +212,7 @@ pub fn mounted_device(mount: &Mount) -> Result<DeviceNumber, AgentError> {
 
 /// Mount points under the kubelet directory, other than `except`, where
 /// device `number` is mounted (a filesystem bind) or bound (a device node).
-pub fn publications(
+pub(crate) fn publications(
     host: &Host,
     table: &MountTable,
     number: DeviceNumber,
@@ -245,7 +245,7 @@ fn is_node_bind_candidate(mount: &Mount) -> bool {
 
 /// Unmounts every mount stacked on `path` that shows device `number`, top
 /// first, stopping at anything else. Returns how many were removed.
-pub async fn unmount_ours(
+pub(crate) async fn unmount_ours(
     host: &Host,
     path: &Path,
     number: DeviceNumber,
@@ -270,7 +270,7 @@ pub async fn unmount_ours(
 /// the node the mount is all that is left of it, and kubelet must still be
 /// able to clean up, so any disk is accepted then (major 0 is never a disk:
 /// tmpfs, proc, overlay, ...).
-pub fn ensure_ours(
+pub(crate) fn ensure_ours(
     host: &Host,
     volume: &VolumeId,
     path: &Path,

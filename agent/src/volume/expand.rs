@@ -16,7 +16,7 @@ use crate::host::mount::{self, BlockRecord};
 
 /// Grows the volume at the request's path to fill its device; returns the
 /// device's size in bytes.
-pub async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError> {
+pub(crate) async fn expand(host: &Host, req: &ExpandRequest) -> Result<u64, AgentError> {
     let path = req.path.as_path();
     let not_at_path = |reason: String| AgentError::VolumeNotAtPath {
         volume: req.volume.to_string(),

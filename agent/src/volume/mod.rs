@@ -5,12 +5,12 @@
 //! its work already done answers success, and one that finds something
 //! else in its way refuses without touching it.
 
-pub mod decide;
-pub mod device;
-pub mod expand;
-pub mod publish;
-pub mod stage;
-pub mod stats;
+pub(crate) mod decide;
+pub(crate) mod device;
+pub(crate) mod expand;
+pub(crate) mod publish;
+pub(crate) mod stage;
+pub(crate) mod stats;
 
 use crate::csi::request::{AccessType, Capability};
 use crate::error::AgentError;
@@ -20,7 +20,7 @@ use crate::host::mountinfo::MountTable;
 /// Refuses capabilities this driver cannot honour ("Exceeds capabilities"):
 /// a filesystem mounted on several nodes at once would be corrupted, so
 /// multi-node modes are for raw block only.
-pub fn check_supported(capability: &Capability) -> Result<(), AgentError> {
+pub(crate) fn check_supported(capability: &Capability) -> Result<(), AgentError> {
     if capability.mode.multi_node() && matches!(capability.access, AccessType::Mount { .. }) {
         return Err(AgentError::UnsupportedCapability(format!(
             "access mode {} needs raw block access: ext4 and xfs cannot be mounted on several nodes at once",
@@ -31,7 +31,7 @@ pub fn check_supported(capability: &Capability) -> Result<(), AgentError> {
 }
 
 /// The host's mount table now.
-pub fn mount_table(host: &Host) -> Result<MountTable, AgentError> {
+pub(crate) fn mount_table(host: &Host) -> Result<MountTable, AgentError> {
     MountTable::read(host).map_err(|e| AgentError::io(&host.mountinfo, e))
 }
 

@@ -14,7 +14,7 @@ use crate::host::mount::{self, BlockRecord, MountOptions};
 use crate::host::mountinfo::MountTable;
 
 /// Publishes the staged volume at the target path.
-pub async fn publish(host: &Host, req: &PublishRequest) -> Result<(), AgentError> {
+pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), AgentError> {
     check_supported(&req.capability)?;
     let device = device::require(host, req.volume.wwid())?;
     let table = mount_table(host)?;
@@ -117,7 +117,7 @@ fn check_other_publications(
 
 /// Unpublishes the volume: unmounts what the mount table shows of it at the
 /// target, then removes the target. Already gone is success.
-pub async fn unpublish(host: &Host, req: &UnpublishRequest) -> Result<(), AgentError> {
+pub(crate) async fn unpublish(host: &Host, req: &UnpublishRequest) -> Result<(), AgentError> {
     let target = req.target.as_path();
     if !mount::exists(target)? {
         return Ok(());

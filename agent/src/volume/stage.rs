@@ -16,7 +16,7 @@ use crate::host::mount::{self, BlockRecord, MountOptions};
 use crate::host::mountinfo::MountTable;
 
 /// Stages the volume at the staging path.
-pub async fn stage(host: &Host, req: &StageRequest) -> Result<(), AgentError> {
+pub(crate) async fn stage(host: &Host, req: &StageRequest) -> Result<(), AgentError> {
     check_supported(&req.capability)?;
     let device = device::require(host, req.volume.wwid())?;
     // The typed probe only reads, so it starts before the mount table is
@@ -187,7 +187,7 @@ fn device_read_only(host: &Host, device: &Device) -> Result<bool, AgentError> {
 /// Unstages the volume: unmounts the staging mount (or removes the raw
 /// block record) once nothing on this node publishes it any more. The
 /// staging directory itself belongs to the CO and stays.
-pub async fn unstage(host: &Host, req: &UnstageRequest) -> Result<(), AgentError> {
+pub(crate) async fn unstage(host: &Host, req: &UnstageRequest) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
     // Spec: "If the volume corresponding to the volume_id is not staged to
     // the staging_target_path, the Plugin MUST reply 0 OK."

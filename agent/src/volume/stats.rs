@@ -16,7 +16,7 @@ use crate::host::sysfs;
 
 /// What a volume uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Usage {
+pub(crate) enum Usage {
     /// A mounted filesystem: bytes and inodes.
     Filesystem(filesystem::Usage),
     /// A raw block device: its size.
@@ -28,7 +28,7 @@ pub enum Usage {
 
 /// The volume's condition (CSI `VolumeCondition`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Condition {
+pub(crate) struct Condition {
     /// Whether something is wrong.
     pub abnormal: bool,
     /// What, for people.
@@ -37,7 +37,7 @@ pub struct Condition {
 
 /// Usage (when it can be measured) and condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeStats {
+pub(crate) struct VolumeStats {
     /// Usage; `None` when the path no longer shows the volume.
     pub usage: Option<Usage>,
     /// The condition.
@@ -45,7 +45,7 @@ pub struct VolumeStats {
 }
 
 /// Measures the volume at the request's path.
-pub fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError> {
+pub(crate) fn stats(host: &Host, req: &StatsRequest) -> Result<VolumeStats, AgentError> {
     let path = req.path.as_path();
     // Spec: NOT_FOUND when the volume "does not exist on specified volume_path".
     if !mount::exists(path)? {

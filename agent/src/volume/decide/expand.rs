@@ -12,7 +12,7 @@ use crate::host::filesystem::FsType;
 
 /// What to grow at the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grow {
+pub(crate) enum Grow {
     /// A raw block volume is as large as its device: nothing to grow.
     Nothing,
     /// A filesystem of this type is mounted there: grow it.
@@ -21,13 +21,17 @@ pub enum Grow {
 
 /// Whether the node must rescan before answering: the device is smaller
 /// than required (the controller's rescan may have missed this node).
-pub fn needs_rescan(required: Option<u64>, size: u64) -> bool {
+pub(crate) fn needs_rescan(required: Option<u64>, size: u64) -> bool {
     required.is_some_and(|required| required > size)
 }
 
 /// Spec: OUT_OF_RANGE for a capacity range the volume cannot meet. The
 /// device's size is what the volume can have; the node cannot change it.
-pub fn in_range(required: Option<u64>, limit: Option<u64>, size: u64) -> Result<(), AgentError> {
+pub(crate) fn in_range(
+    required: Option<u64>,
+    limit: Option<u64>,
+    size: u64,
+) -> Result<(), AgentError> {
     if let Some(required) = required
         && required > size
     {
@@ -49,7 +53,11 @@ pub fn in_range(required: Option<u64>, limit: Option<u64>, size: u64) -> Result<
 
 /// Whether the path holds raw block: as the capability says, or, when the
 /// request carries none, a device node or a block record there.
-pub fn is_block(access: Option<&AccessType>, node_at_path: bool, record_at_path: bool) -> bool {
+pub(crate) fn is_block(
+    access: Option<&AccessType>,
+    node_at_path: bool,
+    record_at_path: bool,
+) -> bool {
     match access {
         Some(AccessType::Block) => true,
         Some(AccessType::Mount { .. }) => false,
@@ -59,7 +67,7 @@ pub fn is_block(access: Option<&AccessType>, node_at_path: bool, record_at_path:
 
 /// The path as the shell found it for an expansion.
 #[derive(Debug, Clone, Copy)]
-pub struct AtPath<'a> {
+pub(crate) struct AtPath<'a> {
     /// The volume to grow.
     pub volume: &'a VolumeId,
     /// The volume path of the request.
@@ -79,7 +87,7 @@ impl AtPath<'_> {
 /// Raw block: the device node at the path (its number, and whether it is
 /// the volume's device), when one is there, must be the volume's device,
 /// numbered `wanted`.
-pub fn block(
+pub(crate) fn block(
     at: AtPath<'_>,
     node: Option<(DeviceNumber, bool)>,
     wanted: DeviceNumber,
@@ -92,7 +100,7 @@ pub fn block(
 
 /// A filesystem: the volume's device must be mounted at the path, with a
 /// filesystem this driver can grow.
-pub fn filesystem(at: AtPath<'_>, mount: Option<&SeenMount>) -> Result<Grow, AgentError> {
+pub(crate) fn filesystem(at: AtPath<'_>, mount: Option<&SeenMount>) -> Result<Grow, AgentError> {
     let Some(m) = mount else {
         return Err(at.not_at_path("nothing is mounted there".to_owned()));
     };

@@ -13,7 +13,7 @@ use crate::host::mount::BlockRecord;
 
 /// The staging path as the shell found it for a publish.
 #[derive(Debug, Clone, Copy)]
-pub struct Staged<'a> {
+pub(crate) struct Staged<'a> {
     /// The volume to publish.
     pub volume: &'a VolumeId,
     /// The staging path.
@@ -35,13 +35,13 @@ impl Staged<'_> {
 }
 
 /// A reader-only mode is published read-only whatever the flag says.
-pub fn read_only(flag: bool, mode: AccessMode) -> bool {
+pub(crate) fn read_only(flag: bool, mode: AccessMode) -> bool {
     flag || mode.read_only()
 }
 
 /// Publishing a filesystem: the staging path must hold this volume's
 /// filesystem, of the type asked.
-pub fn staged_filesystem(at: Staged<'_>, fs: FsType) -> Result<(), AgentError> {
+pub(crate) fn staged_filesystem(at: Staged<'_>, fs: FsType) -> Result<(), AgentError> {
     match at.mount {
         Some(m) if m.ours && m.fs_type == fs.name() => Ok(()),
         Some(m) if m.ours => Err(AgentError::InvalidArgument {
@@ -63,7 +63,7 @@ pub fn staged_filesystem(at: Staged<'_>, fs: FsType) -> Result<(), AgentError> {
 }
 
 /// Publishing raw block: the staging path must hold this volume's record.
-pub fn staged_block(at: Staged<'_>) -> Result<(), AgentError> {
+pub(crate) fn staged_block(at: Staged<'_>) -> Result<(), AgentError> {
     match at.record {
         Some(r) if is_this_volume(r, at.volume) => Ok(()),
         Some(r) => Err(at.not_staged(format!("it is the staging path of volume {}", r.volume_id))),
@@ -84,7 +84,7 @@ pub fn staged_block(at: Staged<'_>) -> Result<(), AgentError> {
 /// published at the specified target_path, and is compatible with the
 /// specified volume_capability and readonly flag, the Plugin MUST reply 0
 /// OK." Published there differently is ALREADY_EXISTS; something else too.
-pub fn target(
+pub(crate) fn target(
     volume: &VolumeId,
     path: &Path,
     mount: Option<&SeenMount>,
@@ -115,7 +115,7 @@ pub fn target(
 
 /// Whether the shell must look for other publications on this node: only
 /// modes that allow one per node care.
-pub fn needs_sole_publication(mode: AccessMode) -> bool {
+pub(crate) fn needs_sole_publication(mode: AccessMode) -> bool {
     mode.one_publication_per_node()
 }
 
@@ -123,7 +123,7 @@ pub fn needs_sole_publication(mode: AccessMode) -> bool {
 /// FAILED_PRECONDITION unless the mode allows several
 /// (SINGLE_NODE_MULTI_WRITER, MULTI_NODE_*). `others` are the volume's
 /// publications other than this staging path and target.
-pub fn sole_publication(
+pub(crate) fn sole_publication(
     volume: &VolumeId,
     mode: AccessMode,
     others: Vec<PathBuf>,

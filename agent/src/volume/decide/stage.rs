@@ -12,7 +12,7 @@ use crate::host::mount::BlockRecord;
 
 /// The staging path as the shell found it.
 #[derive(Debug, Clone, Copy)]
-pub struct AtStaging<'a> {
+pub(crate) struct AtStaging<'a> {
     /// The volume to stage.
     pub volume: &'a VolumeId,
     /// The staging path.
@@ -42,7 +42,7 @@ impl AtStaging<'_> {
 
 /// Staging a filesystem of type `fs`: done already when the volume's
 /// device is mounted there as `fs`; refused when anything else is there.
-pub fn filesystem_path(at: AtStaging<'_>, fs: FsType) -> Result<Step, AgentError> {
+pub(crate) fn filesystem_path(at: AtStaging<'_>, fs: FsType) -> Result<Step, AgentError> {
     if let Some(m) = at.mount {
         if !m.ours {
             return Err(at.taken(m.described.clone()));
@@ -68,7 +68,7 @@ pub fn filesystem_path(at: AtStaging<'_>, fs: FsType) -> Result<Step, AgentError
 
 /// Staging raw block: done already when this volume's record is there;
 /// refused when a mount or another volume's record is.
-pub fn block_path(at: AtStaging<'_>) -> Result<Step, AgentError> {
+pub(crate) fn block_path(at: AtStaging<'_>) -> Result<Step, AgentError> {
     if let Some(m) = at.mount {
         if m.ours {
             return Err(at.incompatible(
@@ -85,13 +85,13 @@ pub fn block_path(at: AtStaging<'_>) -> Result<Step, AgentError> {
 }
 
 /// Whether a raw block record is this volume's (its ID and its WWID).
-pub fn is_this_volume(record: &BlockRecord, volume: &VolumeId) -> bool {
+pub(crate) fn is_this_volume(record: &BlockRecord, volume: &VolumeId) -> bool {
     record.volume_id == volume.to_string() && record.wwid == volume.wwid().as_str()
 }
 
 /// A device about to be staged must be unused: not mounted anywhere the
 /// mount table shows (`mounted_at`) and not held exclusively (`holder`).
-pub fn unused(
+pub(crate) fn unused(
     volume: &VolumeId,
     node: &Path,
     mounted_at: Option<&Path>,
@@ -118,7 +118,7 @@ pub fn unused(
 /// Whether to stage read-only: when published read-only, or when the
 /// kernel marks the device read-only, which only a reader-only capability
 /// or a read-only publication accepts.
-pub fn read_only(
+pub(crate) fn read_only(
     node: &Path,
     device_read_only: bool,
     mode_read_only: bool,
@@ -134,7 +134,7 @@ pub fn read_only(
 
 /// What the full probe's answer leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnProbe {
+pub(crate) enum OnProbe {
     /// It carries the asked filesystem: mount it as it is.
     Mount,
     /// It is blank and writable: format it (after the last re-verify).
@@ -143,7 +143,7 @@ pub enum OnProbe {
 
 /// The only path to a format: a blank device, neither published read-only
 /// nor read-only. Anything but blank or the asked filesystem is refused.
-pub fn on_probe(
+pub(crate) fn on_probe(
     volume: &VolumeId,
     node: &Path,
     fs: FsType,
@@ -165,7 +165,7 @@ pub fn on_probe(
 }
 
 /// After a format, only the asked filesystem is mounted.
-pub fn after_format(node: &Path, fs: FsType, made: &Signature) -> Result<(), AgentError> {
+pub(crate) fn after_format(node: &Path, fs: FsType, made: &Signature) -> Result<(), AgentError> {
     match made {
         Signature::Filesystem(f) if f == fs.name() => Ok(()),
         other => Err(foreign(node, fs, other)),
@@ -181,7 +181,7 @@ fn foreign(node: &Path, fs: FsType, found: &Signature) -> AgentError {
 }
 
 /// Unstaging raw block: only this volume's record is removed.
-pub fn unstage_record(
+pub(crate) fn unstage_record(
     volume: &VolumeId,
     path: &Path,
     record: &BlockRecord,
@@ -201,7 +201,10 @@ pub fn unstage_record(
 
 /// Spec: "All NodeUnpublishVolume MUST be called and return success for a
 /// volume before NodeUnstageVolume MAY be called for the volume."
-pub fn unpublished_first(volume: &VolumeId, targets: Vec<PathBuf>) -> Result<(), AgentError> {
+pub(crate) fn unpublished_first(
+    volume: &VolumeId,
+    targets: Vec<PathBuf>,
+) -> Result<(), AgentError> {
     if targets.is_empty() {
         Ok(())
     } else {
