@@ -3,8 +3,6 @@
 //! for the proxy over mutual TLS, and its own registration with kubelet
 //! ([`registration`]). All host access goes through [`host`].
 #![forbid(unsafe_code)]
-// Only what the binary and the integration tests use is exported, so the
-// compiler reports what nothing uses.
 #![warn(unreachable_pub)]
 
 mod api;

@@ -9,6 +9,7 @@
 //! This crate issues certificates (rcgen) and builds the rustls configs; it
 //! never opens sockets.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod authority;
 mod enrol;

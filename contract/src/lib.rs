@@ -7,6 +7,7 @@
 //! iSCSI [`Iqn`] and [`Portal`] (with open-iscsi's name and CHAP limits),
 //! an FC [`Wwpn`], a CSI [`AccessMode`] and an [`FsType`].
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod access_mode;
 pub mod fc;

@@ -4,6 +4,7 @@
 //! handling with a bounded drain, logging set-up, and per-key locks. No CSI
 //! domain logic.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod agent_tcp;
 mod agent_transport;

@@ -14,6 +14,7 @@
 //! never its contents; no initiator name, no pod UID. A reader who is not
 //! on the machine itself gets less still: [`Status::redacted`].
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod agent;
 pub mod proxy;

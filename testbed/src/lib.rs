@@ -4,6 +4,7 @@
 //! tests use it directly; the end-to-end tests and the lab through
 //! `csi-scsi-tests`.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod binaries;
 pub mod daemon;

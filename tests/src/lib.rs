@@ -1,6 +1,7 @@
 //! The csi-scsi test harness: real processes, real sockets, real TLS.
 //! The end-to-end tests (and, later, the lab) drive the binaries through it.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub use csi_scsi_testbed::{binaries, daemon, kube};
 

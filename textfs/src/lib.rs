@@ -3,6 +3,7 @@
 //! replaced durably ([`durable`]), and wake-ups when files change
 //! ([`file_watch`]).
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod durable;
 pub mod file_watch;
