@@ -32,9 +32,10 @@ pub struct Args {
     #[arg(
         long,
         env = "CSI_ENDPOINT",
+        value_parser = parse_csi_endpoint,
         default_value = "unix:///var/lib/kubelet/plugins/csi-scsi.io/csi.sock"
     )]
-    pub csi_endpoint: String,
+    pub csi_endpoint: PathBuf,
 
     /// Address the mutual-TLS agent API listens on.
     #[arg(long, env = "AGENT_LISTEN", default_value = "0.0.0.0:9810")]
@@ -71,8 +72,13 @@ pub struct Args {
     pub enrol_ca_file: Option<PathBuf>,
 
     /// SPIFFE trust domain of the cluster's certificates.
-    #[arg(long, env = "TRUST_DOMAIN", default_value = "csi-scsi.local")]
-    pub trust_domain: String,
+    #[arg(
+        long,
+        env = "TRUST_DOMAIN",
+        value_parser = TrustDomain::new,
+        default_value = "csi-scsi.local"
+    )]
+    pub trust_domain: TrustDomain,
 
     /// Host tools that must be present for the agent to report ready
     /// (comma-separated names on $PATH or absolute paths).
@@ -202,10 +208,8 @@ pub struct Config {
 impl Args {
     /// Checks every value; the error says which flag is wrong.
     pub fn validate(self) -> Result<Config, String> {
-        let csi_socket =
-            parse_csi_endpoint(&self.csi_endpoint).map_err(|e| format!("--csi-endpoint: {e}"))?;
-        let trust_domain =
-            TrustDomain::new(&self.trust_domain).map_err(|e| format!("--trust-domain: {e}"))?;
+        let csi_socket = self.csi_endpoint;
+        let trust_domain = self.trust_domain;
         if self.node_name.is_empty() {
             return Err("--node-name: must not be empty".into());
         }

@@ -24,16 +24,26 @@ use crate::reconcile::release::ReleaseConfig;
 #[command(name = "csi-scsi-proxy", version, about, long_about)]
 pub struct Args {
     /// CSI socket served to the sidecars: unix:///path/csi.sock or /path/csi.sock.
-    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
-    pub csi_endpoint: String,
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        value_parser = parse_csi_endpoint,
+        default_value = "unix:///csi/csi.sock"
+    )]
+    pub csi_endpoint: PathBuf,
 
     /// Directory with tls.crt, tls.key and ca.crt (a mounted Secret).
     #[arg(long, env = "TLS_DIR", default_value = "/etc/csi-scsi/tls")]
     pub tls_dir: PathBuf,
 
     /// SPIFFE trust domain of the cluster's certificates.
-    #[arg(long, env = "TRUST_DOMAIN", default_value = "csi-scsi.local")]
-    pub trust_domain: String,
+    #[arg(
+        long,
+        env = "TRUST_DOMAIN",
+        value_parser = TrustDomain::new,
+        default_value = "csi-scsi.local"
+    )]
+    pub trust_domain: TrustDomain,
 
     /// The embedded inventory database (SQLite), used when not in Kubernetes.
     #[arg(long, env = "STORE", default_value = "/var/lib/csi-scsi/inventory.db")]
@@ -335,10 +345,8 @@ pub struct Config {
 impl Args {
     /// Checks every value; the error says which flag is wrong.
     pub fn validate(self) -> Result<Config, String> {
-        let csi_socket =
-            parse_csi_endpoint(&self.csi_endpoint).map_err(|e| format!("--csi-endpoint: {e}"))?;
-        let trust_domain =
-            TrustDomain::new(&self.trust_domain).map_err(|e| format!("--trust-domain: {e}"))?;
+        let csi_socket = self.csi_endpoint;
+        let trust_domain = self.trust_domain;
         let backoff = Backoff::try_new(Duration::from_millis(100), Duration::from_secs(5), 0.5)
             .map_err(|e| e.to_string())?;
         if self.agent_concurrency == 0 {
