@@ -18,7 +18,9 @@ use super::{Lifecycle, read_back};
 use crate::agents::AgentError;
 use crate::device::{Cleanup, Device, policy};
 use crate::error::ProxyError;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::VolumeId;
+
+use super::LockKey;
 
 /// What one release attempt did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,15 +138,15 @@ impl Lifecycle {
         // "If a volume corresponding to the specified volume_id does not
         // exist or the artifacts associated with the volume do not exist
         // anymore, the Plugin MUST reply 0 OK."
-        let Some(vol) = VolumeRef::parse(id) else {
+        let Some(vol) = VolumeId::parse(id).ok() else {
             tracing::info!(volume_id = %id, "delete of a volume ID we never issued: nothing to do");
             return Ok(());
         };
-        let guard = self.lock(vol.wwid()).await?;
-        let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
+        let guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
+        let Some(mut dev) = self.inventory.device(vol.wwid().as_str()).await? else {
             return Ok(());
         };
-        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.binding_uid()) {
             tracing::info!(volume_id = %id, "stale volume ID (the LUN has another binding): nothing to do");
             return Ok(());
         }
@@ -159,8 +161,8 @@ impl Lifecycle {
             self.inventory.update(dev).await?;
             tracing::info!(volume_id = %id, %request_id, "volume deleted: LUN Releasing, to be wiped");
         }
-        crate::fault::hold_next_wipe(vol.wwid());
-        self.releases.want(vol.wwid());
+        crate::fault::hold_next_wipe(vol.wwid().as_str());
+        self.releases.want(vol.wwid().as_str());
         drop(guard);
         // A quick wipe (discard, none, a small LUN) ends while the caller
         // waits a moment: answering after it, the LUN is offered again and
@@ -169,10 +171,11 @@ impl Lifecycle {
         let until = tokio::time::Instant::now() + QUICK_RELEASE;
         loop {
             let ended = self.releases.ended();
-            match self.inventory.device(vol.wwid()).await? {
+            match self.inventory.device(vol.wwid().as_str()).await? {
                 Some(d)
                     if policy::releasing(&d)
-                        && d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => {}
+                        && d.binding.as_ref().map(|b| b.uid.as_str())
+                            == Some(vol.binding_uid()) => {}
                 _ => break,
             }
             // Woken by the end of a release (this one's, or another's: the

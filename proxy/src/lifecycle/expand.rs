@@ -8,7 +8,9 @@ use csi_scsi_proto::agent::RescanRequest;
 use super::Lifecycle;
 use crate::device::{Capability, ResizeRequest};
 use crate::error::ProxyError;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::VolumeId;
+
+use super::LockKey;
 
 impl Lifecycle {
     /// Returns the new capacity and whether node expansion is needed.
@@ -19,8 +21,8 @@ impl Lifecycle {
         block: Option<bool>,
         request_id: &str,
     ) -> Result<(u64, bool), ProxyError> {
-        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let _guard = self.lock(vol.wwid()).await?;
+        let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let _guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
         let mut dev = self.bound(&vol).await?;
         let binding = dev
             .binding

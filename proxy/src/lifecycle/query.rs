@@ -5,7 +5,7 @@ use crate::device::policy;
 use crate::device::{Capability, Device, Phase};
 use crate::error::ProxyError;
 use crate::selector::Selector;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::VolumeId;
 
 /// A volume as ListVolumes and ControllerGetVolume show it.
 #[derive(Clone, Debug)]
@@ -21,11 +21,11 @@ pub struct VolumeView {
 impl Lifecycle {
     /// One volume by ID.
     pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
-        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        match self.inventory.device(vol.wwid()).await? {
+        let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
+        match self.inventory.device(vol.wwid().as_str()).await? {
             // A deleted volume (its LUN still being wiped) exists no more.
             Some(d)
-                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid())
+                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.binding_uid())
                     && !policy::releasing(&d) =>
             {
                 Ok(view(d))
