@@ -311,7 +311,7 @@ fn sql(e: rusqlite::Error) -> InventoryError {
         Some(ErrorCode::ReadOnly | ErrorCode::SystemIoFailure | ErrorCode::CannotOpen) => {
             InventoryError::StoreUnwritable(e.to_string())
         }
-        _ => InventoryError::Store(e.to_string()),
+        _ => InventoryError::Sqlite(e),
     }
 }
 

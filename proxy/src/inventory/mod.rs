@@ -41,9 +41,22 @@ pub enum InventoryError {
     /// No such device, or not bound to the given binding.
     #[error("no device {0}")]
     NotFound(String),
-    /// The backing store failed.
+    /// The backing store failed: a defect, or a record it cannot read.
     #[error("inventory store: {0}")]
     Store(String),
+    /// SQLite failed in a way that is neither a full nor an unwritable file
+    /// system (see `StoreFull`, `StoreUnwritable`).
+    #[error("inventory store: {0}")]
+    Sqlite(#[source] rusqlite::Error),
+    /// The Kubernetes API server refused the request (403 Forbidden: the
+    /// proxy's RBAC; 422: an object it will not take): retrying does not
+    /// help until the deployment or the code changes.
+    #[error("inventory store: Kubernetes API: {0}")]
+    ApiRefused(#[source] ::kube::Error),
+    /// The Kubernetes API server did not answer, or answered that it cannot
+    /// serve now (429, 5xx): a retry may succeed.
+    #[error("inventory store: Kubernetes API: {0}")]
+    ApiUnavailable(#[source] ::kube::Error),
     /// The store's file system is full: writes fail until space is freed.
     #[error("inventory store is full (no space left on its file system): {0}")]
     StoreFull(String),

@@ -813,6 +813,14 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
         .await
         .unwrap_err();
     assert_eq!(api_code(&err), Some(403), "{err}");
+    // Through the store, that 403 keeps its source and is no retryable
+    // outage: the caller gets INTERNAL, not UNAVAILABLE.
+    let err = inv.remove_target("t1").await.unwrap_err();
+    assert!(matches!(err, InventoryError::ApiRefused(_)), "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<kube::Error>());
+    assert_eq!(source.and_then(api_code), Some(403), "{err:?}");
+    let status = tonic::Status::from(csi_scsi_proxy::error::ProxyError::from(err));
+    assert_eq!(status.code(), tonic::Code::Internal, "{status}");
     election.step_down().await;
 }
 

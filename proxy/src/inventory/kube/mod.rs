@@ -288,8 +288,19 @@ fn store(msg: impl Into<String>) -> InventoryError {
     InventoryError::Store(msg.into())
 }
 
+/// Says whether a failed API request may succeed when retried.
 fn api_error(e: kube::Error) -> InventoryError {
-    InventoryError::Store(format!("Kubernetes API: {e}"))
+    match &e {
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => InventoryError::ApiUnavailable(e),
+        kube::Error::Api(_) => InventoryError::ApiRefused(e),
+        // No answer: the connection failed or broke off.
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            InventoryError::ApiUnavailable(e)
+        }
+        // An answer this client could not read, or a request it could
+        // not build: a defect.
+        _ => InventoryError::ApiRefused(e),
+    }
 }
 
 /// Runs `attempt` until the API server answers it with anything but 409
