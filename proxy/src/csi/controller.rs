@@ -62,7 +62,7 @@ fn topology(nodes: Vec<String>) -> Vec<Topology> {
 
 fn volume_of(v: &VolumeView) -> Volume {
     let fs = v.device.binding.as_ref().and_then(|b| b.fs_type());
-    let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
+    let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.to_string())]);
     if let Some(fs) = fs {
         context.insert("fsType".to_owned(), fs.as_str().to_owned());
     }

@@ -77,7 +77,7 @@ impl From<ProxyError> for Status {
             },
             ProxyError::Inventory(i) => match i {
                 InventoryError::NoFit(_) => Code::ResourceExhausted,
-                InventoryError::Conflict(_) => Code::Aborted,
+                InventoryError::Conflict(_) | InventoryError::TargetConflict(_) => Code::Aborted,
                 InventoryError::NotFound(_) => Code::NotFound,
                 InventoryError::Store(_)
                 | InventoryError::Sqlite(_)

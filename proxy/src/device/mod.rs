@@ -12,6 +12,6 @@ pub use access::{Access, Capability, FsType, Mode, UnknownCapability};
 pub use model::{
     BindRequest, Binding, Cleanup, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
     LunReport, NewLuns, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
-    TargetConflict, Transport,
+    TargetConflict, Transport, canonical_wwid,
 };
 pub use node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};

@@ -55,7 +55,7 @@ impl Lifecycle {
             // (each rescan takes about a second on a real host).
             let rescans = dev.node_names().into_iter().map(|node| {
                 let rescan = RescanRequest {
-                    wwid: dev.wwid.clone(),
+                    wwid: dev.wwid.to_string(),
                 };
                 async move {
                     match self.agents.call(&node, rescan, request_id).await {
@@ -105,7 +105,7 @@ impl Lifecycle {
             .put_resize(ResizeRequest {
                 name: name.clone(),
                 volume_id: id.to_owned(),
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 requested_bytes: required,
                 current_bytes: dev.size_bytes,
                 created: std::time::SystemTime::now()
@@ -116,7 +116,7 @@ impl Lifecycle {
             })
             .await?;
         Err(ProxyError::ResizePending {
-            wwid: dev.wwid,
+            wwid: dev.wwid.to_string(),
             have: dev.size_bytes,
             want: required,
             request: name,

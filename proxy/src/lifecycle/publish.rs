@@ -11,7 +11,7 @@ use crate::device::policy::{self, Publish, PublishRefusal};
 use crate::device::{Access, Capability, Device, Publication};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
-use csi_scsi_contract::VolumeId;
+use csi_scsi_contract::{VolumeId, Wwid};
 
 use super::LockKey;
 
@@ -87,7 +87,7 @@ impl Lifecycle {
             return Err(ProxyError::TargetNotForNode {
                 node: node.to_owned(),
                 target: t.name.clone(),
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
             });
         }
         // Record first, so a racing publish elsewhere sees this node. The
@@ -113,7 +113,7 @@ impl Lifecycle {
         let already = !recorded;
         let targets = self.agent_targets(&specs).await?;
         let attach = AttachRequest {
-            wwid: dev.wwid.clone(),
+            wwid: dev.wwid.to_string(),
             targets,
             lun: dev.lun,
         };
@@ -121,7 +121,7 @@ impl Lifecycle {
             Ok(a) => {
                 let mut context = HashMap::from([
                     (publish_context::DEVICE_PATH.to_owned(), a.device_path),
-                    (publish_context::WWID.to_owned(), dev.wwid.clone()),
+                    (publish_context::WWID.to_owned(), dev.wwid.to_string()),
                 ]);
                 if readonly {
                     context.insert(publish_context::READONLY.to_owned(), "true".to_owned());
@@ -164,7 +164,7 @@ impl Lifecycle {
             return Ok(());
         };
         let _guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
-        let Some(mut dev) = self.inventory.device(vol.wwid().as_str()).await? else {
+        let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
         if !policy::holds_binding(&dev, vol.binding_uid()) {
@@ -191,7 +191,7 @@ impl Lifecycle {
                 NodeAgent::Listed(_) => {
                     let targets = self.targets_for(&dev, &n).await?;
                     let detach = DetachRequest {
-                        wwid: dev.wwid.clone(),
+                        wwid: dev.wwid.to_string(),
                         targets,
                     };
                     self.agents.call(&n, detach, request_id).await?;
@@ -241,19 +241,19 @@ impl Lifecycle {
     /// left as it is (checked on the state each attempt writes).
     async fn edit_published(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
         uid: &str,
         node: &str,
     ) -> Result<Device, ProxyError> {
         self.inventory
             .modify(wwid, |d| policy::unpublish(d, uid, node))
             .await?
-            .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_owned()))
+            .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_string()))
     }
 
     /// The device bound to `vol`, or VolumeNotFound.
     pub(super) async fn bound(&self, vol: &VolumeId) -> Result<Device, ProxyError> {
-        match self.inventory.device(vol.wwid().as_str()).await? {
+        match self.inventory.device(vol.wwid()).await? {
             Some(d) if policy::serves(&d, vol.binding_uid()) => Ok(d),
             _ => Err(ProxyError::VolumeNotFound(vol.to_string())),
         }

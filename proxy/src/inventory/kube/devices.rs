@@ -5,15 +5,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use csi_scsi_contract::Wwid;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Preconditions};
 use kube::{Resource, ResourceExt};
 
 use super::finalizers::{device_targets, has_finalizer, set_finalizer};
 use super::{KubeInventory, api_error, store, strip};
-use crate::device::policy::{self, PreferenceKey, preference, preference_key};
+use crate::device::policy::{self, preference, preference_key};
 use crate::device::{Device, Phase};
-use crate::inventory::{InventoryError, Summary, Write};
+use crate::inventory::{AvailableQuery, InventoryError, Summary, Write};
 use crate::kube_wiring::post_params;
 use crate::resources::{
     DEVICE_FINALIZER, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, conflict_message, object_name,
@@ -28,10 +29,10 @@ impl KubeInventory {
     /// The current object of `wwid`, if any (checked against a name collision).
     pub(super) fn device_object(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
     ) -> Result<Option<Arc<SCSIDevice>>, InventoryError> {
-        match self.inner.device_cache.get(&object_name(wwid)) {
-            Some(obj) if obj.spec.wwid != wwid => Err(store(format!(
+        match self.inner.device_cache.get(&object_name(wwid.as_str())) {
+            Some(obj) if obj.spec.wwid != wwid.as_str() => Err(store(format!(
                 "SCSIDevice {} holds WWID {}, not {wwid}",
                 obj.name_any(),
                 obj.spec.wwid
@@ -50,7 +51,7 @@ impl KubeInventory {
     /// the spec (when changed) by replace, then the status (when changed)
     /// through the status subresource, each with the version just read.
     async fn write_device(&self, dev: &Device) -> Result<Device, InventoryError> {
-        let name = object_name(&dev.wwid);
+        let name = object_name(dev.wwid.as_str());
         let known = self
             .device_object(&dev.wwid)?
             .ok_or_else(|| InventoryError::NotFound(dev.wwid.clone()))?;
@@ -139,22 +140,22 @@ impl KubeInventory {
 
     /// Maps a failed write; a 409 re-reads the object so the caller's next
     /// read sees what won.
-    async fn write_failed(&self, name: &str, wwid: &str, e: kube::Error) -> InventoryError {
+    async fn write_failed(&self, name: &str, wwid: &Wwid, e: kube::Error) -> InventoryError {
         match &e {
             kube::Error::Api(s) if s.code == 409 => {
                 if let Err(re) = self.refresh(name).await {
                     tracing::warn!(%wwid, error = %re, "re-read after a conflict failed");
                 }
-                InventoryError::Conflict(wwid.to_owned())
+                InventoryError::Conflict(wwid.clone())
             }
-            kube::Error::Api(s) if s.code == 404 => InventoryError::NotFound(wwid.to_owned()),
+            kube::Error::Api(s) if s.code == 404 => InventoryError::NotFound(wwid.clone()),
             _ => api_error(e),
         }
     }
 
     /// Creates the object of a device first seen, then writes its status.
     async fn create_device(&self, dev: &Device) -> Result<Device, InventoryError> {
-        let name = object_name(&dev.wwid);
+        let name = object_name(dev.wwid.as_str());
         let mut metadata = ObjectMeta {
             name: Some(name.clone()),
             ..ObjectMeta::default()
@@ -195,7 +196,7 @@ impl KubeInventory {
             return;
         };
         let (wwid, note) = (dev.wwid.clone(), conflict_message(dev));
-        tokio::spawn(async move { events.target_conflict(&wwid, uid, note).await });
+        tokio::spawn(async move { events.target_conflict(wwid.as_str(), uid, note).await });
     }
 
     /// A probe found data on a new LUN: an Event on the SCSIDevice (its
@@ -205,7 +206,7 @@ impl KubeInventory {
             return;
         };
         let (wwid, reason) = (dev.wwid.clone(), dev.reason.clone());
-        tokio::spawn(async move { events.lun_holds_data(&wwid, uid, &reason).await });
+        tokio::spawn(async move { events.lun_holds_data(wwid.as_str(), uid, &reason).await });
     }
 
     fn spawn_wipe_failed(&self, dev: &Device) {
@@ -215,12 +216,12 @@ impl KubeInventory {
         let (wwid, reason) = (dev.wwid.clone(), dev.reason.clone());
         tokio::spawn(async move {
             events
-                .wipe_failed(&binding.volume_name, &wwid, &reason)
+                .wipe_failed(&binding.volume_name, wwid.as_str(), &reason)
                 .await
         });
     }
 
-    pub(super) async fn read_device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+    pub(super) async fn read_device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
         self.wait_until_ready().await?;
         self.device_object(wwid)?
             .map(|o| o.to_device().map_err(|e| store(e.to_string())))
@@ -246,11 +247,11 @@ impl KubeInventory {
 
     pub(super) async fn page_devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.wait_until_ready().await?;
-        let after = after.unwrap_or("");
+        let after = after.map_or("", Wwid::as_str);
         let mut page: Vec<Arc<SCSIDevice>> = self
             .all_devices()
             .into_iter()
@@ -268,12 +269,15 @@ impl KubeInventory {
 
     pub(super) async fn page_available(
         &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
+        query: AvailableQuery<'_>,
     ) -> Result<Vec<Device>, InventoryError> {
+        let AvailableQuery {
+            node,
+            min,
+            max,
+            after,
+            limit,
+        } = query;
         self.wait_until_ready().await?;
         let leaving: BTreeSet<String> = self
             .inner
@@ -345,7 +349,7 @@ impl KubeInventory {
     pub(super) async fn delete_device(&self, dev: &Device) -> Result<(), InventoryError> {
         self.fence()?;
         self.wait_until_ready().await?;
-        let name = object_name(&dev.wwid);
+        let name = object_name(dev.wwid.as_str());
         // The version read, so a device written since (seen, bound) stays.
         let params = DeleteParams {
             preconditions: Some(Preconditions {

@@ -152,7 +152,11 @@ impl KubeInventory {
         tracing::warn!(wwid = %dev.wwid, %volume, phase = %dev.phase.as_str(), "deletion of SCSIDevice requested while a volume lives on it: it stays bound until the volume is deleted and the LUN released");
         if let Some(events) = self.inner.events.clone() {
             let wwid = dev.wwid.clone();
-            tokio::spawn(async move { events.bound_device_delete_requested(&volume, &wwid).await });
+            tokio::spawn(async move {
+                events
+                    .bound_device_delete_requested(&volume, wwid.as_str())
+                    .await
+            });
         }
     }
 }

@@ -34,8 +34,9 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use self::cache::Cache;
-use super::{InventoryError, Summary, Write};
-use crate::device::policy::PreferenceKey;
+use super::{AvailableQuery, InventoryError, Summary, Write};
+use csi_scsi_contract::Wwid;
+
 use crate::device::{Device, DiscoveryRound, KubeletSettableSelector, ResizeRequest, Target};
 use crate::events::VolumeEvents;
 use crate::leader::LeaderHandle;
@@ -188,7 +189,7 @@ impl KubeInventory {
 
 #[async_trait::async_trait]
 impl super::Store for KubeInventory {
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+    async fn device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
         self.read_device(wwid).await
     }
 
@@ -198,21 +199,14 @@ impl super::Store for KubeInventory {
 
     async fn devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.page_devices(after, limit).await
     }
 
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.page_available(node, min, max, after, limit).await
+    async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError> {
+        self.page_available(query).await
     }
 
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {

@@ -11,7 +11,7 @@ use kube::api::{DeleteParams, Patch};
 use kube::{Api, ResourceExt};
 
 use super::{KubeInventory, api_error};
-use crate::device::ResizeRequest;
+use crate::device::{ResizeRequest, canonical_wwid};
 use crate::events::ClaimRef;
 use crate::inventory::InventoryError;
 use crate::kube_wiring::{patch_params, post_params};
@@ -59,8 +59,13 @@ impl KubeInventory {
     pub(super) async fn write_resize(&self, r: ResizeRequest) -> Result<(), InventoryError> {
         self.fence()?;
         self.wait_until_ready().await?;
-        let volume_name = self
-            .device_object(&r.wwid)?
+        // A request names its LUN as the device it was made for spells it:
+        // canonical. Another spelling names no device.
+        let device = match canonical_wwid(&r.wwid) {
+            Ok(wwid) => self.device_object(&wwid)?,
+            Err(_) => None,
+        };
+        let volume_name = device
             .and_then(|o| {
                 o.status
                     .as_ref()?

@@ -87,7 +87,7 @@ impl KubeInventory {
         match outcome {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => Err(api_error(e)),
-            None => Err(InventoryError::Conflict(target.name.clone())),
+            None => Err(InventoryError::TargetConflict(target.name.clone())),
         }
     }
 
