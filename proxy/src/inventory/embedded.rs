@@ -577,22 +577,16 @@ impl Store for EmbeddedInventory {
     }
 
     async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError> {
-        let AvailableQuery {
-            node,
-            min,
-            max,
-            after,
-            limit,
-        } = query;
-        let node = node.map(str::to_owned);
-        let after = after.map_or((-1, 0, String::new()), |k| {
+        let node = query.node.map(str::to_owned);
+        let (min, max) = (query.min, query.max);
+        let after = query.after.map_or((-1, 0, String::new()), |k| {
             (
                 i64::try_from(k.size_bytes).unwrap_or(i64::MAX),
                 k.wipe_failures,
                 k.wwid.to_string(),
             )
         });
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         self.with(move |c| available(c, node.as_deref(), min, max, &after, limit))
             .await
     }

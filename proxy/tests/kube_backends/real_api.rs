@@ -43,6 +43,11 @@ pub(crate) fn object<K: kube::Resource<DynamicType = ()>>(
     DynamicObject::new(name, &erased::<K>()).data(body)
 }
 
+/// The finalizers the server holds on device object `name`.
+async fn finalizers(devices: &Api<SCSIDevice>, name: &str) -> Option<Vec<String>> {
+    devices.get(name).await.unwrap().metadata.finalizers
+}
+
 pub(crate) fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
@@ -722,12 +727,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     // The finalizers of a bound device and of its target: `update` on both.
     let devices = Api::<SCSIDevice>::all(admin.clone());
     assert_eq!(
-        devices
-            .get(bound.wwid.as_str())
-            .await
-            .unwrap()
-            .metadata
-            .finalizers,
+        finalizers(&devices, bound.wwid.as_str()).await,
         Some(vec![DEVICE_FINALIZER.to_owned()])
     );
     let target = Api::<SCSITarget>::all(admin.clone())
@@ -785,15 +785,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        devices
-            .get(bound.wwid.as_str())
-            .await
-            .unwrap()
-            .metadata
-            .finalizers,
-        None
-    );
+    assert_eq!(finalizers(&devices, bound.wwid.as_str()).await, None);
     assert_eq!(
         Api::<SCSITarget>::all(admin.clone())
             .get("t1")

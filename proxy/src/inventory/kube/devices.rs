@@ -20,6 +20,15 @@ use crate::resources::{
     DEVICE_FINALIZER, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, conflict_message, object_name,
 };
 
+/// Which part of a device object a write replaces.
+#[derive(Clone, Copy, Debug)]
+enum Part {
+    /// Spec and metadata (finalizers).
+    Object,
+    /// The status subresource.
+    Status,
+}
+
 impl KubeInventory {
     /// Every device, cache and overlay merged.
     pub(super) fn all_devices(&self) -> Vec<Arc<SCSIDevice>> {
@@ -51,7 +60,6 @@ impl KubeInventory {
     /// the spec (when changed) by replace, then the status (when changed)
     /// through the status subresource, each with the version just read.
     async fn write_device(&self, dev: &Device) -> Result<Device, InventoryError> {
-        let name = object_name(dev.wwid.as_str());
         let known = self
             .device_object(&dev.wwid)?
             .ok_or_else(|| InventoryError::NotFound(dev.wwid.clone()))?;
@@ -78,29 +86,12 @@ impl KubeInventory {
         }
         let mut latest = known.clone();
         if want.spec != known.spec || want.metadata.finalizers != known.metadata.finalizers {
-            let sent = want.clone();
-            latest = match self
-                .inner
-                .devices
-                .replace(&name, &post_params(), &sent)
-                .await
-            {
-                Ok(o) => self.inner.device_cache.remember(strip(o)),
-                Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
-            };
+            latest = self.send(&dev.wwid, &want, Part::Object).await?;
         }
         if want.status != latest.status {
             let mut sent = (*latest).clone();
             sent.status = want.status.clone();
-            latest = match self
-                .inner
-                .devices
-                .replace_status(&name, &post_params(), &sent)
-                .await
-            {
-                Ok(o) => self.inner.device_cache.remember(strip(o)),
-                Err(e) => return Err(self.write_failed(&name, &dev.wwid, e).await),
-            };
+            latest = self.send(&dev.wwid, &sent, Part::Status).await?;
         }
         // Free again: the finalizer comes off only once the status says
         // so, and a deletion asked for meanwhile then completes.
@@ -172,19 +163,29 @@ impl KubeInventory {
         };
         let mut with_status = (*created).clone();
         with_status.status = Some(SCSIDeviceStatus::from_device(dev, None, Timestamp::now()));
-        match self
-            .inner
-            .devices
-            .replace_status(&name, &post_params(), &with_status)
-            .await
-        {
-            Ok(o) => self
-                .inner
-                .device_cache
-                .remember(strip(o))
-                .to_device()
-                .map_err(|e| store(e.to_string())),
-            Err(e) => Err(self.write_failed(&name, &dev.wwid, e).await),
+        self.send(&dev.wwid, &with_status, Part::Status)
+            .await?
+            .to_device()
+            .map_err(|e| store(e.to_string()))
+    }
+
+    /// Replaces `sent`'s object (spec and metadata) or its status, with the
+    /// resourceVersion it carries; keeps the answer in the overlay.
+    async fn send(
+        &self,
+        wwid: &Wwid,
+        sent: &SCSIDevice,
+        part: Part,
+    ) -> Result<Arc<SCSIDevice>, InventoryError> {
+        let name = sent.name_any();
+        let api = &self.inner.devices;
+        let answer = match part {
+            Part::Object => api.replace(&name, &post_params(), sent).await,
+            Part::Status => api.replace_status(&name, &post_params(), sent).await,
+        };
+        match answer {
+            Ok(o) => Ok(self.inner.device_cache.remember(strip(o))),
+            Err(e) => Err(self.write_failed(&name, wwid, e).await),
         }
     }
 
@@ -271,13 +272,6 @@ impl KubeInventory {
         &self,
         query: AvailableQuery<'_>,
     ) -> Result<Vec<Device>, InventoryError> {
-        let AvailableQuery {
-            node,
-            min,
-            max,
-            after,
-            limit,
-        } = query;
         self.wait_until_ready().await?;
         let leaving: BTreeSet<String> = self
             .inner
@@ -298,16 +292,18 @@ impl KubeInventory {
             .filter(|o| {
                 o.status.as_ref().is_some_and(|s| {
                     s.phase == Phase::Available
-                        && node.is_none_or(|n| s.nodes.iter().any(|v| v.node == n))
-                }) && (min..=max).contains(&o.spec.size_bytes)
+                        && query
+                            .node
+                            .is_none_or(|n| s.nodes.iter().any(|v| v.node == n))
+                }) && (query.min..=query.max).contains(&o.spec.size_bytes)
             })
             .filter_map(|o| o.to_device().ok())
-            .filter(|d| after.as_ref().is_none_or(|a| preference_key(d) > *a))
+            .filter(|d| query.after.as_ref().is_none_or(|a| preference_key(d) > *a))
             .collect();
-        if free.len() > limit && limit > 0 {
-            free.select_nth_unstable_by(limit - 1, preference);
+        if free.len() > query.limit && query.limit > 0 {
+            free.select_nth_unstable_by(query.limit - 1, preference);
         }
-        free.truncate(limit);
+        free.truncate(query.limit);
         free.sort_by(preference);
         Ok(free)
     }
