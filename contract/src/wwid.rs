@@ -253,6 +253,51 @@ impl std::str::FromStr for Wwid {
     }
 }
 
+/// A stored WWID is its canonical text; reading one back refuses any other
+/// spelling (a record written by hand, or by something that did not
+/// canonicalise) rather than quietly changing the key it is stored under.
+#[cfg(feature = "serde")]
+mod serde_impl {
+    use std::borrow::Cow;
+
+    use super::Wwid;
+
+    impl serde::Serialize for Wwid {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str(&self.0)
+        }
+    }
+
+    impl<'de> serde::Deserialize<'de> for Wwid {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let text = Cow::<'de, str>::deserialize(d)?;
+            let wwid = Wwid::parse(&text).map_err(serde::de::Error::custom)?;
+            if wwid.as_str() != text {
+                return Err(serde::de::Error::custom(format!(
+                    "WWID {:?} is not in canonical form (want {wwid})",
+                    super::excerpt(&text)
+                )));
+            }
+            Ok(wwid)
+        }
+    }
+
+    impl schemars::JsonSchema for Wwid {
+        fn schema_name() -> Cow<'static, str> {
+            // Inlined as a plain string, as a `String` field was.
+            String::schema_name()
+        }
+
+        fn inline_schema() -> bool {
+            true
+        }
+
+        fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+            String::json_schema(generator)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,5 +434,25 @@ mod tests {
                 "scsi-3618cf24100f8f457014a764c000001f6",
             ]
         );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn a_stored_wwid_reads_back_only_in_canonical_form() {
+        let w = Wwid::parse("naa.6001405d27e5d898829468b90ce4ef8c").expect("wwid");
+        let json = serde_json::to_string(&w).expect("serialise");
+        assert_eq!(json, "\"naa.6001405d27e5d898829468b90ce4ef8c\"");
+        assert_eq!(serde_json::from_str::<Wwid>(&json).expect("read back"), w);
+        for refused in [
+            "\"36001405d27e5d898829468b90ce4ef8c\"",
+            "\"naa.6001405D27E5D898829468B90CE4EF8C\"",
+            "\"sdb\"",
+            "17",
+        ] {
+            assert!(
+                serde_json::from_str::<Wwid>(refused).is_err(),
+                "{refused} read as a WWID"
+            );
+        }
     }
 }

@@ -24,4 +24,3 @@ pub mod secrets;
 pub mod selector;
 pub mod serve;
 pub mod status;
-pub mod volume_id;

@@ -322,7 +322,7 @@ impl Gauges {
 
 fn device_view(d: &Device) -> doc::Device {
     doc::Device {
-        wwid: d.wwid.clone(),
+        wwid: d.wwid.to_string(),
         phase: phase_view(d.phase),
         size_bytes: d.size_bytes,
         target: d.target.clone(),

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csi_scsi_certs::CertificateAuthority;
+use csi_scsi_contract::Wwid;
 use csi_scsi_proxy::agents::{Backoff, deadline};
 use csi_scsi_proxy::device::{Access, AccessMode, Device, DiscoveryRound, FsType, NewLuns, Phase};
 use csi_scsi_proxy::directory::FileDirectory;
@@ -69,8 +70,8 @@ impl Fixture {
     async fn with_policy(luns: u32, behaviours: Vec<WipeBehaviour>, policy: NewLuns) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = lifecycle_support::test_ca();
-        let wwids: Vec<String> = (1..=luns).map(wwid).collect();
-        let seen: Vec<&str> = wwids.iter().map(String::as_str).collect();
+        let wwids: Vec<Wwid> = (1..=luns).map(wwid).collect();
+        let seen: Vec<&str> = wwids.iter().map(Wwid::as_str).collect();
         let mut stubs = Vec::new();
         let mut listing = String::new();
         for (i, behaviour) in behaviours.into_iter().enumerate() {
@@ -179,12 +180,12 @@ impl Proxy {
             .map_err(Status::from)
     }
 
-    async fn device(&self, wwid: &str) -> Device {
+    async fn device(&self, wwid: &Wwid) -> Device {
         self.life.inventory().device(wwid).await.unwrap().unwrap()
     }
 
     /// Waits (up to 15 s) until `wwid` is in `phase`.
-    async fn wait_for(&self, wwid: &str, phase: Phase) -> Device {
+    async fn wait_for(&self, wwid: &Wwid, phase: Phase) -> Device {
         let until = Instant::now() + Duration::from_secs(15);
         loop {
             let d = self.device(wwid).await;
@@ -351,7 +352,7 @@ async fn no_more_wipes_run_at_once_than_there_are_workers() {
 
 /// Waits (up to 15 s) until `wwid`'s wipe has failed at least once, and
 /// checks it was never offered again meanwhile.
-async fn failed_never_available(p: &Proxy, wwid: &str) -> Device {
+async fn failed_never_available(p: &Proxy, wwid: &Wwid) -> Device {
     let until = Instant::now() + Duration::from_secs(15);
     loop {
         let d = p.device(wwid).await;
@@ -546,7 +547,7 @@ fn reading(reads: Reads) -> WipeBehaviour {
 
 /// `wwid` stays out of Available, and CreateVolume finds nothing, for a
 /// while the workers run (they probe every 200 ms here).
-async fn never_offered(p: &Proxy, wwid: &str, phase: Phase) -> Device {
+async fn never_offered(p: &Proxy, wwid: &Wwid, phase: Phase) -> Device {
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         let d = p.device(wwid).await;

@@ -62,7 +62,7 @@ fn topology(nodes: Vec<String>) -> Vec<Topology> {
 
 fn volume_of(v: &VolumeView) -> Volume {
     let fs = v.device.binding.as_ref().and_then(|b| b.fs_type());
-    let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.clone())]);
+    let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.to_string())]);
     if let Some(fs) = fs {
         context.insert("fsType".to_owned(), fs.as_str().to_owned());
     }
@@ -95,134 +95,158 @@ fn span(method: &'static str, volume: &str, request_id: &str) -> tracing::Span {
     tracing::info_span!("csi", method, volume_id = %volume, request_id = %request_id)
 }
 
+/// What every state-changing handler does around its work: takes the
+/// request id and the caller's deadline, opens the span naming `method`
+/// and the volume (`volume` picks it from the message), and runs
+/// `work(message, request id)` in that span within the deadline.
+async fn traced<T, R, Work>(
+    method: &'static str,
+    request: Request<T>,
+    volume: fn(&T) -> &str,
+    work: impl FnOnce(T, String) -> Work,
+) -> Result<Response<R>, Status>
+where
+    Work: Future<Output = Result<Response<R>, Status>>,
+{
+    let rid = RequestId::of(&request).to_string();
+    let until = caller_deadline(&request);
+    let req = request.into_inner();
+    let span = span(method, volume(&req), &rid);
+    deadline::within(until, work(req, rid).instrument(span)).await
+}
+
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn create_volume(
         &self,
         request: Request<CreateVolumeRequest>,
     ) -> Result<Response<CreateVolumeResponse>, Status> {
-        let rid = RequestId::of(&request).to_string();
-        let until = caller_deadline(&request);
-        let req = request.into_inner();
-        let span = span("CreateVolume", &req.name, &rid);
-        let work = async move {
-            let name = required("name", &req.name)?.to_owned();
-            let access = request::accesses(&req.volume_capabilities)?;
-            let parameters =
-                ClassParameters::parse(&req.parameters).map_err(crate::error::ProxyError::from)?;
-            if req.volume_content_source.is_some() {
-                return Err(crate::error::ProxyError::InvalidArgument {
-                    field: "volume_content_source",
-                    reason: "cloning and snapshots are not supported".into(),
+        traced(
+            "CreateVolume",
+            request,
+            |r| &r.name,
+            |req, _rid| async move {
+                let name = required("name", &req.name)?.to_owned();
+                let access = request::accesses(&req.volume_capabilities)?;
+                let parameters = ClassParameters::parse(&req.parameters)
+                    .map_err(crate::error::ProxyError::from)?;
+                if req.volume_content_source.is_some() {
+                    return Err(crate::error::ProxyError::InvalidArgument {
+                        field: "volume_content_source",
+                        reason: "cloning and snapshots are not supported".into(),
+                    }
+                    .into());
                 }
-                .into());
-            }
-            if !req.mutable_parameters.is_empty() {
-                return Err(crate::error::ProxyError::InvalidArgument {
-                    field: "mutable_parameters",
-                    reason: "no mutable parameters are supported".into(),
+                if !req.mutable_parameters.is_empty() {
+                    return Err(crate::error::ProxyError::InvalidArgument {
+                        field: "mutable_parameters",
+                        reason: "no mutable parameters are supported".into(),
+                    }
+                    .into());
                 }
-                .into());
-            }
-            let (required_bytes, limit_bytes) = request::capacity(req.capacity_range.as_ref())?;
-            let nodes = request::topology_nodes(req.accessibility_requirements.as_ref())?;
-            let dev = self
-                .life
-                .create(CreateRequest {
-                    name,
-                    required_bytes,
-                    limit_bytes,
-                    access,
-                    parameters,
-                    nodes,
-                })
-                .await?;
-            let view = VolumeView {
-                volume_id: dev.volume_id().unwrap_or_default(),
-                device: dev,
-                abnormal: None,
-            };
-            Ok(Response::new(CreateVolumeResponse {
-                volume: Some(volume_of(&view)),
-            }))
-        };
-        deadline::within(until, work.instrument(span)).await
+                let (required_bytes, limit_bytes) = request::capacity(req.capacity_range.as_ref())?;
+                let nodes = request::topology_nodes(req.accessibility_requirements.as_ref())?;
+                let dev = self
+                    .life
+                    .create(CreateRequest {
+                        name,
+                        required_bytes,
+                        limit_bytes,
+                        access,
+                        parameters,
+                        nodes,
+                    })
+                    .await?;
+                let view = VolumeView {
+                    volume_id: dev.volume_id().unwrap_or_default(),
+                    device: dev,
+                    abnormal: None,
+                };
+                Ok(Response::new(CreateVolumeResponse {
+                    volume: Some(volume_of(&view)),
+                }))
+            },
+        )
+        .await
     }
 
     async fn delete_volume(
         &self,
         request: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
-        let rid = RequestId::of(&request).to_string();
-        let until = caller_deadline(&request);
-        let req = request.into_inner();
-        let span = span("DeleteVolume", &req.volume_id, &rid);
-        let work = async move {
-            required("volume_id", &req.volume_id)?;
-            self.life.delete(&req.volume_id, &rid).await?;
-            Ok(Response::new(DeleteVolumeResponse {}))
-        };
-        deadline::within(until, work.instrument(span)).await
+        traced(
+            "DeleteVolume",
+            request,
+            |r| &r.volume_id,
+            |req, rid| async move {
+                required("volume_id", &req.volume_id)?;
+                self.life.delete(&req.volume_id, &rid).await?;
+                Ok(Response::new(DeleteVolumeResponse {}))
+            },
+        )
+        .await
     }
 
     async fn controller_publish_volume(
         &self,
         request: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        let rid = RequestId::of(&request).to_string();
-        let until = caller_deadline(&request);
-        let req = request.into_inner();
-        let span = span("ControllerPublishVolume", &req.volume_id, &rid);
-        let work = async move {
-            required("volume_id", &req.volume_id)?;
-            required("node_id", &req.node_id)?;
-            let cap = req.volume_capability.as_ref().ok_or_else(|| {
-                crate::error::ProxyError::InvalidArgument {
-                    field: "volume_capability",
-                    reason: "is required".into(),
+        traced(
+            "ControllerPublishVolume",
+            request,
+            |r| &r.volume_id,
+            |req, rid| async move {
+                required("volume_id", &req.volume_id)?;
+                required("node_id", &req.node_id)?;
+                let cap = req.volume_capability.as_ref().ok_or_else(|| {
+                    crate::error::ProxyError::InvalidArgument {
+                        field: "volume_capability",
+                        reason: "is required".into(),
+                    }
+                })?;
+                // Spec, ControllerPublishVolumeRequest.readonly: "CO MUST set
+                // this field to false if SP does not have the PUBLISH_READONLY
+                // controller capability." Publishing read-write what was asked
+                // read-only would break a promise, so refuse it.
+                if req.readonly {
+                    return Err(crate::error::ProxyError::InvalidArgument {
+                        field: "readonly",
+                        reason: "must be false: this plugin does not advertise PUBLISH_READONLY \
+                                 (it cannot attach a LUN read-only)"
+                            .into(),
+                    }
+                    .into());
                 }
-            })?;
-            // Spec, ControllerPublishVolumeRequest.readonly: "CO MUST set
-            // this field to false if SP does not have the PUBLISH_READONLY
-            // controller capability." Publishing read-write what was asked
-            // read-only would break a promise, so refuse it.
-            if req.readonly {
-                return Err(crate::error::ProxyError::InvalidArgument {
-                    field: "readonly",
-                    reason: "must be false: this plugin does not advertise PUBLISH_READONLY \
-                             (it cannot attach a LUN read-only)"
-                        .into(),
-                }
-                .into());
-            }
-            let access = request::access(cap)?;
-            let publish_context = self
-                .life
-                .publish(&req.volume_id, &req.node_id, &access, req.readonly, &rid)
-                .await?;
-            Ok(Response::new(ControllerPublishVolumeResponse {
-                publish_context,
-            }))
-        };
-        deadline::within(until, work.instrument(span)).await
+                let access = request::access(cap)?;
+                let publish_context = self
+                    .life
+                    .publish(&req.volume_id, &req.node_id, &access, req.readonly, &rid)
+                    .await?;
+                Ok(Response::new(ControllerPublishVolumeResponse {
+                    publish_context,
+                }))
+            },
+        )
+        .await
     }
 
     async fn controller_unpublish_volume(
         &self,
         request: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        let rid = RequestId::of(&request).to_string();
-        let until = caller_deadline(&request);
-        let req = request.into_inner();
-        let span = span("ControllerUnpublishVolume", &req.volume_id, &rid);
-        let work = async move {
-            required("volume_id", &req.volume_id)?;
-            self.life
-                .unpublish(&req.volume_id, &req.node_id, &rid)
-                .await?;
-            Ok(Response::new(ControllerUnpublishVolumeResponse {}))
-        };
-        deadline::within(until, work.instrument(span)).await
+        traced(
+            "ControllerUnpublishVolume",
+            request,
+            |r| &r.volume_id,
+            |req, rid| async move {
+                required("volume_id", &req.volume_id)?;
+                self.life
+                    .unpublish(&req.volume_id, &req.node_id, &rid)
+                    .await?;
+                Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+            },
+        )
+        .await
     }
 
     async fn validate_volume_capabilities(
@@ -380,32 +404,33 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        let rid = RequestId::of(&request).to_string();
-        let until = caller_deadline(&request);
-        let req = request.into_inner();
-        let span = span("ControllerExpandVolume", &req.volume_id, &rid);
-        let work = async move {
-            required("volume_id", &req.volume_id)?;
-            let (required_bytes, _) = request::capacity(req.capacity_range.as_ref())?;
-            if req.capacity_range.is_none() {
-                return Err(Status::invalid_argument("capacity_range: is required"));
-            }
-            let block = req
-                .volume_capability
-                .as_ref()
-                .map(request::access)
-                .transpose()?
-                .map(|a| a.block);
-            let (bytes, node) = self
-                .life
-                .expand(&req.volume_id, required_bytes, block, &rid)
-                .await?;
-            Ok(Response::new(ControllerExpandVolumeResponse {
-                capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
-                node_expansion_required: node,
-            }))
-        };
-        deadline::within(until, work.instrument(span)).await
+        traced(
+            "ControllerExpandVolume",
+            request,
+            |r| &r.volume_id,
+            |req, rid| async move {
+                required("volume_id", &req.volume_id)?;
+                let (required_bytes, _) = request::capacity(req.capacity_range.as_ref())?;
+                if req.capacity_range.is_none() {
+                    return Err(Status::invalid_argument("capacity_range: is required"));
+                }
+                let block = req
+                    .volume_capability
+                    .as_ref()
+                    .map(request::access)
+                    .transpose()?
+                    .map(|a| a.block);
+                let (bytes, node) = self
+                    .life
+                    .expand(&req.volume_id, required_bytes, block, &rid)
+                    .await?;
+                Ok(Response::new(ControllerExpandVolumeResponse {
+                    capacity_bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+                    node_expansion_required: node,
+                }))
+            },
+        )
+        .await
     }
 
     async fn controller_get_volume(

@@ -77,9 +77,13 @@ impl From<ProxyError> for Status {
             },
             ProxyError::Inventory(i) => match i {
                 InventoryError::NoFit(_) => Code::ResourceExhausted,
-                InventoryError::Conflict(_) => Code::Aborted,
+                InventoryError::Conflict(_) | InventoryError::TargetConflict(_) => Code::Aborted,
                 InventoryError::NotFound(_) => Code::NotFound,
-                InventoryError::Store(_) => Code::Internal,
+                InventoryError::Store(_)
+                | InventoryError::Sqlite(_)
+                | InventoryError::ApiRefused(_) => Code::Internal,
+                // The API server is down or overloaded: the caller retries.
+                InventoryError::ApiUnavailable(_) => Code::Unavailable,
                 // Transient and not the caller's doing: a CO retries
                 // UNAVAILABLE. RESOURCE_EXHAUSTED would tell the
                 // provisioner to move the pod to another node, which does
@@ -117,5 +121,29 @@ mod tests {
         assert!(s.message().ends_with(" bytes)"), "{}", s.message());
         let small = Status::from(ProxyError::VolumeNotFound("v".into()));
         assert!(!small.message().contains("bytes)"));
+    }
+
+    /// An API error with HTTP status `code`, as the kube client reports it.
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                message: format!("status {code}"),
+                ..kube::core::Status::default()
+            }
+            .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_refused_api_request_is_internal_and_an_unavailable_api_server_is_retried() {
+        let refused = crate::inventory::InventoryError::ApiRefused(api(403));
+        let unavailable = crate::inventory::InventoryError::ApiUnavailable(api(503));
+        for (e, want) in [(refused, Code::Internal), (unavailable, Code::Unavailable)] {
+            let message = e.to_string();
+            let s = Status::from(ProxyError::from(e));
+            assert_eq!(s.code(), want, "{message}");
+            assert!(s.message().contains("Kubernetes API"), "{}", s.message());
+        }
     }
 }

@@ -15,7 +15,7 @@ pub use csi_scsi_contract::{AccessMode, FsType};
 pub use model::{
     BindRequest, Binding, Cleanup, Device, DiscoveryOutcome, DiscoveryRound, FcTarget, IscsiTarget,
     LunReport, NewLuns, NodeView, Phase, Publication, ResizeRequest, SecretRef, Target,
-    TargetConflict, Transport,
+    TargetConflict, Transport, canonical_wwid,
 };
 pub use node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};
 pub use target_refusal::{InvalidTransport, TargetRefused, TransportFault};

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use csi_scsi_contract::Wwid;
 use csi_scsi_proto::agent::WipeMode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,20 @@ use serde::{Deserialize, Serialize};
 use super::access::{Access, Capability};
 use super::node_label::{KubeletSettableSelector, LabelSetter, SelectorKeys};
 use csi_scsi_contract::FsType;
+
+/// `text` as a WWID, only when it is in canonical form already (what the
+/// agents report and the stores keep): any other spelling would be a
+/// second key for one LUN, and no volume ID could name it.
+pub fn canonical_wwid(text: &str) -> Result<Wwid, String> {
+    match Wwid::parse(text) {
+        Ok(w) if w.as_str() == text => Ok(w),
+        Ok(w) => Err(format!(
+            "WWID {:?} is not in canonical form ({w})",
+            csi_scsi_daemon::text::bounded(text, csi_scsi_daemon::text::INPUT_MAX)
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 /// A device's life-cycle phase.
 #[derive(
@@ -220,7 +235,7 @@ pub struct Binding {
 #[serde(rename_all = "camelCase")]
 pub struct Device {
     /// Canonical WWID.
-    pub wwid: String,
+    pub wwid: Wwid,
     /// The first target that reported it.
     pub target: String,
     /// LUN number on that target (informational).
@@ -315,7 +330,7 @@ impl<'de> Deserialize<'de> for Publication {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LunReport {
     /// Canonical WWID.
-    pub wwid: String,
+    pub wwid: Wwid,
     /// LUN number.
     pub lun: u32,
     /// Size in bytes.
@@ -353,20 +368,20 @@ pub struct DiscoveryRound {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiscoveryOutcome {
     /// Devices seen for the first time.
-    pub added: Vec<String>,
+    pub added: Vec<Wwid>,
     /// Devices that no node reports any more.
-    pub lost: Vec<String>,
+    pub lost: Vec<Wwid>,
     /// Lost devices that came back.
-    pub found: Vec<String>,
+    pub found: Vec<Wwid>,
     /// Devices whose WWID this target reported while they are known
     /// through another array's targets (not merged).
-    pub conflicts: Vec<String>,
+    pub conflicts: Vec<Wwid>,
     /// Devices no node reported for longer than the forget time, never
     /// bound: removed.
-    pub forgotten: Vec<String>,
+    pub forgotten: Vec<Wwid>,
     /// Devices that could not be read or written this round, with why
     /// (the others were merged all the same).
-    pub failed: Vec<(String, String)>,
+    pub failed: Vec<(Wwid, String)>,
 }
 
 /// What CreateVolume needs from a device.

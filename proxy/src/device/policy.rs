@@ -31,6 +31,8 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use csi_scsi_contract::Wwid;
+
 use super::access::Capability;
 use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NewLuns, NodeView, Phase, Publication,
@@ -71,13 +73,11 @@ pub struct Merged {
 pub type Report<'a> = (&'a str, &'a LunReport);
 
 /// A round's reports grouped by WWID.
-pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&str, Vec<Report<'_>>> {
-    let mut by: BTreeMap<&str, Vec<Report<'_>>> = BTreeMap::new();
+pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&Wwid, Vec<Report<'_>>> {
+    let mut by: BTreeMap<&Wwid, Vec<Report<'_>>> = BTreeMap::new();
     for (node, luns) in &round.answered {
         for lun in luns {
-            by.entry(lun.wwid.as_str())
-                .or_default()
-                .push((node.as_str(), lun));
+            by.entry(&lun.wwid).or_default().push((node.as_str(), lun));
         }
     }
     by
@@ -161,7 +161,7 @@ pub fn found_data(dev: &mut Device, reason: String) -> bool {
 /// moves to another array on a node's word.
 pub fn merge(
     existing: Option<&Device>,
-    wwid: &str,
+    wwid: &Wwid,
     reports: &[Report<'_>],
     round: &DiscoveryRound,
     departed: &BTreeSet<String>,
@@ -178,7 +178,7 @@ pub fn merge(
         let (_, first) = reports.first()?;
         return Some(Merged {
             device: Device {
-                wwid: wwid.to_owned(),
+                wwid: wwid.clone(),
                 target: t.clone(),
                 lun: first.lun,
                 size_bytes: first.size_bytes,
@@ -401,7 +401,7 @@ pub struct PreferenceKey {
     /// Past wipe failures.
     pub wipe_failures: u32,
     /// The WWID.
-    pub wwid: String,
+    pub wwid: Wwid,
 }
 
 /// `dev`'s place in the bind order.

@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use csi_scsi_contract::Wwid;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{InventoryError, Store, Summary, Write};
-use crate::device::policy::PreferenceKey;
-use crate::device::{Device, DiscoveryRound, Phase, ResizeRequest, Target, TargetRefused};
+use super::{AvailableQuery, InventoryError, Store, Summary, Write};
+use crate::device::{
+    Device, DiscoveryRound, Phase, ResizeRequest, Target, TargetRefused, canonical_wwid,
+};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Never edit a released step: append a new one.
@@ -161,7 +163,7 @@ struct ReadCache {
     targets: Option<Vec<Target>>,
     /// Devices read by WWID since start (not the whole inventory: discovery
     /// writes of devices nobody asked for do not fill it).
-    devices: HashMap<String, Device>,
+    devices: HashMap<Wwid, Device>,
 }
 
 /// The cache behind its lock; a poisoned lock is usable (every update is
@@ -309,7 +311,7 @@ fn sql(e: rusqlite::Error) -> InventoryError {
         Some(ErrorCode::ReadOnly | ErrorCode::SystemIoFailure | ErrorCode::CannotOpen) => {
             InventoryError::StoreUnwritable(e.to_string())
         }
-        _ => InventoryError::Store(e.to_string()),
+        _ => InventoryError::Sqlite(e),
     }
 }
 
@@ -323,13 +325,39 @@ fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
     })
 }
 
+/// Column `idx` as a WWID: only the canonical form the store writes reads
+/// back (anything else is a row this proxy did not write, refused).
+fn wwid_column(r: &Row<'_>, idx: usize) -> rusqlite::Result<Wwid> {
+    let text: String = r.get(idx)?;
+    canonical_wwid(&text).map_err(|reason| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, reason.into())
+    })
+}
+
+/// The devices `SELECT … FROM devices WHERE <condition>` finds.
+fn devices_where(
+    conn: &Connection,
+    condition: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<Device>, InventoryError> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {DEVICE_COLUMNS} FROM devices WHERE {condition}"
+        ))
+        .map_err(sql)?;
+    stmt.query_map(args, device_from_row)
+        .map_err(sql)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sql)
+}
+
 const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures, conflicts";
 
 fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
     let phase: String = r.get(8)?;
     let binding: Option<String> = r.get(9)?;
     Ok(Device {
-        wwid: r.get(0)?,
+        wwid: wwid_column(r, 0)?,
         target: r.get(1)?,
         lun: r.get(2)?,
         size_bytes: r.get::<_, i64>(3)? as u64,
@@ -355,10 +383,10 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
     })
 }
 
-fn load(conn: &Connection, wwid: &str) -> Result<Option<Device>, InventoryError> {
+fn load(conn: &Connection, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
     conn.query_row(
         &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid = ?1"),
-        [wwid],
+        [wwid.as_str()],
         device_from_row,
     )
     .optional()
@@ -374,7 +402,7 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         None => (None, None),
     };
     let args = params![
-        dev.wwid,
+        dev.wwid.as_str(),
         dev.target,
         dev.lun,
         dev.size_bytes as i64,
@@ -421,8 +449,11 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
     if changed == 0 {
         return Err(InventoryError::Conflict(dev.wwid.clone()));
     }
-    conn.execute("DELETE FROM device_nodes WHERE wwid = ?1", [&dev.wwid])
-        .map_err(sql)?;
+    conn.execute(
+        "DELETE FROM device_nodes WHERE wwid = ?1",
+        [dev.wwid.as_str()],
+    )
+    .map_err(sql)?;
     let mut stmt = conn
         .prepare_cached(
             "INSERT OR IGNORE INTO device_nodes (node, wwid, target, phase, size_bytes, wipe_failures)
@@ -432,7 +463,7 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
     for v in &dev.nodes {
         stmt.execute(params![
             v.node,
-            dev.wwid,
+            dev.wwid.as_str(),
             v.target,
             dev.phase.as_str(),
             dev.size_bytes as i64,
@@ -499,12 +530,12 @@ fn available(
 
 #[async_trait]
 impl Store for EmbeddedInventory {
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+    async fn device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
         if let Some(known) = self.cache().devices.get(wwid) {
             return Ok(Some(known.clone()));
         }
         let cache = self.cache.clone();
-        let wwid = wwid.to_owned();
+        let wwid = wwid.clone();
         // Read and remembered under the connection's lock, so no write
         // commits between the read and the entry.
         self.with(move |c| {
@@ -534,44 +565,28 @@ impl Store for EmbeddedInventory {
 
     async fn devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
-        let after = after.unwrap_or("").to_owned();
+        let after = after.map_or("", Wwid::as_str).to_owned();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid > ?1 ORDER BY wwid LIMIT ?2"
-                ))
-                .map_err(sql)?;
-            let rows = stmt
-                .query_map(params![after, limit], device_from_row)
-                .map_err(sql)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql)?;
-            Ok(rows)
+            devices_where(c, "wwid > ?1 ORDER BY wwid LIMIT ?2", params![after, limit])
         })
         .await
     }
 
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        let node = node.map(str::to_owned);
-        let after = after.map_or((-1, 0, String::new()), |k| {
+    async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError> {
+        let node = query.node.map(str::to_owned);
+        let (min, max) = (query.min, query.max);
+        let after = query.after.map_or((-1, 0, String::new()), |k| {
             (
                 i64::try_from(k.size_bytes).unwrap_or(i64::MAX),
                 k.wipe_failures,
-                k.wwid,
+                k.wwid.to_string(),
             )
         });
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         self.with(move |c| available(c, node.as_deref(), min, max, &after, limit))
             .await
     }
@@ -579,22 +594,16 @@ impl Store for EmbeddedInventory {
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
         let target = target.to_owned();
         self.with(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DEVICE_COLUMNS} FROM devices WHERE wwid IN
-                       (SELECT wwid FROM device_nodes WHERE target = ?1
-                        UNION SELECT wwid FROM devices WHERE target = ?1
-                        UNION SELECT wwid FROM devices
-                          WHERE conflicts <> '[]' AND EXISTS
-                            (SELECT 1 FROM json_each(conflicts) WHERE value ->> 'target' = ?1))"
-                ))
-                .map_err(sql)?;
-            let rows = stmt
-                .query_map([target], device_from_row)
-                .map_err(sql)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql)?;
-            Ok(rows)
+            devices_where(
+                c,
+                "wwid IN
+                   (SELECT wwid FROM device_nodes WHERE target = ?1
+                    UNION SELECT wwid FROM devices WHERE target = ?1
+                    UNION SELECT wwid FROM devices
+                      WHERE conflicts <> '[]' AND EXISTS
+                        (SELECT 1 FROM json_each(conflicts) WHERE value ->> 'target' = ?1))",
+                [target],
+            )
         })
         .await
     }
@@ -642,7 +651,7 @@ impl Store for EmbeddedInventory {
             let deleted = c
                 .execute(
                     "DELETE FROM devices WHERE wwid = ?1 AND generation = ?2",
-                    params![wwid, generation],
+                    params![wwid.as_str(), generation],
                 )
                 .map_err(sql)?;
             locked(&cache).devices.remove(&wwid);

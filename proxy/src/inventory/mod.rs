@@ -12,9 +12,11 @@ mod store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use csi_scsi_contract::Wwid;
+
 pub use embedded::EmbeddedInventory;
 pub use kube::{KubeInventory, KubeInventoryConfig};
-pub use store::{Store, Summary, Write};
+pub use store::{AvailableQuery, Store, Summary, Write};
 
 use crate::device::policy::{self, Change};
 use crate::device::{
@@ -37,13 +39,29 @@ pub enum InventoryError {
     NoFit(String),
     /// The device changed since it was read (another writer won); re-read.
     #[error("device {0} changed concurrently")]
-    Conflict(String),
+    Conflict(Wwid),
+    /// A target kept changing under a write (another writer won each try).
+    #[error("target {0} changed concurrently")]
+    TargetConflict(String),
     /// No such device, or not bound to the given binding.
     #[error("no device {0}")]
-    NotFound(String),
-    /// The backing store failed.
+    NotFound(Wwid),
+    /// The backing store failed: a defect, or a record it cannot read.
     #[error("inventory store: {0}")]
     Store(String),
+    /// SQLite failed in a way that is neither a full nor an unwritable file
+    /// system (see `StoreFull`, `StoreUnwritable`).
+    #[error("inventory store: {0}")]
+    Sqlite(#[source] rusqlite::Error),
+    /// The Kubernetes API server refused the request (403 Forbidden: the
+    /// proxy's RBAC; 422: an object it will not take): retrying does not
+    /// help until the deployment or the code changes.
+    #[error("inventory store: Kubernetes API: {0}")]
+    ApiRefused(#[source] ::kube::Error),
+    /// The Kubernetes API server did not answer, or answered that it cannot
+    /// serve now (429, 5xx): a retry may succeed.
+    #[error("inventory store: Kubernetes API: {0}")]
+    ApiUnavailable(#[source] ::kube::Error),
     /// The store's file system is full: writes fail until space is freed.
     #[error("inventory store is full (no space left on its file system): {0}")]
     StoreFull(String),
@@ -96,7 +114,7 @@ impl Inventory {
     }
 
     /// One device by WWID.
-    pub async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+    pub async fn device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
         self.store.device(wwid).await
     }
 
@@ -108,7 +126,7 @@ impl Inventory {
     /// Devices in WWID order after `after`, at most `limit`.
     pub async fn devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.store.devices(after, limit).await
@@ -116,21 +134,21 @@ impl Inventory {
 
     /// The WWIDs of every device whose release is still to be done
     /// (`policy::releasing`), in WWID order.
-    pub async fn releasing(&self) -> Result<Vec<String>, InventoryError> {
+    pub async fn releasing(&self) -> Result<Vec<Wwid>, InventoryError> {
         self.wwids_where(policy::releasing).await
     }
 
     /// The WWIDs of every device that awaits a probe proving it blank
     /// (`policy::await_proof`), in WWID order.
-    pub async fn awaiting_proof(&self) -> Result<Vec<String>, InventoryError> {
+    pub async fn awaiting_proof(&self) -> Result<Vec<Wwid>, InventoryError> {
         self.wwids_where(policy::await_proof).await
     }
 
-    async fn wwids_where(&self, pick: fn(&Device) -> bool) -> Result<Vec<String>, InventoryError> {
+    async fn wwids_where(&self, pick: fn(&Device) -> bool) -> Result<Vec<Wwid>, InventoryError> {
         let mut out = Vec::new();
-        let mut after: Option<String> = None;
+        let mut after: Option<Wwid> = None;
         loop {
-            let page = self.store.devices(after.as_deref(), 500).await?;
+            let page = self.store.devices(after.as_ref(), 500).await?;
             out.extend(page.iter().filter(|d| pick(d)).map(|d| d.wwid.clone()));
             match page.last() {
                 Some(last) if page.len() == 500 => after = Some(last.wwid.clone()),
@@ -175,7 +193,13 @@ impl Inventory {
             loop {
                 let page = self
                     .store
-                    .available(scope, min_bytes, u64::MAX, after, PAGE)
+                    .available(AvailableQuery {
+                        node: scope,
+                        min: min_bytes,
+                        max: u64::MAX,
+                        after,
+                        limit: PAGE,
+                    })
                     .await?;
                 for d in &page {
                     if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
@@ -197,8 +221,10 @@ impl Inventory {
     /// already is returned instead (the caller re-checks its parameters).
     pub async fn bind(&self, request: BindRequest) -> Result<Device, InventoryError> {
         let serial = self.bind_lock.lock().await;
-        let mut last = String::new();
-        for _ in 0..ATTEMPTS {
+        // The last try's conflict is the answer.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             if let Some(existing) = self
                 .store
                 .bound_to_name(&request.binding.volume_name)
@@ -215,14 +241,12 @@ impl Inventory {
             }
             policy::bind(&mut dev, request.binding.clone());
             match self.write(Write::Replace(dev)).await {
-                Err(InventoryError::Conflict(w)) => {
+                Err(InventoryError::Conflict(w)) if attempt < ATTEMPTS => {
                     tracing::info!(wwid = %w, volume = %request.binding.volume_name, "bind lost a race; picking again");
-                    last = w;
                 }
                 other => return other,
             }
         }
-        Err(InventoryError::Conflict(last))
     }
 
     /// Writes `device` if its generation is still `device.generation`;
@@ -237,7 +261,7 @@ impl Inventory {
     /// such device.
     pub async fn modify(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
         mut change: impl FnMut(&mut Device) -> bool + Send,
     ) -> Result<Option<Device>, InventoryError> {
         self.try_modify(wwid, |d| Ok::<_, InventoryError>(change(d)))
@@ -250,7 +274,7 @@ impl Inventory {
     /// the edit with nothing written.
     pub async fn try_modify<E: From<InventoryError>>(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
         mut change: impl FnMut(&mut Device) -> Result<bool, E> + Send,
     ) -> Result<Option<Device>, E> {
         for _ in 0..ATTEMPTS {
@@ -265,7 +289,7 @@ impl Inventory {
                 other => return Ok(other.map(Some)?),
             }
         }
-        Err(InventoryError::Conflict(wwid.to_owned()).into())
+        Err(InventoryError::Conflict(wwid.clone()).into())
     }
 
     /// Merges one target's discovery round by WWID, no node known gone,
@@ -294,7 +318,7 @@ impl Inventory {
         forget_after: Option<i64>,
     ) -> Result<DiscoveryOutcome, InventoryError> {
         let by_wwid = policy::reports_by_wwid(&round);
-        let mut known: BTreeMap<String, Device> = self
+        let mut known: BTreeMap<Wwid, Device> = self
             .store
             .of_target(&round.target)
             .await?
@@ -314,7 +338,7 @@ impl Inventory {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    unread.insert((*wwid).to_owned());
+                    unread.insert((*wwid).clone());
                     failed(&mut out, &round, wwid, &e);
                 }
             }
@@ -329,11 +353,11 @@ impl Inventory {
             .filter(|n| gone(n))
             .map(str::to_owned)
             .collect();
-        let mut pending: BTreeSet<String> = known.keys().cloned().collect();
+        let mut pending: BTreeSet<Wwid> = known.keys().cloned().collect();
         pending.extend(
             by_wwid
                 .keys()
-                .map(|w| (*w).to_owned())
+                .map(|w| (*w).clone())
                 .filter(|w| !unread.contains(w)),
         );
         let now = unix_now();
@@ -343,10 +367,7 @@ impl Inventory {
             let mut changes = Vec::new();
             let mut forget = Vec::new();
             for wwid in &pending {
-                let reports = by_wwid
-                    .get(wwid.as_str())
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
+                let reports = by_wwid.get(wwid).map(Vec::as_slice).unwrap_or_default();
                 let existing = known.get(wwid);
                 let merged = policy::merge(
                     existing,
@@ -481,7 +502,13 @@ impl Inventory {
             loop {
                 let page = self
                     .store
-                    .available(scope, policy::smallest(req), req.max_bytes, after, PAGE)
+                    .available(AvailableQuery {
+                        node: scope,
+                        min: policy::smallest(req),
+                        max: req.max_bytes,
+                        after,
+                        limit: PAGE,
+                    })
                     .await?;
                 if let Some(hit) = policy::choose(&page, req, scope) {
                     return Ok(Some(hit.clone()));
@@ -532,9 +559,9 @@ fn scopes<'a>(nodes: impl Iterator<Item = &'a String>) -> Vec<Option<&'a str>> {
 }
 
 /// Records and logs a device that could not be merged this round.
-fn failed(out: &mut DiscoveryOutcome, round: &DiscoveryRound, wwid: &str, e: &InventoryError) {
+fn failed(out: &mut DiscoveryOutcome, round: &DiscoveryRound, wwid: &Wwid, e: &InventoryError) {
     tracing::warn!(%wwid, target = %round.target, error = %e, "device not merged");
-    out.failed.push((wwid.to_owned(), e.to_string()));
+    out.failed.push((wwid.clone(), e.to_string()));
 }
 
 fn unix_now() -> i64 {

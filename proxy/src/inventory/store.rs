@@ -4,6 +4,7 @@
 //! `crate::device::policy`, applied by the inventory).
 
 use async_trait::async_trait;
+use csi_scsi_contract::Wwid;
 
 use super::InventoryError;
 use crate::device::policy::PreferenceKey;
@@ -17,6 +18,21 @@ pub enum Write {
     Create(Device),
     /// Replaces the record if it still has `generation` (compare-and-swap).
     Replace(Device),
+}
+
+/// Which Available devices [`Store::available`] lists.
+#[derive(Clone, Debug)]
+pub struct AvailableQuery<'a> {
+    /// Visible from this node (`None`: from anywhere).
+    pub node: Option<&'a str>,
+    /// At least this many bytes.
+    pub min: u64,
+    /// At most this many bytes.
+    pub max: u64,
+    /// After this place in the bind order (`None`: from the start).
+    pub after: Option<PreferenceKey>,
+    /// At most this many devices.
+    pub limit: usize,
 }
 
 /// Counts over every device.
@@ -33,27 +49,19 @@ pub struct Summary {
 #[async_trait]
 pub trait Store: Send + Sync {
     /// One device by WWID.
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError>;
+    async fn device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError>;
     /// The device whose binding has volume name `name`, if any.
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError>;
     /// Devices in WWID order after `after`, at most `limit`.
     async fn devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError>;
-    /// Available devices of `min..=max` bytes, visible from `node` (from
-    /// anywhere: `None`), in bind-preference order (ascending
-    /// `policy::preference_key`) after `after`, at most `limit` (an index
-    /// range scan in the embedded store).
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError>;
+    /// Available devices as `query` asks, in bind-preference order
+    /// (ascending `policy::preference_key`; an index range scan in the
+    /// embedded store).
+    async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError>;
     /// Devices first reported by `target`, seen through it, or whose WWID
     /// it reported in conflict.
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError>;

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::Lifecycle;
+use super::LockKey;
 use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType, policy};
 use crate::error::ProxyError;
 use crate::inventory::InventoryError;
@@ -29,7 +30,7 @@ pub struct CreateRequest {
 impl Lifecycle {
     /// Binds a LUN (or returns the one already bound to this name).
     pub async fn create(&self, req: CreateRequest) -> Result<Device, ProxyError> {
-        let _guard = self.lock(&format!("name/{}", req.name)).await?;
+        let _guard = self.lock(LockKey::Name(req.name.clone())).await?;
         let default_fs = req.parameters.fs_type.unwrap_or(FsType::DEFAULT);
         let capabilities: Vec<Capability> =
             req.access.iter().map(|a| a.resolve(default_fs)).collect();

@@ -18,7 +18,9 @@ use super::{Lifecycle, read_back};
 use crate::agents::AgentError;
 use crate::device::{Cleanup, Device, policy};
 use crate::error::ProxyError;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::{VolumeId, Wwid};
+
+use super::LockKey;
 
 /// What one release attempt did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +36,8 @@ pub enum Released {
 /// to `wanted` and wakes the workers; the workers mark what they wipe.
 #[derive(Debug, Default)]
 pub struct Releases {
-    wanted: Mutex<BTreeSet<String>>,
-    running: Mutex<BTreeSet<String>>,
+    wanted: Mutex<BTreeSet<Wwid>>,
+    running: Mutex<BTreeSet<Wwid>>,
     wake: Notify,
     /// Pinged whenever a release attempt ends.
     ended: Notify,
@@ -43,13 +45,13 @@ pub struct Releases {
 
 impl Releases {
     /// Asks the workers to release `wwid` soon.
-    pub fn want(&self, wwid: &str) {
-        lock(&self.wanted).insert(wwid.to_owned());
+    pub fn want(&self, wwid: &Wwid) {
+        lock(&self.wanted).insert(wwid.clone());
         self.wake.notify_one();
     }
 
     /// Takes the WWIDs asked for since the last call.
-    pub fn take_wanted(&self) -> BTreeSet<String> {
+    pub fn take_wanted(&self) -> BTreeSet<Wwid> {
         std::mem::take(&mut *lock(&self.wanted))
     }
 
@@ -60,12 +62,12 @@ impl Releases {
 
     /// Marks `wwid` as being wiped; `false` when it is already, so one LUN
     /// is never wiped by two workers at once.
-    pub fn start(&self, wwid: &str) -> bool {
-        lock(&self.running).insert(wwid.to_owned())
+    pub fn start(&self, wwid: &Wwid) -> bool {
+        lock(&self.running).insert(wwid.clone())
     }
 
     /// The wipe of `wwid` ended (done, failed or aborted).
-    pub fn end(&self, wwid: &str) {
+    pub fn end(&self, wwid: &Wwid) {
         lock(&self.running).remove(wwid);
         self.ended.notify_waiters();
     }
@@ -136,15 +138,15 @@ impl Lifecycle {
         // "If a volume corresponding to the specified volume_id does not
         // exist or the artifacts associated with the volume do not exist
         // anymore, the Plugin MUST reply 0 OK."
-        let Some(vol) = VolumeRef::parse(id) else {
+        let Some(vol) = VolumeId::parse(id).ok() else {
             tracing::info!(volume_id = %id, "delete of a volume ID we never issued: nothing to do");
             return Ok(());
         };
-        let guard = self.lock(vol.wwid()).await?;
+        let guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
         let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
-        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.uid()) {
+        if dev.binding.as_ref().map(|b| b.uid.as_str()) != Some(vol.binding_uid()) {
             tracing::info!(volume_id = %id, "stale volume ID (the LUN has another binding): nothing to do");
             return Ok(());
         }
@@ -159,7 +161,7 @@ impl Lifecycle {
             self.inventory.update(dev).await?;
             tracing::info!(volume_id = %id, %request_id, "volume deleted: LUN Releasing, to be wiped");
         }
-        crate::fault::hold_next_wipe(vol.wwid());
+        crate::fault::hold_next_wipe(vol.wwid().as_str());
         self.releases.want(vol.wwid());
         drop(guard);
         // A quick wipe (discard, none, a small LUN) ends while the caller
@@ -172,7 +174,8 @@ impl Lifecycle {
             match self.inventory.device(vol.wwid()).await? {
                 Some(d)
                     if policy::releasing(&d)
-                        && d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid()) => {}
+                        && d.binding.as_ref().map(|b| b.uid.as_str())
+                            == Some(vol.binding_uid()) => {}
                 _ => break,
             }
             // Woken by the end of a release (this one's, or another's: the
@@ -188,7 +191,7 @@ impl Lifecycle {
     /// it and make it Available. Only a release worker calls this, and only
     /// one at a time per LUN ([`Releases::start`]). A wipe that failed is
     /// recorded (`policy::wipe_failed`) and returned as the error.
-    pub async fn release(&self, wwid: &str, request_id: &str) -> Result<Released, ProxyError> {
+    pub async fn release(&self, wwid: &Wwid, request_id: &str) -> Result<Released, ProxyError> {
         let Some(dev) = self.inventory.device(wwid).await? else {
             return Ok(Released::NotReleasing);
         };
@@ -230,7 +233,7 @@ impl Lifecycle {
         let nodes = dev.node_names();
         if nodes.is_empty() {
             return Err(ProxyError::DeviceState {
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 state: "not visible from any node".into(),
                 reason: "the wipe resumes once a node sees the LUN again".into(),
             });
@@ -238,11 +241,11 @@ impl Lifecycle {
         let mut failures = Vec::new();
         for node in &nodes {
             let wipe = WipeRequest {
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 mode: mode as i32,
                 expected_size_bytes: dev.size_bytes,
             };
-            let answer = if crate::fault::take_held_wipe(&dev.wwid) {
+            let answer = if crate::fault::take_held_wipe(dev.wwid.as_str()) {
                 held_back_wipe(self.agents.clone(), node, wipe, request_id).await
             } else {
                 self.agents.call(node, wipe, request_id).await
@@ -254,7 +257,7 @@ impl Lifecycle {
                     // has not wiped what the inventory will offer again.
                     if mode != WipeMode::None && done.bytes_total < dev.size_bytes {
                         return Err(ProxyError::WipeUnproven {
-                            wwid: dev.wwid.clone(),
+                            wwid: dev.wwid.to_string(),
                             reason: format!(
                                 "node {node} erased {} bytes, the inventory records {}",
                                 done.bytes_total, dev.size_bytes
@@ -306,11 +309,11 @@ impl Lifecycle {
     ) -> Result<(), ProxyError> {
         let mut rng = fastrand::Rng::new();
         let size = dev.size_bytes;
-        let verify = read_back::spread(&dev.wwid, size, &mut rng);
+        let verify = read_back::spread(dev.wwid.as_str(), size, &mut rng);
         let mut skipped = Vec::new();
         for node in dev.node_names().iter().filter(|n| *n != wiped_on) {
             let unproven = |reason: String| ProxyError::WipeUnproven {
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 reason,
             };
             match self.agents.call(node, verify.clone(), request_id).await {
@@ -347,7 +350,7 @@ impl Lifecycle {
     /// result must not be lost to that race.
     async fn record(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
         uid: Option<&str>,
         change: impl Fn(&mut Device) + Send,
     ) -> Result<(), ProxyError> {

@@ -8,7 +8,9 @@ use csi_scsi_proto::agent::RescanRequest;
 use super::Lifecycle;
 use crate::device::{Capability, ResizeRequest};
 use crate::error::ProxyError;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::VolumeId;
+
+use super::LockKey;
 
 impl Lifecycle {
     /// Returns the new capacity and whether node expansion is needed.
@@ -19,8 +21,8 @@ impl Lifecycle {
         block: Option<bool>,
         request_id: &str,
     ) -> Result<(u64, bool), ProxyError> {
-        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
-        let _guard = self.lock(vol.wwid()).await?;
+        let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let _guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
         let mut dev = self.bound(&vol).await?;
         let binding = dev
             .binding
@@ -53,7 +55,7 @@ impl Lifecycle {
             // (each rescan takes about a second on a real host).
             let rescans = dev.node_names().into_iter().map(|node| {
                 let rescan = RescanRequest {
-                    wwid: dev.wwid.clone(),
+                    wwid: dev.wwid.to_string(),
                 };
                 async move {
                     match self.agents.call(&node, rescan, request_id).await {
@@ -103,7 +105,7 @@ impl Lifecycle {
             .put_resize(ResizeRequest {
                 name: name.clone(),
                 volume_id: id.to_owned(),
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 requested_bytes: required,
                 current_bytes: dev.size_bytes,
                 created: std::time::SystemTime::now()
@@ -114,7 +116,7 @@ impl Lifecycle {
             })
             .await?;
         Err(ProxyError::ResizePending {
-            wwid: dev.wwid,
+            wwid: dev.wwid.to_string(),
             have: dev.size_bytes,
             want: required,
             request: name,

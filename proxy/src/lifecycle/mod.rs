@@ -16,6 +16,7 @@ use crate::events::VolumeEvents;
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_contract::Wwid;
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
@@ -37,6 +38,25 @@ pub const NODE_TOPOLOGY_KEY: &str = csi_scsi_daemon::NODE_TOPOLOGY_KEY;
 /// How long an operation waits for another one on the same key.
 const LOCK_WAIT: Duration = Duration::from_secs(20);
 
+/// What an operation holds while it runs: operations on one key run one
+/// at a time, different keys in parallel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum LockKey {
+    /// A volume's LUN (publish, unpublish, expand, delete).
+    Lun(Wwid),
+    /// A CreateVolume name, before (and while) it has a LUN.
+    Name(String),
+}
+
+impl std::fmt::Display for LockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Lun(wwid) => wwid.fmt(f),
+            Self::Name(name) => write!(f, "name/{name}"),
+        }
+    }
+}
+
 /// The controller's state and collaborators.
 pub struct Lifecycle {
     inventory: Arc<Inventory>,
@@ -44,7 +64,7 @@ pub struct Lifecycle {
     secrets: Arc<dyn SecretSource>,
     /// Operations on one volume (or one request name) run one at a time;
     /// different keys run in parallel.
-    locks: KeyedLocks<String>,
+    locks: KeyedLocks<LockKey>,
     /// Releases asked for by DeleteVolume and run by the release workers.
     releases: Releases,
     /// Events on claims (the Kubernetes backend; none in embedded mode).
@@ -116,13 +136,11 @@ impl Lifecycle {
 
     /// Waits for `key` up to [`LOCK_WAIT`], or until the CSI caller's
     /// deadline: an answer of ABORTED still reaches the caller.
-    async fn lock(&self, key: &str) -> Result<KeyGuard<String>, ProxyError> {
+    async fn lock(&self, key: LockKey) -> Result<KeyGuard<LockKey>, ProxyError> {
         let now = tokio::time::Instant::now();
         let wait = deadline::effective(LOCK_WAIT, now).saturating_duration_since(now);
-        self.locks
-            .lock_timeout(key.to_owned(), wait)
-            .await
-            .map_err(|_| ProxyError::Busy(key.to_owned()))
+        let busy = ProxyError::Busy(key.to_string());
+        self.locks.lock_timeout(key, wait).await.map_err(|_| busy)
     }
 
     /// The agent API's description of the targets `device` is reachable

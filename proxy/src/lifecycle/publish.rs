@@ -11,7 +11,9 @@ use crate::device::policy::{self, Publish, PublishRefusal};
 use crate::device::{Access, Capability, Device, Publication};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::{VolumeId, Wwid};
+
+use super::LockKey;
 
 fn describe(access: Option<Capability>, readonly: bool) -> String {
     let access = access.map_or_else(|| "(not recorded)".to_owned(), |c| c.to_string());
@@ -29,7 +31,7 @@ impl Lifecycle {
         readonly: bool,
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
-        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
         let entry = match self.agents.directory().locate(node) {
             NodeAgent::Listed(entry) => entry,
             NodeAgent::Unreachable => {
@@ -50,7 +52,7 @@ impl Lifecycle {
                 });
             }
         };
-        let _guard = self.lock(vol.wwid()).await?;
+        let _guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
         let dev = self.bound(&vol).await?;
         let binding = dev
             .binding
@@ -85,7 +87,7 @@ impl Lifecycle {
             return Err(ProxyError::TargetNotForNode {
                 node: node.to_owned(),
                 target: t.name.clone(),
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
             });
         }
         // Record first, so a racing publish elsewhere sees this node. The
@@ -101,7 +103,7 @@ impl Lifecycle {
         let dev = self
             .inventory
             .try_modify(&dev.wwid, |d| {
-                let outcome = policy::publish(d, vol.uid(), publication.clone())
+                let outcome = policy::publish(d, vol.binding_uid(), publication.clone())
                     .map_err(|refusal| refused(refusal, id, node, wanted, readonly))?;
                 recorded = outcome == Publish::Recorded;
                 Ok::<_, ProxyError>(recorded)
@@ -111,7 +113,7 @@ impl Lifecycle {
         let already = !recorded;
         let targets = self.agent_targets(&specs).await?;
         let attach = AttachRequest {
-            wwid: dev.wwid.clone(),
+            wwid: dev.wwid.to_string(),
             targets,
             lun: dev.lun,
         };
@@ -119,7 +121,7 @@ impl Lifecycle {
             Ok(a) => {
                 let mut context = HashMap::from([
                     (publish_context::DEVICE_PATH.to_owned(), a.device_path),
-                    (publish_context::WWID.to_owned(), dev.wwid.clone()),
+                    (publish_context::WWID.to_owned(), dev.wwid.to_string()),
                 ]);
                 if readonly {
                     context.insert(publish_context::READONLY.to_owned(), "true".to_owned());
@@ -134,7 +136,9 @@ impl Lifecycle {
                 // let the volume be published elsewhere or deleted.
                 if !already
                     && e.attach_surely_refused()
-                    && let Err(undo) = self.edit_published(&dev.wwid, vol.uid(), node).await
+                    && let Err(undo) = self
+                        .edit_published(&dev.wwid, vol.binding_uid(), node)
+                        .await
                 {
                     tracing::warn!(error = %undo, "could not undo the publish record");
                 }
@@ -156,14 +160,14 @@ impl Lifecycle {
         // corresponding to node_id cannot be found by the Plugin and the
         // volume can be safely regarded as ControllerUnpublished from the
         // node, the plugin SHOULD return 0 OK."
-        let Some(vol) = VolumeRef::parse(id) else {
+        let Some(vol) = VolumeId::parse(id).ok() else {
             return Ok(());
         };
-        let _guard = self.lock(vol.wwid()).await?;
+        let _guard = self.lock(LockKey::Lun(vol.wwid().clone())).await?;
         let Some(mut dev) = self.inventory.device(vol.wwid()).await? else {
             return Ok(());
         };
-        if !policy::holds_binding(&dev, vol.uid()) {
+        if !policy::holds_binding(&dev, vol.binding_uid()) {
             return Ok(());
         }
         let nodes: Vec<String> = if node.is_empty() {
@@ -187,7 +191,7 @@ impl Lifecycle {
                 NodeAgent::Listed(_) => {
                     let targets = self.targets_for(&dev, &n).await?;
                     let detach = DetachRequest {
-                        wwid: dev.wwid.clone(),
+                        wwid: dev.wwid.to_string(),
                         targets,
                     };
                     self.agents.call(&n, detach, request_id).await?;
@@ -219,10 +223,12 @@ impl Lifecycle {
                 }
             }
             if dev.publication(&n).is_some() {
-                dev = self.edit_published(&dev.wwid, vol.uid(), &n).await?;
+                dev = self
+                    .edit_published(&dev.wwid, vol.binding_uid(), &n)
+                    .await?;
                 // Another writer released or re-bound the LUN meanwhile:
                 // the volume is gone, and the rest is another volume's.
-                if !policy::holds_binding(&dev, vol.uid()) {
+                if !policy::holds_binding(&dev, vol.binding_uid()) {
                     return Ok(());
                 }
             }
@@ -235,20 +241,20 @@ impl Lifecycle {
     /// left as it is (checked on the state each attempt writes).
     async fn edit_published(
         &self,
-        wwid: &str,
+        wwid: &Wwid,
         uid: &str,
         node: &str,
     ) -> Result<Device, ProxyError> {
         self.inventory
             .modify(wwid, |d| policy::unpublish(d, uid, node))
             .await?
-            .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_owned()))
+            .ok_or_else(|| ProxyError::VolumeNotFound(wwid.to_string()))
     }
 
     /// The device bound to `vol`, or VolumeNotFound.
-    pub(super) async fn bound(&self, vol: &VolumeRef) -> Result<Device, ProxyError> {
+    pub(super) async fn bound(&self, vol: &VolumeId) -> Result<Device, ProxyError> {
         match self.inventory.device(vol.wwid()).await? {
-            Some(d) if policy::serves(&d, vol.uid()) => Ok(d),
+            Some(d) if policy::serves(&d, vol.binding_uid()) => Ok(d),
             _ => Err(ProxyError::VolumeNotFound(vol.to_string())),
         }
     }

@@ -8,6 +8,8 @@
 //! it wiped. Only a qualification worker (`crate::reconcile::qualify`)
 //! calls this.
 
+use csi_scsi_contract::Wwid;
+
 use super::{Lifecycle, read_back};
 use crate::device::{Device, Phase, policy};
 use crate::error::ProxyError;
@@ -30,7 +32,7 @@ impl Lifecycle {
     /// it and answers, and records what it found. A node that reads it
     /// smaller than recorded, or cannot read it, is doubt: the next node is
     /// asked, and with none left it stays as it is (`Err`, retried).
-    pub async fn qualify(&self, wwid: &str, request_id: &str) -> Result<Probed, ProxyError> {
+    pub async fn qualify(&self, wwid: &Wwid, request_id: &str) -> Result<Probed, ProxyError> {
         let Some(dev) = self.inventory.device(wwid).await? else {
             return Ok(Probed::NotAwaiting);
         };
@@ -39,7 +41,7 @@ impl Lifecycle {
         }
         if dev.size_bytes == 0 {
             return Err(ProxyError::DeviceState {
-                wwid: dev.wwid.clone(),
+                wwid: dev.wwid.to_string(),
                 state: "recorded at 0 bytes".into(),
                 reason: "probed once a node reports its size".into(),
             });
@@ -107,13 +109,13 @@ impl Lifecycle {
         let size = dev.size_bytes;
         let mut rng = fastrand::Rng::new();
         for read in [
-            read_back::ends(&dev.wwid, size),
-            read_back::spread(&dev.wwid, size, &mut rng),
+            read_back::ends(dev.wwid.as_str(), size),
+            read_back::spread(dev.wwid.as_str(), size, &mut rng),
         ] {
             let v = self.agents.call(node, read, request_id).await?;
             if v.size_bytes < size {
                 return Err(ProxyError::DeviceState {
-                    wwid: dev.wwid.clone(),
+                    wwid: dev.wwid.to_string(),
                     state: format!("{} bytes on node {node}", v.size_bytes),
                     reason: format!("the inventory records {size}; a probe of less proves nothing"),
                 });

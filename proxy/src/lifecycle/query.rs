@@ -2,10 +2,10 @@
 
 use super::Lifecycle;
 use crate::device::policy;
-use crate::device::{Capability, Device, Phase};
+use crate::device::{Capability, Device, Phase, canonical_wwid};
 use crate::error::ProxyError;
 use crate::selector::Selector;
-use crate::volume_id::VolumeRef;
+use csi_scsi_contract::VolumeId;
 
 /// A volume as ListVolumes and ControllerGetVolume show it.
 #[derive(Clone, Debug)]
@@ -21,11 +21,11 @@ pub struct VolumeView {
 impl Lifecycle {
     /// One volume by ID.
     pub async fn volume(&self, id: &str) -> Result<VolumeView, ProxyError> {
-        let vol = VolumeRef::parse(id).ok_or_else(|| ProxyError::VolumeNotFound(id.to_owned()))?;
+        let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
         match self.inventory.device(vol.wwid()).await? {
             // A deleted volume (its LUN still being wiped) exists no more.
             Some(d)
-                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.uid())
+                if d.binding.as_ref().map(|b| b.uid.as_str()) == Some(vol.binding_uid())
                     && !policy::releasing(&d) =>
             {
                 Ok(view(d))
@@ -41,10 +41,15 @@ impl Lifecycle {
         token: &str,
         max: usize,
     ) -> Result<(Vec<VolumeView>, Option<String>), Option<ProxyError>> {
-        if !token.is_empty()
+        // A token is a WWID this call returned: canonical, and a device.
+        let mut after = match token {
+            "" => None,
+            token => Some(canonical_wwid(token).map_err(|_| None)?),
+        };
+        if let Some(wwid) = &after
             && self
                 .inventory
-                .device(token)
+                .device(wwid)
                 .await
                 .map_err(|e| Some(e.into()))?
                 .is_none()
@@ -53,11 +58,10 @@ impl Lifecycle {
         }
         let want = if max == 0 { 1000 } else { max };
         let mut out = Vec::new();
-        let mut after = (!token.is_empty()).then(|| token.to_owned());
         loop {
             let page = self
                 .inventory
-                .devices(after.as_deref(), want.max(64))
+                .devices(after.as_ref(), want.max(64))
                 .await
                 .map_err(|e| Some(e.into()))?;
             let exhausted = page.len() < want.max(64);
@@ -67,7 +71,7 @@ impl Lifecycle {
                 if d.binding.is_some() && !policy::releasing(&d) {
                     out.push(view(d));
                     if out.len() == want {
-                        let next = out.last().map(|v| v.device.wwid.clone());
+                        let next = out.last().map(|v| v.device.wwid.to_string());
                         return Ok((out, next));
                     }
                 }

@@ -7,12 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_contract::Wwid;
 use csi_scsi_proto::agent::{DiscoverRequest, Lun};
 use tokio::sync::Notify;
 
 use crate::agents::fan_out;
-use crate::device::{DiscoveryRound, LunReport, Target, TargetRefused};
+use crate::device::{DiscoveryRound, LunReport, Target, TargetRefused, canonical_wwid};
 use crate::directory::{LabelSource, NodeAgent};
 use crate::error::ProxyError;
 use crate::lifecycle::Lifecycle;
@@ -140,7 +139,7 @@ pub fn node_report(luns: Vec<Lun>) -> Result<Vec<LunReport>, ReportRefused> {
     for l in luns {
         let lun = lun_report(l)?;
         if !seen.insert(lun.wwid.clone()) {
-            return Err(ReportRefused::Duplicate(lun.wwid));
+            return Err(ReportRefused::Duplicate(lun.wwid.to_string()));
         }
         out.push(lun);
     }
@@ -316,17 +315,7 @@ pub async fn run(
 /// anything else is refused rather than stored under a spelling no volume
 /// ID could name.
 fn lun_report(l: Lun) -> Result<LunReport, ReportRefused> {
-    match Wwid::parse(&l.wwid) {
-        Ok(w) if w.as_str() == l.wwid => {}
-        Ok(w) => {
-            return Err(ReportRefused::Wwid(format!(
-                "WWID {:?} is not in canonical form ({})",
-                csi_scsi_textfs::text::bounded(&l.wwid, csi_scsi_textfs::text::INPUT_MAX),
-                w.as_str()
-            )));
-        }
-        Err(e) => return Err(ReportRefused::Wwid(e.to_string())),
-    }
+    let wwid = canonical_wwid(&l.wwid).map_err(ReportRefused::Wwid)?;
     if l.paths.len() > bounds::MAX_PATHS_PER_LUN {
         return Err(ReportRefused::TooManyPaths {
             wwid: l.wwid,
@@ -367,7 +356,7 @@ fn lun_report(l: Lun) -> Result<LunReport, ReportRefused> {
     }
     Ok(LunReport {
         paths,
-        wwid: l.wwid,
+        wwid,
         lun: l.lun,
         size_bytes: l.size_bytes,
         vendor: l.vendor,
@@ -389,7 +378,7 @@ mod lun_report_tests {
         };
         let canonical = "naa.60014050000100000000000000000001";
         assert_eq!(
-            lun_report(lun(canonical)).expect("canonical").wwid,
+            lun_report(lun(canonical)).expect("canonical").wwid.as_str(),
             canonical
         );
         for other in [
@@ -405,6 +394,11 @@ mod lun_report_tests {
 
     fn wwid(i: usize) -> String {
         format!("naa.6001405{i:025x}")
+    }
+
+    /// The inventory's key of LUN `i`.
+    fn key(i: usize) -> csi_scsi_contract::Wwid {
+        csi_scsi_contract::Wwid::parse(&wwid(i)).expect("a canonical WWID")
     }
 
     fn agent_lun(i: usize) -> Lun {
@@ -514,14 +508,14 @@ mod lun_report_tests {
         assert!(take_report(&mut round, "node-b".into(), vec![agent_lun(3)]));
         assert_eq!(round.unanswered, ["node-a"]);
         let out = inv.apply_discovery(round).await.expect("second round");
-        assert_eq!(out.added, [wwid(3)], "{out:?}");
+        assert_eq!(out.added, [key(3)], "{out:?}");
         assert!(out.lost.is_empty(), "{out:?}");
         // node-a's earlier view stands; nothing of its refused report is in.
-        let one = inv.device(&wwid(1)).await.expect("read").expect("kept");
+        let one = inv.device(&key(1)).await.expect("read").expect("kept");
         assert_eq!(
             (one.phase, one.node_names()),
             (Phase::Unverified, vec!["node-a".to_owned()])
         );
-        assert!(inv.device(&wwid(2)).await.expect("read").is_none());
+        assert!(inv.device(&key(2)).await.expect("read").is_none());
     }
 }

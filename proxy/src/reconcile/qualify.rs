@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_contract::Wwid;
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -38,14 +39,14 @@ struct Next {
 /// Runs the qualification workers until the task is dropped.
 pub async fn run(life: Arc<Lifecycle>, config: QualifyConfig) {
     let mut work = life.inventory().lun_work();
-    let mut next: BTreeMap<String, Next> = BTreeMap::new();
+    let mut next: BTreeMap<Wwid, Next> = BTreeMap::new();
     loop {
         let scanned_at = Instant::now();
         match life.inventory().awaiting_proof().await {
             Ok(wwids) => {
-                let waiting: BTreeSet<String> = wwids.into_iter().collect();
+                let waiting: BTreeSet<Wwid> = wwids.into_iter().collect();
                 next.retain(|w, _| waiting.contains(w));
-                let due: Vec<String> = waiting
+                let due: Vec<Wwid> = waiting
                     .into_iter()
                     .filter(|w| next.get(w).is_none_or(|n| n.at <= scanned_at))
                     .collect();

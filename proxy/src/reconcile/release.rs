@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use csi_scsi_contract::Wwid;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -38,12 +39,12 @@ struct Retry {
 /// wipe call in flight; the next leader's scan resumes them).
 pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
     let permits = Arc::new(Semaphore::new(config.workers.max(1)));
-    let retries: Arc<Mutex<BTreeMap<String, Retry>>> = Arc::default();
+    let retries: Arc<Mutex<BTreeMap<Wwid, Retry>>> = Arc::default();
     let mut workers = JoinSet::new();
     let mut next_scan = Instant::now();
     let mut lun_work = life.inventory().lun_work();
     loop {
-        let mut candidates: BTreeSet<String> = life.releases().take_wanted();
+        let mut candidates: BTreeSet<Wwid> = life.releases().take_wanted();
         let now = Instant::now();
         if now >= next_scan {
             match life.inventory().releasing().await {
@@ -117,7 +118,7 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
 
 /// Marks a LUN as being released for as long as it lives, so an aborted
 /// worker (leadership lost) frees it too.
-struct Running<'a>(&'a Lifecycle, &'a str);
+struct Running<'a>(&'a Lifecycle, &'a Wwid);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {

@@ -14,7 +14,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Binding, Device, NodeView, Phase, Publication, TargetConflict};
+use crate::device::{
+    Binding, Device, NodeView, Phase, Publication, TargetConflict, canonical_wwid,
+};
 
 /// One LUN as discovery reported it.
 #[derive(
@@ -147,6 +149,14 @@ pub enum DeviceObjectError {
         /// What the server sent.
         version: String,
     },
+    /// The spec's WWID is not a canonical WWID.
+    #[error("SCSIDevice {name}: {reason}")]
+    Wwid {
+        /// The object.
+        name: String,
+        /// Why its WWID was refused.
+        reason: String,
+    },
 }
 
 // === impl SCSIDevice ===
@@ -171,8 +181,12 @@ impl SCSIDevice {
             reason: "status not written yet".into(),
             ..SCSIDeviceStatus::default()
         });
+        let wwid = canonical_wwid(&self.spec.wwid).map_err(|reason| DeviceObjectError::Wwid {
+            name: self.metadata.name.clone().unwrap_or_default(),
+            reason,
+        })?;
         Ok(Device {
-            wwid: self.spec.wwid.clone(),
+            wwid,
             target: self.spec.target.clone(),
             lun: self.spec.lun,
             size_bytes: self.spec.size_bytes,
@@ -204,7 +218,7 @@ impl SCSIDeviceSpec {
     /// The spec part of an inventory device.
     pub fn from_device(d: &Device) -> Self {
         Self {
-            wwid: d.wwid.clone(),
+            wwid: d.wwid.to_string(),
             target: d.target.clone(),
             lun: d.lun,
             size_bytes: d.size_bytes,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use csi_scsi_contract::Wwid;
 use csi_scsi_proxy::device::{
     BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, LunReport, NewLuns, Phase,
     ResizeRequest, SecretRef, Target, Transport, policy,
@@ -100,7 +101,7 @@ where
     }
 }
 
-async fn get(inv: &Inventory, wwid: &str) -> Device {
+async fn get(inv: &Inventory, wwid: &Wwid) -> Device {
     inv.device(wwid).await.unwrap().expect("device")
 }
 
@@ -564,9 +565,9 @@ pub async fn devices_pages_in_wwid_order(f: &Fixture) {
     .await
     .unwrap();
     let mut pages = Vec::new();
-    let mut after: Option<String> = None;
+    let mut after: Option<Wwid> = None;
     loop {
-        let page = inv.devices(after.as_deref(), 10).await.unwrap();
+        let page = inv.devices(after.as_ref(), 10).await.unwrap();
         after = page.last().map(|d| d.wwid.clone());
         let n = page.len();
         pages.push(page);
@@ -576,8 +577,8 @@ pub async fn devices_pages_in_wwid_order(f: &Fixture) {
     }
     let sizes: Vec<_> = pages.iter().map(Vec::len).collect();
     assert_eq!(sizes, [10, 10, 5]);
-    let seen: Vec<String> = pages.into_iter().flatten().map(|d| d.wwid).collect();
-    let want: Vec<String> = (0..25).map(wwid).collect();
+    let seen: Vec<Wwid> = pages.into_iter().flatten().map(|d| d.wwid).collect();
+    let want: Vec<Wwid> = (0..25).map(wwid).collect();
     assert_eq!(seen, want);
     let tail = inv.devices(Some(&wwid(22)), 10).await.unwrap();
     let tail: Vec<_> = tail.into_iter().map(|d| d.wwid).collect();
@@ -661,7 +662,7 @@ pub async fn resize_requests_round_trip_and_update_in_place(f: &Fixture) {
         let r = ResizeRequest {
             name: format!("resize-{name}"),
             volume_id: d.volume_id().unwrap(),
-            wwid: d.wwid,
+            wwid: d.wwid.to_string(),
             requested_bytes: 2 * GIB,
             current_bytes: GIB,
             created: 0,

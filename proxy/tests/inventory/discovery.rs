@@ -86,7 +86,7 @@ fn iscsi(name: &str) -> Target {
 #[tokio::test]
 async fn a_device_whose_write_fails_does_not_keep_the_others_of_its_round_out() {
     let dir = tempfile::tempdir().unwrap();
-    let inv = faulty(&dir, Some(wwid(2)), None);
+    let inv = faulty(&dir, Some(wwid(2).to_string()), None);
     let out = inv
         .apply_discovery(round(
             "t1",

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use csi_scsi_contract::Wwid;
 use csi_scsi_proxy::device::{Device, Phase, ResizeRequest, SecretRef, policy};
 use csi_scsi_proxy::error::ProxyError;
 use csi_scsi_proxy::inventory::{Inventory, InventoryError};
@@ -48,7 +49,7 @@ async fn create_target(admin: &kube::Client, name: &str) {
 }
 
 /// The volume on `wwid` deleted and its LUN wiped: free again.
-async fn release(inv: &Inventory, wwid: &str) -> Device {
+async fn release(inv: &Inventory, wwid: &Wwid) -> Device {
     inv.modify(wwid, policy::start_release).await.unwrap();
     inv.modify(wwid, |d| {
         policy::released(d);
@@ -60,11 +61,16 @@ async fn release(inv: &Inventory, wwid: &str) -> Device {
 }
 
 /// Waits until the inventory's cache shows `wwid` marked for deletion.
-async fn until_cached_deleting(inv: &Inventory, devices: &Api<SCSIDevice>, wwid: &str) {
+async fn until_cached_deleting(inv: &Inventory, devices: &Api<SCSIDevice>, wwid: &Wwid) {
     // The cache has no deletionTimestamp accessor through the inventory;
     // the server has it, and a later read of the cache sees at least that
     // version once the watch delivered it.
-    let rv = devices.get(wwid).await.unwrap().resource_version().unwrap();
+    let rv = devices
+        .get(wwid.as_str())
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap();
     let rv: i64 = rv.parse().unwrap();
     until("the deletion in the cache", 10, || async move {
         inv.device(wwid)
@@ -83,17 +89,17 @@ async fn a_bound_device_deleted_stays_bound_until_released_then_is_rediscovered(
     let inv = real_kube::inventory(admin.clone()).await;
     let seen = || round("t1", &[("node-a", vec![lun(1, GIB)])], &[]);
     inv.apply_discovery(seen()).await.unwrap();
-    assert!(finalizers(&devices.get(&wwid(1)).await.unwrap()).is_empty());
+    assert!(finalizers(&devices.get(wwid(1).as_str()).await.unwrap()).is_empty());
     let bound = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
-    let before = devices.get(&wwid(1)).await.unwrap();
+    let before = devices.get(wwid(1).as_str()).await.unwrap();
     assert_eq!(finalizers(&before), [DEVICE_FINALIZER]);
 
     // `kubectl delete scsidevice`: only marked.
     devices
-        .delete(&wwid(1), &DeleteParams::default())
+        .delete(wwid(1).as_str(), &DeleteParams::default())
         .await
         .unwrap();
-    let marked = devices.get(&wwid(1)).await.unwrap();
+    let marked = devices.get(wwid(1).as_str()).await.unwrap();
     assert!(marked.metadata.deletion_timestamp.is_some());
     until_cached_deleting(&inv, &devices, &wwid(1)).await;
     // Discovery still sees the LUN: it stays the same bound object, never
@@ -103,7 +109,10 @@ async fn a_bound_device_deleted_stays_bound_until_released_then_is_rediscovered(
     let still = inv.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(still.phase, Phase::Bound);
     assert_eq!(still.binding, bound.binding);
-    assert_eq!(devices.get(&wwid(1)).await.unwrap().uid(), before.uid());
+    assert_eq!(
+        devices.get(wwid(1).as_str()).await.unwrap().uid(),
+        before.uid()
+    );
     let err = inv.bind(bind_req("pv-2", &[], "")).await.unwrap_err();
     assert!(matches!(err, InventoryError::NoFit(_)), "{err}");
 
@@ -112,7 +121,7 @@ async fn a_bound_device_deleted_stays_bound_until_released_then_is_rediscovered(
     assert_eq!(freed.phase, Phase::Available);
     let server = &devices;
     until("the device deleted", 10, || async move {
-        server.get_opt(&wwid(1)).await.unwrap().is_none()
+        server.get_opt(wwid(1).as_str()).await.unwrap().is_none()
     })
     .await;
     let reader = &inv;
@@ -123,7 +132,7 @@ async fn a_bound_device_deleted_stays_bound_until_released_then_is_rediscovered(
     // The next round re-creates it, Available, as a new object.
     let out = inv.apply_discovery(seen()).await.unwrap();
     assert_eq!(out.added, [wwid(1)]);
-    let again = devices.get(&wwid(1)).await.unwrap();
+    let again = devices.get(wwid(1).as_str()).await.unwrap();
     assert_ne!(again.uid(), before.uid());
     assert!(finalizers(&again).is_empty());
     assert_eq!(again.status.unwrap().phase, Phase::Available);
@@ -150,11 +159,15 @@ async fn a_device_marked_for_deletion_is_never_bound() {
     // marked for deletion.
     let hold = json!({"metadata": {"finalizers": ["example.com/hold"]}});
     devices
-        .patch(&wwid(1), &PatchParams::default(), &Patch::Merge(&hold))
+        .patch(
+            wwid(1).as_str(),
+            &PatchParams::default(),
+            &Patch::Merge(&hold),
+        )
         .await
         .unwrap();
     devices
-        .delete(&wwid(1), &DeleteParams::default())
+        .delete(wwid(1).as_str(), &DeleteParams::default())
         .await
         .unwrap();
     until_cached_deleting(&inv, &devices, &wwid(1)).await;
@@ -248,7 +261,7 @@ async fn a_resize_request_is_owned_by_its_claim_and_deleted_once_done() {
     let mut request = ResizeRequest {
         name: "resize-pv-resize".into(),
         volume_id: bound.volume_id().unwrap(),
-        wwid: bound.wwid.clone(),
+        wwid: bound.wwid.clone().to_string(),
         requested_bytes: 2 * GIB,
         current_bytes: GIB,
         created: 0,

@@ -185,7 +185,7 @@ async fn discovery_creates_a_device_then_writes_its_status_subresource() {
         ]
     );
     // The status replace carries the version the create returned.
-    let created = api.get("scsidevices", "", &wwid(1)).unwrap();
+    let created = api.get("scsidevices", "", wwid(1).as_str()).unwrap();
     assert_eq!(
         writes[1].body["metadata"]["resourceVersion"],
         json!((rv(&created).parse::<u64>().unwrap() - 1).to_string())
@@ -269,7 +269,7 @@ async fn bind_replaces_the_status_with_the_resource_version_it_read() {
     assert_eq!(again.wwid, wwid(1));
     assert_eq!(
         again.generation.to_string(),
-        rv(&api.get("scsidevices", "", &wwid(1)).unwrap())
+        rv(&api.get("scsidevices", "", wwid(1).as_str()).unwrap())
     );
     // A retry of the same name binds nothing new.
     let retry = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
@@ -313,9 +313,9 @@ async fn a_conflict_re_reads_and_binds_another_device_never_the_same_twice() {
         json!(rv(&stale))
     );
     // Device 1 still belongs to the other writer.
-    let one = api.get("scsidevices", "", &wwid(1)).unwrap();
+    let one = api.get("scsidevices", "", wwid(1).as_str()).unwrap();
     assert_eq!(one["status"]["binding"]["volumeName"], "other-pv");
-    let two = api.get("scsidevices", "", &wwid(2)).unwrap();
+    let two = api.get("scsidevices", "", wwid(2).as_str()).unwrap();
     assert_eq!(two["status"]["binding"]["volumeName"], "pv-1");
     // And this process now knows who holds device 1.
     let seen = inv.device(&wwid(1)).await.unwrap().unwrap();
@@ -344,7 +344,7 @@ async fn an_update_that_loses_on_the_server_re_reads_and_reports_a_conflict() {
     retry.published = vec![publication("node-a")];
     let written = inv.update(retry).await.unwrap();
     // What lands in the status: the publication with its capability.
-    let stored = api.get("scsidevices", "", &wwid(1)).unwrap();
+    let stored = api.get("scsidevices", "", wwid(1).as_str()).unwrap();
     assert_eq!(rv(&stored), written.generation.to_string());
     assert_eq!(
         stored["status"]["published"],
@@ -505,7 +505,7 @@ async fn a_resize_request_lands_beside_the_claim() {
     let request = ResizeRequest {
         name: "resize-pv-beside".into(),
         volume_id: format!("{}:uid-pv-beside", wwid(1)),
-        wwid: wwid(1),
+        wwid: wwid(1).to_string(),
         requested_bytes: 2 << 30,
         current_bytes: 1 << 30,
         created: 0,
@@ -599,7 +599,7 @@ async fn failures_become_events_on_the_claim_and_the_volume() {
     inv.put_resize(ResizeRequest {
         name: "resize-pv-events".into(),
         volume_id: format!("{}:uid-pv-events", wwid(1)),
-        wwid: wwid(1),
+        wwid: wwid(1).to_string(),
         requested_bytes: 2 << 30,
         current_bytes: 1 << 30,
         created: 0,
@@ -694,7 +694,7 @@ async fn a_wwid_another_array_reports_is_a_condition_and_an_event_on_the_device(
         .await
         .unwrap();
     assert_eq!(out.conflicts, [wwid(1)], "{out:?}");
-    let obj = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    let obj = stored::<SCSIDevice>(&admin, wwid(1).as_str()).await;
     assert_eq!(obj["spec"]["target"], "t1");
     assert_eq!(obj["status"]["nodeNames"], json!(["node-a"]));
     assert_eq!(obj["status"]["conflicts"][0]["target"], "t2");
@@ -720,13 +720,13 @@ async fn a_wwid_another_array_reports_is_a_condition_and_an_event_on_the_device(
     assert_eq!(all[0]["reason"], "TargetConflict");
     assert_eq!(all[0]["type"], "Warning");
     assert_eq!(all[0]["regarding"]["kind"], "SCSIDevice");
-    assert_eq!(all[0]["regarding"]["name"], wwid(1));
+    assert_eq!(all[0]["regarding"]["name"], wwid(1).as_str());
     assert_eq!(all[0]["regarding"]["uid"], obj["metadata"]["uid"]);
     // node-c answers t2 without it: the condition goes.
     inv.apply_discovery(round("t2", &[("node-c", vec![])], &[]))
         .await
         .unwrap();
-    let obj = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    let obj = stored::<SCSIDevice>(&admin, wwid(1).as_str()).await;
     assert!(obj["status"]["conflicts"].is_null(), "{obj}");
     let conditions = obj["status"]["conditions"].as_array().unwrap();
     assert!(conditions.iter().all(|c| c["type"] != "TargetConflict"));

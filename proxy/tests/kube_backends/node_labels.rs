@@ -140,7 +140,7 @@ async fn a_target_selecting_on_a_label_a_kubelet_can_set_selects_no_node() {
         "{status}"
     );
     // The records stay: nothing Lost, no view dropped.
-    let dev = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    let dev = stored::<SCSIDevice>(&admin, wwid(1).as_str()).await;
     assert_eq!(dev["status"]["phase"], "Bound");
     assert_eq!(dev["status"]["nodeNames"], json!(["node-a"]));
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use csi_scsi_contract::LeaderEpoch;
+use csi_scsi_contract::{LeaderEpoch, Wwid};
 use csi_scsi_proxy::device::{Phase, ResizeRequest, policy};
 use csi_scsi_proxy::inventory::{Inventory, InventoryError};
 use csi_scsi_proxy::leader::{LeaderElection, LeaderHandle, LeaseConfig};
@@ -41,6 +41,11 @@ pub(crate) fn object<K: kube::Resource<DynamicType = ()>>(
     body: Value,
 ) -> DynamicObject {
     DynamicObject::new(name, &erased::<K>()).data(body)
+}
+
+/// The finalizers the server holds on device object `name`.
+async fn finalizers(devices: &Api<SCSIDevice>, name: &str) -> Option<Vec<String>> {
+    devices.get(name).await.unwrap().metadata.finalizers
 }
 
 pub(crate) fn api_code(e: &kube::Error) -> Option<u16> {
@@ -213,7 +218,7 @@ async fn status_is_dropped_on_create_and_kept_by_a_spec_replace() {
         .create(
             &PostParams::default(),
             &object::<SCSIDevice>(
-                &wwid(1),
+                wwid(1).as_str(),
                 json!({"spec": spec, "status": status("Available")}),
             ),
         )
@@ -231,7 +236,7 @@ async fn status_is_dropped_on_create_and_kept_by_a_spec_replace() {
     let mut with_status = created.clone();
     with_status.data["status"] = status("Available");
     let written = devices
-        .replace_status(&wwid(1), &PostParams::default(), &with_status)
+        .replace_status(wwid(1).as_str(), &PostParams::default(), &with_status)
         .await
         .unwrap();
     assert_eq!(written.data["status"]["phase"], "Available");
@@ -240,14 +245,14 @@ async fn status_is_dropped_on_create_and_kept_by_a_spec_replace() {
     next.data["spec"]["sizeBytes"] = json!(2 * GIB);
     next.data["status"] = status("Bound");
     let replaced = devices
-        .replace(&wwid(1), &PostParams::default(), &next)
+        .replace(wwid(1).as_str(), &PostParams::default(), &next)
         .await
         .unwrap();
     assert_eq!(replaced.data["spec"]["sizeBytes"], json!(2 * GIB));
     assert_eq!(replaced.data["status"]["phase"], "Available");
     // And a status write with a stale resourceVersion is refused.
     let err = devices
-        .replace_status(&wwid(1), &PostParams::default(), &with_status)
+        .replace_status(wwid(1).as_str(), &PostParams::default(), &with_status)
         .await
         .unwrap_err();
     assert_eq!(api_code(&err), Some(409), "{err}");
@@ -306,7 +311,10 @@ async fn two_proxies_binding_from_one_pool_never_bind_a_device_twice() {
     let mut in_server = BTreeMap::new();
     for o in &stored.items {
         let b = o.status.as_ref().and_then(|s| s.binding.as_ref()).unwrap();
-        in_server.insert(o.spec.wwid.clone(), (b.volume_name.clone(), b.uid.clone()));
+        in_server.insert(
+            Wwid::parse(&o.spec.wwid).unwrap(),
+            (b.volume_name.clone(), b.uid.clone()),
+        );
     }
     assert_eq!(in_server, bound);
     let volumes: BTreeSet<_> = in_server.values().map(|(v, _)| v).collect();
@@ -399,7 +407,7 @@ async fn a_watch_whose_resource_version_is_gone_relists_and_reads_stay_right() {
     }
     // Another writer deletes a device while the watch is down.
     devices
-        .delete(&wwid(3), &DeleteParams::default())
+        .delete(wwid(3).as_str(), &DeleteParams::default())
         .await
         .unwrap();
     until("the old resourceVersion to be refused with 410", 30, || {
@@ -719,7 +727,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     // The finalizers of a bound device and of its target: `update` on both.
     let devices = Api::<SCSIDevice>::all(admin.clone());
     assert_eq!(
-        devices.get(&bound.wwid).await.unwrap().metadata.finalizers,
+        finalizers(&devices, bound.wwid.as_str()).await,
         Some(vec![DEVICE_FINALIZER.to_owned()])
     );
     let target = Api::<SCSITarget>::all(admin.clone())
@@ -748,7 +756,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     let mut request = ResizeRequest {
         name: "resize-pv-1".into(),
         volume_id: bound.volume_id().unwrap(),
-        wwid: bound.wwid.clone(),
+        wwid: bound.wwid.clone().to_string(),
         requested_bytes: 2 * GIB,
         current_bytes: GIB,
         created: 0,
@@ -777,10 +785,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        devices.get(&bound.wwid).await.unwrap().metadata.finalizers,
-        None
-    );
+    assert_eq!(finalizers(&devices, bound.wwid.as_str()).await, None);
     assert_eq!(
         Api::<SCSITarget>::all(admin.clone())
             .get("t1")
@@ -805,7 +810,7 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
         .unwrap();
     assert_eq!(out.forgotten, [wwid(2)], "{out:?}");
     assert!(out.failed.is_empty(), "{out:?}");
-    assert!(devices.get_opt(&wwid(2)).await.unwrap().is_none());
+    assert!(devices.get_opt(wwid(2).as_str()).await.unwrap().is_none());
     // And it is the service account at work: what the role does not
     // grant is refused.
     let err = Api::<SCSITarget>::all(client)
@@ -813,6 +818,14 @@ async fn the_shipped_rbac_lets_the_proxy_do_its_work() {
         .await
         .unwrap_err();
     assert_eq!(api_code(&err), Some(403), "{err}");
+    // Through the store, that 403 keeps its source and is no retryable
+    // outage: the caller gets INTERNAL, not UNAVAILABLE.
+    let err = inv.remove_target("t1").await.unwrap_err();
+    assert!(matches!(err, InventoryError::ApiRefused(_)), "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<kube::Error>());
+    assert_eq!(source.and_then(api_code), Some(403), "{err:?}");
+    let status = tonic::Status::from(csi_scsi_proxy::error::ProxyError::from(err));
+    assert_eq!(status.code(), tonic::Code::Internal, "{status}");
     election.step_down().await;
 }
 
@@ -863,7 +876,7 @@ async fn without_the_device_status_rule_discovery_fails_with_403() {
     // The create went through; the status never did: the device is Lost
     // and no bind can take it.
     let stored = Api::<SCSIDevice>::all(real_kube::admin().await)
-        .get(&wwid(1))
+        .get(wwid(1).as_str())
         .await
         .unwrap();
     assert!(stored.status.is_none());

@@ -67,7 +67,7 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     );
     assert_eq!(published_to().await, ["node-b"], "the record is kept");
     assert_eq!(
-        stored::<SCSIDevice>(&admin, &wwid(1)).await["status"]["published"][0]["node"],
+        stored::<SCSIDevice>(&admin, wwid(1).as_str()).await["status"]["published"][0]["node"],
         "node-b"
     );
     // Meanwhile the volume is neither attached elsewhere nor deleted (wiped).
@@ -203,7 +203,7 @@ async fn discovery_drops_the_views_of_a_deleted_node_and_keeps_an_unreachable_on
     discovery::reconcile_once(&life, &SETTINGS).await.unwrap();
     let dev = inventory.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(dev.node_names(), ["node-a"]);
-    let stored = stored::<SCSIDevice>(&admin, &wwid(1)).await;
+    let stored = stored::<SCSIDevice>(&admin, wwid(1).as_str()).await;
     assert_eq!(stored["status"]["nodeNames"], json!(["node-a"]));
     assert_eq!(stored["status"]["phase"], "Bound");
 }

@@ -9,6 +9,7 @@
 // Not every binary uses every helper.
 #![allow(dead_code)]
 
+use csi_scsi_contract::Wwid;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -50,13 +51,17 @@ struct LogState {
 
 impl WipeLog {
     /// Wipes of `wwid` started.
-    pub fn started(&self, wwid: &str) -> u32 {
-        self.lock().started.get(wwid).copied().unwrap_or(0)
+    pub fn started(&self, wwid: &Wwid) -> u32 {
+        self.lock().started.get(wwid.as_str()).copied().unwrap_or(0)
     }
 
     /// Wipes of `wwid` that ran to their end (success or failure).
-    pub fn finished(&self, wwid: &str) -> u32 {
-        self.lock().finished.get(wwid).copied().unwrap_or(0)
+    pub fn finished(&self, wwid: &Wwid) -> u32 {
+        self.lock()
+            .finished
+            .get(wwid.as_str())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Wipes running now.
@@ -70,8 +75,12 @@ impl WipeLog {
     }
 
     /// Verify calls answered for `wwid`.
-    pub fn verified(&self, wwid: &str) -> u32 {
-        self.lock().verified.get(wwid).copied().unwrap_or(0)
+    pub fn verified(&self, wwid: &Wwid) -> u32 {
+        self.lock()
+            .verified
+            .get(wwid.as_str())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// ABORTED answers given because that WWID was being wiped.
@@ -80,13 +89,21 @@ impl WipeLog {
     }
 
     /// Attach calls for `wwid` answered OK.
-    pub fn attached(&self, wwid: &str) -> u32 {
-        self.lock().attached.get(wwid).copied().unwrap_or(0)
+    pub fn attached(&self, wwid: &Wwid) -> u32 {
+        self.lock()
+            .attached
+            .get(wwid.as_str())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Detach calls for `wwid` answered OK.
-    pub fn detached(&self, wwid: &str) -> u32 {
-        self.lock().detached.get(wwid).copied().unwrap_or(0)
+    pub fn detached(&self, wwid: &Wwid) -> u32 {
+        self.lock()
+            .detached
+            .get(wwid.as_str())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Every call received: its method and leader-epoch header (`None`

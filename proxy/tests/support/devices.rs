@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_contract::Wwid;
 use csi_scsi_proxy::device::{
     AccessMode, BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport,
     NewLuns, Publication,
@@ -12,8 +13,8 @@ use csi_scsi_proxy::device::{
 use csi_scsi_proxy::selector::Selector;
 
 /// The WWID of LUN `i`.
-pub fn wwid(i: u32) -> String {
-    format!("naa.6001405{i:025x}")
+pub fn wwid(i: u32) -> Wwid {
+    Wwid::parse(&format!("naa.6001405{i:025x}")).expect("a canonical WWID")
 }
 
 /// LUN `i` of `size` bytes, as a node reports it.

@@ -2,12 +2,14 @@
 //! (a SQLite file), after the test's [`Hooks`] had their say. A test
 //! implements only the hooks it needs; the pass-through is written once.
 
+use csi_scsi_contract::Wwid;
 use std::path::Path;
 
 use async_trait::async_trait;
-use csi_scsi_proxy::device::policy::PreferenceKey;
 use csi_scsi_proxy::device::{Device, DiscoveryRound, ResizeRequest, Target, TargetRefused};
-use csi_scsi_proxy::inventory::{EmbeddedInventory, InventoryError, Store, Summary, Write};
+use csi_scsi_proxy::inventory::{
+    AvailableQuery, EmbeddedInventory, InventoryError, Store, Summary, Write,
+};
 
 /// What a test changes about the store's calls.
 #[async_trait]
@@ -50,7 +52,7 @@ impl<H: Hooks> Hooked<H> {
 
 #[async_trait]
 impl<H: Hooks> Store for Hooked<H> {
-    async fn device(&self, wwid: &str) -> Result<Option<Device>, InventoryError> {
+    async fn device(&self, wwid: &Wwid) -> Result<Option<Device>, InventoryError> {
         self.inner.device(wwid).await
     }
     async fn bound_to_name(&self, name: &str) -> Result<Option<Device>, InventoryError> {
@@ -58,20 +60,13 @@ impl<H: Hooks> Store for Hooked<H> {
     }
     async fn devices(
         &self,
-        after: Option<&str>,
+        after: Option<&Wwid>,
         limit: usize,
     ) -> Result<Vec<Device>, InventoryError> {
         self.inner.devices(after, limit).await
     }
-    async fn available(
-        &self,
-        node: Option<&str>,
-        min: u64,
-        max: u64,
-        after: Option<PreferenceKey>,
-        limit: usize,
-    ) -> Result<Vec<Device>, InventoryError> {
-        self.inner.available(node, min, max, after, limit).await
+    async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError> {
+        self.inner.available(query).await
     }
     async fn of_target(&self, target: &str) -> Result<Vec<Device>, InventoryError> {
         self.hooks.before_of_target(target)?;

@@ -45,18 +45,20 @@ pub async fn run(opts: Options, dir: PathBuf) -> Vec<Row> {
 pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
     let inv = Inventory::new(std::sync::Arc::new(EmbeddedInventory::open(path)?));
     let luns = (0..n)
-        .map(|i| LunReport {
-            wwid: format!("naa.6001405{i:025x}"),
-            lun: i,
-            size_bytes: 1 << 30,
-            vendor: "LIO-ORG".into(),
-            model: "disk".into(),
-            serial: format!("sn{i}"),
-            paths: vec![format!(
-                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.bench:t-lun-{i}"
-            )],
+        .map(|i| -> anyhow::Result<LunReport> {
+            Ok(LunReport {
+                wwid: csi_scsi_contract::Wwid::parse(&format!("naa.6001405{i:025x}"))?,
+                lun: i,
+                size_bytes: 1 << 30,
+                vendor: "LIO-ORG".into(),
+                model: "disk".into(),
+                serial: format!("sn{i}"),
+                paths: vec![format!(
+                    "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.bench:t-lun-{i}"
+                )],
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     inv.apply_discovery(DiscoveryRound {
         target: "t".into(),
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),

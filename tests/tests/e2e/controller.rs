@@ -25,7 +25,8 @@ async fn fill(store: &Path, n: u32) {
     ));
     let luns = (0..n)
         .map(|i| LunReport {
-            wwid: format!("naa.6001405{i:025x}"),
+            wwid: csi_scsi_contract::Wwid::parse(&format!("naa.6001405{i:025x}"))
+                .expect("a canonical WWID"),
             lun: i,
             size_bytes: 1 << 30,
             vendor: "LIO-ORG".into(),

@@ -6,8 +6,8 @@ use super::*;
 use crate::device::{AccessMode, Capability, Cleanup, FsType};
 use crate::selector::Selector;
 
-fn wwid(i: u32) -> String {
-    format!("naa.6001405{i:025x}")
+fn wwid(i: u32) -> Wwid {
+    Wwid::parse(&format!("naa.6001405{i:025x}")).expect("a canonical WWID")
 }
 
 fn lun(i: u32, size: u64) -> LunReport {
@@ -122,7 +122,7 @@ fn merged_departed(
 ) -> Option<Merged> {
     let r = round(answered, &[]);
     let by = reports_by_wwid(&r);
-    let reports = by.get(existing.wwid.as_str()).cloned().unwrap_or_default();
+    let reports = by.get(&existing.wwid).cloned().unwrap_or_default();
     let departed: BTreeSet<String> = departed.iter().map(|n| n.to_string()).collect();
     merge(
         Some(existing),
@@ -343,7 +343,7 @@ fn a_label_the_device_has_is_kept_and_the_conflict_reported() {
     let out = merge(
         Some(&dev),
         &dev.wwid,
-        &by[dev.wwid.as_str()],
+        &by[&dev.wwid],
         &r,
         &BTreeSet::new(),
         1_000,
@@ -617,7 +617,7 @@ fn round_of(
 
 fn merge_round(dev: &Device, r: &DiscoveryRound, now: i64) -> Option<Merged> {
     let by = reports_by_wwid(r);
-    let reports = by.get(dev.wwid.as_str()).cloned().unwrap_or_default();
+    let reports = by.get(&dev.wwid).cloned().unwrap_or_default();
     merge(
         Some(dev),
         &dev.wwid,
