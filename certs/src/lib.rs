@@ -26,9 +26,6 @@ mod trust;
 mod verify;
 
 pub use authority::CertificateAuthority;
-/// Durable writes, from `csi-scsi-textfs` (the agent API's epoch record
-/// still names it here).
-pub use csi_scsi_textfs::write_durably;
 pub use enrol::{PendingKey, node_uid_of};
 pub use error::CertError;
 pub use identity::{Identity, TrustDomain, identity_of, validate_node_name};

@@ -21,9 +21,6 @@ pub mod request_id;
 mod server_layers;
 mod shutdown;
 mod status_http;
-/// Text bounding, from `csi-scsi-textfs` (the agent API and the controller
-/// service still name it here).
-pub use csi_scsi_textfs::text;
 mod unserved;
 
 pub use agent_tcp::{Severance, UNACKED_LIMIT};

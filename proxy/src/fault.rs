@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// A defect the suites must catch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// CreateVolume picks a free LUN and binds it in two steps without the
     /// compare-and-swap, so concurrent binds can claim one LUN twice.
     SkipCas,
@@ -37,10 +37,10 @@ impl Fault {
 }
 
 /// How long [`Fault::StaleWipe`] holds a Wipe call back.
-pub const STALE_WIPE_HOLD: Duration = Duration::from_secs(20);
+pub(crate) const STALE_WIPE_HOLD: Duration = Duration::from_secs(20);
 
 /// Whether `fault` was asked for (test builds only).
-pub fn injected(fault: Fault) -> bool {
+pub(crate) fn injected(fault: Fault) -> bool {
     #[cfg(all(debug_assertions, feature = "fault-injection"))]
     {
         static ASKED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
@@ -70,7 +70,7 @@ static HELD_WIPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// DeleteVolume asked for the release of `wwid`: with
 /// [`Fault::StaleWipe`], its next Wipe call is held back.
-pub fn hold_next_wipe(wwid: &str) {
+pub(crate) fn hold_next_wipe(wwid: &str) {
     if injected(Fault::StaleWipe) {
         held_wipes().insert(wwid.to_owned());
     }
@@ -78,7 +78,7 @@ pub fn hold_next_wipe(wwid: &str) {
 
 /// Whether this Wipe of `wwid` is to be held back (once per
 /// [`hold_next_wipe`]).
-pub fn take_held_wipe(wwid: &str) -> bool {
+pub(crate) fn take_held_wipe(wwid: &str) -> bool {
     injected(Fault::StaleWipe) && held_wipes().remove(wwid)
 }
 

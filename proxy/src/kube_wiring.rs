@@ -19,10 +19,10 @@ use crate::secrets::{KubeSecrets, SecretSource};
 
 /// The field manager of every object the proxy writes, so that
 /// `kubectl get --show-managed-fields` names the proxy, not a user agent.
-pub const FIELD_MANAGER: &str = "csi-scsi-proxy";
+pub(crate) const FIELD_MANAGER: &str = "csi-scsi-proxy";
 
 /// Create and replace parameters carrying [`FIELD_MANAGER`].
-pub fn post_params() -> PostParams {
+pub(crate) fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -30,7 +30,7 @@ pub fn post_params() -> PostParams {
 }
 
 /// Patch parameters carrying [`FIELD_MANAGER`].
-pub fn patch_params() -> PatchParams {
+pub(crate) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
@@ -39,7 +39,7 @@ pub fn patch_params() -> PatchParams {
 
 /// The settings `serve.rs` takes from its flags.
 #[derive(Clone, Debug)]
-pub struct KubeOptions {
+pub(crate) struct KubeOptions {
     /// The driver's namespace (agent Pods, the Lease, fallback for resize
     /// requests).
     pub namespace: String,
@@ -58,7 +58,7 @@ pub struct KubeOptions {
 }
 
 /// The Kubernetes backends, ready to hand to `Lifecycle` and the servers.
-pub struct KubeBackends {
+pub(crate) struct KubeBackends {
     /// The inventory on SCSITarget/SCSIDevice/PendingResizeRequest objects.
     pub inventory: Arc<Inventory>,
     /// The same, typed (readiness, `targets_changed`).
@@ -83,7 +83,7 @@ pub struct KubeBackends {
 /// Why the backends could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum KubeWiringError {
+pub(crate) enum KubeWiringError {
     /// No in-cluster or kubeconfig credentials.
     #[error("Kubernetes client: {0}")]
     Client(#[source] kube::Error),
@@ -97,7 +97,7 @@ pub enum KubeWiringError {
 
 /// Connects with the in-cluster service account (or `$KUBECONFIG`) and
 /// starts every backend.
-pub async fn kube_backends(options: KubeOptions) -> Result<KubeBackends, KubeWiringError> {
+pub(crate) async fn kube_backends(options: KubeOptions) -> Result<KubeBackends, KubeWiringError> {
     let client = Client::try_default()
         .await
         .map_err(KubeWiringError::Client)?;
@@ -105,7 +105,7 @@ pub async fn kube_backends(options: KubeOptions) -> Result<KubeBackends, KubeWir
 }
 
 /// As `kube_backends`, over a given client (tests, custom configs).
-pub fn kube_backends_with(
+pub(crate) fn kube_backends_with(
     client: Client,
     options: KubeOptions,
 ) -> Result<KubeBackends, KubeWiringError> {

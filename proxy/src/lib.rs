@@ -2,6 +2,7 @@
 //! the sidecars, the device inventory (its only writer), the agent
 //! directory, and the fan-out client that is the only caller of agents.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod agents;
 pub mod config;
@@ -11,14 +12,14 @@ pub mod directory;
 pub mod enrolment;
 pub mod error;
 pub mod events;
-pub mod fault;
+mod fault;
 pub mod inventory;
-pub mod kube_wiring;
+mod kube_wiring;
 pub mod leader;
 pub mod lifecycle;
 pub mod parameters;
 pub mod reconcile;
-pub mod reflect;
+mod reflect;
 pub mod resources;
 pub mod secrets;
 pub mod selector;

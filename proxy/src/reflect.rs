@@ -15,7 +15,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 /// Whom a reflector wakes, and on what changes.
-pub enum Wake {
+pub(crate) enum Wake {
     /// No one.
     Nobody,
     /// On any change of an object (status and labels included), its
@@ -33,7 +33,7 @@ pub enum Wake {
 /// store keeps it; `wake` says whom to notify of which changes; `listed`
 /// counts up by one after the first list. A failed watch is logged and
 /// retried with backoff.
-pub fn spawn<K>(
+pub(crate) fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
     writer: Writer<K>,

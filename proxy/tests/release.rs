@@ -480,10 +480,7 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
         fs_type: Some(FsType::Ext4),
         mode: AccessMode::SingleNodeWriter,
     };
-    p.life
-        .publish(&id, "node-a", &access, false, "t")
-        .await
-        .unwrap();
+    p.life.publish(&id, "node-a", &access, "t").await.unwrap();
     assert_eq!(f.agent.log.attached(&vol.wwid), 1);
 
     // Leadership lost (a lapsed term reads the same): nothing that
@@ -495,7 +492,7 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
     };
     not_leading(
         p.life
-            .publish(&id, "node-a", &access, false, "t")
+            .publish(&id, "node-a", &access, "t")
             .await
             .map_err(Status::from)
             .unwrap_err(),

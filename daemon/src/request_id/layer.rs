@@ -70,7 +70,7 @@ where
         let span = match self.span {
             CallSpan::PerCall => {
                 let method = req.uri().path().rsplit('/').next().unwrap_or_default();
-                let method = crate::text::bounded(method, 64);
+                let method = csi_scsi_textfs::text::bounded(method, 64);
                 tracing::info_span!("rpc", method = %method, request_id = %id)
             }
             CallSpan::InHandlers => tracing::Span::none(),

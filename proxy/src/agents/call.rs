@@ -26,7 +26,7 @@ use crate::leader::LeaderHandle;
 pub const REQUEST_ID_HEADER: &str = csi_scsi_daemon::request_id::HEADER;
 
 /// The future an [`Rpc`] sends.
-pub type Sent<T> = Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>;
+pub(crate) type Sent<T> = Pin<Box<dyn Future<Output = Result<T, Status>> + Send>>;
 
 /// One RPC of the agent API, implemented by its request message.
 pub trait Rpc: Clone + std::fmt::Debug + Send + Sync + 'static {
@@ -78,7 +78,9 @@ pub struct NotLeading {
 /// the agent reads as 0). A destructive call is never sent by a replica
 /// that does not lead: the one rule, checked when a call starts and again
 /// before each attempt.
-pub fn sending_epoch<R: Rpc>(leader: &LeaderHandle) -> Result<Option<LeaderEpoch>, NotLeading> {
+pub(crate) fn sending_epoch<R: Rpc>(
+    leader: &LeaderHandle,
+) -> Result<Option<LeaderEpoch>, NotLeading> {
     match leader.epoch() {
         // A deliberate defect for the lab: the lapsed term's epoch goes
         // out, and only the agent's fence is left.

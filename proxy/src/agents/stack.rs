@@ -11,7 +11,7 @@ use super::call::{AgentCall, Caller, Rpc};
 use super::retry::RetryPolicy;
 
 /// A composed agent service for RPC `R`.
-pub type AgentService<R> = BoxCloneService<AgentCall<R>, <R as Rpc>::Reply, Status>;
+pub(crate) type AgentService<R> = BoxCloneService<AgentCall<R>, <R as Rpc>::Reply, Status>;
 
 /// Outermost first:
 /// 1. retry on UNAVAILABLE with jittered backoff, while the call's
@@ -22,7 +22,7 @@ pub type AgentService<R> = BoxCloneService<AgentCall<R>, <R as Rpc>::Reply, Stat
 /// The overall deadline is not a layer: the pool awaits the stack until the
 /// call's deadline, so it knows when the agent never answered (and drops
 /// that agent's channel, which may sit on a dead connection).
-pub fn compose<R: Rpc>(
+pub(crate) fn compose<R: Rpc>(
     caller: Caller,
     retry: RetryPolicy,
     limit: Arc<Semaphore>,

@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use csi_scsi_daemon::{RequestId, text};
+use csi_scsi_daemon::RequestId;
 use csi_scsi_proto::csi::controller_server::Controller;
 use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
 use csi_scsi_proto::csi::controller_service_capability::{Rpc as RpcCap, Type as CapType};
 use csi_scsi_proto::csi::*;
+use csi_scsi_textfs::text;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -220,7 +221,7 @@ impl Controller for ControllerService {
                 let access = request::access(cap)?;
                 let publish_context = self
                     .life
-                    .publish(&req.volume_id, &req.node_id, &access, req.readonly, &rid)
+                    .publish(&req.volume_id, &req.node_id, &access, &rid)
                     .await?;
                 Ok(Response::new(ControllerPublishVolumeResponse {
                     publish_context,

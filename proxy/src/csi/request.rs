@@ -50,7 +50,7 @@ fn quote(s: &str) -> String {
 }
 
 /// A required non-empty string field, no longer than its limit.
-pub fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ProxyError> {
+pub(crate) fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ProxyError> {
     let max = max_len(field);
     if value.is_empty() {
         Err(invalid(field, "is required"))
@@ -65,7 +65,7 @@ pub fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, Prox
 }
 
 /// One capability.
-pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
+pub(crate) fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
     // The spec's names are the contract's: UNKNOWN and unknown numbers
     // are no mode.
     let Some(m) = cap.access_mode.as_ref() else {
@@ -112,7 +112,7 @@ pub fn access(cap: &VolumeCapability) -> Result<Access, ProxyError> {
 }
 
 /// Every capability of a request; at least one.
-pub fn accesses(caps: &[VolumeCapability]) -> Result<Vec<Access>, ProxyError> {
+pub(crate) fn accesses(caps: &[VolumeCapability]) -> Result<Vec<Access>, ProxyError> {
     if caps.is_empty() {
         return Err(invalid("volume_capabilities", "at least one is required"));
     }
@@ -121,7 +121,7 @@ pub fn accesses(caps: &[VolumeCapability]) -> Result<Vec<Access>, ProxyError> {
 
 /// Nodes from accessibility requirements, preferred first, then the rest
 /// of requisite; empty when there are none.
-pub fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, ProxyError> {
+pub(crate) fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, ProxyError> {
     let Some(req) = req else {
         return Ok(Vec::new());
     };
@@ -159,7 +159,7 @@ pub fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, 
 }
 
 /// `(required, limit)` bytes; 0 means unset.
-pub fn capacity(
+pub(crate) fn capacity(
     range: Option<&csi_scsi_proto::csi::CapacityRange>,
 ) -> Result<(u64, u64), ProxyError> {
     let Some(r) = range else { return Ok((0, 0)) };

@@ -21,7 +21,7 @@ pub fn canonical_wwid(text: &str) -> Result<Wwid, String> {
         Ok(w) if w.as_str() == text => Ok(w),
         Ok(w) => Err(format!(
             "WWID {:?} is not in canonical form ({w})",
-            csi_scsi_daemon::text::bounded(text, csi_scsi_daemon::text::INPUT_MAX)
+            csi_scsi_textfs::text::bounded(text, csi_scsi_textfs::text::INPUT_MAX)
         )),
         Err(e) => Err(e.to_string()),
     }

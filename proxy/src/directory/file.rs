@@ -241,7 +241,7 @@ fn certificate_can_name(node: &str) -> bool {
 
 /// Parses the file's text; errors carry the 1-based line number. Node
 /// names must be ones an agent's certificate can carry.
-pub fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)> {
+pub(crate) fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)> {
     let mut out = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();

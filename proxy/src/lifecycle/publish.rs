@@ -21,14 +21,14 @@ fn describe(access: Option<Capability>, readonly: bool) -> String {
 }
 
 impl Lifecycle {
-    /// Attaches volume `id` on `node`; returns the publish context
-    /// (`devicePath`, `wwid`, and `readonly` when published read-only).
+    /// Attaches volume `id` on `node`, read-write (PUBLISH_READONLY is not
+    /// offered: the controller refuses `readonly`); returns the publish
+    /// context (`devicePath`, `wwid`).
     pub async fn publish(
         &self,
         id: &str,
         node: &str,
         access: &Access,
-        readonly: bool,
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
         let vol = VolumeId::parse(id).map_err(|_| ProxyError::VolumeNotFound(id.to_owned()))?;
@@ -97,14 +97,14 @@ impl Lifecycle {
         let publication = Publication {
             node: node.to_owned(),
             access: Some(wanted),
-            readonly,
+            readonly: false,
         };
         let mut recorded = false;
         let dev = self
             .inventory
             .try_modify(&dev.wwid, |d| {
                 let outcome = policy::publish(d, vol.binding_uid(), publication.clone())
-                    .map_err(|refusal| refused(refusal, id, node, wanted, readonly))?;
+                    .map_err(|refusal| refused(refusal, id, node, wanted))?;
                 recorded = outcome == Publish::Recorded;
                 Ok::<_, ProxyError>(recorded)
             })
@@ -118,16 +118,10 @@ impl Lifecycle {
             lun: dev.lun,
         };
         match self.agents.call(node, attach, request_id).await {
-            Ok(a) => {
-                let mut context = HashMap::from([
-                    (publish_context::DEVICE_PATH.to_owned(), a.device_path),
-                    (publish_context::WWID.to_owned(), dev.wwid.to_string()),
-                ]);
-                if readonly {
-                    context.insert(publish_context::READONLY.to_owned(), "true".to_owned());
-                }
-                Ok(context)
-            }
+            Ok(a) => Ok(HashMap::from([
+                (publish_context::DEVICE_PATH.to_owned(), a.device_path),
+                (publish_context::WWID.to_owned(), dev.wwid.to_string()),
+            ])),
             Err(e) => {
                 let e = ProxyError::from(e);
                 // Undo the record only when the agent surely did not attach:
@@ -261,20 +255,14 @@ impl Lifecycle {
 }
 
 /// The error a publish refused on the device's state answers.
-fn refused(
-    refusal: PublishRefusal,
-    id: &str,
-    node: &str,
-    wanted: Capability,
-    readonly: bool,
-) -> ProxyError {
+fn refused(refusal: PublishRefusal, id: &str, node: &str, wanted: Capability) -> ProxyError {
     match refusal {
         PublishRefusal::NotServed => ProxyError::VolumeNotFound(id.to_owned()),
         PublishRefusal::Incompatible(p) => ProxyError::PublishedIncompatibly {
             volume: id.to_owned(),
             node: node.to_owned(),
             recorded: describe(p.access, p.readonly),
-            asked: describe(Some(wanted), readonly),
+            asked: describe(Some(wanted), false),
         },
         PublishRefusal::Elsewhere(nodes) => ProxyError::PublishedElsewhere {
             volume: id.to_owned(),

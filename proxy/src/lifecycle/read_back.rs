@@ -16,7 +16,7 @@ const END_LEN: u64 = 1 << 20;
 
 /// Both ends and [`SPREAD_RANGES`] ranges chosen at random, 64 KiB each,
 /// of a LUN recorded at `size` bytes: a wipe's witness reads these.
-pub fn spread(wwid: &str, size: u64, rng: &mut fastrand::Rng) -> VerifyRequest {
+pub(crate) fn spread(wwid: &str, size: u64, rng: &mut fastrand::Rng) -> VerifyRequest {
     let len = SPREAD_LEN.min(size);
     let mut offsets = vec![0, size - len];
     offsets.extend((0..SPREAD_RANGES).map(|_| rng.u64(0..=(size - len) / 4096) * 4096));
@@ -25,7 +25,7 @@ pub fn spread(wwid: &str, size: u64, rng: &mut fastrand::Rng) -> VerifyRequest {
 
 /// The first and the last MiB of a LUN recorded at `size` bytes: where a
 /// probe looks for signatures.
-pub fn ends(wwid: &str, size: u64) -> VerifyRequest {
+pub(crate) fn ends(wwid: &str, size: u64) -> VerifyRequest {
     let len = END_LEN.min(size);
     request(wwid, size, vec![0, size - len], len)
 }

@@ -205,11 +205,6 @@ impl SCSIDevice {
             generation,
         })
     }
-
-    /// Whether the status was ever written.
-    pub fn has_status(&self) -> bool {
-        self.status.is_some()
-    }
 }
 
 // === impl SCSIDeviceSpec ===

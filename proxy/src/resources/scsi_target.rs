@@ -1,5 +1,8 @@
 //! `SCSITarget` (cluster-scoped): how nodes reach a set of LUNs. Written by
 //! the storage administrator; its status by the proxy after each discovery.
+// The derives re-emit these types in a way `unreachable_pub` misreads:
+// they are exported (resources/mod.rs) and used by the tests and crdgen.
+#![allow(unreachable_pub)]
 // The derive takes one `printcolumn(...)` per column; clippy reads the
 // repeated `type_ = ...` arguments as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]

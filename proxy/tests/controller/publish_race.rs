@@ -127,14 +127,14 @@ impl Fixture {
     }
 
     /// ControllerPublish of pv-1 on node-b, single-node writer on ext4.
-    async fn publish_on_b(&self, readonly: bool) -> Result<(), Status> {
+    async fn publish_on_b(&self) -> Result<(), Status> {
         let access = Access {
             block: false,
             fs_type: Some(FsType::Ext4),
             mode: AccessMode::SingleNodeWriter,
         };
         self.life
-            .publish(&self.volume, "node-b", &access, readonly, "t")
+            .publish(&self.volume, "node-b", &access, "t")
             .await
             .map(drop)
             .map_err(Status::from)
@@ -216,7 +216,7 @@ async fn a_publish_that_loses_its_write_to_another_is_judged_again_on_what_it_lo
         if let Some(c) = competing {
             f.store.hooks.arm(c);
         }
-        let got = f.publish_on_b(false).await;
+        let got = f.publish_on_b().await;
         assert_eq!(
             got.as_ref().err().map_or(Code::Ok, Status::code),
             code,
@@ -241,7 +241,7 @@ async fn a_publish_that_loses_its_write_to_another_is_judged_again_on_what_it_lo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpublish_never_edits_the_record_of_a_volume_bound_after_it_read() {
     let f = Fixture::new().await;
-    f.publish_on_b(false).await.unwrap();
+    f.publish_on_b().await.unwrap();
     // Another proxy deletes pv-1, binds the LUN to pv-2 and publishes
     // pv-2 on node-b, between this unpublish's read and its write.
     f.store.hooks.arm(Box::new(|d: &mut Device| {

@@ -150,11 +150,7 @@ async fn a_target_selecting_on_a_label_a_kubelet_can_set_selects_no_node() {
         mode: AccessMode::SingleNodeWriter,
     };
     let id = format!("{}:uid-pv-1", wwid(1));
-    let publish = Status::from(
-        life.publish(&id, "node-a", &writer, false, "t")
-            .await
-            .unwrap_err(),
-    );
+    let publish = Status::from(life.publish(&id, "node-a", &writer, "t").await.unwrap_err());
     assert_eq!(publish.code(), Code::FailedPrecondition, "{publish:?}");
     assert!(publish.message().contains(SETTABLE), "{publish:?}");
     assert_eq!(connections(), 0, "no Attach went to node-a");

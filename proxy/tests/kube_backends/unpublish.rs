@@ -76,20 +76,12 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
         fs_type: None,
         mode: AccessMode::SingleNodeWriter,
     };
-    let elsewhere = Status::from(
-        life.publish(&id, "node-a", &writer, false, "t")
-            .await
-            .unwrap_err(),
-    );
+    let elsewhere = Status::from(life.publish(&id, "node-a", &writer, "t").await.unwrap_err());
     assert_eq!(elsewhere.code(), Code::FailedPrecondition, "{elsewhere:?}");
     let delete = Status::from(life.delete(&id, "t").await.unwrap_err());
     assert_eq!(delete.code(), Code::FailedPrecondition, "{delete:?}");
     // Publishing to the NotReady node waits for it, too.
-    let to_b = Status::from(
-        life.publish(&id, "node-b", &writer, false, "t")
-            .await
-            .unwrap_err(),
-    );
+    let to_b = Status::from(life.publish(&id, "node-b", &writer, "t").await.unwrap_err());
     assert_eq!(to_b.code(), Code::Unavailable, "{to_b:?}");
 
     // The Node object is deleted: node-b is gone, nothing is attached there.
@@ -100,11 +92,7 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     .await;
     life.unpublish(&id, "node-b", "t").await.unwrap();
     assert!(published_to().await.is_empty(), "the record is dropped");
-    let gone = Status::from(
-        life.publish(&id, "node-b", &writer, false, "t")
-            .await
-            .unwrap_err(),
-    );
+    let gone = Status::from(life.publish(&id, "node-b", &writer, "t").await.unwrap_err());
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
 }
 
@@ -156,7 +144,7 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     let stored = inventory.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(stored.published_nodes(), ["node-b"], "the record is kept");
     let to_b = Status::from(
-        life.publish(&id, "node-b", &writer(), false, "t")
+        life.publish(&id, "node-b", &writer(), "t")
             .await
             .unwrap_err(),
     );
@@ -244,7 +232,7 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
     assert_eq!(connections(), 0, "the fenced node's agent is not called");
     // Nothing is attached to a fenced node.
     let refused = Status::from(
-        life.publish(&id, "node-a", &writer(), false, "t")
+        life.publish(&id, "node-a", &writer(), "t")
             .await
             .unwrap_err(),
     );
