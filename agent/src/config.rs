@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use csi_scsi_certs::{MaterialPaths, TrustDomain};
-use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
+use csi_scsi_daemon::{ProcessArgs, parse_csi_endpoint};
 
 use crate::host::Host;
 use crate::host::command::CommandRunner;
@@ -70,15 +70,6 @@ pub struct Args {
     /// enrol this agent.
     #[arg(long, value_name = "PATH")]
     pub enrol_ca_file: Option<PathBuf>,
-
-    /// SPIFFE trust domain of the cluster's certificates.
-    #[arg(
-        long,
-        env = "TRUST_DOMAIN",
-        value_parser = TrustDomain::new,
-        default_value = "csi-scsi.local"
-    )]
-    pub trust_domain: TrustDomain,
 
     /// Host tools that must be present for the agent to report ready
     /// (comma-separated names on $PATH or absolute paths).
@@ -158,17 +149,9 @@ pub struct Args {
     #[arg(long, default_value = "0")]
     pub max_volumes: u64,
 
-    /// How long in-flight calls may run after SIGTERM before the agent exits.
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    pub grace_period: u64,
-
-    /// How often certificate files are re-read even without a change event.
-    #[arg(long, default_value = "60", value_name = "SECONDS")]
-    pub tls_poll_interval: u64,
-
-    /// Log format: text or json.
-    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    /// The flags every daemon takes alike.
+    #[command(flatten)]
+    pub process: ProcessArgs,
 }
 
 /// A feature switch on the command line.
@@ -209,7 +192,7 @@ impl Args {
     /// Checks every value; the error says which flag is wrong.
     pub fn validate(self) -> Result<Config, String> {
         let csi_socket = self.csi_endpoint;
-        let trust_domain = self.trust_domain;
+        let trust_domain = self.process.trust_domain.clone();
         if self.node_name.is_empty() {
             return Err("--node-name: must not be empty".into());
         }
@@ -264,8 +247,8 @@ impl Args {
             enrol_ca: self.enrol_ca_file,
             trust_domain,
             required_tools: self.required_tools,
-            grace_period: Duration::from_secs(self.grace_period),
-            tls_poll_interval: Duration::from_secs(self.tls_poll_interval.max(1)),
+            grace_period: self.process.grace(),
+            tls_poll_interval: self.process.tls_poll(),
         })
     }
 }

@@ -9,6 +9,6 @@ use csi_scsi_agent::{config, serve};
 
 fn main() -> ExitCode {
     let args: config::Args = csi_scsi_daemon::parse_args();
-    let format = args.log_format;
+    let format = args.process.log_format;
     csi_scsi_daemon::run_main("csi-scsi-agent", args.validate(), format, serve::run)
 }

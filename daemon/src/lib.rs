@@ -16,6 +16,7 @@ mod keyed_lock;
 mod logging;
 mod metrics;
 mod process;
+mod process_args;
 mod readiness;
 pub mod request_id;
 mod server_layers;
@@ -38,6 +39,7 @@ pub use metrics::{
     code_name, rfc3339, rpc_histogram, set_gauge, set_gauges,
 };
 pub use process::{EX_USAGE, parse_args, run_main};
+pub use process_args::ProcessArgs;
 pub use readiness::{Check, Readiness, TlsMaterialCheck, ToolsCheck};
 pub use request_id::{CallSpan, RequestId, RequestIdLayer, RequestIdService};
 pub use server_layers::{ServerLayers, server_layers};

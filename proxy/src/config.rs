@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use csi_scsi_certs::{MaterialPaths, TrustDomain};
-use csi_scsi_daemon::{LogFormat, parse_csi_endpoint};
+use csi_scsi_daemon::{ProcessArgs, parse_csi_endpoint};
 
 use crate::agents::{Backoff, CallConfig};
 use crate::reconcile::qualify::QualifyConfig;
@@ -35,15 +35,6 @@ pub struct Args {
     /// Directory with tls.crt, tls.key and ca.crt (a mounted Secret).
     #[arg(long, env = "TLS_DIR", default_value = "/etc/csi-scsi/tls")]
     pub tls_dir: PathBuf,
-
-    /// SPIFFE trust domain of the cluster's certificates.
-    #[arg(
-        long,
-        env = "TRUST_DOMAIN",
-        value_parser = TrustDomain::new,
-        default_value = "csi-scsi.local"
-    )]
-    pub trust_domain: TrustDomain,
 
     /// The embedded inventory database (SQLite), used when not in Kubernetes.
     #[arg(long, env = "STORE", default_value = "/var/lib/csi-scsi/inventory.db")]
@@ -177,14 +168,6 @@ pub struct Args {
     #[arg(long, default_value = "4")]
     pub agent_attempts: u32,
 
-    /// How long in-flight calls may run after SIGTERM before the proxy exits.
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    pub grace_period: u64,
-
-    /// How often certificate files are re-read even without a change event.
-    #[arg(long, default_value = "60", value_name = "SECONDS")]
-    pub tls_poll_interval: u64,
-
     /// The cluster CA (ca.crt, ca.key; a mounted Secret): with it, the
     /// proxy enrols agents (signs their certificates after checking the
     /// credential each relays) and renews each at two thirds of its life
@@ -232,9 +215,9 @@ pub struct Args {
     #[arg(long)]
     pub allow_kubelet_settable_selectors: bool,
 
-    /// Log format: text or json.
-    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
-    pub log_format: LogFormat,
+    /// The flags every daemon takes alike.
+    #[command(flatten)]
+    pub process: ProcessArgs,
 }
 
 /// Agent enrolment: who signs, for how long, and how nodes prove who they are.
@@ -346,7 +329,7 @@ impl Args {
     /// Checks every value; the error says which flag is wrong.
     pub fn validate(self) -> Result<Config, String> {
         let csi_socket = self.csi_endpoint;
-        let trust_domain = self.trust_domain;
+        let trust_domain = self.process.trust_domain.clone();
         let backoff = Backoff::try_new(Duration::from_millis(100), Duration::from_secs(5), 0.5)
             .map_err(|e| e.to_string())?;
         if self.agent_concurrency == 0 {
@@ -452,8 +435,8 @@ impl Args {
             csi_socket,
             tls: MaterialPaths::in_dir(&self.tls_dir),
             trust_domain,
-            grace_period: Duration::from_secs(self.grace_period),
-            tls_poll_interval: Duration::from_secs(self.tls_poll_interval.max(1)),
+            grace_period: self.process.grace(),
+            tls_poll_interval: self.process.tls_poll(),
             enrolment,
             allow_kubelet_settable_selectors: self.allow_kubelet_settable_selectors,
         })

@@ -9,6 +9,6 @@ use csi_scsi_proxy::{config, serve};
 
 fn main() -> ExitCode {
     let args: config::Args = csi_scsi_daemon::parse_args();
-    let format = args.log_format;
+    let format = args.process.log_format;
     csi_scsi_daemon::run_main("csi-scsi-proxy", args.validate(), format, serve::run)
 }
