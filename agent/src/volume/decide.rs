@@ -10,7 +10,25 @@ pub(crate) mod expand;
 pub(crate) mod publish;
 pub(crate) mod stage;
 
+use std::path::Path;
+
+use csi_scsi_contract::VolumeId;
+
+use crate::host::mount::BlockRecord;
 use crate::host::mountinfo::Mount;
+
+/// A staging path as the shell found it, for the volume asked about.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found<'a> {
+    /// The volume of the request.
+    pub(crate) volume: &'a VolumeId,
+    /// The staging path.
+    pub(crate) path: &'a Path,
+    /// The mount there, if any.
+    pub(crate) mount: Option<&'a SeenMount>,
+    /// The raw block record there, if any (read only where the rule needs it).
+    pub(crate) record: Option<&'a BlockRecord>,
+}
 
 /// A mount found at a path, judged against the volume's device.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,6 +30,25 @@ pub(crate) fn check_supported(capability: &Capability) -> Result<(), AgentError>
     Ok(())
 }
 
+/// What is at a staging path, judged against `device`: the mount there,
+/// and, only where nothing is mounted, the raw block record.
+pub(crate) fn look_at(
+    path: &std::path::Path,
+    device: &device::Device,
+    table: &MountTable,
+) -> Result<
+    (
+        Option<decide::SeenMount>,
+        Option<crate::host::mount::BlockRecord>,
+    ),
+    AgentError,
+> {
+    match table.mount_at(path) {
+        Some(m) => Ok((Some(decide::SeenMount::of(m, device.is(m.device))), None)),
+        None => Ok((None, crate::host::mount::BlockRecord::read(path)?)),
+    }
+}
+
 /// The host's mount table now.
 pub(crate) fn mount_table(host: &Host) -> Result<MountTable, AgentError> {
     MountTable::read(host).map_err(|e| AgentError::io(&host.mountinfo, e))

@@ -3,10 +3,10 @@
 //! asked, and take it away again. The target is the plugin's to create and
 //! to remove.
 
-use super::decide::publish::{self as decide, Staged};
-use super::decide::{SeenMount, Step};
+use super::decide::publish as decide;
+use super::decide::{Found, SeenMount, Step};
 use super::device::{self, Device};
-use super::{check_supported, mount_table};
+use super::{check_supported, look_at, mount_table};
 use crate::csi::request::{AccessType, PublishRequest, UnpublishRequest};
 use crate::error::AgentError;
 use crate::host::Host;
@@ -20,17 +20,10 @@ pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), Age
     let table = mount_table(host)?;
     let read_only = decide::read_only(req.read_only, req.capability.mode);
     let staging = req.staging.as_path();
-    let staged_mount = table
-        .mount_at(staging)
-        .map(|m| SeenMount::of(m, device.is(m.device)));
     match &req.capability.access {
         AccessType::Mount { fs, options } => {
-            // The record matters only where nothing is mounted.
-            let record = match staged_mount {
-                Some(_) => None,
-                None => BlockRecord::read(staging)?,
-            };
-            decide::staged_filesystem(staged(req, staged_mount.as_ref(), record.as_ref()), *fs)?;
+            let (mount, record) = look_at(staging, &device, &table)?;
+            decide::staged_filesystem(staged(req, mount.as_ref(), record.as_ref()), *fs)?;
             if target_step(req, &device, &table, read_only)? == Step::AlreadyDone {
                 return Ok(());
             }
@@ -41,8 +34,12 @@ pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), Age
             mount::bind(staging, target, &options).await?;
         }
         AccessType::Block => {
+            // The record first: it decides, whatever is mounted there.
             let record = BlockRecord::read(staging)?;
-            decide::staged_block(staged(req, staged_mount.as_ref(), record.as_ref()))?;
+            let mount = table
+                .mount_at(staging)
+                .map(|m| SeenMount::of(m, device.is(m.device)));
+            decide::staged_block(staged(req, mount.as_ref(), record.as_ref()))?;
             if target_step(req, &device, &table, read_only)? == Step::AlreadyDone {
                 return Ok(());
             }
@@ -69,8 +66,8 @@ fn staged<'a>(
     req: &'a PublishRequest,
     mount: Option<&'a SeenMount>,
     record: Option<&'a BlockRecord>,
-) -> Staged<'a> {
-    Staged {
+) -> Found<'a> {
+    Found {
         volume: &req.volume,
         path: req.staging.as_path(),
         mount,

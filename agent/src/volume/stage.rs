@@ -3,10 +3,10 @@
 //! carries no signature at all); a raw block volume has nothing to mount,
 //! so its staging path holds a small record of the device instead.
 
-use super::decide::stage::{self as decide, AtStaging, OnProbe};
-use super::decide::{SeenMount, Step};
+use super::decide::stage::{self as decide, OnProbe};
+use super::decide::{Found, Step};
 use super::device::{self, Device};
-use super::{check_supported, mount_table};
+use super::{check_supported, look_at, mount_table};
 use crate::csi::request::{AccessType, StageRequest, UnstageRequest};
 use crate::error::AgentError;
 use crate::host::Host;
@@ -50,15 +50,8 @@ async fn stage_filesystem(
     early: Option<filesystem::TypedProbe>,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    let mount = table
-        .mount_at(staging)
-        .map(|m| SeenMount::of(m, device.is(m.device)));
-    // The record matters only where nothing is mounted.
-    let record = match mount {
-        Some(_) => None,
-        None => BlockRecord::read(staging)?,
-    };
-    let at = AtStaging {
+    let (mount, record) = look_at(staging, device, table)?;
+    let at = Found {
         volume: &req.volume,
         path: staging,
         mount: mount.as_ref(),
@@ -120,14 +113,8 @@ fn stage_block(
     table: &MountTable,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    let mount = table
-        .mount_at(staging)
-        .map(|m| SeenMount::of(m, device.is(m.device)));
-    let record = match mount {
-        Some(_) => None,
-        None => BlockRecord::read(staging)?,
-    };
-    let at = AtStaging {
+    let (mount, record) = look_at(staging, device, table)?;
+    let at = Found {
         volume: &req.volume,
         path: staging,
         mount: mount.as_ref(),

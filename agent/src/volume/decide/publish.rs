@@ -5,26 +5,12 @@ use std::path::{Path, PathBuf};
 use csi_scsi_contract::VolumeId;
 
 use super::stage::is_this_volume;
-use super::{SeenMount, Step, how};
+use super::{Found, SeenMount, Step, how};
 use crate::csi::request::AccessMode;
 use crate::error::AgentError;
 use crate::host::filesystem::FsType;
-use crate::host::mount::BlockRecord;
 
-/// The staging path as the shell found it for a publish.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Staged<'a> {
-    /// The volume to publish.
-    pub volume: &'a VolumeId,
-    /// The staging path.
-    pub path: &'a Path,
-    /// The mount there, if any.
-    pub mount: Option<&'a SeenMount>,
-    /// The raw block record there, if any.
-    pub record: Option<&'a BlockRecord>,
-}
-
-impl Staged<'_> {
+impl Found<'_> {
     fn not_staged(&self, reason: String) -> AgentError {
         AgentError::NotStaged {
             volume: self.volume.to_string(),
@@ -41,7 +27,7 @@ pub(crate) fn read_only(flag: bool, mode: AccessMode) -> bool {
 
 /// Publishing a filesystem: the staging path must hold this volume's
 /// filesystem, of the type asked.
-pub(crate) fn staged_filesystem(at: Staged<'_>, fs: FsType) -> Result<(), AgentError> {
+pub(crate) fn staged_filesystem(at: Found<'_>, fs: FsType) -> Result<(), AgentError> {
     match at.mount {
         Some(m) if m.ours && m.fs_type == fs.name() => Ok(()),
         Some(m) if m.ours => Err(AgentError::InvalidArgument {
@@ -63,7 +49,7 @@ pub(crate) fn staged_filesystem(at: Staged<'_>, fs: FsType) -> Result<(), AgentE
 }
 
 /// Publishing raw block: the staging path must hold this volume's record.
-pub(crate) fn staged_block(at: Staged<'_>) -> Result<(), AgentError> {
+pub(crate) fn staged_block(at: Found<'_>) -> Result<(), AgentError> {
     match at.record {
         Some(r) if is_this_volume(r, at.volume) => Ok(()),
         Some(r) => Err(at.not_staged(format!("it is the staging path of volume {}", r.volume_id))),

@@ -4,26 +4,13 @@ use std::path::{Path, PathBuf};
 
 use csi_scsi_contract::VolumeId;
 
-use super::{SeenMount, Step};
+use super::{Found, Step};
 use crate::error::AgentError;
 use crate::host::block::Holder;
 use crate::host::filesystem::{FsType, Signature};
 use crate::host::mount::BlockRecord;
 
-/// The staging path as the shell found it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AtStaging<'a> {
-    /// The volume to stage.
-    pub volume: &'a VolumeId,
-    /// The staging path.
-    pub path: &'a Path,
-    /// The mount there, if any.
-    pub mount: Option<&'a SeenMount>,
-    /// The raw block record there, if any (read only when no mount is).
-    pub record: Option<&'a BlockRecord>,
-}
-
-impl AtStaging<'_> {
+impl Found<'_> {
     fn incompatible(&self, reason: String) -> AgentError {
         AgentError::Incompatible {
             volume: self.volume.to_string(),
@@ -42,7 +29,7 @@ impl AtStaging<'_> {
 
 /// Staging a filesystem of type `fs`: done already when the volume's
 /// device is mounted there as `fs`; refused when anything else is there.
-pub(crate) fn filesystem_path(at: AtStaging<'_>, fs: FsType) -> Result<Step, AgentError> {
+pub(crate) fn filesystem_path(at: Found<'_>, fs: FsType) -> Result<Step, AgentError> {
     if let Some(m) = at.mount {
         if !m.ours {
             return Err(at.taken(m.described.clone()));
@@ -68,7 +55,7 @@ pub(crate) fn filesystem_path(at: AtStaging<'_>, fs: FsType) -> Result<Step, Age
 
 /// Staging raw block: done already when this volume's record is there;
 /// refused when a mount or another volume's record is.
-pub(crate) fn block_path(at: AtStaging<'_>) -> Result<Step, AgentError> {
+pub(crate) fn block_path(at: Found<'_>) -> Result<Step, AgentError> {
     if let Some(m) = at.mount {
         if m.ours {
             return Err(at.incompatible(

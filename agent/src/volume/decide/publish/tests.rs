@@ -7,6 +7,7 @@ use tonic::Code;
 
 use super::*;
 use crate::csi::status::status;
+use crate::host::mount::BlockRecord;
 
 const WWID: &str = "naa.600140500000000000000000000000a1";
 const STAGING: &str = "/var/lib/kubelet/plugins/staging/pv1";
@@ -42,8 +43,8 @@ fn staged<'a>(
     v: &'a VolumeId,
     mount: Option<&'a SeenMount>,
     record: Option<&'a BlockRecord>,
-) -> Staged<'a> {
-    Staged {
+) -> Found<'a> {
+    Found {
         volume: v,
         path: Path::new(STAGING),
         mount,

@@ -8,6 +8,7 @@ use tonic::Code;
 
 use super::*;
 use crate::csi::status::status;
+use crate::volume::decide::SeenMount;
 
 const WWID: &str = "naa.600140500000000000000000000000a1";
 
@@ -74,7 +75,7 @@ fn a_filesystem_stage_is_done_refused_or_to_do_by_what_is_at_the_path() {
         ),
     ];
     for (what, mount, record, want) in cases {
-        let at = AtStaging {
+        let at = Found {
             volume: &v,
             path: Path::new(STAGING),
             mount,
@@ -126,7 +127,7 @@ fn a_block_stage_is_done_only_for_this_volumes_record() {
         ),
     ];
     for (what, mount, record, want) in cases {
-        let at = AtStaging {
+        let at = Found {
             volume: &v,
             path: Path::new(STAGING),
             mount,
