@@ -271,14 +271,7 @@ mod serde_impl {
     impl<'de> serde::Deserialize<'de> for Wwid {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             let text = Cow::<'de, str>::deserialize(d)?;
-            let wwid = Wwid::parse(&text).map_err(serde::de::Error::custom)?;
-            if wwid.as_str() != text {
-                return Err(serde::de::Error::custom(format!(
-                    "WWID {:?} is not in canonical form (want {wwid})",
-                    super::excerpt(&text)
-                )));
-            }
-            Ok(wwid)
+            Wwid::parse_canonical(&text).map_err(serde::de::Error::custom)
         }
     }
 

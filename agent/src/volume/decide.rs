@@ -17,6 +17,10 @@ use csi_scsi_contract::VolumeId;
 use crate::host::mount::BlockRecord;
 use crate::host::mountinfo::Mount;
 
+/// What the shell saw at a staging path: the mount there, and the raw
+/// block record (read only where the rule needs it).
+pub(crate) type Seen = (Option<SeenMount>, Option<BlockRecord>);
+
 /// A staging path as the shell found it, for the volume asked about.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Found<'a> {
@@ -28,6 +32,18 @@ pub(crate) struct Found<'a> {
     pub(crate) mount: Option<&'a SeenMount>,
     /// The raw block record there, if any (read only where the rule needs it).
     pub(crate) record: Option<&'a BlockRecord>,
+}
+
+impl<'a> Found<'a> {
+    /// What `seen` shows at `path`, for `volume`.
+    pub(crate) fn new(volume: &'a VolumeId, path: &'a Path, seen: &'a Seen) -> Self {
+        Self {
+            volume,
+            path,
+            mount: seen.0.as_ref(),
+            record: seen.1.as_ref(),
+        }
+    }
 }
 
 /// A mount found at a path, judged against the volume's device.

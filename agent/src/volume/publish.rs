@@ -22,8 +22,8 @@ pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), Age
     let staging = req.staging.as_path();
     match &req.capability.access {
         AccessType::Mount { fs, options } => {
-            let (mount, record) = look_at(staging, &device, &table)?;
-            decide::staged_filesystem(staged(req, mount.as_ref(), record.as_ref()), *fs)?;
+            let seen = look_at(staging, &device, &table)?;
+            decide::staged_filesystem(Found::new(&req.volume, staging, &seen), *fs)?;
             if target_step(req, &device, &table, read_only)? == Step::AlreadyDone {
                 return Ok(());
             }
@@ -39,7 +39,7 @@ pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), Age
             let mount = table
                 .mount_at(staging)
                 .map(|m| SeenMount::of(m, device.is(m.device)));
-            decide::staged_block(staged(req, mount.as_ref(), record.as_ref()))?;
+            decide::staged_block(Found::new(&req.volume, staging, &(mount, record)))?;
             if target_step(req, &device, &table, read_only)? == Step::AlreadyDone {
                 return Ok(());
             }
@@ -60,19 +60,6 @@ pub(crate) async fn publish(host: &Host, req: &PublishRequest) -> Result<(), Age
     }
     tracing::info!(volume_id = %req.volume, target = %req.target.as_path().display(), read_only, "published");
     Ok(())
-}
-
-fn staged<'a>(
-    req: &'a PublishRequest,
-    mount: Option<&'a SeenMount>,
-    record: Option<&'a BlockRecord>,
-) -> Found<'a> {
-    Found {
-        volume: &req.volume,
-        path: req.staging.as_path(),
-        mount,
-        record,
-    }
 }
 
 /// What is at the target already ([`decide::target`]); a bind of a device

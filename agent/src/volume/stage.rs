@@ -50,13 +50,8 @@ async fn stage_filesystem(
     early: Option<filesystem::TypedProbe>,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    let (mount, record) = look_at(staging, device, table)?;
-    let at = Found {
-        volume: &req.volume,
-        path: staging,
-        mount: mount.as_ref(),
-        record: record.as_ref(),
-    };
+    let seen = look_at(staging, device, table)?;
+    let at = Found::new(&req.volume, staging, &seen);
     if decide::filesystem_path(at, fs)? == Step::AlreadyDone {
         return Ok(());
     }
@@ -113,13 +108,8 @@ fn stage_block(
     table: &MountTable,
 ) -> Result<(), AgentError> {
     let staging = req.staging.as_path();
-    let (mount, record) = look_at(staging, device, table)?;
-    let at = Found {
-        volume: &req.volume,
-        path: staging,
-        mount: mount.as_ref(),
-        record: record.as_ref(),
-    };
+    let seen = look_at(staging, device, table)?;
+    let at = Found::new(&req.volume, staging, &seen);
     if decide::block_path(at)? == Step::AlreadyDone {
         return Ok(());
     }

@@ -2,13 +2,12 @@
 //! embedded store pre-filled the way discovery fills it (no agents are
 //! needed to bind): concurrency, crash safety and the spec's error codes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
 use csi_scsi_proto::csi::controller_client::ControllerClient;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode;
 use csi_scsi_proto::csi::*;
-use csi_scsi_proxy::device::{DiscoveryRound, LunReport, NewLuns};
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_tests::csi_client::csi_channel;
 use csi_scsi_tests::daemon::Daemon;
@@ -18,43 +17,13 @@ use tonic::transport::Channel;
 
 use crate::support::Env;
 
-/// Fills a store with `n` 1 GiB devices seen from node-a.
-async fn fill(store: &Path, n: u32) {
-    let inv = Inventory::new(std::sync::Arc::new(
-        EmbeddedInventory::open(store).expect("store"),
-    ));
-    let luns = (0..n)
-        .map(|i| LunReport {
-            wwid: csi_scsi_contract::Wwid::parse(&format!("naa.6001405{i:025x}"))
-                .expect("a canonical WWID"),
-            lun: i,
-            size_bytes: 1 << 30,
-            vendor: "LIO-ORG".into(),
-            model: "disk".into(),
-            serial: format!("sn{i}"),
-            paths: vec![format!(
-                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.test:t-lun-{i}"
-            )],
-        })
-        .collect();
-    inv.apply_discovery(DiscoveryRound {
-        target: "t".into(),
-        device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
-        answered: BTreeMap::from([("node-a".to_owned(), luns)]),
-        unanswered: Vec::new(),
-        same_array: Default::default(),
-        // Made-up LUNs no node could probe: offered as they are.
-        new_luns: NewLuns::Trust,
-    })
-    .await
-    .expect("fill");
-}
-
 async fn proxy(
     env: &Env,
     devices: u32,
 ) -> (csi_scsi_tests::daemon::Daemon, ControllerClient<Channel>) {
-    fill(&env.path("proxy/inventory.db"), devices).await;
+    csi_scsi_tests::bench::inventory::fill(&env.path("proxy/inventory.db"), devices)
+        .await
+        .expect("fill");
     std::fs::write(env.path("agents.txt"), "node-a 127.0.0.1:1\n").expect("agents");
     let p = env.start_proxy().await;
     let c = ControllerClient::new(csi_channel(&p.csi).await.expect("connect"));
