@@ -125,15 +125,25 @@ pub(crate) async fn reverify(
             .map_err(|e| not_ready(format!("its path {name} could not be rescanned: {e}")))?;
     }
     // A kernel has re-read by the time the write returns; a stand-in that
-    // acts on the trigger takes a moment, and says so by clearing it.
-    for _ in 0..40 {
-        if paths
+    // acts on the trigger takes a moment, and says so by clearing it. One
+    // still pending is not taken for done: what it reads would be stale.
+    let pending = || {
+        paths
             .iter()
-            .all(|n| sysfs::rescan_pending(host, n).is_none_or(|p| !p))
-        {
+            .find(|n| sysfs::rescan_pending(host, n).is_some_and(|p| p))
+            .cloned()
+    };
+    // Bounded: a stand-in under load takes seconds; a kernel never waits here.
+    for _ in 0..400 {
+        if pending().is_none() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    if let Some(name) = pending() {
+        return Err(not_ready(format!(
+            "its path {name} has not finished re-reading its identity within 10 s"
+        )));
     }
     // The paths, and the device written itself (a map reports its WWID
     // through its uuid).

@@ -54,8 +54,7 @@ pub async fn run(ctx: NodeContext) -> std::io::Result<()> {
         if content.trim().is_empty() {
             continue;
         }
-        // Write-only in a real sysfs: reset so the next write is seen.
-        let _ = std::fs::write(&path, "");
+        let written = modified(&path);
         let result = match name.as_str() {
             "delete" => delete(&ctx, &tree, &path),
             "rescan" => rescan(&ctx, &tree, &path),
@@ -64,8 +63,20 @@ pub async fn run(ctx: NodeContext) -> std::io::Result<()> {
         if let Err(e) = result {
             eprintln!("lab kernel: {} on {}: {e}", name, path.display());
         }
+        // A kernel acts within the write; the agent waits for the trigger
+        // to read empty before it reads what the action changed (a size
+        // after a rescan), so it is reset only now. A write that came in
+        // meanwhile (a newer mtime) stays, and its event acts on it again.
+        if modified(&path) == written {
+            let _ = std::fs::write(&path, "");
+        }
     }
     Ok(())
+}
+
+/// When `trigger` was last written (`None` when it cannot be read).
+fn modified(trigger: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(trigger).and_then(|m| m.modified()).ok()
 }
 
 /// The kernel name of the disk whose device directory holds `trigger`.

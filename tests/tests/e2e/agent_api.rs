@@ -404,6 +404,49 @@ async fn wipe_refuses_a_mounted_device_a_missing_one_and_a_wrong_wwid_and_the_da
 }
 
 #[tokio::test]
+async fn a_wipe_whose_rescan_the_kernel_has_not_finished_refuses_and_writes_nothing() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let (_d, lab, _cl) = lab().await;
+    let mut b = client(&lab, 1);
+    let att = b
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    let dev = std::fs::canonicalize(&att.device_path)
+        .expect("node")
+        .display()
+        .to_string();
+    sh("mkfs.ext4", &["-q", "-L", "precious", &dev]).expect("mkfs");
+    // Node b's kernel stops acting on sysfs triggers (a hung SCSI scan):
+    // the wipe's rescan stays pending, and what the device reports is stale.
+    let watcher = lab.nodes[1].watcher.as_ref().expect("kernel stand-in");
+    let pid = Pid::from_raw(i32::try_from(watcher.pid()).expect("pid"));
+    kill(pid, Signal::SIGSTOP).expect("stop the stand-in");
+    let refused = wipe(&mut b, FC_WWID, WipeMode::Zero).await;
+    kill(pid, Signal::SIGCONT).expect("continue the stand-in");
+    let err = refused.expect_err("a rescan still pending");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("re-reading"), "{err}");
+    // Probed from the device (-p), not from blkid's cache.
+    let label = sh("blkid", &["-p", "-o", "value", "-s", "LABEL", &dev]).expect("blkid");
+    assert_eq!(label.trim(), "precious", "nothing written");
+    // Once the kernel answers again, the same wipe goes through.
+    wipe(&mut b, FC_WWID, WipeMode::Zero)
+        .await
+        .expect("wipe once the rescan is done");
+    assert!(
+        csi_scsi_tests::lab::scenario::all_zero(&lab.luns["fc1"]).expect("read"),
+        "wiped whole"
+    );
+}
+
+#[tokio::test]
 async fn only_the_proxy_may_call_and_only_the_node_it_dialled_answers() {
     let (_d, lab, _cl) = lab().await;
     // The proxy's certificate dialling node-a's address while expecting node-b.

@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use csi_scsi_proto::csi::node_client::NodeClient;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode;
@@ -32,8 +33,9 @@ pub const XFS_SIZE: u64 = 320 << 20;
 
 /// A node with an agent, a device tree and a kubelet directory.
 pub struct Lab {
-    // Field order is drop order: unmount first, then stop the agent, detach
-    // the loop devices, and only then remove the temp dir.
+    // Field order is drop order: the kernel's part stops, unmount, then stop
+    // the agent, detach the loop devices, and only then remove the temp dir.
+    kernel: RescanKernel,
     _unmount: UnmountOnDrop,
     pub agent: Agent,
     pub luns: Vec<Lun>,
@@ -53,6 +55,15 @@ pub struct Lun {
 
 /// Lazily unmounts everything mounted under a directory when dropped.
 pub struct UnmountOnDrop(PathBuf);
+
+/// The kernel's part of `device/rescan` for the lab's LUNs: re-reads the
+/// loop device's size into the tree, then clears the trigger (the agent
+/// reads a trigger that stays written as a rescan still under way, and
+/// refuses to go on). Stopped by [`Lab::stop_kernel`] or when dropped.
+struct RescanKernel {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
 // === impl Lab ===
 
@@ -103,7 +114,14 @@ impl Lab {
             )
             .await;
         let client = NodeClient::new(csi_channel(&agent.csi).await.expect("CSI socket"));
+        let kernel = RescanKernel::start(
+            tree.clone(),
+            luns.iter()
+                .map(|l| (l.name.clone(), l.backing.device.clone()))
+                .collect(),
+        );
         Some(Self {
+            kernel,
             _unmount: unmount,
             agent,
             luns,
@@ -112,6 +130,11 @@ impl Lab {
             client,
             env,
         })
+    }
+
+    /// Stops answering rescans, for a test that plays the kernel itself.
+    pub fn stop_kernel(&mut self) {
+        self.kernel.stop();
     }
 
     /// The `i`th LUN.
@@ -287,6 +310,50 @@ impl Lab {
             })
             .await
             .map(|r| r.into_inner().capacity_bytes)
+    }
+}
+
+// === impl RescanKernel ===
+
+impl RescanKernel {
+    fn start(tree: NodeTree, disks: Vec<(String, PathBuf)>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                for (name, device) in &disks {
+                    let trigger = tree.sys().join("block").join(name).join("device/rescan");
+                    let written = std::fs::read_to_string(&trigger).unwrap_or_default();
+                    if written.trim().is_empty() {
+                        continue;
+                    }
+                    // Cleared only once acted on, as a kernel returns from
+                    // the write only then.
+                    if let Err(e) = tree.rescan_size(name, device) {
+                        eprintln!("node lab kernel: rescan of {name}: {e}");
+                    }
+                    let _ = std::fs::write(&trigger, "");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RescanKernel {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -400,13 +400,14 @@ async fn a_read_error_during_stage_is_unavailable_and_formats_nothing() {
 async fn a_blank_lun_that_reports_another_wwid_when_rescanned_is_never_formatted() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let Some(lab) = Lab::start(&[SMALL]).await else {
+    let Some(mut lab) = Lab::start(&[SMALL]).await else {
         return;
     };
+    lab.stop_kernel();
     let lun = lab.lun(0);
     let device = lab.tree.sys().join("block").join(&lun.name).join("device");
-    // The kernel's part: a rescan re-reads INQUIRY, and the array now has
-    // another LUN at this number.
+    // The kernel's part, played here: a rescan re-reads INQUIRY, and the
+    // array now has another LUN at this number.
     let stop = Arc::new(AtomicBool::new(false));
     let kernel = {
         let (device, stop) = (device.clone(), stop.clone());
