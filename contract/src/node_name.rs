@@ -173,7 +173,10 @@ mod tests {
         let n = NodeName::parse("node-a").expect("node name");
         let json = serde_json::to_string(&n).expect("serialise");
         assert_eq!(json, "\"node-a\"");
-        assert_eq!(serde_json::from_str::<NodeName>(&json).expect("read back"), n);
+        assert_eq!(
+            serde_json::from_str::<NodeName>(&json).expect("read back"),
+            n
+        );
         for refused in ["\"\"", "\"node\\n\"", "17", "null"] {
             assert!(
                 serde_json::from_str::<NodeName>(refused).is_err(),

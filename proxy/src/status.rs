@@ -334,7 +334,11 @@ fn device_view(d: &Device) -> doc::Device {
         volume_id: d.volume_id(),
         volume_name: d.binding.as_ref().map(|b| b.volume_name.clone()),
         nodes: d.node_names().iter().map(NodeName::to_string).collect(),
-        published: d.published_nodes().iter().map(NodeName::to_string).collect(),
+        published: d
+            .published_nodes()
+            .iter()
+            .map(NodeName::to_string)
+            .collect(),
         reason: d.reason.clone(),
     }
 }

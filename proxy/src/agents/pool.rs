@@ -330,8 +330,8 @@ mod tests {
     use csi_scsi_proto::agent::StatusRequest;
 
     use super::*;
-    use crate::node;
     use crate::directory::FileDirectory;
+    use crate::node;
 
     /// A pool whose only agent, node-x, accepts connections and never says
     /// a word (a node whose link went down after the TCP handshake).
@@ -389,7 +389,8 @@ mod tests {
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
         let start = Instant::now();
         let caller = start + Duration::from_millis(400);
-        let result = deadline::within(Some(caller), pool.call(&node("node-x"), status(), "t")).await;
+        let result =
+            deadline::within(Some(caller), pool.call(&node("node-x"), status(), "t")).await;
         let took = start.elapsed();
         let error = result.expect_err("no answer");
         assert!(
@@ -423,9 +424,12 @@ mod tests {
     async fn a_call_past_the_callers_deadline_is_not_sent() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
-        let error = deadline::within(Some(Instant::now()), pool.call(&node("node-x"), status(), "t"))
-            .await
-            .expect_err("no time");
+        let error = deadline::within(
+            Some(Instant::now()),
+            pool.call(&node("node-x"), status(), "t"),
+        )
+        .await
+        .expect_err("no time");
         assert!(
             matches!(&error, AgentError::Unreachable { detail, .. } if detail.contains("no time left")),
             "{error:?}"

@@ -603,13 +603,13 @@ mod publication_tests {
         assert_eq!(
             old,
             vec![Publication {
-                node: "node-a".into(),
+                node: crate::node("node-a"),
                 access: None,
                 readonly: false,
             }]
         );
         let new = Publication {
-            node: "node-b".into(),
+            node: crate::node("node-b"),
             access: Some(Capability::Block(AccessMode::MultiNodeMultiWriter)),
             readonly: true,
         };

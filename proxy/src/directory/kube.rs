@@ -291,7 +291,9 @@ fn unready(pods: &Store<Pod>, nodes: &Store<Node>, default_port: u16) -> Vec<Unr
         .filter_map(|pod| {
             let node = scheduled_node(pod)?;
             let address = pod_address(pod, default_port)?;
-            let node_uid = nodes.get(&ObjectRef::new(node.as_str())).and_then(|n| n.uid());
+            let node_uid = nodes
+                .get(&ObjectRef::new(node.as_str()))
+                .and_then(|n| n.uid());
             Some(Unready {
                 node,
                 address,

@@ -411,9 +411,13 @@ impl Enroller {
             }
         }
         // No certificate we trust: the credential alone proves the node.
-        let channel =
-            csi_scsi_daemon::enrolment_channel(address, node.as_str(), self.tls.clone(), self.timeout)
-                .map_err(|e| unreachable(e.to_string()))?;
+        let channel = csi_scsi_daemon::enrolment_channel(
+            address,
+            node.as_str(),
+            self.tls.clone(),
+            self.timeout,
+        )
+        .map_err(|e| unreachable(e.to_string()))?;
         let mut client = EnrolmentClient::new(channel);
         let status = client
             .certificate_status(self.request(CertificateStatusRequest {}))
@@ -525,7 +529,14 @@ impl Enroller {
 
     /// Notes that `node`'s certificate, valid until `not_after`, is due
     /// with a third of the lifetime left, and that it trusts `trust`.
-    fn remember(&self, node: &NodeName, address: &str, uid: Option<&str>, not_after: i64, trust: &str) {
+    fn remember(
+        &self,
+        node: &NodeName,
+        address: &str,
+        uid: Option<&str>,
+        not_after: i64,
+        trust: &str,
+    ) {
         let third = i64::try_from(self.lifetime.as_secs() / 3).unwrap_or(i64::MAX);
         self.known().insert(
             node.clone(),

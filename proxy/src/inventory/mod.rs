@@ -348,11 +348,8 @@ impl Inventory {
             .flat_map(|d| d.nodes.iter().map(|v| &v.node))
             .filter(|n| !round.answered.contains_key(*n))
             .collect();
-        let departed: BTreeSet<NodeName> = viewing
-            .into_iter()
-            .filter(|n| gone(n))
-            .cloned()
-            .collect();
+        let departed: BTreeSet<NodeName> =
+            viewing.into_iter().filter(|n| gone(n)).cloned().collect();
         let mut pending: BTreeSet<Wwid> = known.keys().cloned().collect();
         pending.extend(
             by_wwid

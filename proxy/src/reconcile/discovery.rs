@@ -497,7 +497,7 @@ mod lun_report_tests {
         let mut before = fresh();
         assert!(take_report(
             &mut before,
-            "node-a".into(),
+            crate::node("node-a"),
             vec![agent_lun(1)]
         ));
         inv.apply_discovery(before).await.expect("first round");
@@ -505,8 +505,12 @@ mod lun_report_tests {
         let mut huge = agent_lun(2);
         huge.serial = "x".repeat(1 << 20);
         let mut round = fresh();
-        assert!(!take_report(&mut round, "node-a".into(), vec![huge]));
-        assert!(take_report(&mut round, "node-b".into(), vec![agent_lun(3)]));
+        assert!(!take_report(&mut round, crate::node("node-a"), vec![huge]));
+        assert!(take_report(
+            &mut round,
+            crate::node("node-b"),
+            vec![agent_lun(3)]
+        ));
         assert_eq!(round.unanswered, ["node-a"]);
         let out = inv.apply_discovery(round).await.expect("second round");
         assert_eq!(out.added, [key(3)], "{out:?}");
@@ -515,7 +519,7 @@ mod lun_report_tests {
         let one = inv.device(&key(1)).await.expect("read").expect("kept");
         assert_eq!(
             (one.phase, one.node_names()),
-            (Phase::Unverified, vec!["node-a".to_owned()])
+            (Phase::Unverified, vec![crate::node("node-a")])
         );
         assert!(inv.device(&key(2)).await.expect("read").is_none());
     }

@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(
             old.published,
             [Publication {
-                node: "node-a".into(),
+                node: crate::node("node-a"),
                 access: None,
                 readonly: false,
             }]
