@@ -16,6 +16,7 @@ pub mod fs_type;
 pub mod iscsi;
 pub mod leader_epoch;
 pub mod node_name;
+mod stored_text;
 pub mod volume_id;
 pub mod wwid;
 

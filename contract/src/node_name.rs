@@ -90,42 +90,9 @@ impl PartialEq<&str> for NodeName {
     }
 }
 
-/// A stored node name is its text; reading one back refuses a text that is
-/// not a node name rather than carrying it on as a key.
-#[cfg(feature = "serde")]
-mod serde_impl {
-    use std::borrow::Cow;
-
-    use super::NodeName;
-
-    impl serde::Serialize for NodeName {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&self.0)
-        }
-    }
-
-    impl<'de> serde::Deserialize<'de> for NodeName {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            let text = Cow::<'de, str>::deserialize(d)?;
-            NodeName::parse(&text).map_err(serde::de::Error::custom)
-        }
-    }
-
-    impl schemars::JsonSchema for NodeName {
-        fn schema_name() -> Cow<'static, str> {
-            // Inlined as a plain string, as a `String` field was.
-            String::schema_name()
-        }
-
-        fn inline_schema() -> bool {
-            true
-        }
-
-        fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-            String::json_schema(generator)
-        }
-    }
-}
+// A stored node name is its text; reading one back refuses a text that is
+// not a node name rather than carrying it on as a key.
+crate::stored_text::stored_as_text!(NodeName, NodeName::parse);
 
 #[cfg(test)]
 mod tests {
