@@ -253,43 +253,10 @@ impl std::str::FromStr for Wwid {
     }
 }
 
-/// A stored WWID is its canonical text; reading one back refuses any other
-/// spelling (a record written by hand, or by something that did not
-/// canonicalise) rather than quietly changing the key it is stored under.
-#[cfg(feature = "serde")]
-mod serde_impl {
-    use std::borrow::Cow;
-
-    use super::Wwid;
-
-    impl serde::Serialize for Wwid {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_str(&self.0)
-        }
-    }
-
-    impl<'de> serde::Deserialize<'de> for Wwid {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            let text = Cow::<'de, str>::deserialize(d)?;
-            Wwid::parse_canonical(&text).map_err(serde::de::Error::custom)
-        }
-    }
-
-    impl schemars::JsonSchema for Wwid {
-        fn schema_name() -> Cow<'static, str> {
-            // Inlined as a plain string, as a `String` field was.
-            String::schema_name()
-        }
-
-        fn inline_schema() -> bool {
-            true
-        }
-
-        fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-            String::json_schema(generator)
-        }
-    }
-}
+// A stored WWID is its canonical text; reading one back refuses any other
+// spelling (a record written by hand, or by something that did not
+// canonicalise) rather than quietly changing the key it is stored under.
+crate::stored_text::stored_as_text!(Wwid, Wwid::parse_canonical);
 
 #[cfg(test)]
 mod tests {

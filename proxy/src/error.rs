@@ -1,6 +1,8 @@
 //! `ProxyError`: what can go wrong on the controller side. Mapped to gRPC
 //! codes in exactly one place, `csi/status.rs`.
 
+use csi_scsi_contract::NodeName;
+
 use crate::agents::AgentError;
 use crate::device::KubeletSettableSelector;
 use crate::inventory::InventoryError;
@@ -32,7 +34,7 @@ pub enum ProxyError {
         "node {0} is gone (no Node object, tainted node.kubernetes.io/out-of-service, \
          or out of the agents file for --node-removal-grace)"
     )]
-    NodeNotFound(String),
+    NodeNotFound(NodeName),
     /// The node exists but no agent of it is listed (NotReady,
     /// partitioned, agent restarting): it may still be using the volume,
     /// so the request waits for the agent rather than take the node for gone.
@@ -41,7 +43,7 @@ pub enum ProxyError {
     )]
     NodeUnreachable {
         /// The node.
-        node: String,
+        node: NodeName,
         /// What that means for this request.
         consequence: String,
     },
@@ -67,12 +69,12 @@ pub enum ProxyError {
     #[error("no device of the requested size exists: {0}")]
     CapacityOutOfRange(String),
     /// The volume is published where the request does not allow it.
-    #[error("volume {volume} is published to {nodes}: {reason}")]
+    #[error("volume {volume} is published to {}: {reason}", comma_separated(.nodes))]
     PublishedElsewhere {
         /// The volume.
         volume: String,
         /// Where it is published.
-        nodes: String,
+        nodes: Vec<NodeName>,
         /// Why that blocks the request.
         reason: &'static str,
     },
@@ -85,7 +87,7 @@ pub enum ProxyError {
         /// The volume.
         volume: String,
         /// The node.
-        node: String,
+        node: NodeName,
         /// How it is published there.
         recorded: String,
         /// How the request asks for it.
@@ -146,7 +148,7 @@ pub enum ProxyError {
     )]
     TargetNotForNode {
         /// The node asked for.
-        node: String,
+        node: NodeName,
         /// The target that does not select it.
         target: String,
         /// The LUN.
@@ -162,6 +164,15 @@ pub enum ProxyError {
     /// The inventory failed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+}
+
+/// `a,b,c`: nodes as a message lists them.
+fn comma_separated(nodes: &[NodeName]) -> String {
+    nodes
+        .iter()
+        .map(NodeName::as_str)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl ProxyError {

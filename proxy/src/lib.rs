@@ -25,3 +25,9 @@ pub mod secrets;
 pub mod selector;
 pub mod serve;
 pub mod status;
+
+/// A node name for unit tests.
+#[cfg(test)]
+pub(crate) fn node(name: &str) -> csi_scsi_contract::NodeName {
+    csi_scsi_contract::NodeName::parse(name).expect("a test node name")
+}

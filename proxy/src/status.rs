@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use csi_scsi_contract::NodeName;
 use csi_scsi_daemon::{Metrics, StatusSource, rfc3339, set_gauge, set_gauges};
 use csi_scsi_proto::agent::StatusRequest;
 use csi_scsi_status::{SCHEMA, Status, proxy as doc};
@@ -35,7 +36,7 @@ pub struct ProxyStatus {
     life: Arc<Lifecycle>,
     metrics: Metrics,
     gauges: Gauges,
-    probes: Arc<Mutex<BTreeMap<String, Probe>>>,
+    probes: Arc<Mutex<BTreeMap<NodeName, Probe>>>,
     leader: Option<(LeaderHandle, String)>,
     started: SystemTime,
 }
@@ -124,7 +125,7 @@ impl ProxyStatus {
                 // A probe of an older address says nothing about this one.
                 let p = probes.get(node).filter(|p| p.address == entry.address);
                 doc::Agent {
-                    node: node.clone(),
+                    node: node.to_string(),
                     address: entry.address.clone(),
                     reachable: p.map(|p| p.reachable),
                     round_trip_ms: p.map(|p| p.round_trip_ms),
@@ -332,8 +333,12 @@ fn device_view(d: &Device) -> doc::Device {
         labels: d.labels.clone(),
         volume_id: d.volume_id(),
         volume_name: d.binding.as_ref().map(|b| b.volume_name.clone()),
-        nodes: d.node_names(),
-        published: d.published_nodes(),
+        nodes: d.node_names().iter().map(NodeName::to_string).collect(),
+        published: d
+            .published_nodes()
+            .iter()
+            .map(NodeName::to_string)
+            .collect(),
         reason: d.reason.clone(),
     }
 }
@@ -392,17 +397,17 @@ fn resize_view(r: &ResizeRequest) -> doc::Resize {
 /// One round of probes over the directory.
 async fn probe_all(
     life: &Arc<Lifecycle>,
-    probes: &Mutex<BTreeMap<String, Probe>>,
+    probes: &Mutex<BTreeMap<NodeName, Probe>>,
     timeout: Duration,
     concurrency: usize,
 ) {
     let agents = life.agents().directory().snapshot();
     let rid = format!("probe-{}", uuid::Uuid::new_v4());
-    let todo: Vec<(String, String)> = agents
+    let todo: Vec<(NodeName, String)> = agents
         .iter()
         .map(|(node, entry)| (node.clone(), entry.address.clone()))
         .collect();
-    let results: Vec<(String, Probe)> = futures::stream::iter(todo)
+    let results: Vec<(NodeName, Probe)> = futures::stream::iter(todo)
         .map(|(node, address)| {
             let rid = rid.clone();
             let life = life.clone();

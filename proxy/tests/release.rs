@@ -480,7 +480,10 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
         fs_type: Some(FsType::Ext4),
         mode: AccessMode::SingleNodeWriter,
     };
-    p.life.publish(&id, "node-a", &access, "t").await.unwrap();
+    p.life
+        .publish(&id, &devices::node("node-a"), &access, "t")
+        .await
+        .unwrap();
     assert_eq!(f.agent.log.attached(&vol.wwid), 1);
 
     // Leadership lost (a lapsed term reads the same): nothing that
@@ -492,14 +495,14 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
     };
     not_leading(
         p.life
-            .publish(&id, "node-a", &access, "t")
+            .publish(&id, &devices::node("node-a"), &access, "t")
             .await
             .map_err(Status::from)
             .unwrap_err(),
     );
     not_leading(
         p.life
-            .unpublish(&id, "node-a", "t")
+            .unpublish(&id, Some(&devices::node("node-a")), "t")
             .await
             .map_err(Status::from)
             .unwrap_err(),
@@ -508,7 +511,10 @@ async fn a_replica_that_stops_leading_sends_no_attach_detach_or_wipe_and_its_cal
     assert_eq!(f.agent.log.detached(&vol.wwid), 0, "a Detach was sent");
 
     leads.send_replace(true);
-    p.life.unpublish(&id, "node-a", "t").await.unwrap();
+    p.life
+        .unpublish(&id, Some(&devices::node("node-a")), "t")
+        .await
+        .unwrap();
     assert_eq!(f.agent.log.detached(&vol.wwid), 1);
     leads.send_replace(false);
     p.life.delete(&id, "t").await.unwrap();

@@ -2,6 +2,7 @@
 //! read once, here, into what it means for the caller. Lifecycle code
 //! decides from these variants, never from raw codes.
 
+use csi_scsi_contract::NodeName;
 use tonic::{Code, Status};
 
 use super::pool::PoolError;
@@ -17,7 +18,7 @@ pub enum AgentError {
     #[error("agent on {node} unreachable: {detail}")]
     Unreachable {
         /// The node.
-        node: String,
+        node: NodeName,
         /// What happened.
         detail: String,
     },
@@ -25,7 +26,7 @@ pub enum AgentError {
     #[error("agent on {node} ran out of time: {detail}")]
     TimedOut {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Its message.
         detail: String,
     },
@@ -33,7 +34,7 @@ pub enum AgentError {
     #[error("agent on {node} is busy with it: {detail}")]
     Busy {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Its message.
         detail: String,
     },
@@ -41,7 +42,7 @@ pub enum AgentError {
     #[error("agent on {node}: {detail}")]
     NotFound {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Its message.
         detail: String,
     },
@@ -49,7 +50,7 @@ pub enum AgentError {
     #[error("agent on {node} refused: {detail}")]
     Refused {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Why, as a kind.
         why: Refusal,
         /// Its message.
@@ -59,7 +60,7 @@ pub enum AgentError {
     #[error("agent on {node} failed: {detail}")]
     Failed {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Its message.
         detail: String,
     },
@@ -80,8 +81,8 @@ pub enum Refusal {
 impl AgentError {
     /// What the agent's `status` means. `Ok` never arrives as an error; if
     /// it does, it is a defect of the transport and reads as a failure.
-    pub fn answer(node: &str, status: Status) -> Self {
-        let node = node.to_owned();
+    pub fn answer(node: &NodeName, status: Status) -> Self {
+        let node = node.clone();
         let detail = status.message().to_owned();
         let refused = |why| Self::Refused {
             node: node.clone(),
@@ -147,7 +148,7 @@ mod tests {
             (Code::Unauthenticated, true),
         ];
         for (code, nothing) in cases {
-            let e = AgentError::answer("node-a", Status::new(code, "why"));
+            let e = AgentError::answer(&crate::node("node-a"), Status::new(code, "why"));
             assert_eq!(e.surely_did_nothing(), nothing, "{code:?}: {e:?}");
             assert!(e.to_string().contains("node-a"), "{e}");
         }

@@ -1,5 +1,6 @@
 //! Bounded concurrent fan-out of one call to many agents.
 
+use csi_scsi_contract::NodeName;
 use futures::StreamExt;
 
 use super::call::Rpc;
@@ -11,11 +12,11 @@ use super::pool::AgentPool;
 /// close to the slowest agent, not the sum.
 pub async fn fan_out<R: Rpc>(
     pool: &AgentPool,
-    nodes: Vec<String>,
+    nodes: Vec<NodeName>,
     request: R,
     request_id: &str,
     limit: usize,
-) -> Vec<(String, Result<R::Reply, AgentError>)> {
+) -> Vec<(NodeName, Result<R::Reply, AgentError>)> {
     futures::stream::iter(nodes)
         .map(|node| {
             let request = request.clone();

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use csi_scsi_contract::NodeName;
 use csi_scsi_daemon::{Metrics, code_name, rpc_histogram};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -72,7 +73,7 @@ impl AgentCallMetrics {
     }
 
     /// Remembers a failed call to `node` for `/status`.
-    pub fn note_error(&self, node: &str, method: &str, code: Code, message: &str, rid: &str) {
+    pub fn note_error(&self, node: &NodeName, method: &str, code: Code, message: &str, rid: &str) {
         self.metrics
             .note_error(&format!("agent {node}"), method, code, message, rid);
     }

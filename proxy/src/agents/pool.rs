@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csi_scsi_certs::MaterialStore;
+use csi_scsi_contract::NodeName;
 use csi_scsi_daemon::Severance;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -52,12 +53,12 @@ pub struct CallConfig {
 pub enum PoolError {
     /// The node has no agent in the directory.
     #[error("no agent is known for node {0}")]
-    UnknownNode(String),
+    UnknownNode(NodeName),
     /// The channel could not be built.
     #[error("cannot open a channel to node {node}: {reason}")]
     Channel {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Why.
         reason: String,
     },
@@ -65,7 +66,7 @@ pub enum PoolError {
     #[error("to node {node}: {source}")]
     NotLeading {
         /// The node.
-        node: String,
+        node: NodeName,
         /// The call.
         source: NotLeading,
     },
@@ -90,7 +91,7 @@ pub struct AgentPool {
     /// Whether this replica leads, and in which epoch (sent with every call).
     leader: LeaderHandle,
     /// Node -> its channel.
-    channels: Mutex<HashMap<String, Pooled>>,
+    channels: Mutex<HashMap<NodeName, Pooled>>,
     next_channel: AtomicU64,
     metrics: std::sync::OnceLock<AgentCallMetrics>,
 }
@@ -180,11 +181,11 @@ impl AgentPool {
     }
 
     /// The channel to `node` and its ID (for [`Self::forget`]).
-    fn channel(&self, node: &str) -> Result<(u64, Channel), PoolError> {
+    fn channel(&self, node: &NodeName) -> Result<(u64, Channel), PoolError> {
         let agents = self.directory.snapshot();
         let entry = agents
             .get(node)
-            .ok_or_else(|| PoolError::UnknownNode(node.to_owned()))?;
+            .ok_or_else(|| PoolError::UnknownNode(node.clone()))?;
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = channels.get(node)
             && p.address == entry.address
@@ -194,18 +195,18 @@ impl AgentPool {
         }
         let (ch, severance) = csi_scsi_daemon::severable_agent_channel(
             &entry.address,
-            node,
+            node.as_str(),
             entry.node_uid.as_deref(),
             self.tls.clone(),
             self.config.connect_timeout,
         )
         .map_err(|e| PoolError::Channel {
-            node: node.to_owned(),
+            node: node.clone(),
             reason: e.to_string(),
         })?;
         let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
         channels.insert(
-            node.to_owned(),
+            node.clone(),
             Pooled {
                 address: entry.address.clone(),
                 node_uid: entry.node_uid.clone(),
@@ -221,7 +222,7 @@ impl AgentPool {
     /// connections at once: what was sent over them and not yet delivered
     /// (the node's link may be down) is discarded, never delivered after
     /// the caller gave up. The next call dials afresh.
-    fn forget(&self, node: &str, id: u64) {
+    fn forget(&self, node: &NodeName, id: u64) {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if channels.get(node).is_some_and(|p| p.id == id)
             && let Some(p) = channels.remove(node)
@@ -237,14 +238,14 @@ impl AgentPool {
     /// what went wrong before.
     pub async fn call<R: Rpc>(
         &self,
-        node: &str,
+        node: &NodeName,
         request: R,
         request_id: &str,
     ) -> Result<R::Reply, AgentError> {
         // Checked right before the call, so a replica frozen past its term
         // sends nothing; the agent's epoch check covers a freeze after it.
         sending_epoch::<R>(&self.leader).map_err(|source| PoolError::NotLeading {
-            node: node.to_owned(),
+            node: node.clone(),
             source,
         })?;
         let (channel_id, channel) = self.channel(node)?;
@@ -306,7 +307,7 @@ impl AgentPool {
     /// its channel.
     fn unanswered(
         &self,
-        node: &str,
+        node: &NodeName,
         channel_id: u64,
         method: &str,
         waited: Duration,
@@ -330,6 +331,7 @@ mod tests {
 
     use super::*;
     use crate::directory::FileDirectory;
+    use crate::node;
 
     /// A pool whose only agent, node-x, accepts connections and never says
     /// a word (a node whose link went down after the TCP handshake).
@@ -387,7 +389,8 @@ mod tests {
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
         let start = Instant::now();
         let caller = start + Duration::from_millis(400);
-        let result = deadline::within(Some(caller), pool.call("node-x", status(), "t")).await;
+        let result =
+            deadline::within(Some(caller), pool.call(&node("node-x"), status(), "t")).await;
         let took = start.elapsed();
         let error = result.expect_err("no answer");
         assert!(
@@ -409,7 +412,7 @@ mod tests {
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_millis(300)).await;
         let start = Instant::now();
         let error = pool
-            .call("node-x", status(), "t")
+            .call(&node("node-x"), status(), "t")
             .await
             .expect_err("no answer");
         assert!(matches!(error, AgentError::Unreachable { .. }), "{error:?}");
@@ -421,9 +424,12 @@ mod tests {
     async fn a_call_past_the_callers_deadline_is_not_sent() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (pool, silent) = pool_with_a_silent_agent(dir.path(), Duration::from_secs(30)).await;
-        let error = deadline::within(Some(Instant::now()), pool.call("node-x", status(), "t"))
-            .await
-            .expect_err("no time");
+        let error = deadline::within(
+            Some(Instant::now()),
+            pool.call(&node("node-x"), status(), "t"),
+        )
+        .await
+        .expect_err("no time");
         assert!(
             matches!(&error, AgentError::Unreachable { detail, .. } if detail.contains("no time left")),
             "{error:?}"

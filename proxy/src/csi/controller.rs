@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use csi_scsi_contract::NodeName;
 use csi_scsi_daemon::RequestId;
 use csi_scsi_proto::csi::controller_server::Controller;
 use csi_scsi_proto::csi::controller_service_capability::rpc::Type as Rpc;
@@ -52,11 +53,16 @@ impl ControllerService {
     }
 }
 
-fn topology(nodes: Vec<String>) -> Vec<Topology> {
+/// Node names as CSI's node IDs.
+fn node_ids(nodes: Vec<NodeName>) -> Vec<String> {
+    nodes.into_iter().map(|n| n.to_string()).collect()
+}
+
+fn topology(nodes: Vec<NodeName>) -> Vec<Topology> {
     nodes
         .into_iter()
         .map(|n| Topology {
-            segments: HashMap::from([(NODE_TOPOLOGY_KEY.to_owned(), n)]),
+            segments: HashMap::from([(NODE_TOPOLOGY_KEY.to_owned(), n.to_string())]),
         })
         .collect()
 }
@@ -198,7 +204,7 @@ impl Controller for ControllerService {
             |r| &r.volume_id,
             |req, rid| async move {
                 required("volume_id", &req.volume_id)?;
-                required("node_id", &req.node_id)?;
+                let node = request::node_id(&req.node_id)?;
                 let cap = req.volume_capability.as_ref().ok_or_else(|| {
                     crate::error::ProxyError::InvalidArgument {
                         field: "volume_capability",
@@ -221,7 +227,7 @@ impl Controller for ControllerService {
                 let access = request::access(cap)?;
                 let publish_context = self
                     .life
-                    .publish(&req.volume_id, &req.node_id, &access, &rid)
+                    .publish(&req.volume_id, &node, &access, &rid)
                     .await?;
                 Ok(Response::new(ControllerPublishVolumeResponse {
                     publish_context,
@@ -241,8 +247,18 @@ impl Controller for ControllerService {
             |r| &r.volume_id,
             |req, rid| async move {
                 required("volume_id", &req.volume_id)?;
+                // Empty: every node. One that is no node name was never
+                // published to, so the volume is unpublished from it ("SHOULD
+                // return 0 OK" for a node that cannot be found).
+                let node = match req.node_id.as_str() {
+                    "" => None,
+                    id => match NodeName::parse(id) {
+                        Ok(node) => Some(node),
+                        Err(_) => return Ok(Response::new(ControllerUnpublishVolumeResponse {})),
+                    },
+                };
                 self.life
-                    .unpublish(&req.volume_id, &req.node_id, &rid)
+                    .unpublish(&req.volume_id, node.as_ref(), &rid)
                     .await?;
                 Ok(Response::new(ControllerUnpublishVolumeResponse {}))
             },
@@ -315,7 +331,7 @@ impl Controller for ControllerService {
             .map(|v| list_volumes_response::Entry {
                 volume: Some(volume_of(v)),
                 status: Some(list_volumes_response::VolumeStatus {
-                    published_node_ids: v.device.published_nodes(),
+                    published_node_ids: node_ids(v.device.published_nodes()),
                     volume_condition: Some(condition(v)),
                 }),
             })
@@ -444,7 +460,7 @@ impl Controller for ControllerService {
         Ok(Response::new(ControllerGetVolumeResponse {
             volume: Some(volume_of(&v)),
             status: Some(controller_get_volume_response::VolumeStatus {
-                published_node_ids: v.device.published_nodes(),
+                published_node_ids: node_ids(v.device.published_nodes()),
                 volume_condition: Some(condition(&v)),
             }),
         }))

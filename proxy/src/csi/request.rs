@@ -1,6 +1,8 @@
 //! Raw CSI messages into typed values: capabilities, topology, capacity,
 //! request IDs. A failure names the field.
 
+use csi_scsi_contract::NodeName;
+use csi_scsi_contract::node_name::MAX_LEN as MAX_NODE_ID;
 use csi_scsi_proto::csi::volume_capability::AccessType;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
 use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
@@ -18,10 +20,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ProxyError {
     }
 }
 
-/// The longest node ID: NodeGetInfo's `node_id` "SHALL NOT exceed 256
-/// bytes".
-const MAX_NODE_ID: usize = 256;
-
 /// The longest volume ID this driver issues: `<wwid>:<binding-uid>`, a WWID
 /// of at most 256 characters and a binding UID of at most 64.
 const MAX_VOLUME_ID: usize = csi_scsi_contract::volume_id::MAX_LEN;
@@ -37,7 +35,6 @@ const MAX_FS_TYPE: usize = 64;
 /// store record ever carries them whole.
 fn max_len(field: &str) -> usize {
     match field {
-        "node_id" => MAX_NODE_ID,
         "volume_id" => MAX_VOLUME_ID,
         _ => MAX_STRING,
     }
@@ -62,6 +59,12 @@ pub(crate) fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a st
     } else {
         Ok(value)
     }
+}
+
+/// A request's `node_id`: a node name (required, at most 256 bytes, no
+/// control characters).
+pub(crate) fn node_id(value: &str) -> Result<NodeName, ProxyError> {
+    NodeName::parse(value).map_err(|e| invalid("node_id", e.reason))
 }
 
 /// One capability.
@@ -121,11 +124,13 @@ pub(crate) fn accesses(caps: &[VolumeCapability]) -> Result<Vec<Access>, ProxyEr
 
 /// Nodes from accessibility requirements, preferred first, then the rest
 /// of requisite; empty when there are none.
-pub(crate) fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<String>, ProxyError> {
+pub(crate) fn topology_nodes(
+    req: Option<&TopologyRequirement>,
+) -> Result<Vec<NodeName>, ProxyError> {
     let Some(req) = req else {
         return Ok(Vec::new());
     };
-    let mut nodes: Vec<String> = Vec::new();
+    let mut nodes: Vec<NodeName> = Vec::new();
     for t in req.preferred.iter().chain(req.requisite.iter()) {
         for key in t.segments.keys() {
             if key != NODE_TOPOLOGY_KEY {
@@ -138,9 +143,10 @@ pub(crate) fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<St
                 ));
             }
         }
-        if let Some(node) = t.segments.get(NODE_TOPOLOGY_KEY)
-            && node.len() > MAX_NODE_ID
-        {
+        let Some(node) = t.segments.get(NODE_TOPOLOGY_KEY) else {
+            continue;
+        };
+        if node.len() > MAX_NODE_ID {
             return Err(invalid(
                 "accessibility_requirements",
                 format!(
@@ -149,10 +155,14 @@ pub(crate) fn topology_nodes(req: Option<&TopologyRequirement>) -> Result<Vec<St
                 ),
             ));
         }
-        if let Some(node) = t.segments.get(NODE_TOPOLOGY_KEY)
-            && !nodes.contains(node)
-        {
-            nodes.push(node.clone());
+        let node = NodeName::parse(node).map_err(|e| {
+            invalid(
+                "accessibility_requirements",
+                format!("node name {:?} {}", e.input, e.reason),
+            )
+        })?;
+        if !nodes.contains(&node) {
+            nodes.push(node);
         }
     }
     Ok(nodes)
@@ -189,12 +199,23 @@ mod tests {
 
     #[test]
     fn ids_over_their_limit_are_refused_without_being_echoed() {
-        for (field, ok) in [("name", 128), ("node_id", 256), ("volume_id", 321)] {
+        for (field, ok) in [("name", 128), ("volume_id", 321)] {
             assert!(required(field, &"x".repeat(ok)).is_ok(), "{field}");
             let m = message(required(field, &"x".repeat(1 << 20)).expect_err(field));
             assert!(m.len() < 200, "{field}: {m}");
         }
         assert!(required("name", "").is_err());
+        assert!(node_id(&"x".repeat(256)).is_ok());
+        let m = message(node_id(&"x".repeat(1 << 20)).expect_err("node_id"));
+        assert!(m.len() < 200, "node_id: {m}");
+        assert_eq!(
+            m,
+            message(invalid("node_id", "is 1048576 bytes long; at most 256"))
+        );
+        assert_eq!(
+            message(node_id("").expect_err("empty")),
+            message(invalid("node_id", "is required"))
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 use csi_scsi_proto::agent::WipeMode;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -156,11 +156,11 @@ pub struct FcTarget {
 }
 
 /// Where one node sees a device, through one target.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeView {
     /// Node name.
-    pub node: String,
+    pub node: NodeName,
     /// Target the paths come through.
     pub target: String,
     /// `/dev/disk/by-path` (or by-id) names on that node.
@@ -179,7 +179,7 @@ pub struct TargetConflict {
     /// The target whose report was refused.
     pub target: String,
     /// The nodes that reported the WWID through it.
-    pub nodes: Vec<String>,
+    pub nodes: Vec<NodeName>,
     /// Unix seconds when it was first seen.
     pub since: i64,
 }
@@ -277,7 +277,7 @@ pub struct Device {
 #[serde(rename_all = "camelCase")]
 pub struct Publication {
     /// Node name.
-    pub node: String,
+    pub node: NodeName,
     /// The capability; absent from a record written before publications
     /// kept it (then any capability among the binding's is taken as the one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,9 +292,9 @@ pub struct Publication {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum StoredPublication {
-    NodeOnly(String),
+    NodeOnly(NodeName),
     Full {
-        node: String,
+        node: NodeName,
         #[serde(default)]
         access: String,
         #[serde(default)]
@@ -353,10 +353,10 @@ pub struct DiscoveryRound {
     /// Labels of that target, stamped onto new devices.
     pub device_labels: BTreeMap<String, String>,
     /// Nodes that answered, with what they see.
-    pub answered: BTreeMap<String, Vec<LunReport>>,
+    pub answered: BTreeMap<NodeName, Vec<LunReport>>,
     /// Nodes that should see the target but did not answer, or whose
     /// report was refused; their earlier reports stand.
-    pub unanswered: Vec<String>,
+    pub unanswered: Vec<NodeName>,
     /// The other targets naming the same array as this one: a device known
     /// through one of them may be reported through this one too.
     pub same_array: BTreeSet<String>,
@@ -391,7 +391,7 @@ pub struct BindRequest {
     pub binding: Binding,
     /// Nodes to try, in order of preference; the device must be visible
     /// from one of them (empty: anywhere).
-    pub topology: Vec<Vec<String>>,
+    pub topology: Vec<Vec<NodeName>>,
     /// Label selector over device labels.
     pub selector: crate::selector::Selector,
     /// Smallest size that fits (`required_bytes`).
@@ -456,12 +456,12 @@ impl Target {
     /// sent its CHAP credentials.
     pub fn selects(
         &self,
-        node: &str,
+        node: &NodeName,
         labels: &BTreeMap<String, String>,
         allowed: SelectorKeys,
     ) -> bool {
         self.check_selector(allowed).is_ok()
-            && (self.nodes.is_empty() || self.nodes.iter().any(|n| n == node))
+            && (self.nodes.is_empty() || self.nodes.iter().any(|n| node == n.as_str()))
             && self
                 .node_selector
                 .iter()
@@ -567,21 +567,21 @@ impl Binding {
 
 impl Device {
     /// Node names that see the device, sorted, without duplicates.
-    pub fn node_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.nodes.iter().map(|n| n.node.clone()).collect();
+    pub fn node_names(&self) -> Vec<NodeName> {
+        let mut names: Vec<NodeName> = self.nodes.iter().map(|n| n.node.clone()).collect();
         names.sort();
         names.dedup();
         names
     }
 
     /// Names of the nodes it is published to, in publish order.
-    pub fn published_nodes(&self) -> Vec<String> {
+    pub fn published_nodes(&self) -> Vec<NodeName> {
         self.published.iter().map(|p| p.node.clone()).collect()
     }
 
     /// Its publication on `node`, if it is published there.
-    pub fn publication(&self, node: &str) -> Option<&Publication> {
-        self.published.iter().find(|p| p.node == node)
+    pub fn publication(&self, node: &NodeName) -> Option<&Publication> {
+        self.published.iter().find(|p| &p.node == node)
     }
 
     /// The volume ID of the current binding.
@@ -603,13 +603,13 @@ mod publication_tests {
         assert_eq!(
             old,
             vec![Publication {
-                node: "node-a".into(),
+                node: crate::node("node-a"),
                 access: None,
                 readonly: false,
             }]
         );
         let new = Publication {
-            node: "node-b".into(),
+            node: crate::node("node-b"),
             access: Some(Capability::Block(AccessMode::MultiNodeMultiWriter)),
             readonly: true,
         };

@@ -155,7 +155,11 @@ mod tests {
         ];
         for (i, ((selector, nodes, keys), labels, selects, refused)) in table.iter().enumerate() {
             let t = target(selector, nodes);
-            assert_eq!(t.selects("node-a", labels, *keys), *selects, "row {i}");
+            assert_eq!(
+                t.selects(&crate::node("node-a"), labels, *keys),
+                *selects,
+                "row {i}"
+            );
             let check = t.check_selector(*keys);
             assert_eq!(check.is_err(), *refused, "row {i}: {check:?}");
             if let Err(e) = check {

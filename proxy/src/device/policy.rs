@@ -31,7 +31,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 
 use super::access::Capability;
 use super::model::{
@@ -70,14 +70,14 @@ pub struct Merged {
 }
 
 /// One node's report of one LUN.
-pub type Report<'a> = (&'a str, &'a LunReport);
+pub type Report<'a> = (&'a NodeName, &'a LunReport);
 
 /// A round's reports grouped by WWID.
 pub fn reports_by_wwid(round: &DiscoveryRound) -> BTreeMap<&Wwid, Vec<Report<'_>>> {
     let mut by: BTreeMap<&Wwid, Vec<Report<'_>>> = BTreeMap::new();
     for (node, luns) in &round.answered {
         for lun in luns {
-            by.entry(&lun.wwid).or_default().push((node.as_str(), lun));
+            by.entry(&lun.wwid).or_default().push((node, lun));
         }
     }
     by
@@ -164,13 +164,13 @@ pub fn merge(
     wwid: &Wwid,
     reports: &[Report<'_>],
     round: &DiscoveryRound,
-    departed: &BTreeSet<String>,
+    departed: &BTreeSet<NodeName>,
     now: i64,
     conflicts: &mut Vec<String>,
 ) -> Option<Merged> {
     let t = &round.target;
     let fresh = reports.iter().map(|(node, lun)| NodeView {
-        node: (*node).to_owned(),
+        node: (*node).clone(),
         target: t.clone(),
         paths: lun.paths.clone(),
     });
@@ -272,16 +272,16 @@ fn target_conflict(
     dev: &mut Device,
     reports: &[Report<'_>],
     round: &DiscoveryRound,
-    departed: &BTreeSet<String>,
+    departed: &BTreeSet<NodeName>,
     now: i64,
 ) -> bool {
     let t = &round.target;
     let earlier = dev.conflicts.iter().position(|c| c.target == *t);
-    let mut nodes: BTreeSet<String> = earlier
+    let mut nodes: BTreeSet<NodeName> = earlier
         .map(|i| dev.conflicts[i].nodes.iter().cloned().collect())
         .unwrap_or_default();
     nodes.retain(|n| !round.answered.contains_key(n) && !departed.contains(n));
-    nodes.extend(reports.iter().map(|(n, _)| (*n).to_owned()));
+    nodes.extend(reports.iter().map(|(n, _)| (*n).clone()));
     match (earlier, nodes.is_empty()) {
         (Some(i), true) => {
             dev.conflicts.remove(i);
@@ -378,14 +378,14 @@ pub fn limit_below_floor(capabilities: &[Capability], limit_bytes: u64) -> Optio
 /// Whether `dev` may back `req`: Available, in no target conflict, of a
 /// fitting size (no smaller than [`smallest`]), labels matching, and
 /// visible from `node` when one is given.
-pub fn fits(dev: &Device, req: &BindRequest, node: Option<&str>) -> bool {
+pub fn fits(dev: &Device, req: &BindRequest, node: Option<&NodeName>) -> bool {
     dev.phase == Phase::Available
         // Another array's target reports its WWID too: which LUN a node
         // would write through is in doubt until an operator settles it.
         && dev.conflicts.is_empty()
         && (smallest(req)..=req.max_bytes).contains(&dev.size_bytes)
         && req.selector.matches(&dev.labels)
-        && node.is_none_or(|n| dev.nodes.iter().any(|v| v.node == n))
+        && node.is_none_or(|n| dev.nodes.iter().any(|v| &v.node == n))
 }
 
 /// The order in which a bind considers fitting devices: the smallest
@@ -424,7 +424,7 @@ pub fn preference(a: &Device, b: &Device) -> Ordering {
 pub fn choose<'a>(
     candidates: impl IntoIterator<Item = &'a Device>,
     req: &BindRequest,
-    node: Option<&str>,
+    node: Option<&NodeName>,
 ) -> Option<&'a Device> {
     candidates.into_iter().find(|d| fits(d, req, node))
 }
@@ -488,7 +488,7 @@ pub enum PublishRefusal {
     Incompatible(Publication),
     /// Published to other nodes (these), and the access mode allows one
     /// node only.
-    Elsewhere(Vec<String>),
+    Elsewhere(Vec<NodeName>),
 }
 
 /// Records a ControllerPublish of volume `uid` on `publication.node`,
@@ -526,11 +526,11 @@ pub fn publish(
 /// Forgets the ControllerPublish of volume `uid` on `node`; `false` (and
 /// nothing changed) when there is none or the device is not `uid`'s any
 /// more (another volume's record is never touched).
-pub fn unpublish(dev: &mut Device, uid: &str, node: &str) -> bool {
+pub fn unpublish(dev: &mut Device, uid: &str, node: &NodeName) -> bool {
     if !holds_binding(dev, uid) || dev.publication(node).is_none() {
         return false;
     }
-    dev.published.retain(|p| p.node != node);
+    dev.published.retain(|p| &p.node != node);
     true
 }
 

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_scsi_contract::NodeName;
 use csi_scsi_textfs::file_watch;
 use tokio::sync::watch;
 
@@ -47,7 +48,7 @@ struct Absence {
     start: Option<Instant>,
     /// Nodes listed since the start and then left out by a clean read:
     /// since when.
-    left: BTreeMap<String, Instant>,
+    left: BTreeMap<NodeName, Instant>,
     /// Whether the last read was clean. One that failed (unreadable,
     /// malformed, empty) keeps the last good map and puts every missing
     /// node in doubt until a clean read.
@@ -202,7 +203,7 @@ impl AgentDirectory for FileDirectory {
 
     /// The file is the list of nodes: a node out of every clean read of it
     /// for the grace period is removed.
-    fn standing(&self, node: &str) -> Standing {
+    fn standing(&self, node: &NodeName) -> Standing {
         let absence = self.absence.lock().unwrap_or_else(|e| e.into_inner());
         if self.tx.borrow().contains_key(node) || !absence.clean {
             return Standing::Member;
@@ -216,7 +217,7 @@ impl AgentDirectory for FileDirectory {
     }
 }
 
-fn read(path: &Path) -> Result<BTreeMap<String, AgentEntry>, DirectoryError> {
+fn read(path: &Path) -> Result<BTreeMap<NodeName, AgentEntry>, DirectoryError> {
     let text = std::fs::read_to_string(path).map_err(|source| DirectoryError::Io {
         path: path.to_owned(),
         source,
@@ -241,7 +242,7 @@ fn certificate_can_name(node: &str) -> bool {
 
 /// Parses the file's text; errors carry the 1-based line number. Node
 /// names must be ones an agent's certificate can carry.
-pub(crate) fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, String)> {
+pub(crate) fn parse(text: &str) -> Result<BTreeMap<NodeName, AgentEntry>, (usize, String)> {
     let mut out = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
@@ -264,6 +265,9 @@ pub(crate) fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, 
                 ),
             ));
         }
+        // Every name a certificate can carry is one; the check stays so the
+        // map's key type is the parsed one.
+        let node = NodeName::parse(node).map_err(|e| (i + 1, e.to_string()))?;
         if !address
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
@@ -284,7 +288,7 @@ pub(crate) fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, 
         }
         if out
             .insert(
-                node.to_owned(),
+                node.clone(),
                 AgentEntry {
                     address: address.to_owned(),
                     labels,
@@ -303,15 +307,16 @@ pub(crate) fn parse(text: &str) -> Result<BTreeMap<String, AgentEntry>, (usize, 
 mod tests {
     use super::*;
     use crate::directory::NodeAgent;
+    use crate::node;
 
     #[test]
     fn parses_nodes_addresses_and_labels() {
         let map = parse("# lab\nnode-a 198.18.0.2:9810 zone=a,rack=1\nnode-b 198.18.0.3:9810\n")
             .expect("valid");
         assert_eq!(map.len(), 2);
-        assert_eq!(map["node-a"].address, "198.18.0.2:9810");
-        assert_eq!(map["node-a"].labels["zone"], "a");
-        assert!(map["node-b"].labels.is_empty());
+        assert_eq!(map[&node("node-a")].address, "198.18.0.2:9810");
+        assert_eq!(map[&node("node-a")].labels["zone"], "a");
+        assert!(map[&node("node-b")].labels.is_empty());
     }
 
     #[test]
@@ -324,7 +329,10 @@ mod tests {
             &"a".repeat(63),
         ] {
             let text = format!("# nodes\n{ok} 198.18.0.2:9810\n");
-            assert!(parse(&text).is_ok_and(|m| m.contains_key(ok)), "{ok}");
+            assert!(
+                parse(&text).is_ok_and(|m| m.contains_key(&node(ok))),
+                "{ok}"
+            );
         }
         let long = [
             "a".repeat(63),
@@ -387,12 +395,12 @@ mod tests {
             .await
             .expect("reloaded within 10 s")
             .expect("directory alive");
-        assert!(directory.snapshot().contains_key("node-b"));
+        assert!(directory.snapshot().contains_key(&node("node-b")));
 
         std::fs::write(&path, "not a valid line\n").expect("write");
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(
-            directory.snapshot().contains_key("node-b"),
+            directory.snapshot().contains_key(&node("node-b")),
             "the last good map stays"
         );
     }
@@ -433,8 +441,8 @@ mod tests {
         directory.reload()
     }
 
-    fn locate(directory: &FileDirectory, node: &str) -> NodeAgent {
-        (directory as &dyn AgentDirectory).locate(node)
+    fn locate(directory: &FileDirectory, name: &str) -> NodeAgent {
+        (directory as &dyn AgentDirectory).locate(&node(name))
     }
 
     #[test]

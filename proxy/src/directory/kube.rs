@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_contract::NodeName;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
@@ -194,11 +195,11 @@ impl AgentDirectory for PodDirectory {
 
     /// Removed once its Node object is deleted, fenced while the Node
     /// carries the out-of-service taint; before the lists are in, a member.
-    fn standing(&self, node: &str) -> Standing {
+    fn standing(&self, node: &NodeName) -> Standing {
         if !self.is_ready() {
             return Standing::Member;
         }
-        match self.nodes.get(&ObjectRef::new(node)) {
+        match self.nodes.get(&ObjectRef::new(node.as_str())) {
             None => Standing::Removed,
             Some(n) if fenced(&n) => Standing::Fenced,
             Some(_) => Standing::Member,
@@ -223,7 +224,7 @@ fn build(
     nodes: &Store<Node>,
     default_port: u16,
     daemonset: &str,
-) -> BTreeMap<String, AgentEntry> {
+) -> BTreeMap<NodeName, AgentEntry> {
     let nodes = nodes.state();
     let node_labels: BTreeMap<String, (BTreeMap<String, String>, Option<String>)> = nodes
         .iter()
@@ -234,13 +235,13 @@ fn build(
         .filter(|n| fenced(n))
         .map(|n| n.name_any())
         .collect();
-    let mut chosen: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
+    let mut chosen: BTreeMap<NodeName, Arc<Pod>> = BTreeMap::new();
     for pod in pods
         .state()
         .into_iter()
         .filter(|p| controlled_by(p, daemonset))
     {
-        let Some(node) = serving_node(&pod).filter(|n| !fenced.contains(n)) else {
+        let Some(node) = serving_node(&pod).filter(|n| !fenced.contains(n.as_str())) else {
             continue;
         };
         let newer = chosen
@@ -254,7 +255,7 @@ fn build(
         .into_iter()
         .filter_map(|(node, pod)| {
             let address = pod_address(&pod, default_port)?;
-            let (labels, node_uid) = node_labels.get(&node).cloned().unwrap_or_default();
+            let (labels, node_uid) = node_labels.get(node.as_str()).cloned().unwrap_or_default();
             Some((
                 node,
                 AgentEntry {
@@ -290,7 +291,9 @@ fn unready(pods: &Store<Pod>, nodes: &Store<Node>, default_port: u16) -> Vec<Unr
         .filter_map(|pod| {
             let node = scheduled_node(pod)?;
             let address = pod_address(pod, default_port)?;
-            let node_uid = nodes.get(&ObjectRef::new(&node)).and_then(|n| n.uid());
+            let node_uid = nodes
+                .get(&ObjectRef::new(node.as_str()))
+                .and_then(|n| n.uid());
             Some(Unready {
                 node,
                 address,
@@ -309,18 +312,16 @@ fn controlled_by(pod: &Pod, name: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.name == name)
 }
 
-/// The node a Pod is scheduled on.
-fn scheduled_node(pod: &Pod) -> Option<String> {
-    pod.spec
-        .as_ref()?
-        .node_name
-        .clone()
-        .filter(|n| !n.is_empty())
+/// The node a Pod is scheduled on. A name that is no node name (the API
+/// server validates it, so none is) leaves the Pod unscheduled here.
+fn scheduled_node(pod: &Pod) -> Option<NodeName> {
+    let name = pod.spec.as_ref()?.node_name.as_deref()?;
+    NodeName::parse(name).ok()
 }
 
 /// The node a Pod serves, if it is scheduled, Ready, has an IP and is not
 /// terminating.
-fn serving_node(pod: &Pod) -> Option<String> {
+fn serving_node(pod: &Pod) -> Option<NodeName> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }

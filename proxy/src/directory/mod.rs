@@ -8,6 +8,7 @@ mod kube;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use csi_scsi_contract::NodeName;
 use tokio::sync::watch;
 
 pub use file::{DEFAULT_REMOVAL_GRACE, DirectoryError, FileDirectory};
@@ -30,7 +31,7 @@ pub struct AgentEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unready {
     /// The node it runs on.
-    pub node: String,
+    pub node: NodeName,
     /// `host:port` of its agent API.
     pub address: String,
     /// Its Node object's UID, when known.
@@ -38,7 +39,7 @@ pub struct Unready {
 }
 
 /// A snapshot of the directory.
-pub type Agents = Arc<BTreeMap<String, AgentEntry>>;
+pub type Agents = Arc<BTreeMap<NodeName, AgentEntry>>;
 
 /// A watchable map of agents.
 pub trait AgentDirectory: Send + Sync {
@@ -53,7 +54,7 @@ pub trait AgentDirectory: Send + Sync {
     fn label_source(&self) -> LabelSource;
     /// What the backend says of `node` itself, whatever its agent's state;
     /// [`Standing::Member`] while the backend cannot tell yet.
-    fn standing(&self, node: &str) -> Standing;
+    fn standing(&self, node: &NodeName) -> Standing;
     /// Agents that run but do not serve (an agent with no certificate
     /// yet is not Ready); none when the backend cannot tell.
     fn unready(&self) -> Vec<Unready> {
@@ -146,7 +147,7 @@ impl dyn AgentDirectory {
     /// gone: the node removed ([`Standing::Removed`]: Node object deleted,
     /// or out of the agents file for the grace period) and no agent of it
     /// listed, or the node fenced ([`Standing::Fenced`]), listed or not.
-    pub fn locate(&self, node: &str) -> NodeAgent {
+    pub fn locate(&self, node: &NodeName) -> NodeAgent {
         let listed = self.snapshot().get(node).cloned();
         match (self.standing(node), listed) {
             // A fenced node is powered off or cut from the SAN: an agent

@@ -2,6 +2,7 @@
 //! BeginEnrolment, checked here before anything is signed.
 
 use csi_scsi_certs::{JoinTokenRefused, JoinTokens};
+use csi_scsi_contract::NodeName;
 use csi_scsi_proto::agent::CredentialKind;
 
 /// A credential checked: the node it proves, and that Node's UID when the
@@ -46,7 +47,7 @@ pub enum Refusal {
         /// The node the token names.
         token_node: String,
         /// The node the agent claimed.
-        asked: String,
+        asked: NodeName,
     },
     /// The token's Pod is not (or no longer) a Pod of the agent DaemonSet
     /// on that node.
@@ -57,7 +58,7 @@ pub enum Refusal {
         /// The DaemonSet required.
         daemonset: String,
         /// The node.
-        node: String,
+        node: NodeName,
         /// What did not match.
         why: String,
     },
@@ -72,7 +73,7 @@ pub trait CredentialCheck: Send + Sync {
     /// The node proven, or why not.
     async fn check(
         &self,
-        node: &str,
+        node: &NodeName,
         kind: CredentialKind,
         credential: &str,
     ) -> Result<Proven, Refusal>;
@@ -85,7 +86,7 @@ pub struct JoinTokenCheck(pub JoinTokens);
 impl CredentialCheck for JoinTokenCheck {
     async fn check(
         &self,
-        node: &str,
+        node: &NodeName,
         kind: CredentialKind,
         credential: &str,
     ) -> Result<Proven, Refusal> {
@@ -95,7 +96,7 @@ impl CredentialCheck for JoinTokenCheck {
                 "this proxy enrols with join tokens (--join-tokens-dir)",
             ));
         }
-        self.0.consume(credential, node)?;
+        self.0.consume(credential, node.as_str())?;
         Ok(Proven { node_uid: None })
     }
 }
@@ -108,7 +109,7 @@ pub struct RenewalsOnly;
 impl CredentialCheck for RenewalsOnly {
     async fn check(
         &self,
-        _node: &str,
+        _node: &NodeName,
         kind: CredentialKind,
         _credential: &str,
     ) -> Result<Proven, Refusal> {

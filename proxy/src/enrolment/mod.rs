@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use csi_scsi_certs::{CertError, CertificateAuthority, MaterialStore, Validity};
+use csi_scsi_contract::NodeName;
 use csi_scsi_proto::agent::enrolment_client::EnrolmentClient;
 use csi_scsi_proto::agent::{
     BeginEnrolmentRequest, CertificateStatusRequest, CertificateStatusResponse,
@@ -50,7 +51,7 @@ pub enum EnrolError {
     #[error("cannot reach the agent of {node} at {address}: {reason}")]
     Unreachable {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Where it was dialled.
         address: String,
         /// Why.
@@ -60,7 +61,7 @@ pub enum EnrolError {
     #[error("the agent at {address} says it runs on node {says}, not {node}: nothing signed")]
     WrongAgent {
         /// The node dialled.
-        node: String,
+        node: NodeName,
         /// Where.
         address: String,
         /// What it said.
@@ -70,7 +71,7 @@ pub enum EnrolError {
     #[error("enrolment of {node} refused: {refusal}")]
     Refused {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Why.
         #[source]
         refusal: Refusal,
@@ -79,7 +80,7 @@ pub enum EnrolError {
     #[error("cannot sign the certificate of {node}: {source}")]
     Sign {
         /// The node.
-        node: String,
+        node: NodeName,
         /// Why.
         #[source]
         source: CertError,
@@ -88,7 +89,7 @@ pub enum EnrolError {
     #[error("the agent of {node} did not install its certificate: {reason}")]
     Install {
         /// The node.
-        node: String,
+        node: NodeName,
         /// What it said.
         reason: String,
     },
@@ -149,7 +150,7 @@ pub struct Enroller {
     timeout: Duration,
     /// What the last look at each Ready agent found: a pass does not dial
     /// an agent (a handshake each) whose certificate it knows is not due.
-    known: std::sync::Mutex<HashMap<String, Known>>,
+    known: std::sync::Mutex<HashMap<NodeName, Known>>,
     metrics: EnrolmentMetrics,
 }
 
@@ -296,7 +297,7 @@ impl Enroller {
     }
 
     /// Looks at every agent once; logs and returns what happened to each.
-    pub async fn pass(&self) -> Vec<(String, Result<Outcome, EnrolError>)> {
+    pub async fn pass(&self) -> Vec<(NodeName, Result<Outcome, EnrolError>)> {
         let signer = self.signer();
         // Signing now would cut agents off: wait for the proxy's own files
         // (a CA rotation step whose Secrets kubelet updates one by one).
@@ -315,7 +316,7 @@ impl Enroller {
         // Ready agents whose certificate is known not to be due, under the
         // signer's bundle, are not dialled; an unready one (enrolling, or
         // its certificate lost) is.
-        let mut agents: Vec<(String, String, Option<String>)> = self
+        let mut agents: Vec<(NodeName, String, Option<String>)> = self
             .directory
             .snapshot()
             .iter()
@@ -364,12 +365,12 @@ impl Enroller {
     /// Renews or enrols one agent if its certificate needs it.
     pub async fn visit(
         &self,
-        node: &str,
+        node: &NodeName,
         address: &str,
         uid: Option<&str>,
     ) -> Result<Outcome, EnrolError> {
         let unreachable = |reason: String| EnrolError::Unreachable {
-            node: node.to_owned(),
+            node: node.clone(),
             address: address.to_owned(),
             reason,
         };
@@ -378,7 +379,7 @@ impl Enroller {
         let mut untrusted = None;
         if let Ok((channel, _)) = csi_scsi_daemon::severable_agent_channel(
             address,
-            node,
+            node.as_str(),
             uid,
             self.tls.clone(),
             self.timeout,
@@ -410,9 +411,13 @@ impl Enroller {
             }
         }
         // No certificate we trust: the credential alone proves the node.
-        let channel =
-            csi_scsi_daemon::enrolment_channel(address, node, self.tls.clone(), self.timeout)
-                .map_err(|e| unreachable(e.to_string()))?;
+        let channel = csi_scsi_daemon::enrolment_channel(
+            address,
+            node.as_str(),
+            self.tls.clone(),
+            self.timeout,
+        )
+        .map_err(|e| unreachable(e.to_string()))?;
         let mut client = EnrolmentClient::new(channel);
         let status = client
             .certificate_status(self.request(CertificateStatusRequest {}))
@@ -437,13 +442,13 @@ impl Enroller {
     async fn enrol(
         &self,
         client: &mut EnrolmentClient<Channel>,
-        node: &str,
+        node: &NodeName,
         address: &str,
         uid: Option<&str>,
         verified: bool,
     ) -> Result<String, EnrolError> {
         let unreachable = |s: tonic::Status| EnrolError::Unreachable {
-            node: node.to_owned(),
+            node: node.clone(),
             address: address.to_owned(),
             reason: s.message().to_owned(),
         };
@@ -452,15 +457,15 @@ impl Enroller {
             .await
             .map_err(unreachable)?
             .into_inner();
-        if begin.node != node {
+        if node.as_str() != begin.node {
             return Err(EnrolError::WrongAgent {
-                node: node.to_owned(),
+                node: node.clone(),
                 address: address.to_owned(),
                 says: begin.node,
             });
         }
         let refused = |refusal| EnrolError::Refused {
-            node: node.to_owned(),
+            node: node.clone(),
             refusal,
         };
         let kind = begin.credential_kind();
@@ -490,12 +495,12 @@ impl Enroller {
         let signed = ca
             .sign_agent_csr(
                 &begin.csr_pem,
-                node,
+                node.as_str(),
                 proven.node_uid.as_deref(),
                 Validity::lasting(self.lifetime),
             )
             .map_err(|source| EnrolError::Sign {
-                node: node.to_owned(),
+                node: node.clone(),
                 source,
             })?;
         client
@@ -505,7 +510,7 @@ impl Enroller {
             }))
             .await
             .map_err(|s| EnrolError::Install {
-                node: node.to_owned(),
+                node: node.clone(),
                 reason: s.message().to_owned(),
             })?;
         self.remember(
@@ -518,16 +523,23 @@ impl Enroller {
         Ok(signed.serial)
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<NodeName, Known>> {
         self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Notes that `node`'s certificate, valid until `not_after`, is due
     /// with a third of the lifetime left, and that it trusts `trust`.
-    fn remember(&self, node: &str, address: &str, uid: Option<&str>, not_after: i64, trust: &str) {
+    fn remember(
+        &self,
+        node: &NodeName,
+        address: &str,
+        uid: Option<&str>,
+        not_after: i64,
+        trust: &str,
+    ) {
         let third = i64::try_from(self.lifetime.as_secs() / 3).unwrap_or(i64::MAX);
         self.known().insert(
-            node.to_owned(),
+            node.clone(),
             Known {
                 address: address.to_owned(),
                 uid: uid.map(str::to_owned),

@@ -2,6 +2,7 @@
 //! says whose token it is, for which audience, and (a Pod-bound token) on
 //! which Pod and node; the Pod must be the agent DaemonSet's on that node.
 
+use csi_scsi_contract::NodeName;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::PostParams;
@@ -34,7 +35,7 @@ impl TokenReviewCheck {
 impl CredentialCheck for TokenReviewCheck {
     async fn check(
         &self,
-        node: &str,
+        node: &NodeName,
         kind: CredentialKind,
         token: &str,
     ) -> Result<Proven, Refusal> {
@@ -91,16 +92,16 @@ impl CredentialCheck for TokenReviewCheck {
                 .ok_or(Refusal::NotPodBound(key))
         };
         let (pod_name, pod_uid, token_node) = (one(POD_NAME)?, one(POD_UID)?, one(NODE_NAME)?);
-        if token_node != node {
+        if node.as_str() != token_node {
             return Err(Refusal::WrongNode {
                 token_node,
-                asked: node.to_owned(),
+                asked: node.clone(),
             });
         }
         let not_agent = |why: String| Refusal::NotAnAgentPod {
             pod: format!("{}/{pod_name}", rules.namespace),
             daemonset: rules.daemonset.clone(),
-            node: node.to_owned(),
+            node: node.clone(),
             why,
         };
         let pod = Api::<Pod>::namespaced(self.client.clone(), &rules.namespace)
@@ -123,7 +124,7 @@ impl CredentialCheck for TokenReviewCheck {
             return Err(not_agent("its controller is not that DaemonSet".into()));
         }
         let runs_on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        if runs_on.as_deref() != Some(node) {
+        if runs_on.as_deref() != Some(node.as_str()) {
             return Err(not_agent(format!(
                 "it runs on {}",
                 runs_on.as_deref().unwrap_or("no node")
@@ -132,7 +133,7 @@ impl CredentialCheck for TokenReviewCheck {
         let node_uid = match one(NODE_UID) {
             Ok(uid) => uid,
             Err(_) => Api::<Node>::all(self.client.clone())
-                .get_opt(node)
+                .get_opt(node.as_str())
                 .await
                 .map_err(|e| Refusal::Unavailable(format!("reading Node {node}: {e}")))?
                 .and_then(|n| n.metadata.uid)

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{AvailableQuery, InventoryError, Store, Summary, Write};
@@ -462,7 +462,7 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         .map_err(sql)?;
     for v in &dev.nodes {
         stmt.execute(params![
-            v.node,
+            v.node.as_str(),
             dev.wwid.as_str(),
             v.target,
             dev.phase.as_str(),
@@ -577,7 +577,7 @@ impl Store for EmbeddedInventory {
     }
 
     async fn available(&self, query: AvailableQuery<'_>) -> Result<Vec<Device>, InventoryError> {
-        let node = query.node.map(str::to_owned);
+        let node = query.node.map(NodeName::to_string);
         let (min, max) = (query.min, query.max);
         let after = query.after.map_or((-1, 0, String::new()), |k| {
             (

@@ -12,7 +12,7 @@ mod store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 
 pub use embedded::EmbeddedInventory;
 pub use kube::{KubeInventory, KubeInventoryConfig};
@@ -182,7 +182,7 @@ impl Inventory {
     /// `selector`.
     pub async fn capacity(
         &self,
-        nodes: &[String],
+        nodes: &[NodeName],
         selector: &Selector,
         min_bytes: u64,
     ) -> Result<(u64, u64), InventoryError> {
@@ -314,7 +314,7 @@ impl Inventory {
     pub async fn apply_discovery_pruning(
         &self,
         round: DiscoveryRound,
-        gone: &(dyn Fn(&str) -> bool + Send + Sync),
+        gone: &(dyn Fn(&NodeName) -> bool + Send + Sync),
         forget_after: Option<i64>,
     ) -> Result<DiscoveryOutcome, InventoryError> {
         let by_wwid = policy::reports_by_wwid(&round);
@@ -343,16 +343,13 @@ impl Inventory {
                 }
             }
         }
-        let viewing: BTreeSet<&str> = known
+        let viewing: BTreeSet<&NodeName> = known
             .values()
-            .flat_map(|d| d.nodes.iter().map(|v| v.node.as_str()))
+            .flat_map(|d| d.nodes.iter().map(|v| &v.node))
             .filter(|n| !round.answered.contains_key(*n))
             .collect();
-        let departed: BTreeSet<String> = viewing
-            .into_iter()
-            .filter(|n| gone(n))
-            .map(str::to_owned)
-            .collect();
+        let departed: BTreeSet<NodeName> =
+            viewing.into_iter().filter(|n| gone(n)).cloned().collect();
         let mut pending: BTreeSet<Wwid> = known.keys().cloned().collect();
         pending.extend(
             by_wwid
@@ -549,8 +546,8 @@ impl Inventory {
 }
 
 /// Each node in turn, or anywhere when there are none.
-fn scopes<'a>(nodes: impl Iterator<Item = &'a String>) -> Vec<Option<&'a str>> {
-    let scopes: Vec<Option<&str>> = nodes.map(|n| Some(n.as_str())).collect();
+fn scopes<'a>(nodes: impl Iterator<Item = &'a NodeName>) -> Vec<Option<&'a NodeName>> {
+    let scopes: Vec<Option<&NodeName>> = nodes.map(Some).collect();
     if scopes.is_empty() {
         vec![None]
     } else {

@@ -4,7 +4,7 @@
 //! `crate::device::policy`, applied by the inventory).
 
 use async_trait::async_trait;
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 
 use super::InventoryError;
 use crate::device::policy::PreferenceKey;
@@ -24,7 +24,7 @@ pub enum Write {
 #[derive(Clone, Debug)]
 pub struct AvailableQuery<'a> {
     /// Visible from this node (`None`: from anywhere).
-    pub node: Option<&'a str>,
+    pub node: Option<&'a NodeName>,
     /// At least this many bytes.
     pub min: u64,
     /// At most this many bytes.

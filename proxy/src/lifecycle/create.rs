@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_contract::NodeName;
+
 use super::Lifecycle;
 use super::LockKey;
 use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType, policy};
@@ -24,7 +26,7 @@ pub struct CreateRequest {
     pub parameters: ClassParameters,
     /// Nodes in order of preference (preferred first, then the rest of
     /// requisite); empty: anywhere.
-    pub nodes: Vec<String>,
+    pub nodes: Vec<NodeName>,
 }
 
 impl Lifecycle {

@@ -18,7 +18,7 @@ use super::{Lifecycle, read_back};
 use crate::agents::AgentError;
 use crate::device::{Cleanup, Device, policy};
 use crate::error::ProxyError;
-use csi_scsi_contract::{VolumeId, Wwid};
+use csi_scsi_contract::{NodeName, VolumeId, Wwid};
 
 use super::LockKey;
 
@@ -94,12 +94,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// in the log when it holds and when it sends, and what came back.
 async fn held_back_wipe(
     agents: std::sync::Arc<crate::agents::AgentPool>,
-    node: &str,
+    node: &NodeName,
     wipe: WipeRequest,
     request_id: &str,
 ) -> Result<csi_scsi_proto::agent::WipeProgress, AgentError> {
     let hold = crate::fault::STALE_WIPE_HOLD;
-    let (to, request_id) = (node.to_owned(), request_id.to_owned());
+    let (to, request_id) = (node.clone(), request_id.to_owned());
     tracing::warn!(wwid = %wipe.wwid, node = %to, %request_id, ?hold, "FAULT stale-wipe: the device is read; holding the Wipe call back");
     let call = tokio::spawn(async move {
         tokio::time::sleep(hold).await;
@@ -153,7 +153,7 @@ impl Lifecycle {
         if !dev.published.is_empty() {
             return Err(ProxyError::PublishedElsewhere {
                 volume: id.to_owned(),
-                nodes: dev.published_nodes().join(","),
+                nodes: dev.published_nodes(),
                 reason: "unpublish it first",
             });
         }
@@ -304,7 +304,7 @@ impl Lifecycle {
     async fn verify_zeroes(
         &self,
         dev: &Device,
-        wiped_on: &str,
+        wiped_on: &NodeName,
         request_id: &str,
     ) -> Result<(), ProxyError> {
         let mut rng = fastrand::Rng::new();

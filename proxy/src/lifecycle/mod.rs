@@ -16,7 +16,7 @@ use crate::events::VolumeEvents;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 use csi_scsi_daemon::{KeyGuard, KeyedLocks};
 use csi_scsi_proto::agent;
 
@@ -148,7 +148,7 @@ impl Lifecycle {
     async fn targets_for(
         &self,
         device: &Device,
-        node: &str,
+        node: &NodeName,
     ) -> Result<Vec<agent::Target>, ProxyError> {
         let specs = self.target_specs_for(device, node).await?;
         self.agent_targets(&specs).await
@@ -169,13 +169,13 @@ impl Lifecycle {
     async fn target_specs_for(
         &self,
         device: &Device,
-        node: &str,
+        node: &NodeName,
     ) -> Result<Vec<Target>, ProxyError> {
         let specs = self.inventory.targets().await?;
         let mut names: Vec<&str> = device
             .nodes
             .iter()
-            .filter(|v| v.node == node)
+            .filter(|v| &v.node == node)
             .map(|v| v.target.as_str())
             .collect();
         if names.is_empty() {

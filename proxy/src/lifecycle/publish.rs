@@ -11,7 +11,7 @@ use crate::device::policy::{self, Publish, PublishRefusal};
 use crate::device::{Access, Capability, Device, Publication};
 use crate::directory::NodeAgent;
 use crate::error::ProxyError;
-use csi_scsi_contract::{VolumeId, Wwid};
+use csi_scsi_contract::{NodeName, VolumeId, Wwid};
 
 use super::LockKey;
 
@@ -27,7 +27,7 @@ impl Lifecycle {
     pub async fn publish(
         &self,
         id: &str,
-        node: &str,
+        node: &NodeName,
         access: &Access,
         request_id: &str,
     ) -> Result<HashMap<String, String>, ProxyError> {
@@ -36,7 +36,7 @@ impl Lifecycle {
             NodeAgent::Listed(entry) => entry,
             NodeAgent::Unreachable => {
                 return Err(ProxyError::NodeUnreachable {
-                    node: node.to_owned(),
+                    node: node.clone(),
                     consequence: format!("cannot attach volume {id} there now; retry"),
                 });
             }
@@ -44,7 +44,7 @@ impl Lifecycle {
             // exist"); the grace period only keeps the records of a node
             // that left the agents file.
             NodeAgent::Gone | NodeAgent::Unlisted => {
-                return Err(ProxyError::NodeNotFound(node.to_owned()));
+                return Err(ProxyError::NodeNotFound(node.clone()));
             }
             NodeAgent::NotSynced => {
                 return Err(ProxyError::DirectoryNotSynced {
@@ -85,7 +85,7 @@ impl Lifecycle {
         }
         if let Some(t) = specs.iter().find(|t| !t.selects(node, &entry.labels, keys)) {
             return Err(ProxyError::TargetNotForNode {
-                node: node.to_owned(),
+                node: node.clone(),
                 target: t.name.clone(),
                 wwid: dev.wwid.to_string(),
             });
@@ -95,7 +95,7 @@ impl Lifecycle {
         // writes: a write that lost to another proxy's (another node's
         // publication, the binding released or replaced) is judged afresh.
         let publication = Publication {
-            node: node.to_owned(),
+            node: node.clone(),
             access: Some(wanted),
             readonly: false,
         };
@@ -141,13 +141,13 @@ impl Lifecycle {
         }
     }
 
-    /// Detaches volume `id` from `node` (every node when `node` is empty).
+    /// Detaches volume `id` from `node` (every node when `None`).
     /// A node that is gone needs no detach; one that exists without a
     /// ready agent keeps its record and the call is UNAVAILABLE.
     pub async fn unpublish(
         &self,
         id: &str,
-        node: &str,
+        node: Option<&NodeName>,
         request_id: &str,
     ) -> Result<(), ProxyError> {
         // "If the volume corresponding to the volume_id or the node
@@ -164,10 +164,9 @@ impl Lifecycle {
         if !policy::holds_binding(&dev, vol.binding_uid()) {
             return Ok(());
         }
-        let nodes: Vec<String> = if node.is_empty() {
-            dev.published_nodes()
-        } else {
-            vec![node.to_owned()]
+        let nodes: Vec<NodeName> = match node {
+            None => dev.published_nodes(),
+            Some(node) => vec![node.clone()],
         };
         let directory = self.agents.directory();
         for n in nodes {
@@ -237,7 +236,7 @@ impl Lifecycle {
         &self,
         wwid: &Wwid,
         uid: &str,
-        node: &str,
+        node: &NodeName,
     ) -> Result<Device, ProxyError> {
         self.inventory
             .modify(wwid, |d| policy::unpublish(d, uid, node))
@@ -255,18 +254,18 @@ impl Lifecycle {
 }
 
 /// The error a publish refused on the device's state answers.
-fn refused(refusal: PublishRefusal, id: &str, node: &str, wanted: Capability) -> ProxyError {
+fn refused(refusal: PublishRefusal, id: &str, node: &NodeName, wanted: Capability) -> ProxyError {
     match refusal {
         PublishRefusal::NotServed => ProxyError::VolumeNotFound(id.to_owned()),
         PublishRefusal::Incompatible(p) => ProxyError::PublishedIncompatibly {
             volume: id.to_owned(),
-            node: node.to_owned(),
+            node: node.clone(),
             recorded: describe(p.access, p.readonly),
             asked: describe(Some(wanted), false),
         },
         PublishRefusal::Elsewhere(nodes) => ProxyError::PublishedElsewhere {
             volume: id.to_owned(),
-            nodes: nodes.join(","),
+            nodes,
             reason: "its access mode allows one node only",
         },
     }

@@ -8,7 +8,7 @@
 //! it wiped. Only a qualification worker (`crate::reconcile::qualify`)
 //! calls this.
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 
 use super::{Lifecycle, read_back};
 use crate::device::{Device, Phase, policy};
@@ -103,7 +103,7 @@ impl Lifecycle {
     async fn read_blank(
         &self,
         dev: &Device,
-        node: &str,
+        node: &NodeName,
         request_id: &str,
     ) -> Result<Option<u64>, ProxyError> {
         let size = dev.size_bytes;

@@ -5,7 +5,7 @@ use crate::device::policy;
 use crate::device::{Capability, Device, Phase, canonical_wwid};
 use crate::error::ProxyError;
 use crate::selector::Selector;
-use csi_scsi_contract::VolumeId;
+use csi_scsi_contract::{NodeName, VolumeId};
 
 /// A volume as ListVolumes and ControllerGetVolume show it.
 #[derive(Clone, Debug)]
@@ -89,7 +89,7 @@ impl Lifecycle {
     /// CreateVolume never binds to it, is not counted.
     pub async fn capacity(
         &self,
-        nodes: &[String],
+        nodes: &[NodeName],
         selector: &Selector,
         capabilities: &[Capability],
     ) -> Result<(u64, u64), ProxyError> {

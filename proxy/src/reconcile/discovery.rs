@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use csi_scsi_contract::NodeName;
 use csi_scsi_proto::agent::{DiscoverRequest, Lun};
 use tokio::sync::Notify;
 
@@ -115,7 +116,7 @@ pub fn same_array(target: &Target, targets: &[Target]) -> BTreeSet<String> {
 /// Takes `node`'s answer into `round`: its LUNs, or, when the report is
 /// refused, the node among those that did not answer (its earlier views
 /// stand, nothing of the report is merged). `false`: refused.
-pub fn take_report(round: &mut DiscoveryRound, node: String, luns: Vec<Lun>) -> bool {
+pub fn take_report(round: &mut DiscoveryRound, node: NodeName, luns: Vec<Lun>) -> bool {
     match node_report(luns) {
         Ok(luns) => {
             round.answered.insert(node, luns);
@@ -164,7 +165,7 @@ pub async fn reconcile_once(
     let agents = directory.snapshot();
     // Only the directory decides a node is gone (its Node object deleted);
     // one merely unreachable keeps its views.
-    let gone = move |node: &str| directory.locate(node) == NodeAgent::Gone;
+    let gone = move |node: &NodeName| directory.locate(node) == NodeAgent::Gone;
     let forget_after = settings
         .forget_after
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
@@ -192,7 +193,7 @@ pub async fn reconcile_once(
         if labels_from_nodes && !settable.is_empty() {
             tracing::warn!(target = %target.name, keys = ?settable, "the target's nodeSelector uses keys a node's kubelet can set on its own Node, allowed by --allow-kubelet-settable-selectors: any node that labels itself gets its CHAP credentials and LUNs");
         }
-        let nodes: Vec<String> = agents
+        let nodes: Vec<NodeName> = agents
             .iter()
             .filter(|(n, e)| target.selects(n, &e.labels, keys))
             .map(|(n, _)| n.clone())
@@ -496,7 +497,7 @@ mod lun_report_tests {
         let mut before = fresh();
         assert!(take_report(
             &mut before,
-            "node-a".into(),
+            crate::node("node-a"),
             vec![agent_lun(1)]
         ));
         inv.apply_discovery(before).await.expect("first round");
@@ -504,8 +505,12 @@ mod lun_report_tests {
         let mut huge = agent_lun(2);
         huge.serial = "x".repeat(1 << 20);
         let mut round = fresh();
-        assert!(!take_report(&mut round, "node-a".into(), vec![huge]));
-        assert!(take_report(&mut round, "node-b".into(), vec![agent_lun(3)]));
+        assert!(!take_report(&mut round, crate::node("node-a"), vec![huge]));
+        assert!(take_report(
+            &mut round,
+            crate::node("node-b"),
+            vec![agent_lun(3)]
+        ));
         assert_eq!(round.unanswered, ["node-a"]);
         let out = inv.apply_discovery(round).await.expect("second round");
         assert_eq!(out.added, [key(3)], "{out:?}");
@@ -514,7 +519,7 @@ mod lun_report_tests {
         let one = inv.device(&key(1)).await.expect("read").expect("kept");
         assert_eq!(
             (one.phase, one.node_names()),
-            (Phase::Unverified, vec!["node-a".to_owned()])
+            (Phase::Unverified, vec![crate::node("node-a")])
         );
         assert!(inv.device(&key(2)).await.expect("read").is_none());
     }

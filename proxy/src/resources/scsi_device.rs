@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_contract::NodeName;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResource;
@@ -109,7 +111,7 @@ pub struct SCSIDeviceStatus {
     pub nodes: Vec<NodeView>,
     /// Node names that see it, sorted (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub node_names: Vec<String>,
+    pub node_names: Vec<NodeName>,
     /// Where it is attached (ControllerPublished), and how.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<Publication>,
@@ -292,7 +294,10 @@ pub fn conflict_message(d: &Device) -> String {
     let claims: Vec<String> = d
         .conflicts
         .iter()
-        .map(|c| format!("target {} (nodes {})", c.target, c.nodes.join(", ")))
+        .map(|c| {
+            let nodes: Vec<&str> = c.nodes.iter().map(NodeName::as_str).collect();
+            format!("target {} (nodes {})", c.target, nodes.join(", "))
+        })
         .collect();
     format!(
         "WWID {} is known through target {}, and also reported through {}: not merged. The same array under two SCSITargets: give both the same spec.array. Otherwise unmap the LUN from the other target on its array (or remove that target)",
@@ -318,7 +323,7 @@ mod tests {
         assert_eq!(
             old.published,
             [Publication {
-                node: "node-a".into(),
+                node: crate::node("node-a"),
                 access: None,
                 readonly: false,
             }]

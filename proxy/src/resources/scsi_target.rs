@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use csi_scsi_contract::NodeName;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -154,11 +156,11 @@ pub struct SCSITargetStatus {
 }
 
 /// One node's view of a target.
-#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(KubeSchema, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetNodeStatus {
     /// Node name.
-    pub node: String,
+    pub node: NodeName,
     /// Whether the node's agent answered.
     pub answered: bool,
     /// LUNs it reported.

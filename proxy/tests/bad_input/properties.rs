@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use csi_scsi_contract::VolumeId;
+use csi_scsi_contract::{NodeName, VolumeId};
 use csi_scsi_proxy::device::{Cleanup, FsType};
 use csi_scsi_proxy::directory::{AgentDirectory, AgentEntry, FileDirectory};
 use csi_scsi_proxy::parameters::{ClassParameters, InvalidParameter, fs_type};
@@ -295,10 +295,10 @@ proptest! {
         if comment {
             lines.insert(0, "# node address labels".to_owned());
         }
-        let want: BTreeMap<String, AgentEntry> = agents
+        let want: BTreeMap<NodeName, AgentEntry> = agents
             .iter()
             .map(|(node, (_, address, labels))| {
-                (node.clone(), AgentEntry { address: address.clone(), labels: labels.clone(), node_uid: None })
+                (NodeName::parse(node).expect("a node name"), AgentEntry { address: address.clone(), labels: labels.clone(), node_uid: None })
             })
             .collect();
         std::fs::write(&path, lines.join("\n")).expect("write");

@@ -131,7 +131,7 @@ async fn xfs_takes_the_lun_large_enough_and_a_block_volume_the_smallest() {
     let dir = tempfile::tempdir().unwrap();
     let life = controller(&dir, &[64 * MIB, 512 * MIB, 64 * MIB]).await;
     let all = Selector::default();
-    let nodes: &[String] = &[];
+    let nodes: &[csi_scsi_contract::NodeName] = &[];
     let xfs = Capability::Mount(FsType::Xfs, AccessMode::SingleNodeWriter);
     let block = Capability::Block(AccessMode::SingleNodeWriter);
     // GetCapacity for an xfs volume counts only what xfs could be bound to.

@@ -16,7 +16,7 @@ use csi_scsi_proxy::lifecycle::Lifecycle;
 use tonic::{Code, Status};
 
 use crate::agent_stub::{self, StubAgent, WipeBehaviour};
-use crate::devices::{WRITER, bind_req, binding, lun, publication, round, uid, wwid};
+use crate::devices::{WRITER, bind_req, binding, lun, node, publication, round, uid, wwid};
 use crate::hooked_store::{Hooked, Hooks};
 use crate::lifecycle_support;
 
@@ -134,7 +134,7 @@ impl Fixture {
             mode: AccessMode::SingleNodeWriter,
         };
         self.life
-            .publish(&self.volume, "node-b", &access, "t")
+            .publish(&self.volume, &node("node-b"), &access, "t")
             .await
             .map(drop)
             .map_err(Status::from)
@@ -248,7 +248,10 @@ async fn an_unpublish_never_edits_the_record_of_a_volume_bound_after_it_read() {
         bound_again(d);
         d.published.push(publication("node-b"));
     }));
-    f.life.unpublish(&f.volume, "node-b", "t").await.unwrap();
+    f.life
+        .unpublish(&f.volume, Some(&node("node-b")), "t")
+        .await
+        .unwrap();
     assert!(f.store.hooks.landed());
     assert_eq!(f.node_b.log.detached(&wwid(1)), 1);
     let dev = f.device().await;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 use csi_scsi_proxy::device::{
     BindRequest, Device, DiscoveryRound, FcTarget, IscsiTarget, LunReport, NewLuns, Phase,
     ResizeRequest, SecretRef, Target, Transport, policy,
@@ -25,7 +25,7 @@ use csi_scsi_proxy::device::{
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError};
 use csi_scsi_proxy::selector::Selector;
 
-use crate::devices::{bind_req, labels, lun, publication, round, wwid};
+use crate::devices::{bind_req, labels, lun, node, publication, round, wwid};
 use crate::real_kube;
 
 const GIB: u64 = 1 << 30;
@@ -464,7 +464,7 @@ pub async fn capacity_counts_each_available_device_visible_from_the_nodes_once(f
     })
     .await
     .unwrap();
-    let nodes = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let nodes = |n: &[&str]| n.iter().map(|s| node(s)).collect::<Vec<_>>();
     let fast = Selector::parse("tier=fast").unwrap();
     let slow = Selector::parse("tier=slow").unwrap();
     assert_eq!(
@@ -790,7 +790,7 @@ pub async fn a_wwid_another_array_s_target_reports_is_flagged_and_never_merged(f
     };
     assert_eq!(
         (c.target.as_str(), c.nodes.as_slice()),
-        ("t2", &["node-c".to_owned()][..])
+        ("t2", &[node("node-c")][..])
     );
     // t1's node answers without it: Lost, whatever t2 says.
     let out = inv
@@ -831,7 +831,7 @@ pub async fn a_phantom_is_forgotten_only_after_a_clean_round_past_the_forget_tim
     for i in [1, 2] {
         inv.update(aged(get(inv, &wwid(i)).await)).await.unwrap();
     }
-    let never = |_: &str| false;
+    let never = |_: &NodeName| false;
     let apply = |answered: Vec<(&'static str, Vec<LunReport>)>,
                  unanswered: &'static [&'static str]| {
         inv.apply_discovery_pruning(round("t1", &answered, unanswered), &never, forget)

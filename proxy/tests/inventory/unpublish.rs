@@ -10,7 +10,7 @@ use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use tonic::{Code, Status};
 
-use crate::devices::{bind_req, lun, publication, round, uid};
+use crate::devices::{bind_req, lun, node, publication, round, uid};
 use crate::lifecycle_support;
 
 #[tokio::test]
@@ -46,7 +46,11 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
             .published_nodes()
     };
 
-    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-a")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("node-a"), "{refused:?}");
     assert_eq!(published_to().await, ["node-a"], "the record is kept");
@@ -56,7 +60,11 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
     // The file is truncated (a writer cut short): the last good map stays.
     std::fs::write(&agents_file, "").unwrap();
     agents.reload().unwrap_err();
-    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-a")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert_eq!(published_to().await, ["node-a"], "the record is kept");
 
@@ -64,18 +72,26 @@ async fn unpublish_waits_for_a_listed_agent_that_does_not_answer_and_forgets_a_n
     // would leave it; the record stays.
     std::fs::write(&agents_file, "# node-a decommissioned\n").unwrap();
     assert!(agents.reload().unwrap());
-    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-a")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert_eq!(published_to().await, ["node-a"], "the record is kept");
     // A node the file never listed, and no record names: nothing was
     // attached there, so it is unpublished at once (CSI: OK).
-    life.unpublish(&id, "node-zz", "t").await.unwrap();
+    life.unpublish(&id, Some(&node("node-zz")), "t")
+        .await
+        .unwrap();
     assert_eq!(published_to().await, ["node-a"], "node-a's record is kept");
 
     // Out of the file for the grace period: the node is gone, nothing is
     // attached there.
     tokio::time::sleep(grace + Duration::from_millis(100)).await;
     agents.reload().unwrap();
-    life.unpublish(&id, "node-a", "t").await.unwrap();
+    life.unpublish(&id, Some(&node("node-a")), "t")
+        .await
+        .unwrap();
     assert!(published_to().await.is_empty(), "the record is dropped");
 }

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::devices::node;
 use crate::eventually;
 use crate::real_api::{Log, admin_logging};
 use crate::real_kube;
@@ -334,8 +335,8 @@ impl Agents {
 }
 
 /// What the directory says about `node`.
-pub fn locate(dir: &PodDirectory, node: &str) -> NodeAgent {
-    (dir as &dyn AgentDirectory).locate(node)
+pub fn locate(dir: &PodDirectory, name: &str) -> NodeAgent {
+    (dir as &dyn AgentDirectory).locate(&node(name))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,7 +353,10 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     let (client, log) = admin_logging().await;
     let dir = agents.spawn(client);
     let mut rx = dir.subscribe();
-    eventually("node-a's agent", || dir.snapshot().contains_key("node-a")).await;
+    eventually("node-a's agent", || {
+        dir.snapshot().contains_key(&node("node-a"))
+    })
+    .await;
     let snap = dir.snapshot();
     assert_eq!(
         snap.len(),
@@ -360,11 +364,12 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
         "a Pod that is not Ready is no agent: {snap:?}"
     );
     assert_eq!(
-        snap["node-a"].address, "127.0.9.1:9811",
+        snap[&node("node-a")].address,
+        "127.0.9.1:9811",
         "the agent-api port wins"
     );
     assert_eq!(
-        snap["node-a"].labels.get("rack").map(String::as_str),
+        snap[&node("node-a")].labels.get("rack").map(String::as_str),
         Some("r1")
     );
 
@@ -390,13 +395,19 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     // node-b's agent becomes Ready: it appears, and subscribers hear of it.
     rx.borrow_and_update();
     agents.agent("node-b", true).await;
-    eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
+    eventually("node-b's agent", || {
+        dir.snapshot().contains_key(&node("node-b"))
+    })
+    .await;
     assert!(rx.has_changed().unwrap());
-    assert_eq!(dir.snapshot()["node-b"].address, "127.0.9.2:9811");
+    assert_eq!(dir.snapshot()[&node("node-b")].address, "127.0.9.2:9811");
 
     // A deleted Pod drops out.
     agents.delete_pod("agent-a").await;
-    eventually("node-a gone", || !dir.snapshot().contains_key("node-a")).await;
+    eventually("node-a gone", || {
+        !dir.snapshot().contains_key(&node("node-a"))
+    })
+    .await;
     assert_eq!(dir.snapshot().keys().collect::<Vec<_>>(), ["node-b"]);
 
     // A terminating Pod drops out too.
@@ -412,9 +423,12 @@ async fn the_directory_is_ready_once_both_watches_listed() {
     tokio::time::timeout(crate::patience(), dir.wait_until_ready())
         .await
         .unwrap();
-    eventually("node-a's agent", || dir.snapshot().contains_key("node-a")).await;
+    eventually("node-a's agent", || {
+        dir.snapshot().contains_key(&node("node-a"))
+    })
+    .await;
     assert_eq!(
-        dir.snapshot()["node-a"].address,
+        dir.snapshot()[&node("node-a")].address,
         "[fd00::1]:9811",
         "IPv6 addresses are bracketed"
     );
@@ -443,7 +457,7 @@ async fn a_node_whose_agent_is_not_ready_is_unreachable_not_gone() {
     // not Ready, the node stays.
     agents.agent("node-a", false).await;
     eventually("node-a's agent not ready", || {
-        !dir.snapshot().contains_key("node-a")
+        !dir.snapshot().contains_key(&node("node-a"))
     })
     .await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
@@ -463,7 +477,10 @@ async fn a_node_is_gone_once_its_node_object_is_deleted() {
     agents.agent("node-a", false).await;
     agents.agent("node-b", true).await;
     let dir = agents.ready_directory(real_kube::admin().await).await;
-    eventually("node-b's agent", || dir.snapshot().contains_key("node-b")).await;
+    eventually("node-b's agent", || {
+        dir.snapshot().contains_key(&node("node-b"))
+    })
+    .await;
     assert_eq!(locate(&dir, "node-a"), NodeAgent::Unreachable);
 
     agents.delete_node("node-a").await;
@@ -524,7 +541,7 @@ async fn only_the_daemonsets_ready_pods_serve_and_every_unready_one_is_looked_at
     agents.put(bare).await;
     let dir = agents.spawn(real_kube::admin().await);
     eventually("node-a's agent and the two unready Pods", || {
-        dir.snapshot().contains_key("node-a") && dir.unready().len() == 2
+        dir.snapshot().contains_key(&node("node-a")) && dir.unready().len() == 2
     })
     .await;
     // Settle: the impostors are in the cache by now, and stay out.
@@ -562,7 +579,7 @@ async fn a_node_tainted_out_of_service_is_gone_even_with_a_ready_agent_until_the
         .await;
     eventually("node-a gone", || locate(&dir, "node-a") == NodeAgent::Gone).await;
     eventually("node-a's agent out of the snapshot", || {
-        !dir.snapshot().contains_key("node-a")
+        !dir.snapshot().contains_key(&node("node-a"))
     })
     .await;
     // Either effect Kubernetes documents; any value, or none.

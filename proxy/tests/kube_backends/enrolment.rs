@@ -14,6 +14,7 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
+use crate::devices::node;
 use crate::real_kube::{self, NAMESPACE};
 
 const AUDIENCE: &str = "csi-scsi-enrolment";
@@ -148,14 +149,14 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
 
     // The agent Pod's token proves its node, and the Node's UID comes along.
     let proven = check
-        .check("enrol-node-a", sa_token, &good)
+        .check(&node("enrol-node-a"), sa_token, &good)
         .await
         .expect("proven");
     assert_eq!(proven.node_uid.as_deref(), Some(uids[0].as_str()));
 
     // Another node's agent asking with node-a's Pod's token.
     let e = check
-        .check("enrol-node-b", sa_token, &good)
+        .check(&node("enrol-node-b"), sa_token, &good)
         .await
         .expect_err("other node");
     assert!(
@@ -166,7 +167,7 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
     // A token of another ServiceAccount (its Pod even is the DaemonSet's).
     let t = token("enrol-test-other", AUDIENCE, Some(&other_sa)).await;
     let e = check
-        .check("enrol-node-a", sa_token, &t)
+        .check(&node("enrol-node-a"), sa_token, &t)
         .await
         .expect_err("other SA");
     assert!(matches!(e, Refusal::WrongServiceAccount { .. }), "{e}");
@@ -174,7 +175,7 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
     // The agent's ServiceAccount, but a bare Pod, not the DaemonSet's.
     let t = token(SERVICE_ACCOUNT, AUDIENCE, Some(&bare)).await;
     let e = check
-        .check("enrol-node-a", sa_token, &t)
+        .check(&node("enrol-node-a"), sa_token, &t)
         .await
         .expect_err("bare pod");
     assert!(matches!(e, Refusal::NotAnAgentPod { .. }), "{e}");
@@ -182,7 +183,7 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
     // Bound to no Pod at all.
     let t = token(SERVICE_ACCOUNT, AUDIENCE, None).await;
     let e = check
-        .check("enrol-node-a", sa_token, &t)
+        .check(&node("enrol-node-a"), sa_token, &t)
         .await
         .expect_err("unbound");
     assert!(matches!(e, Refusal::NotPodBound(_)), "{e}");
@@ -195,7 +196,7 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
     )
     .await;
     let e = check
-        .check("enrol-node-a", sa_token, &t)
+        .check(&node("enrol-node-a"), sa_token, &t)
         .await
         .expect_err("audience");
     assert!(
@@ -205,7 +206,7 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
 
     // A join token where a cluster wants a ServiceAccount token.
     let e = check
-        .check("enrol-node-a", CredentialKind::JoinToken, &good)
+        .check(&node("enrol-node-a"), CredentialKind::JoinToken, &good)
         .await
         .expect_err("kind");
     assert!(matches!(e, Refusal::WrongKind(..)), "{e}");
@@ -223,11 +224,16 @@ async fn a_projected_token_proves_only_its_own_agent_pods_node() {
         .expect("delete pod");
     crate::real_api::until("the deleted Pod's token refused", 30, || {
         let (check, good) = (&check, &good);
-        async move { check.check("enrol-node-a", sa_token, good).await.is_err() }
+        async move {
+            check
+                .check(&node("enrol-node-a"), sa_token, good)
+                .await
+                .is_err()
+        }
     })
     .await;
     let e = check
-        .check("enrol-node-a", sa_token, &good)
+        .check(&node("enrol-node-a"), sa_token, &good)
         .await
         .expect_err("deleted pod");
     assert!(

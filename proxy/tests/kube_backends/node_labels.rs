@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tonic::{Code, Status};
 
-use crate::devices::wwid;
+use crate::devices::{node, wwid};
 use crate::directory::{Agents, locate};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
@@ -150,7 +150,11 @@ async fn a_target_selecting_on_a_label_a_kubelet_can_set_selects_no_node() {
         mode: AccessMode::SingleNodeWriter,
     };
     let id = format!("{}:uid-pv-1", wwid(1));
-    let publish = Status::from(life.publish(&id, "node-a", &writer, "t").await.unwrap_err());
+    let publish = Status::from(
+        life.publish(&id, &node("node-a"), &writer, "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(publish.code(), Code::FailedPrecondition, "{publish:?}");
     assert!(publish.message().contains(SETTABLE), "{publish:?}");
     assert_eq!(connections(), 0, "no Attach went to node-a");

@@ -16,12 +16,13 @@ use csi_scsi_proxy::resources::SCSIDevice;
 use serde_json::json;
 use tonic::{Code, Status};
 
-use crate::devices::wwid;
+use crate::devices::{node, wwid};
 use crate::directory::{Agents, OUT_OF_SERVICE, locate};
 use crate::eventually;
 use crate::inventory::{create, device, stored, target};
 use crate::lifecycle_support::lifecycle;
 use crate::real_kube;
+use csi_scsi_contract::NodeName;
 
 /// A node whose agent is not Ready, that no record of the volume names:
 /// nothing of the volume was attached there (a publish records its node
@@ -39,7 +40,7 @@ async fn unpublish_from_a_not_ready_node_no_record_names_is_ok_at_once() {
     let p = Published::new(&admin, &agents, &["node-a", "node-b"], "node-a").await;
     assert_eq!(locate(&p.directory, "node-b"), NodeAgent::Unreachable);
     p.life
-        .unpublish(&p.id, "node-b", "t")
+        .unpublish(&p.id, Some(&node("node-b")), "t")
         .await
         .expect("nothing was attached on node-b");
     assert_eq!(p.nodes().await, ["node-a"], "node-a's record is kept");
@@ -59,7 +60,11 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
     let (life, id, directory) = (&p.life, p.id.clone(), p.directory.clone());
     let published_to = || p.nodes();
 
-    let refused = Status::from(life.unpublish(&id, "node-b", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-b")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(
         refused.message().contains("node node-b exists"),
@@ -76,12 +81,20 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
         fs_type: None,
         mode: AccessMode::SingleNodeWriter,
     };
-    let elsewhere = Status::from(life.publish(&id, "node-a", &writer, "t").await.unwrap_err());
+    let elsewhere = Status::from(
+        life.publish(&id, &node("node-a"), &writer, "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(elsewhere.code(), Code::FailedPrecondition, "{elsewhere:?}");
     let delete = Status::from(life.delete(&id, "t").await.unwrap_err());
     assert_eq!(delete.code(), Code::FailedPrecondition, "{delete:?}");
     // Publishing to the NotReady node waits for it, too.
-    let to_b = Status::from(life.publish(&id, "node-b", &writer, "t").await.unwrap_err());
+    let to_b = Status::from(
+        life.publish(&id, &node("node-b"), &writer, "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(to_b.code(), Code::Unavailable, "{to_b:?}");
 
     // The Node object is deleted: node-b is gone, nothing is attached there.
@@ -90,9 +103,15 @@ async fn unpublish_from_a_not_ready_node_is_unavailable_until_its_node_object_is
         locate(&directory, "node-b") == NodeAgent::Gone
     })
     .await;
-    life.unpublish(&id, "node-b", "t").await.unwrap();
+    life.unpublish(&id, Some(&node("node-b")), "t")
+        .await
+        .unwrap();
     assert!(published_to().await.is_empty(), "the record is dropped");
-    let gone = Status::from(life.publish(&id, "node-b", &writer, "t").await.unwrap_err());
+    let gone = Status::from(
+        life.publish(&id, &node("node-b"), &writer, "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
 }
 
@@ -138,13 +157,17 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     let id = format!("{}:uid-pv-1", wwid(1));
 
     // node-b looks gone and node-a agentless, but nothing is known yet.
-    let refused = Status::from(life.unpublish(&id, "node-b", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-b")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("not listed"), "{refused:?}");
     let stored = inventory.device(&wwid(1)).await.unwrap().unwrap();
     assert_eq!(stored.published_nodes(), ["node-b"], "the record is kept");
     let to_b = Status::from(
-        life.publish(&id, "node-b", &writer(), "t")
+        life.publish(&id, &node("node-b"), &writer(), "t")
             .await
             .unwrap_err(),
     );
@@ -160,7 +183,9 @@ async fn until_the_agent_pods_are_listed_publish_and_unpublish_wait_and_the_prox
     eventually("the directory's first list", || check.check().is_ok()).await;
     assert!(matches!(locate(&directory, "node-a"), NodeAgent::Listed(_)));
     assert_eq!(locate(&directory, "node-b"), NodeAgent::Gone);
-    life.unpublish(&id, "node-b", "t").await.unwrap();
+    life.unpublish(&id, Some(&node("node-b")), "t")
+        .await
+        .unwrap();
 }
 
 /// Discovery as deployed, forgetting after a week.
@@ -211,7 +236,11 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
     let published_to = || p.nodes();
 
     // The node dies: its agent does not answer, so the record stays.
-    let refused = Status::from(life.unpublish(&id, "node-a", "t").await.unwrap_err());
+    let refused = Status::from(
+        life.unpublish(&id, Some(&node("node-a")), "t")
+            .await
+            .unwrap_err(),
+    );
     assert!(
         matches!(refused.code(), Code::Unavailable | Code::DeadlineExceeded),
         "{refused:?}"
@@ -227,12 +256,14 @@ async fn unpublish_from_a_node_tainted_out_of_service_drops_the_record_without_c
         locate(&directory, "node-a") == NodeAgent::Gone
     })
     .await;
-    life.unpublish(&id, "node-a", "t").await.unwrap();
+    life.unpublish(&id, Some(&node("node-a")), "t")
+        .await
+        .unwrap();
     assert!(published_to().await.is_empty(), "the record is dropped");
     assert_eq!(connections(), 0, "the fenced node's agent is not called");
     // Nothing is attached to a fenced node.
     let refused = Status::from(
-        life.publish(&id, "node-a", &writer(), "t")
+        life.publish(&id, &node("node-a"), &writer(), "t")
             .await
             .unwrap_err(),
     );
@@ -285,7 +316,7 @@ impl Published {
     }
 
     /// The nodes the stored record says it is published to.
-    async fn nodes(&self) -> Vec<String> {
+    async fn nodes(&self) -> Vec<NodeName> {
         self.inventory
             .device(&wwid(1))
             .await

@@ -5,12 +5,17 @@
 
 use std::collections::BTreeMap;
 
-use csi_scsi_contract::Wwid;
+use csi_scsi_contract::{NodeName, Wwid};
 use csi_scsi_proxy::device::{
     AccessMode, BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport,
     NewLuns, Publication,
 };
 use csi_scsi_proxy::selector::Selector;
+
+/// Node `name` (a valid node name).
+pub fn node(name: &str) -> NodeName {
+    NodeName::parse(name).expect("a test node name")
+}
 
 /// The WWID of LUN `i`.
 pub fn wwid(i: u32) -> Wwid {
@@ -51,11 +56,8 @@ pub fn round(
     DiscoveryRound {
         target: target.into(),
         device_labels: labels(&[("tier", "fast")]),
-        answered: answered
-            .iter()
-            .map(|(n, l)| (n.to_string(), l.clone()))
-            .collect(),
-        unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
+        answered: answered.iter().map(|(n, l)| (node(n), l.clone())).collect(),
+        unanswered: unanswered.iter().map(|s| node(s)).collect(),
         same_array: Default::default(),
         new_luns: NewLuns::Trust,
     }
@@ -90,7 +92,7 @@ pub fn uid(name: &str) -> String {
 pub fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
     BindRequest {
         binding: binding(name),
-        topology: nodes.iter().map(|n| vec![n.to_string()]).collect(),
+        topology: nodes.iter().map(|n| vec![node(n)]).collect(),
         selector: Selector::parse(selector).expect("selector"),
         min_bytes: 1,
         max_bytes: u64::MAX,
@@ -98,9 +100,9 @@ pub fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
 }
 
 /// A publication on `node` (single-node writer, on ext4).
-pub fn publication(node: &str) -> Publication {
+pub fn publication(name: &str) -> Publication {
     Publication {
-        node: node.to_owned(),
+        node: node(name),
         access: Some(WRITER),
         readonly: false,
     }

@@ -20,6 +20,7 @@ use anyhow::Context;
 use csi_scsi_certs::{
     CertificateAuthority, Identity, TrustDomain, Validity, write_ca, write_issued,
 };
+use csi_scsi_contract::NodeName;
 use csi_scsi_proto::agent::DiscoverRequest;
 use csi_scsi_proxy::agents::{AgentPool, Backoff, CallConfig, fan_out};
 use csi_scsi_proxy::directory::{AgentDirectory, FileDirectory};
@@ -110,12 +111,12 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         let agents_file = dir.join(format!("agents-{n}.txt"));
         std::fs::copy(&ports, &agents_file)?;
         let directory: Arc<dyn AgentDirectory> = FileDirectory::load(&agents_file)?;
-        let nodes: Vec<String> = (0..n).map(fleet_node).collect();
+        let nodes: Vec<NodeName> = (0..n).map(fleet_node).collect();
         let slowest = (0..n)
             .find(|&i| latency_of(i, n) == SLOW)
             .map(fleet_node)
             .context("no slow agent")?;
-        let pass = |pool: Arc<AgentPool>, nodes: Vec<String>| async move {
+        let pass = |pool: Arc<AgentPool>, nodes: Vec<NodeName>| async move {
             let t = Instant::now();
             let results = fan_out(&pool, nodes, discover(), "bench-fan-out", CONCURRENCY).await;
             let elapsed = t.elapsed();
@@ -152,7 +153,7 @@ async fn measure(opts: Options, dir: &Path) -> anyhow::Result<Vec<Row>> {
         }
         // The handshakes alone: a cold fan-out to the agents that answer at
         // once, the floor under the cold row's excess over the slowest agent.
-        let prompt: Vec<String> = (0..n)
+        let prompt: Vec<NodeName> = (0..n)
             .filter(|&i| latency_of(i, n) == Duration::ZERO)
             .map(fleet_node)
             .collect();

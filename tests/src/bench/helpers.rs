@@ -20,6 +20,7 @@ use csi_scsi_certs::{
     CertificateAuthority, Identity, MaterialPaths, MaterialStore, Role, TrustDomain, Validity,
     server_config, write_issued,
 };
+use csi_scsi_contract::NodeName;
 use csi_scsi_daemon::tls_incoming;
 use csi_scsi_proto::agent::agent_server::{Agent, AgentServer};
 use csi_scsi_proto::agent::*;
@@ -105,8 +106,8 @@ pub const SLOW: Duration = Duration::from_millis(500);
 pub const BUSY: Duration = Duration::from_millis(20);
 
 /// Node name of fleet agent `i`.
-pub fn fleet_node(i: usize) -> String {
-    format!("node-{i:04}")
+pub fn fleet_node(i: usize) -> NodeName {
+    NodeName::parse(&format!("node-{i:04}")).expect("node-NNNN is a node name")
 }
 
 async fn agents(ca_dir: &Path, dir: &Path, count: usize, ports_file: &Path) -> anyhow::Result<()> {
@@ -116,20 +117,22 @@ async fn agents(ca_dir: &Path, dir: &Path, count: usize, ports_file: &Path) -> a
     let mut servers = tokio::task::JoinSet::new();
     for i in 0..count {
         let node = fleet_node(i);
-        let tls: PathBuf = dir.join(&node);
+        let tls: PathBuf = dir.join(node.as_str());
         write_issued(
             &tls,
-            &ca.issue(&Identity::Node(node.clone()), Validity::days(1))?,
+            &ca.issue(&Identity::Node(node.to_string()), Validity::days(1))?,
         )?;
         let store = MaterialStore::load(
             MaterialPaths::in_dir(&tls),
-            Role::Agent { node: node.clone() },
+            Role::Agent {
+                node: node.to_string(),
+            },
             domain.clone(),
         )?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         lines.push_str(&format!("{node} {}\n", listener.local_addr()?));
         let agent = FakeAgent {
-            node,
+            node: node.to_string(),
             latency: latency_of(i, count),
         };
         let incoming = tls_incoming(listener, server_config(store)?);

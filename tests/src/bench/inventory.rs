@@ -62,7 +62,7 @@ pub async fn fill(path: &Path, n: u32) -> anyhow::Result<()> {
     inv.apply_discovery(DiscoveryRound {
         target: "t".into(),
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
-        answered: BTreeMap::from([("node-a".to_owned(), luns)]),
+        answered: BTreeMap::from([(csi_scsi_contract::NodeName::parse("node-a")?, luns)]),
         unanswered: Vec::new(),
         same_array: Default::default(),
         // The row measures binds, not probes: the LUNs are offered at once.

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::device::{AccessMode, Capability, Cleanup, FsType};
+use crate::node;
 use crate::selector::Selector;
 
 fn wwid(i: u32) -> Wwid {
@@ -26,11 +27,8 @@ fn round(answered: &[(&str, Vec<LunReport>)], unanswered: &[&str]) -> DiscoveryR
     DiscoveryRound {
         target: "t1".into(),
         device_labels: BTreeMap::from([("tier".into(), "fast".into())]),
-        answered: answered
-            .iter()
-            .map(|(n, l)| (n.to_string(), l.clone()))
-            .collect(),
-        unanswered: unanswered.iter().map(|s| s.to_string()).collect(),
+        answered: answered.iter().map(|(n, l)| (node(n), l.clone())).collect(),
+        unanswered: unanswered.iter().map(|s| node(s)).collect(),
         same_array: BTreeSet::new(),
         new_luns: NewLuns::default(),
     }
@@ -57,7 +55,7 @@ fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
     let mut d = merge(
         None,
         &wwid(i),
-        &[("n", &report)],
+        &[(&node("n"), &report)],
         &r,
         &BTreeSet::new(),
         1_000,
@@ -68,7 +66,7 @@ fn device(i: u32, size: u64, nodes: &[&str], phase: Phase) -> Device {
     d.nodes = nodes
         .iter()
         .map(|n| NodeView {
-            node: n.to_string(),
+            node: node(n),
             target: "t1".into(),
             paths: vec!["p".into()],
         })
@@ -103,7 +101,7 @@ fn request_for(
             capabilities: capabilities.to_vec(),
             ..binding("new")
         },
-        topology: nodes.iter().map(|n| vec![n.to_string()]).collect(),
+        topology: nodes.iter().map(|n| vec![node(n)]).collect(),
         selector: Selector::parse(selector).expect("selector"),
         min_bytes: min,
         max_bytes: max,
@@ -123,7 +121,7 @@ fn merged_departed(
     let r = round(answered, &[]);
     let by = reports_by_wwid(&r);
     let reports = by.get(&existing.wwid).cloned().unwrap_or_default();
-    let departed: BTreeSet<String> = departed.iter().map(|n| n.to_string()).collect();
+    let departed: BTreeSet<NodeName> = departed.iter().map(|n| node(n)).collect();
     merge(
         Some(existing),
         &existing.wwid,
@@ -190,7 +188,7 @@ fn the_views_of_departed_nodes_go_and_silent_ones_stay() {
         dev.nodes = before
             .iter()
             .map(|(n, t)| NodeView {
-                node: n.to_string(),
+                node: node(n),
                 target: t.to_string(),
                 paths: vec!["path-1".into()],
             })
@@ -408,13 +406,17 @@ fn fits_checks_phase_size_labels_and_visibility() {
         (request(1, u64::MAX, "", &["a"]), Some("a"), true),
         (request(1, u64::MAX, "", &["b"]), Some("b"), false),
     ];
-    for (req, node, want) in cases {
-        assert_eq!(fits(&dev, &req, node), want, "{req:?} from {node:?}");
+    for (req, at, want) in cases {
+        assert_eq!(
+            fits(&dev, &req, at.map(node).as_ref()),
+            want,
+            "{req:?} from {at:?}"
+        );
     }
     let mut disputed = dev.clone();
     disputed.conflicts.push(TargetConflict {
         target: "other-array".into(),
-        nodes: vec!["a".into()],
+        nodes: vec![node("a")],
         since: 1,
     });
     assert!(
@@ -502,8 +504,8 @@ fn a_lun_below_the_filesystems_minimum_never_fits_and_no_fit_names_the_minimum()
 fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
     let snw = Capability::Mount(FsType::Ext4, AccessMode::SingleNodeWriter);
     let mnmw = Capability::Block(AccessMode::MultiNodeMultiWriter);
-    let on = |node: &str, access: Capability, readonly: bool| Publication {
-        node: node.into(),
+    let on = |name: &str, access: Capability, readonly: bool| Publication {
+        node: node(name),
         access: Some(access),
         readonly,
     };
@@ -533,7 +535,7 @@ fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
         d
     };
     let old_record = Publication {
-        node: "b".into(),
+        node: node("b"),
         access: None,
         readonly: false,
     };
@@ -569,7 +571,7 @@ fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
         (
             bound(&[on("a", snw, false)]),
             on("b", snw, false),
-            Err(PublishRefusal::Elsewhere(vec!["a".into()])),
+            Err(PublishRefusal::Elsewhere(vec![node("a")])),
         ),
         (
             bound(&[on("a", mnmw, false)]),
@@ -596,10 +598,16 @@ fn publish_judges_the_state_it_writes_and_unpublish_touches_only_its_binding() {
     }
 
     let mut dev = bound(&[on("a", mnmw, false), on("b", mnmw, false)]);
-    assert!(!unpublish(&mut dev, "uid-other", "a"), "another binding's");
-    assert!(!unpublish(&mut dev, "uid-v", "c"), "not published there");
+    assert!(
+        !unpublish(&mut dev, "uid-other", &node("a")),
+        "another binding's"
+    );
+    assert!(
+        !unpublish(&mut dev, "uid-v", &node("c")),
+        "not published there"
+    );
     assert_eq!(dev.published_nodes(), ["a", "b"]);
-    assert!(unpublish(&mut dev, "uid-v", "a"));
+    assert!(unpublish(&mut dev, "uid-v", &node("a")));
     assert_eq!(dev.published_nodes(), ["b"]);
 }
 
@@ -645,7 +653,7 @@ fn a_target_of_another_array_reporting_a_known_wwid_is_a_conflict_never_a_merge(
     let mut want = dev.clone();
     want.conflicts = vec![TargetConflict {
         target: "t2".into(),
-        nodes: vec!["c".into()],
+        nodes: vec![node("c")],
         since: 2_000,
     }];
     // Nothing else of the report: no view, size, label or last seen.
@@ -654,7 +662,7 @@ fn a_target_of_another_array_reporting_a_known_wwid_is_a_conflict_never_a_merge(
     assert!(merge_round(&m.device, &r, 2_100).is_none());
     // node c silent: the conflict stands (doubt keeps it).
     let silent = DiscoveryRound {
-        unanswered: vec!["c".into()],
+        unanswered: vec![node("c")],
         ..round_of("t2", &[], &[])
     };
     assert!(merge_round(&m.device, &silent, 2_200).is_none());
@@ -697,13 +705,13 @@ fn a_target_of_the_same_array_or_one_the_device_is_seen_through_is_merged() {
     // known through it; merging clears a conflict of that target.
     let mut seen = dev.clone();
     seen.nodes.push(NodeView {
-        node: "c".into(),
+        node: node("c"),
         target: "t2".into(),
         paths: vec!["old".into()],
     });
     seen.conflicts = vec![TargetConflict {
         target: "t2".into(),
-        nodes: vec!["d".into()],
+        nodes: vec![node("d")],
         since: 1,
     }];
     let out = merge_round(
@@ -734,21 +742,21 @@ fn only_a_phantom_never_bound_unseen_past_the_forget_time_after_a_clean_round_is
     bound.binding = Some(binding("v"));
     let mut published = phantom.clone();
     published.published = vec![Publication {
-        node: "a".into(),
+        node: node("a"),
         access: None,
         readonly: false,
     }];
     let mut viewed = phantom.clone();
     viewed.phase = Phase::Available;
     viewed.nodes = vec![NodeView {
-        node: "b".into(),
+        node: node("b"),
         target: "t1".into(),
         paths: vec![],
     }];
     let mut claimed = phantom.clone();
     claimed.conflicts = vec![TargetConflict {
         target: "t2".into(),
-        nodes: vec!["c".into()],
+        nodes: vec![node("c")],
         since: old,
     }];
     let mut releasing = phantom.clone();
@@ -821,7 +829,7 @@ fn a_new_lun_takes_the_phase_its_target_s_policy_gives_and_so_does_one_found_wit
         let new = merge(
             None,
             &wwid(1),
-            &[("a", &lun(1, 100))],
+            &[(&node("a"), &lun(1, 100))],
             &r,
             &BTreeSet::new(),
             1_000,

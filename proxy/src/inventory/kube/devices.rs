@@ -294,7 +294,7 @@ impl KubeInventory {
                     s.phase == Phase::Available
                         && query
                             .node
-                            .is_none_or(|n| s.nodes.iter().any(|v| v.node == n))
+                            .is_none_or(|n| s.nodes.iter().any(|v| &v.node == n))
                 }) && (query.min..=query.max).contains(&o.spec.size_bytes)
             })
             .filter_map(|o| o.to_device().ok())

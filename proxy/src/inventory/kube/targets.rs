@@ -300,9 +300,9 @@ mod tests {
             device_labels: Default::default(),
             answered: answered
                 .iter()
-                .map(|n| ((*n).to_owned(), Vec::new()))
+                .map(|n| (crate::node(n), Vec::new()))
                 .collect(),
-            unanswered: unanswered.iter().map(|n| (*n).to_owned()).collect(),
+            unanswered: unanswered.iter().map(|n| crate::node(n)).collect(),
             same_array: Default::default(),
             new_luns: Default::default(),
         };

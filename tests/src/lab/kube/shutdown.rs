@@ -257,6 +257,6 @@ fn published_to(k: &Kubectl, handle: &str) -> anyhow::Result<Vec<String>> {
         .status
         .into_iter()
         .flat_map(|s| s.published)
-        .map(|p| p.node)
+        .map(|p| p.node.to_string())
         .collect())
 }
