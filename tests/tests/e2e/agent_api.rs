@@ -159,16 +159,7 @@ async fn attach_waits_for_a_late_device_and_returns_its_path() {
 async fn detach_refuses_a_mounted_device_and_succeeds_after_unmount() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b
-        .attach(AttachRequest {
-            wwid: FC_WWID.into(),
-            targets: vec![fc_target()],
-            lun: 0,
-        })
-        .await
-        .expect("attach")
-        .into_inner();
-    let dev = std::fs::canonicalize(&att.device_path).expect("device node");
+    let dev = attach_fc(&mut b).await;
     sh("mkfs.ext4", &["-q", &dev.display().to_string()]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
@@ -204,6 +195,20 @@ async fn detach_refuses_a_mounted_device_and_succeeds_after_unmount() {
         .expect("idempotent")
         .into_inner();
     assert!(!again.removed);
+}
+
+/// Attaches the FC LUN fc-1 through `c` and returns its device node.
+async fn attach_fc(c: &mut AgentClient<Channel>) -> std::path::PathBuf {
+    let att = c
+        .attach(AttachRequest {
+            wwid: FC_WWID.into(),
+            targets: vec![fc_target()],
+            lun: 0,
+        })
+        .await
+        .expect("attach")
+        .into_inner();
+    std::fs::canonicalize(&att.device_path).expect("device node")
 }
 
 async fn wipe(
@@ -312,19 +317,7 @@ async fn a_wipe_of_a_device_smaller_than_recorded_is_refused_and_another_node_re
 async fn wipe_zero_leaves_zeroes_and_discard_leaves_no_signature() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b
-        .attach(AttachRequest {
-            wwid: FC_WWID.into(),
-            targets: vec![fc_target()],
-            lun: 0,
-        })
-        .await
-        .expect("attach")
-        .into_inner();
-    let dev = std::fs::canonicalize(&att.device_path)
-        .expect("node")
-        .display()
-        .to_string();
+    let dev = attach_fc(&mut b).await.display().to_string();
     sh("mkfs.xfs", &["-q", "-f", &dev]).expect("mkfs");
     let last = wipe(&mut b, FC_WWID, WipeMode::Zero).await.expect("zero");
     assert!(last.done && last.bytes_done == last.bytes_total && last.bytes_total == 512 << 20);
@@ -349,19 +342,7 @@ async fn wipe_zero_leaves_zeroes_and_discard_leaves_no_signature() {
 async fn wipe_refuses_a_mounted_device_a_missing_one_and_a_wrong_wwid_and_the_data_stays() {
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b
-        .attach(AttachRequest {
-            wwid: FC_WWID.into(),
-            targets: vec![fc_target()],
-            lun: 0,
-        })
-        .await
-        .expect("attach")
-        .into_inner();
-    let dev = std::fs::canonicalize(&att.device_path)
-        .expect("node")
-        .display()
-        .to_string();
+    let dev = attach_fc(&mut b).await.display().to_string();
     sh("mkfs.ext4", &["-q", "-L", "precious", &dev]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir");
@@ -389,8 +370,7 @@ async fn wipe_refuses_a_mounted_device_a_missing_one_and_a_wrong_wwid_and_the_da
     // the forged name leads nowhere.
     let by_id = lab.nodes[1].root.join("dev/disk/by-id");
     let forged = by_id.join("wwn-0x6001405ffffffffffffffffffffffff1");
-    std::os::unix::fs::symlink(std::fs::read_link(&att.device_path).expect("link"), &forged)
-        .expect("symlink");
+    std::os::unix::fs::symlink(&dev, &forged).expect("symlink");
     let err = wipe(
         &mut b,
         "naa.6001405ffffffffffffffffffffffff1",
@@ -409,19 +389,7 @@ async fn a_wipe_whose_rescan_the_kernel_has_not_finished_refuses_and_writes_noth
     use nix::unistd::Pid;
     let (_d, lab, _cl) = lab().await;
     let mut b = client(&lab, 1);
-    let att = b
-        .attach(AttachRequest {
-            wwid: FC_WWID.into(),
-            targets: vec![fc_target()],
-            lun: 0,
-        })
-        .await
-        .expect("attach")
-        .into_inner();
-    let dev = std::fs::canonicalize(&att.device_path)
-        .expect("node")
-        .display()
-        .to_string();
+    let dev = attach_fc(&mut b).await.display().to_string();
     sh("mkfs.ext4", &["-q", "-L", "precious", &dev]).expect("mkfs");
     // Node b's kernel stops acting on sysfs triggers (a hung SCSI scan):
     // the wipe's rescan stays pending, and what the device reports is stale.
@@ -579,16 +547,7 @@ async fn detach_refuses_a_device_whose_node_cannot_be_checked_and_deletes_nothin
         wwid: FC_WWID.into(),
         targets: vec![fc_target()],
     };
-    let att = b
-        .attach(AttachRequest {
-            wwid: FC_WWID.into(),
-            targets: vec![fc_target()],
-            lun: 0,
-        })
-        .await
-        .expect("attach")
-        .into_inner();
-    let dev = std::fs::canonicalize(&att.device_path).expect("device node");
+    let dev = attach_fc(&mut b).await;
     let name = dev.file_name().expect("name").to_owned();
     sh("mkfs.ext4", &["-q", &dev.display().to_string()]).expect("mkfs");
     let mnt = lab.config.dir.join("mnt-hidden");
