@@ -494,7 +494,7 @@ impl Inventory {
     /// The first fitting device in preference order, from the first
     /// preferred node that sees any.
     async fn pick(&self, req: &BindRequest) -> Result<Option<Device>, InventoryError> {
-        for scope in scopes(req.topology.iter().flatten()) {
+        for scope in scopes(req.placement.order().iter()) {
             let mut after = None;
             loop {
                 let page = self
