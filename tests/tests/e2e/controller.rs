@@ -431,3 +431,156 @@ async fn every_bad_input_gets_the_code_the_spec_names() {
         Code::Unimplemented
     );
 }
+
+/// Fills the store at `path` with one 1 GiB-or-smaller LUN per target,
+/// labelled tier=fast: `(target, wwid index, MiB, nodes that see it)`.
+async fn luns_seen_by(path: &Path, luns: &[(&str, u32, u64, &[&str])]) {
+    use csi_scsi_contract::{NodeName, Wwid};
+    use csi_scsi_proxy::device::{DiscoveryRound, LunReport, NewLuns};
+    let inv = Inventory::new(std::sync::Arc::new(
+        EmbeddedInventory::open(path).expect("store"),
+    ));
+    for &(target, i, mib, nodes) in luns {
+        let report = LunReport {
+            wwid: Wwid::parse(&format!("naa.6001405{i:025x}")).expect("wwid"),
+            lun: 0,
+            size_bytes: mib << 20,
+            vendor: "LIO-ORG".into(),
+            model: "disk".into(),
+            serial: format!("sn{i}"),
+            paths: vec![format!(
+                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.e2e:{target}-lun-0"
+            )],
+        };
+        inv.apply_discovery(DiscoveryRound {
+            target: target.into(),
+            device_labels: std::collections::BTreeMap::from([("tier".into(), "fast".into())]),
+            answered: nodes
+                .iter()
+                .map(|n| (NodeName::parse(n).expect("node"), vec![report.clone()]))
+                .collect(),
+            unanswered: Vec::new(),
+            same_array: Default::default(),
+            new_luns: NewLuns::Trust,
+        })
+        .await
+        .expect("discovery");
+    }
+}
+
+/// Requirements naming `preferred` and `requisite` nodes, in order.
+fn requirements(preferred: &[&str], requisite: &[&str]) -> TopologyRequirement {
+    let topologies = |nodes: &[&str]| -> Vec<Topology> {
+        nodes
+            .iter()
+            .map(|n| Topology {
+                segments: HashMap::from([(
+                    csi_scsi_tests::lab::scenario::NODE_KEY.to_owned(),
+                    (*n).to_owned(),
+                )]),
+            })
+            .collect()
+    };
+    TopologyRequirement {
+        requisite: topologies(requisite),
+        preferred: topologies(preferred),
+    }
+}
+
+/// CreateVolume of `name` (`mib` MiB or more) under `req`: the LUN's
+/// WWID index and the nodes the volume is accessible from, sorted.
+async fn create_under(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+    mib: i64,
+    req: TopologyRequirement,
+) -> Result<(String, Vec<String>), tonic::Status> {
+    let mut r = create_req(name, mib << 20);
+    r.accessibility_requirements = Some(req);
+    let v = c
+        .create_volume(r)
+        .await?
+        .into_inner()
+        .volume
+        .expect("volume");
+    let mut nodes: Vec<String> = v
+        .accessible_topology
+        .iter()
+        .map(|t| t.segments[csi_scsi_tests::lab::scenario::NODE_KEY].clone())
+        .collect();
+    nodes.sort();
+    Ok((v.volume_id, nodes))
+}
+
+#[tokio::test]
+async fn create_volume_honours_requisite_and_tries_preferred_nodes_first() {
+    let env = Env::new();
+    let wwid = |i: u32| format!("naa.6001405{i:025x}");
+    luns_seen_by(
+        &env.path("proxy/inventory.db"),
+        &[
+            ("t-abc", 1, 1024, &["node-a", "node-b", "node-c"]),
+            // The smallest: a bind that ignored the preferred order would
+            // take it first.
+            ("t-ab", 2, 512, &["node-a", "node-b"]),
+            ("t-c", 3, 1024, &["node-c"]),
+        ],
+    )
+    .await;
+    let p = env.start_proxy().await;
+    let mut c = ControllerClient::new(csi_channel(&p.csi).await.expect("connect"));
+
+    // Immediate binding under allowedTopologies {a, b}: the provisioner
+    // sends requisite {a, b}, preferred the same rotated. node-c sees the
+    // LUN but is not allowed, so it is not in the volume's topology.
+    let allowed = requirements(&["node-b", "node-a"], &["node-a", "node-b"]);
+    let (id, nodes) = create_under(&mut c, "pv-allowed", 600, allowed.clone())
+        .await
+        .expect("create");
+    assert!(id.starts_with(&wwid(1)), "{id}");
+    assert_eq!(nodes, ["node-a", "node-b"]);
+    // A repeated call answers the same.
+    assert_eq!(
+        create_under(&mut c, "pv-allowed", 600, allowed)
+            .await
+            .expect("repeat"),
+        (id, nodes)
+    );
+
+    // Preferred node-c first: the LUN node-c sees, not the smaller one
+    // only node-a and node-b see.
+    let (id, nodes) = create_under(
+        &mut c,
+        "pv-prefer-c",
+        1,
+        requirements(&["node-c"], &["node-a", "node-b", "node-c"]),
+    )
+    .await
+    .expect("create");
+    assert!(id.starts_with(&wwid(3)), "{id}");
+    assert_eq!(nodes, ["node-c"]);
+
+    // Delayed binding, node-b selected: every node is requisite, so the
+    // volume is not pinned to node-b; its Pod may move to node-a too.
+    let (id, nodes) = create_under(
+        &mut c,
+        "pv-selected-b",
+        1,
+        requirements(&["node-b"], &["node-a", "node-b", "node-c"]),
+    )
+    .await
+    .expect("create");
+    assert!(id.starts_with(&wwid(2)), "{id}");
+    assert_eq!(nodes, ["node-a", "node-b"]);
+
+    // A preferred node outside requisite breaks the spec's rule.
+    let refused = create_under(
+        &mut c,
+        "pv-stray",
+        1,
+        requirements(&["node-c"], &["node-a", "node-b"]),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+}
