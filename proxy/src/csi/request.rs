@@ -286,7 +286,8 @@ mod tests {
                 .collect()
         };
         // (preferred, requisite, the order a bind tries, or None: refused)
-        let cases: [(&[&str], &[&str], Option<&[&str]>); 4] = [
+        type Names = &'static [&'static str];
+        let cases: [(Names, Names, Option<Names>); 4] = [
             (&["c"], &["a", "b", "c"], Some(&["c", "a", "b"])),
             (&[], &["b", "a"], Some(&["b", "a"])),
             (&["a"], &[], Some(&["a"])),

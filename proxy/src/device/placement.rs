@@ -89,6 +89,9 @@ impl Placement {
 mod tests {
     use super::*;
 
+    /// Node names as a table writes them.
+    type Names = &'static [&'static str];
+
     fn nodes(names: &[&str]) -> Vec<NodeName> {
         names
             .iter()
@@ -103,7 +106,7 @@ mod tests {
     #[test]
     fn preferred_nodes_come_first_then_the_rest_of_requisite() {
         // (preferred, requisite, the order a bind tries)
-        let cases: [(&[&str], &[&str], &[&str]); 7] = [
+        let cases: [(Names, Names, Names); 7] = [
             (&[], &[], &[]),
             (&["c"], &["a", "b", "c"], &["c", "a", "b"]),
             (&["b", "a"], &["a", "b"], &["b", "a"]),
@@ -132,7 +135,7 @@ mod tests {
     #[test]
     fn a_volume_is_accessible_from_the_nodes_that_see_it_and_are_allowed() {
         // (preferred, requisite, nodes that see the LUN, accessible from)
-        let cases: [(&[&str], &[&str], &[&str], &[&str]); 7] = [
+        let cases: [(Names, Names, Names, Names); 7] = [
             // No requirement: wherever the LUN is seen.
             (&[], &[], &["a", "b", "c"], &["a", "b", "c"]),
             // allowedTopologies {a, b}: c sees the LUN but is not allowed.
