@@ -468,6 +468,9 @@ async fn luns_seen_by(path: &Path, luns: &[(&str, u32, u64, &[&str])]) {
     }
 }
 
+/// Node names as a table writes them.
+type Names = &'static [&'static str];
+
 /// Requirements naming `preferred` and `requisite` nodes, in order.
 fn requirements(preferred: &[&str], requisite: &[&str]) -> TopologyRequirement {
     let topologies = |nodes: &[&str]| -> Vec<Topology> {
@@ -529,58 +532,66 @@ async fn create_volume_honours_requisite_and_tries_preferred_nodes_first() {
     .await;
     let p = env.start_proxy().await;
     let mut c = ControllerClient::new(csi_channel(&p.csi).await.expect("connect"));
-
-    // Immediate binding under allowedTopologies {a, b}: the provisioner
-    // sends requisite {a, b}, preferred the same rotated. node-c sees the
-    // LUN but is not allowed, so it is not in the volume's topology.
-    let allowed = requirements(&["node-b", "node-a"], &["node-a", "node-b"]);
-    let (id, nodes) = create_under(&mut c, "pv-allowed", 600, allowed.clone())
-        .await
-        .expect("create");
-    assert!(id.starts_with(&wwid(1)), "{id}");
-    assert_eq!(nodes, ["node-a", "node-b"]);
-    // A repeated call answers the same.
-    assert_eq!(
-        create_under(&mut c, "pv-allowed", 600, allowed)
-            .await
-            .expect("repeat"),
-        (id, nodes)
-    );
-
-    // Preferred node-c first: the LUN node-c sees, not the smaller one
-    // only node-a and node-b see.
-    let (id, nodes) = create_under(
-        &mut c,
-        "pv-prefer-c",
-        1,
-        requirements(&["node-c"], &["node-a", "node-b", "node-c"]),
-    )
-    .await
-    .expect("create");
-    assert!(id.starts_with(&wwid(3)), "{id}");
-    assert_eq!(nodes, ["node-c"]);
-
-    // Delayed binding, node-b selected: every node is requisite, so the
-    // volume is not pinned to node-b; its Pod may move to node-a too.
-    let (id, nodes) = create_under(
-        &mut c,
-        "pv-selected-b",
-        1,
-        requirements(&["node-b"], &["node-a", "node-b", "node-c"]),
-    )
-    .await
-    .expect("create");
-    assert!(id.starts_with(&wwid(2)), "{id}");
-    assert_eq!(nodes, ["node-a", "node-b"]);
-
-    // A preferred node outside requisite breaks the spec's rule.
-    let refused = create_under(
-        &mut c,
-        "pv-stray",
-        1,
-        requirements(&["node-c"], &["node-a", "node-b"]),
-    )
-    .await
-    .expect_err("refused");
-    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let abc: Names = &["node-a", "node-b", "node-c"];
+    // In order, on one store: (why, name, MiB, preferred, requisite, the
+    // LUN bound and the nodes it is accessible from, or the refusal).
+    let steps: [(&str, &str, i64, Names, Names, Result<(u32, Names), Code>); 5] = [
+        (
+            "immediate binding under allowedTopologies {a, b} (preferred: \
+             requisite rotated): node-c sees the LUN but is not allowed",
+            "pv-allowed",
+            600,
+            &["node-b", "node-a"],
+            &["node-a", "node-b"],
+            Ok((1, &["node-a", "node-b"])),
+        ),
+        (
+            "a repeated call answers the same",
+            "pv-allowed",
+            600,
+            &["node-b", "node-a"],
+            &["node-a", "node-b"],
+            Ok((1, &["node-a", "node-b"])),
+        ),
+        (
+            "preferred node-c first: the LUN node-c sees, not the smaller \
+             one only node-a and node-b see",
+            "pv-prefer-c",
+            1,
+            &["node-c"],
+            abc,
+            Ok((3, &["node-c"])),
+        ),
+        (
+            "delayed binding, node-b selected, every node requisite: not \
+             pinned to node-b, its Pod may move to node-a",
+            "pv-selected-b",
+            1,
+            &["node-b"],
+            abc,
+            Ok((2, &["node-a", "node-b"])),
+        ),
+        (
+            "a preferred node outside requisite breaks the spec's rule",
+            "pv-stray",
+            1,
+            &["node-c"],
+            &["node-a", "node-b"],
+            Err(Code::InvalidArgument),
+        ),
+    ];
+    let mut ids: HashMap<&str, String> = HashMap::new();
+    for (why, name, mib, preferred, requisite, want) in steps {
+        let got = create_under(&mut c, name, mib, requirements(preferred, requisite)).await;
+        match (got, want) {
+            (Ok((id, nodes)), Ok((lun, accessible))) => {
+                assert!(id.starts_with(&wwid(lun)), "{why}: {id}");
+                assert_eq!(nodes, accessible, "{why}");
+                let first = ids.entry(name).or_insert_with(|| id.clone());
+                assert_eq!(*first, id, "{why}: the same volume");
+            }
+            (Err(status), Err(code)) => assert_eq!(status.code(), code, "{why}: {status:?}"),
+            (got, want) => panic!("{why}: {got:?}, not {want:?}"),
+        }
+    }
 }
