@@ -535,7 +535,9 @@ async fn create_volume_honours_requisite_and_tries_preferred_nodes_first() {
     let abc: Names = &["node-a", "node-b", "node-c"];
     // In order, on one store: (why, name, MiB, preferred, requisite, the
     // LUN bound and the nodes it is accessible from, or the refusal).
-    let steps: [(&str, &str, i64, Names, Names, Result<(u32, Names), Code>); 5] = [
+    // The LUN's WWID index and the nodes sorted, or the refusal.
+    type Outcome = Result<(u32, Names), Code>;
+    let steps: [(&str, &str, i64, Names, Names, Outcome); 5] = [
         (
             "immediate binding under allowedTopologies {a, b} (preferred: \
              requisite rotated): node-c sees the LUN but is not allowed",
