@@ -1,9 +1,10 @@
 //! The device model and its life cycle: the records both stores keep
 //! (`model`), typed capabilities (`access`), which Node label keys a
 //! target's selector may rest on (`node_label`), why discovery refuses a
-//! target (`target_refusal`), where CreateVolume may bind a LUN and whom
-//! the volume is then accessible from (`placement`), and every transition between
-//! phases as a pure function (`policy`). The inventory does the I/O.
+//! target (`target_refusal`), where CreateVolume may bind a LUN and which
+//! nodes the volume is then accessible from (`placement`), and every
+//! transition between phases as a pure function (`policy`). The inventory
+//! does the I/O.
 
 pub mod access;
 mod model;

@@ -69,9 +69,10 @@ impl Placement {
     }
 
     /// Whether a LUN seen by `lun_nodes` may serve the volume: one of them
-    /// is a node the placement allows.
+    /// is a node the placement allows, or any node will do (a LUN no node
+    /// sees at the moment still serves a volume asked for anywhere).
     pub fn admits(&self, lun_nodes: &[NodeName]) -> bool {
-        !self.accessible(lun_nodes).is_empty()
+        self.is_anywhere() || !self.accessible(lun_nodes).is_empty()
     }
 
     /// The nodes a volume on a LUN seen by `lun_nodes` is accessible from,
@@ -163,5 +164,8 @@ mod tests {
             );
             assert_eq!(p.admits(&nodes(seen)), !want.is_empty());
         }
+        // Asked for anywhere, a LUN no node sees now is still admitted.
+        assert!(Placement::anywhere().admits(&[]));
+        assert!(!Placement::new(&[], &nodes(&["a"])).expect("a").admits(&[]));
     }
 }
