@@ -24,7 +24,9 @@ use std::time::Duration;
 use csi_scsi_certs::CertificateAuthority;
 use csi_scsi_contract::Wwid;
 use csi_scsi_proxy::agents::{Backoff, deadline};
-use csi_scsi_proxy::device::{Access, AccessMode, Device, DiscoveryRound, FsType, NewLuns, Phase};
+use csi_scsi_proxy::device::{
+    Access, AccessMode, Device, DiscoveryRound, FsType, NewLuns, Phase, Placement,
+};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::leader::LeaderHandle;
@@ -174,7 +176,7 @@ impl Proxy {
                     mode: AccessMode::SingleNodeWriter,
                 }],
                 parameters: ClassParameters::parse(&HashMap::new()).unwrap(),
-                nodes: Vec::new(),
+                placement: Placement::anywhere(),
             })
             .await
             .map_err(Status::from)

@@ -58,6 +58,7 @@ fn node_ids(nodes: Vec<NodeName>) -> Vec<String> {
     nodes.into_iter().map(|n| n.to_string()).collect()
 }
 
+/// Nodes as CSI topologies under the node key.
 fn topology(nodes: Vec<NodeName>) -> Vec<Topology> {
     nodes
         .into_iter()
@@ -67,7 +68,8 @@ fn topology(nodes: Vec<NodeName>) -> Vec<Topology> {
         .collect()
 }
 
-fn volume_of(v: &VolumeView) -> Volume {
+/// `v` as CSI reports a volume, accessible from `accessible`.
+fn volume_of(v: &VolumeView, accessible: Vec<NodeName>) -> Volume {
     let fs = v.device.binding.as_ref().and_then(|b| b.fs_type());
     let mut context = HashMap::from([("wwid".to_owned(), v.device.wwid.to_string())]);
     if let Some(fs) = fs {
@@ -78,7 +80,7 @@ fn volume_of(v: &VolumeView) -> Volume {
         volume_id: v.volume_id.clone(),
         volume_context: context,
         content_source: None,
-        accessible_topology: topology(v.device.node_names()),
+        accessible_topology: topology(accessible),
     }
 }
 
@@ -152,7 +154,7 @@ impl Controller for ControllerService {
                     .into());
                 }
                 let (required_bytes, limit_bytes) = request::capacity(req.capacity_range.as_ref())?;
-                let nodes = request::topology_nodes(req.accessibility_requirements.as_ref())?;
+                let placement = request::placement(req.accessibility_requirements.as_ref())?;
                 let dev = self
                     .life
                     .create(CreateRequest {
@@ -161,16 +163,20 @@ impl Controller for ControllerService {
                         limit_bytes,
                         access,
                         parameters,
-                        nodes,
+                        placement: placement.clone(),
                     })
                     .await?;
+                // A new binding and a repeated call alike: the LUN's nodes
+                // the requirements allow (never none: the LUN was chosen,
+                // or the existing one accepted, for being seen by one).
+                let accessible = placement.accessible(&dev.node_names());
                 let view = VolumeView {
                     volume_id: dev.volume_id().unwrap_or_default(),
                     device: dev,
                     abnormal: None,
                 };
                 Ok(Response::new(CreateVolumeResponse {
-                    volume: Some(volume_of(&view)),
+                    volume: Some(volume_of(&view, accessible)),
                 }))
             },
         )
@@ -329,7 +335,7 @@ impl Controller for ControllerService {
         let entries = views
             .iter()
             .map(|v| list_volumes_response::Entry {
-                volume: Some(volume_of(v)),
+                volume: Some(volume_of(v, v.device.node_names())),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: node_ids(v.device.published_nodes()),
                     volume_condition: Some(condition(v)),
@@ -458,7 +464,7 @@ impl Controller for ControllerService {
         required("volume_id", &req.volume_id)?;
         let v = self.life.volume(&req.volume_id).await?;
         Ok(Response::new(ControllerGetVolumeResponse {
-            volume: Some(volume_of(&v)),
+            volume: Some(volume_of(&v, v.device.node_names())),
             status: Some(controller_get_volume_response::VolumeStatus {
                 published_node_ids: node_ids(v.device.published_nodes()),
                 volume_condition: Some(condition(&v)),

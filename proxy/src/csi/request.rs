@@ -5,10 +5,10 @@ use csi_scsi_contract::NodeName;
 use csi_scsi_contract::node_name::MAX_LEN as MAX_NODE_ID;
 use csi_scsi_proto::csi::volume_capability::AccessType;
 use csi_scsi_proto::csi::volume_capability::access_mode::Mode as CsiMode;
-use csi_scsi_proto::csi::{TopologyRequirement, VolumeCapability};
+use csi_scsi_proto::csi::{Topology, TopologyRequirement, VolumeCapability};
 use csi_scsi_textfs::text;
 
-use crate::device::{Access, AccessMode};
+use crate::device::{Access, AccessMode, Placement};
 use crate::error::ProxyError;
 use crate::lifecycle::NODE_TOPOLOGY_KEY;
 use crate::parameters;
@@ -131,7 +131,33 @@ pub(crate) fn topology_nodes(
         return Ok(Vec::new());
     };
     let mut nodes: Vec<NodeName> = Vec::new();
-    for t in req.preferred.iter().chain(req.requisite.iter()) {
+    for node in nodes_of(req.preferred.iter().chain(req.requisite.iter()))? {
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+    }
+    Ok(nodes)
+}
+
+/// Where CreateVolume may bind: the requirements' preferred and requisite
+/// nodes, each list in its order (the rule is [`Placement::new`]'s).
+pub(crate) fn placement(req: Option<&TopologyRequirement>) -> Result<Placement, ProxyError> {
+    let Some(req) = req else {
+        return Ok(Placement::anywhere());
+    };
+    let preferred = nodes_of(req.preferred.iter())?;
+    let requisite = nodes_of(req.requisite.iter())?;
+    Placement::new(&preferred, &requisite)
+        .map_err(|e| invalid("accessibility_requirements", e.to_string()))
+}
+
+/// The node each topology names, in order; a topology without the node
+/// key names none.
+fn nodes_of<'a>(
+    topologies: impl Iterator<Item = &'a Topology>,
+) -> Result<Vec<NodeName>, ProxyError> {
+    let mut nodes = Vec::new();
+    for t in topologies {
         for key in t.segments.keys() {
             if key != NODE_TOPOLOGY_KEY {
                 return Err(invalid(
@@ -155,15 +181,12 @@ pub(crate) fn topology_nodes(
                 ),
             ));
         }
-        let node = NodeName::parse(node).map_err(|e| {
+        nodes.push(NodeName::parse(node).map_err(|e| {
             invalid(
                 "accessibility_requirements",
                 format!("node name {:?} {}", e.input, e.reason),
             )
-        })?;
-        if !nodes.contains(&node) {
-            nodes.push(node);
-        }
+        })?);
     }
     Ok(nodes)
 }
@@ -244,6 +267,53 @@ mod tests {
             };
             let m = message(topology_nodes(Some(&req)).expect_err("topology"));
             assert!(m.len() < 300, "{m}");
+            let m = message(placement(Some(&req)).expect_err("placement"));
+            assert!(m.len() < 300, "{m}");
         }
+    }
+
+    #[test]
+    fn requirements_become_a_placement_or_a_refusal() {
+        let topologies = |names: &[&str]| -> Vec<Topology> {
+            names
+                .iter()
+                .map(|n| Topology {
+                    segments: std::collections::HashMap::from([(
+                        NODE_TOPOLOGY_KEY.to_owned(),
+                        (*n).to_owned(),
+                    )]),
+                })
+                .collect()
+        };
+        // (preferred, requisite, the order a bind tries, or None: refused)
+        type Names = &'static [&'static str];
+        let cases: [(Names, Names, Option<Names>); 4] = [
+            (&["c"], &["a", "b", "c"], Some(&["c", "a", "b"])),
+            (&[], &["b", "a"], Some(&["b", "a"])),
+            (&["a"], &[], Some(&["a"])),
+            (&["c"], &["a", "b"], None),
+        ];
+        for (preferred, requisite, want) in cases {
+            let req = TopologyRequirement {
+                requisite: topologies(requisite),
+                preferred: topologies(preferred),
+            };
+            let got = placement(Some(&req));
+            match want {
+                Some(order) => {
+                    let got: Vec<String> = got
+                        .expect("placement")
+                        .order()
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect();
+                    assert_eq!(got, order, "{preferred:?} / {requisite:?}");
+                }
+                None => {
+                    message(got.expect_err("refused"));
+                }
+            }
+        }
+        assert!(placement(None).expect("none").is_anywhere());
     }
 }

@@ -389,9 +389,8 @@ pub struct DiscoveryOutcome {
 pub struct BindRequest {
     /// The binding to record.
     pub binding: Binding,
-    /// Nodes to try, in order of preference; the device must be visible
-    /// from one of them (empty: anywhere).
-    pub topology: Vec<Vec<NodeName>>,
+    /// Where the device may be seen from, and in which order to look.
+    pub placement: super::Placement,
     /// Label selector over device labels.
     pub selector: crate::selector::Selector,
     /// Smallest size that fits (`required_bytes`).

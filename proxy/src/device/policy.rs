@@ -448,7 +448,7 @@ pub fn no_fit(req: &BindRequest) -> String {
     format!(
         "{} bytes or more{floor}{}",
         smallest(req),
-        if req.topology.is_empty() {
+        if req.placement.is_anywhere() {
             ""
         } else {
             " on the requested nodes"

@@ -491,10 +491,10 @@ impl Inventory {
         results
     }
 
-    /// The first fitting device in preference order, from the first
-    /// preferred node that sees any.
+    /// The first fitting device in preference order, from the first node
+    /// in the placement's order that sees any.
     async fn pick(&self, req: &BindRequest) -> Result<Option<Device>, InventoryError> {
-        for scope in scopes(req.topology.iter().flatten()) {
+        for scope in scopes(req.placement.order().iter()) {
             let mut after = None;
             loop {
                 let page = self

@@ -2,11 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use csi_scsi_contract::NodeName;
-
 use super::Lifecycle;
 use super::LockKey;
-use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType, policy};
+use crate::device::{Access, BindRequest, Binding, Capability, Device, FsType, Placement, policy};
 use crate::error::ProxyError;
 use crate::inventory::InventoryError;
 use crate::parameters::ClassParameters;
@@ -24,9 +22,8 @@ pub struct CreateRequest {
     pub access: Vec<Access>,
     /// StorageClass parameters.
     pub parameters: ClassParameters,
-    /// Nodes in order of preference (preferred first, then the rest of
-    /// requisite); empty: anywhere.
-    pub nodes: Vec<NodeName>,
+    /// Where the LUN may be seen from, and in which order to look.
+    pub placement: Placement,
 }
 
 impl Lifecycle {
@@ -64,7 +61,7 @@ impl Lifecycle {
         };
         let bind = BindRequest {
             binding,
-            topology: req.nodes.iter().map(|n| vec![n.clone()]).collect(),
+            placement: req.placement.clone(),
             selector: req.parameters.selector.clone(),
             // The filesystem's minimum is applied by `policy::smallest`.
             min_bytes: req.required_bytes,
@@ -154,7 +151,7 @@ fn compatible(
     if params != b.parameters {
         return conflict("StorageClass parameters differ".into());
     }
-    if !req.nodes.is_empty() && !dev.node_names().iter().any(|n| req.nodes.contains(n)) {
+    if !req.placement.admits(&dev.node_names()) {
         return conflict("existing volume is not accessible from the requested topology".into());
     }
     Ok(())

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use csi_scsi_proxy::device::{Access, AccessMode, Capability, Device, FsType, Phase};
+use csi_scsi_proxy::device::{Access, AccessMode, Capability, Device, FsType, Phase, Placement};
 use csi_scsi_proxy::directory::FileDirectory;
 use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
 use csi_scsi_proxy::lifecycle::{CreateRequest, Lifecycle};
@@ -61,7 +61,7 @@ async fn create(
         limit_bytes,
         access: vec![access],
         parameters: ClassParameters::parse(&class).unwrap(),
-        nodes: Vec::new(),
+        placement: Placement::anywhere(),
     })
     .await
     .map_err(Status::from)

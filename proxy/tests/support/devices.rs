@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use csi_scsi_contract::{NodeName, Wwid};
 use csi_scsi_proxy::device::{
     AccessMode, BindRequest, Binding, Capability, Cleanup, DiscoveryRound, FsType, LunReport,
-    NewLuns, Publication,
+    NewLuns, Placement, Publication,
 };
 use csi_scsi_proxy::selector::Selector;
 
@@ -92,7 +92,8 @@ pub fn uid(name: &str) -> String {
 pub fn bind_req(name: &str, nodes: &[&str], selector: &str) -> BindRequest {
     BindRequest {
         binding: binding(name),
-        topology: nodes.iter().map(|n| vec![node(n)]).collect(),
+        placement: Placement::new(&[], &nodes.iter().map(|n| node(n)).collect::<Vec<_>>())
+            .expect("placement"),
         selector: Selector::parse(selector).expect("selector"),
         min_bytes: 1,
         max_bytes: u64::MAX,

@@ -431,3 +431,169 @@ async fn every_bad_input_gets_the_code_the_spec_names() {
         Code::Unimplemented
     );
 }
+
+/// Fills the store at `path` with one 1 GiB-or-smaller LUN per target,
+/// labelled tier=fast: `(target, wwid index, MiB, nodes that see it)`.
+async fn luns_seen_by(path: &Path, luns: &[(&str, u32, u64, &[&str])]) {
+    use csi_scsi_contract::{NodeName, Wwid};
+    use csi_scsi_proxy::device::{DiscoveryRound, LunReport, NewLuns};
+    let inv = Inventory::new(std::sync::Arc::new(
+        EmbeddedInventory::open(path).expect("store"),
+    ));
+    for &(target, i, mib, nodes) in luns {
+        let report = LunReport {
+            wwid: Wwid::parse(&format!("naa.6001405{i:025x}")).expect("wwid"),
+            lun: 0,
+            size_bytes: mib << 20,
+            vendor: "LIO-ORG".into(),
+            model: "disk".into(),
+            serial: format!("sn{i}"),
+            paths: vec![format!(
+                "ip-198.18.0.1:3260-iscsi-iqn.2026-11.io.csi-scsi.e2e:{target}-lun-0"
+            )],
+        };
+        inv.apply_discovery(DiscoveryRound {
+            target: target.into(),
+            device_labels: std::collections::BTreeMap::from([("tier".into(), "fast".into())]),
+            answered: nodes
+                .iter()
+                .map(|n| (NodeName::parse(n).expect("node"), vec![report.clone()]))
+                .collect(),
+            unanswered: Vec::new(),
+            same_array: Default::default(),
+            new_luns: NewLuns::Trust,
+        })
+        .await
+        .expect("discovery");
+    }
+}
+
+/// Node names as a table writes them.
+type Names = &'static [&'static str];
+
+/// Requirements naming `preferred` and `requisite` nodes, in order.
+fn requirements(preferred: &[&str], requisite: &[&str]) -> TopologyRequirement {
+    let topologies = |nodes: &[&str]| -> Vec<Topology> {
+        nodes
+            .iter()
+            .map(|n| Topology {
+                segments: HashMap::from([(
+                    csi_scsi_tests::lab::scenario::NODE_KEY.to_owned(),
+                    (*n).to_owned(),
+                )]),
+            })
+            .collect()
+    };
+    TopologyRequirement {
+        requisite: topologies(requisite),
+        preferred: topologies(preferred),
+    }
+}
+
+/// CreateVolume of `name` (`mib` MiB or more) under `req`: the LUN's
+/// WWID index and the nodes the volume is accessible from, sorted.
+async fn create_under(
+    c: &mut ControllerClient<Channel>,
+    name: &str,
+    mib: i64,
+    req: TopologyRequirement,
+) -> Result<(String, Vec<String>), tonic::Status> {
+    let mut r = create_req(name, mib << 20);
+    r.accessibility_requirements = Some(req);
+    let v = c
+        .create_volume(r)
+        .await?
+        .into_inner()
+        .volume
+        .expect("volume");
+    let mut nodes: Vec<String> = v
+        .accessible_topology
+        .iter()
+        .map(|t| t.segments[csi_scsi_tests::lab::scenario::NODE_KEY].clone())
+        .collect();
+    nodes.sort();
+    Ok((v.volume_id, nodes))
+}
+
+#[tokio::test]
+async fn create_volume_honours_requisite_and_tries_preferred_nodes_first() {
+    let env = Env::new();
+    let wwid = |i: u32| format!("naa.6001405{i:025x}");
+    luns_seen_by(
+        &env.path("proxy/inventory.db"),
+        &[
+            ("t-abc", 1, 1024, &["node-a", "node-b", "node-c"]),
+            // The smallest: a bind that ignored the preferred order would
+            // take it first.
+            ("t-ab", 2, 512, &["node-a", "node-b"]),
+            ("t-c", 3, 1024, &["node-c"]),
+        ],
+    )
+    .await;
+    let p = env.start_proxy().await;
+    let mut c = ControllerClient::new(csi_channel(&p.csi).await.expect("connect"));
+    let abc: Names = &["node-a", "node-b", "node-c"];
+    // In order, on one store: (why, name, MiB, preferred, requisite, the
+    // LUN bound and the nodes it is accessible from, or the refusal).
+    // The LUN's WWID index and the nodes sorted, or the refusal.
+    type Outcome = Result<(u32, Names), Code>;
+    let steps: [(&str, &str, i64, Names, Names, Outcome); 5] = [
+        (
+            "immediate binding under allowedTopologies {a, b} (preferred: \
+             requisite rotated): node-c sees the LUN but is not allowed",
+            "pv-allowed",
+            600,
+            &["node-b", "node-a"],
+            &["node-a", "node-b"],
+            Ok((1, &["node-a", "node-b"])),
+        ),
+        (
+            "a repeated call answers the same",
+            "pv-allowed",
+            600,
+            &["node-b", "node-a"],
+            &["node-a", "node-b"],
+            Ok((1, &["node-a", "node-b"])),
+        ),
+        (
+            "preferred node-c first: the LUN node-c sees, not the smaller \
+             one only node-a and node-b see",
+            "pv-prefer-c",
+            1,
+            &["node-c"],
+            abc,
+            Ok((3, &["node-c"])),
+        ),
+        (
+            "delayed binding, node-b selected, every node requisite: not \
+             pinned to node-b, its Pod may move to node-a",
+            "pv-selected-b",
+            1,
+            &["node-b"],
+            abc,
+            Ok((2, &["node-a", "node-b"])),
+        ),
+        (
+            "a preferred node outside requisite breaks the spec's rule",
+            "pv-stray",
+            1,
+            &["node-c"],
+            &["node-a", "node-b"],
+            Err(Code::InvalidArgument),
+        ),
+    ];
+    let mut ids: HashMap<&str, String> = HashMap::new();
+    for (why, name, mib, preferred, requisite, want) in steps {
+        let got = create_under(&mut c, name, mib, requirements(preferred, requisite)).await;
+        match (got, want) {
+            (Ok((id, nodes)), Ok((lun, accessible))) => {
+                assert!(id.starts_with(&wwid(lun)), "{why}: {id}");
+                assert_eq!(nodes, accessible, "{why}");
+                let first = ids.entry(name).or_insert_with(|| id.clone());
+                assert_eq!(*first, id, "{why}: the same volume");
+            }
+            (Err(status), Err(code)) => assert_eq!(status.code(), code, "{why}: {status:?}"),
+            (got, want) => panic!("{why}: {got:?}, not {want:?}"),
+        }
+    }
+}

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::device::{AccessMode, Capability, Cleanup, FsType};
+use crate::device::{AccessMode, Capability, Cleanup, FsType, Placement};
 use crate::node;
 use crate::selector::Selector;
 
@@ -101,7 +101,8 @@ fn request_for(
             capabilities: capabilities.to_vec(),
             ..binding("new")
         },
-        topology: nodes.iter().map(|n| vec![node(n)]).collect(),
+        placement: Placement::new(&[], &nodes.iter().map(|n| node(n)).collect::<Vec<_>>())
+            .expect("placement"),
         selector: Selector::parse(selector).expect("selector"),
         min_bytes: min,
         max_bytes: max,
@@ -955,7 +956,7 @@ fn a_probe_offers_a_lun_only_at_the_size_it_read_and_holds_one_with_data_once() 
     let unproven = device(3, 100, &["a"], Phase::Unverified);
     let req = BindRequest {
         binding: binding("w"),
-        topology: Vec::new(),
+        placement: Placement::anywhere(),
         selector: Selector::default(),
         min_bytes: 1,
         max_bytes: u64::MAX,
