@@ -23,7 +23,7 @@ use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
 const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
        lab down [--dir DIR]
-       lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests]
+       lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests] [--recipes DIR]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
@@ -53,7 +53,9 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
                     first, then --profile release
     --write-digests write the sidecars' digests built here into
                     deploy/base/controller.yaml and the chart's values.yaml
-                    (after an intended change: Go, tools/external-*, a recipe)";
+                    (after an intended change: Go, tools/external-*, a recipe)
+    --recipes DIR   build the recipes in DIR instead (the storage e2e
+                    suite's images: tests/storage-e2e/images)";
 
 /// A flag's count, refused (not clamped or defaulted) when missing, not a
 /// number, or out of `range`: a typo must not run a different lab.
@@ -111,7 +113,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(64);
                 }
             },
-            "--out" | "--tag" | "--profile" => {
+            "--out" | "--tag" | "--profile" | "--recipes" => {
                 let Some(value) = it.next() else {
                     eprintln!("lab: {a} needs a value (try --help)");
                     return ExitCode::from(64);
@@ -119,6 +121,7 @@ fn main() -> ExitCode {
                 match a.as_str() {
                     "--out" => images.out = PathBuf::from(value),
                     "--tag" => images.tag = value.clone(),
+                    "--recipes" => images.recipes = Some(PathBuf::from(value)),
                     _ => images.profile = value.clone(),
                 }
             }

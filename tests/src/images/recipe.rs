@@ -48,6 +48,9 @@ pub enum ImageName {
     /// is the image of this container of the controller Deployment in
     /// deploy/base/controller.yaml; `--tag` does not apply.
     ControllerContainer(String),
+    /// The whole reference, as written (`local/e2e/busybox:1.36.1-1`): an
+    /// image a test suite asks for by name; `--tag` does not apply.
+    Reference(String),
 }
 
 /// A binary of this workspace.
@@ -131,6 +134,10 @@ impl Recipe {
                 bail!("image.controller_container is empty")
             }
             ImageName::ControllerContainer(_) => {}
+            // Checked where it is used: the archive's tag must parse.
+            ImageName::Reference(r) => {
+                crate::images::archive::tag(r).with_context(|| format!("image.reference {r:?}"))?;
+            }
         }
         if self.entrypoint.is_empty() {
             bail!("entrypoint is empty");

@@ -169,6 +169,7 @@ impl KubeLab {
             tag: LAB_TAG.into(),
             profile: "debug".into(),
             pins: crate::images::Pins::Check,
+            recipes: None,
         })?;
         archives.extend(built.iter().map(|b| b.archive.clone()));
 
