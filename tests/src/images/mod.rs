@@ -94,7 +94,7 @@ pub struct BuiltImage {
 }
 
 /// The repository root.
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     std::fs::canonicalize(&root).unwrap_or(root)
 }
