@@ -35,7 +35,7 @@ agent, through a router socket.
   --lab-json FILE    the kept lab's lab.json (default /tmp/csi-scsi-lab/lab.json)
   --driver FILE      a definition (default tests/storage-e2e/csi-scsi-ext4.yaml)
   --focus REGEX      only the External Storage specs that match
-  --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\])
+  --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\]|\\[Feature:Windows\\])
   --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)";
 
 /// `--kubernetes`: the storage e2e suite's options.
@@ -47,7 +47,7 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         lab_json: PathBuf::from("/tmp/csi-scsi-lab/lab.json"),
         drivers: Vec::new(),
         focus: None,
-        skip: r"\[Disruptive\]|\[Serial\]".to_owned(),
+        skip: r"\[Disruptive\]|\[Serial\]|\[Feature:Windows\]".to_owned(),
         out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
     };
     let mut it = args.iter();
