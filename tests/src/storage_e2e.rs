@@ -57,11 +57,16 @@ pub struct Pass {
 }
 
 impl Pass {
-    /// Specs by state.
+    /// Specs by state (`not selected`: left out by the focus or skip).
     pub fn tally(&self) -> BTreeMap<&str, usize> {
         let mut t = BTreeMap::new();
         for s in &self.specs {
-            *t.entry(s.state.as_str()).or_default() += 1;
+            let state = if s.state == "skipped" && s.message.is_empty() {
+                "not selected"
+            } else {
+                s.state.as_str()
+            };
+            *t.entry(state).or_default() += 1;
         }
         t
     }
@@ -236,7 +241,13 @@ pub fn render(passes: &[Pass]) -> String {
     for p in passes {
         let tally: Vec<String> = p.tally().iter().map(|(k, v)| format!("{v} {k}")).collect();
         out.push_str(&format!("{}: {}\n", p.driver.display(), tally.join(", ")));
-        for s in p.specs.iter().filter(|s| s.state != "passed") {
+        // A spec the focus or skip left out is "skipped" without a message;
+        // one the suite skipped at run time says why.
+        for s in p
+            .specs
+            .iter()
+            .filter(|s| s.state != "passed" && !(s.state == "skipped" && s.message.is_empty()))
+        {
             let first = s.message.lines().next().unwrap_or_default();
             out.push_str(&format!(
                 "  {} [{:.0}s] {}\n    {first}\n",

@@ -32,7 +32,7 @@ agent, through a router socket.
 `tools/build e2e.test`) against a kept Kubernetes lab (`lab up
 --kubernetes --keep`), one pass per driver definition:
   --e2e PATH         the e2e.test binary (default: $E2E_TEST)
-  --lab-json FILE    the kept lab's lab.json (default /tmp/csi-scsi-lab/lab.json)
+  --lab-json FILE    the kept lab's lab.json (default ./lab.json, where lab up writes it)
   --driver FILE      a definition (default tests/storage-e2e/csi-scsi-ext4.yaml)
   --focus REGEX      only the External Storage specs that match
   --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\]|\\[Feature:Windows\\])
@@ -44,7 +44,7 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         e2e: std::env::var_os("E2E_TEST")
             .map(PathBuf::from)
             .unwrap_or_default(),
-        lab_json: PathBuf::from("/tmp/csi-scsi-lab/lab.json"),
+        lab_json: PathBuf::from("lab.json"),
         drivers: Vec::new(),
         focus: None,
         skip: r"\[Disruptive\]|\[Serial\]|\[Feature:Windows\]".to_owned(),

@@ -46,6 +46,10 @@ func TestMain(m *testing.M) {
 	testfiles.AddFileSource(e2etestingmanifests.GetE2ETestingManifestsFS())
 	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
 	framework.AfterReadingAllFlags(&framework.TestContext)
+	// Driver definitions name their StorageClass files relative to -repo-root.
+	if framework.TestContext.RepoRoot != "" {
+		testfiles.AddFileSource(testfiles.RootFileSource{Root: framework.TestContext.RepoRoot})
+	}
 	os.Exit(m.Run())
 }
 
