@@ -365,6 +365,9 @@ fn build_image(recipe: &Recipe, stem: &str, opts: &ImageOptions) -> anyhow::Resu
             rootfs.install(built, &go.to, false)?;
         }
     }
+    for copy in &recipe.copies {
+        rootfs.install(&copy.from, &copy.to, false)?;
+    }
     for dir in &recipe.dirs {
         rootfs.mkdir(&dir.path, dir.mode()?)?;
     }

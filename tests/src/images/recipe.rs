@@ -35,6 +35,20 @@ pub struct Recipe {
     /// Empty directories to create.
     #[serde(default)]
     pub dirs: Vec<Dir>,
+    /// Files of this machine copied to another path (`/bin/bash` as the
+    /// image's `/usr/bin/sh`), with their libraries.
+    #[serde(default)]
+    pub copies: Vec<Copy>,
+}
+
+/// A host file placed at another path in the image.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Copy {
+    /// The file on this machine.
+    pub from: PathBuf,
+    /// Its path in the image.
+    pub to: PathBuf,
 }
 
 /// Where the image's reference comes from.
