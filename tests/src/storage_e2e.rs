@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::images::{ImageOptions, Pins};
 use crate::lab::kube::KubeManifest;
+use crate::lab::kube::array_admin::ArrayAdmin;
 use crate::lab::net::sh;
 
 /// What to run.
@@ -32,6 +33,10 @@ pub struct Options {
     pub skip: String,
     /// Where the images, reports and logs go.
     pub out: PathBuf,
+    /// The ginkgo CLI, to run the specs in `procs` parallel processes.
+    pub ginkgo: Option<PathBuf>,
+    /// Parallel processes (with `ginkgo`); 1 runs `e2e.test` alone.
+    pub procs: usize,
 }
 
 /// One spec's outcome.
@@ -67,6 +72,22 @@ impl Pass {
                 s.state.as_str()
             };
             *t.entry(state).or_default() += 1;
+        }
+        t
+    }
+
+    /// Per test pattern and suite (`Dynamic PV (block volmode) volumes`):
+    /// passed, failed, skipped at run time; specs not selected left out.
+    pub fn by_pattern(&self) -> BTreeMap<String, [usize; 3]> {
+        let mut t: BTreeMap<String, [usize; 3]> = BTreeMap::new();
+        for s in &self.specs {
+            let column = match s.state.as_str() {
+                "passed" => 0,
+                "skipped" if s.message.is_empty() => continue,
+                "skipped" => 2,
+                _ => 1,
+            };
+            t.entry(pattern(&s.name)).or_default()[column] += 1;
         }
         t
     }
@@ -149,6 +170,10 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         built.len(),
         manifest.lab.nodes.len()
     ));
+    // The suite's expansion specs grow volumes beyond their LUNs: someone
+    // must grow the LUNs, as the array's administrator would.
+    let admin_log = opts.out.join("array-admin.log");
+    let admin = ArrayAdmin::start(&manifest, &admin_log)?;
     let mut passes = Vec::new();
     for driver in &opts.drivers {
         let name = driver
@@ -167,24 +192,55 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             driver.display(),
             log.display()
         ));
-        let status = Command::new(&opts.e2e)
+        // The suite's own flags; ginkgo's go to the CLI when it runs the
+        // processes, else to e2e.test with its `ginkgo.` prefix.
+        let suite_args = [
+            format!("-kubeconfig={}", manifest.kubeconfig.display()),
+            format!("-storage.testdriver={}", driver.display()),
+            format!("-repo-root={}", root.display()),
+        ];
+        let ginkgo_args = [
+            format!("focus={focus}"),
+            format!("skip={}", opts.skip),
+            format!("json-report={}", report.display()),
+            // Upstream's default; the parallel CLI's own is one hour.
+            "timeout=3h".to_owned(),
+            "no-color".to_owned(),
+            "v".to_owned(),
+        ];
+        let mut command = match (&opts.ginkgo, opts.procs) {
+            (Some(ginkgo), procs) if procs > 1 => {
+                let mut c = Command::new(ginkgo);
+                c.arg(format!("--procs={procs}"))
+                    .args(ginkgo_args.iter().map(|a| format!("--{a}")))
+                    .arg(&opts.e2e)
+                    .arg("--")
+                    .args(&suite_args);
+                c
+            }
+            _ => {
+                let mut c = Command::new(&opts.e2e);
+                c.args(&suite_args)
+                    .args(ginkgo_args.iter().map(|a| format!("-ginkgo.{a}")));
+                c
+            }
+        };
+        let started = std::time::Instant::now();
+        let status = command
             .current_dir(&root)
             .env(
                 "KUBE_TEST_REPO_LIST",
                 root.join("tests/storage-e2e/repo-list.yaml"),
             )
-            .arg(format!("-kubeconfig={}", manifest.kubeconfig.display()))
-            .arg(format!("-storage.testdriver={}", driver.display()))
-            .arg(format!("-repo-root={}", root.display()))
-            .arg(format!("-ginkgo.focus={focus}"))
-            .arg(format!("-ginkgo.skip={}", opts.skip))
-            .arg(format!("-ginkgo.json-report={}", report.display()))
-            .arg("-ginkgo.no-color")
-            .arg("-ginkgo.v")
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(log.with_extension("err"))?)
             .status()
             .with_context(|| format!("running {}", opts.e2e.display()))?;
+        progress(&format!(
+            "{}: {status} after {:.0}s",
+            driver.display(),
+            started.elapsed().as_secs_f64()
+        ));
         let specs = read_report(&report).with_context(|| {
             format!(
                 "{} exited {status} without a report (log: {})",
@@ -197,6 +253,11 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             specs,
         });
     }
+    progress(&format!(
+        "the array administrator grew {} LUNs (log {})",
+        admin.stop(),
+        admin_log.display()
+    ));
     Ok(passes)
 }
 
@@ -235,12 +296,35 @@ fn read_report(path: &Path) -> anyhow::Result<Vec<Spec>> {
     Ok(specs)
 }
 
+/// The test pattern and suite of a spec name: `[Testpattern: P] suite`
+/// as `P suite`; the whole name when it has none.
+fn pattern(name: &str) -> String {
+    const MARK: &str = "[Testpattern: ";
+    let Some(start) = name.find(MARK) else {
+        return name.to_owned();
+    };
+    let rest = &name[start + MARK.len()..];
+    // Patterns nest parentheses but no brackets: the first `]` closes it.
+    let Some(end) = rest.find(']') else {
+        return name.to_owned();
+    };
+    let suite = rest[end + 1..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default();
+    format!("{} {suite}", &rest[..end])
+}
+
 /// The tally, every failure and every skip with its reason.
 pub fn render(passes: &[Pass]) -> String {
     let mut out = String::new();
     for p in passes {
         let tally: Vec<String> = p.tally().iter().map(|(k, v)| format!("{v} {k}")).collect();
         out.push_str(&format!("{}: {}\n", p.driver.display(), tally.join(", ")));
+        out.push_str("  pattern and suite: passed / failed / skipped at run time\n");
+        for (pattern, [passed, failed, skipped]) in p.by_pattern() {
+            out.push_str(&format!("  {pattern}: {passed} / {failed} / {skipped}\n"));
+        }
         // A spec the focus or skip left out is "skipped" without a message;
         // one the suite skipped at run time says why.
         for s in p
@@ -256,4 +340,29 @@ pub fn render(passes: &[Pass]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pattern_is_the_test_pattern_and_its_suite() {
+        for (name, want) in [
+            (
+                "External Storage [Driver: csi-scsi.io] [Testpattern: Dynamic PV (block volmode)] volumes should store data",
+                "Dynamic PV (block volmode) volumes",
+            ),
+            (
+                "External Storage [Driver: csi-scsi.io] [Testpattern: Dynamic PV (ext4)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+                "Dynamic PV (ext4)(allowExpansion) volume-expand",
+            ),
+            (
+                "External Storage [Driver: csi-scsi.io] something else",
+                "External Storage [Driver: csi-scsi.io] something else",
+            ),
+        ] {
+            assert_eq!(pattern(name), want, "{name}");
+        }
+    }
 }

@@ -15,6 +15,7 @@ usage: conformance --csi-sanity PATH [--dir DIR] [--pool N] [--focus REGEX]
                    [--docs FILE] [--keep]
        conformance --kubernetes --e2e PATH [--lab-json FILE] [--driver FILE]...
                    [--focus REGEX] [--skip REGEX] [--out DIR]
+                   [--ginkgo PATH] [--procs N]
 
 Runs csi-sanity (build it with `tools/build csi-sanity`) against a fresh
 lab (needs root): Identity and Controller on the proxy, Node on node-a's
@@ -36,7 +37,11 @@ agent, through a router socket.
   --driver FILE      a definition (default tests/storage-e2e/csi-scsi-ext4.yaml)
   --focus REGEX      only the External Storage specs that match
   --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\]|\\[Feature:Windows\\])
-  --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)";
+  --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)
+  --ginkgo PATH      the ginkgo CLI (`tools/build ginkgo`; default: $GINKGO),
+                     which runs the specs in parallel processes
+  --procs N          parallel processes with --ginkgo (default 4; 1 runs
+                     e2e.test alone)";
 
 /// `--kubernetes`: the storage e2e suite's options.
 fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
@@ -49,6 +54,8 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         focus: None,
         skip: r"\[Disruptive\]|\[Serial\]|\[Feature:Windows\]".to_owned(),
         out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
+        ginkgo: std::env::var_os("GINKGO").map(PathBuf::from),
+        procs: 4,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -61,6 +68,14 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
             "--focus" => opts.focus = Some(value()?),
             "--skip" => opts.skip = value()?,
             "--out" => opts.out = value()?.into(),
+            "--ginkgo" => opts.ginkgo = Some(value()?.into()),
+            "--procs" => {
+                opts.procs = value()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or("--procs takes 1 to 16")?
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }

@@ -165,6 +165,10 @@ pub struct Manifest {
     pub certificates: PathBuf,
     /// Per node: CSI socket, agent address, kubelet dir.
     pub nodes: Vec<ManifestNode>,
+    /// The arrays' tgtd control port (`tgtadm -C <this> --op show --mode
+    /// target`); absent in a lab.json older than it.
+    #[serde(default)]
+    pub tgtd_control_port: Option<u16>,
 }
 
 /// One node in `lab.json`.
@@ -784,6 +788,7 @@ impl Lab {
                     netns: self.net.netns(i),
                 })
                 .collect(),
+            tgtd_control_port: self.tgtd.as_ref().map(Tgtd::control_port),
         }
     }
 
@@ -1189,6 +1194,9 @@ pub fn down(dir: &Path) {
     for root in &record.cgroups {
         cgroups::remove_tree(root);
     }
+    // While the lab's files are all there (before any unmount): they say
+    // which Pods' network namespaces are ours.
+    kube::cni::remove_pod_netns(&dir);
     // Loop devices over the lab's files, before the mounts: a loop over a
     // failing disk names its file by a path under the lab only while the
     // disks' FUSE mount is there. A loop still mounted is freed at its
