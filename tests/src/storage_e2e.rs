@@ -18,6 +18,15 @@ use crate::lab::kube::KubeManifest;
 use crate::lab::kube::array_admin::ArrayAdmin;
 use crate::lab::net::sh;
 
+/// Images the suite names that one of ours serves as is, tagged with the
+/// other name on every node: the multi-volume specs start their Pods from
+/// `jessie-dnsutils` but run in them only the shell checks they run in
+/// `busybox` (`test/e2e/storage/testsuites/multivolume.go`).
+const ALIASES: &[(&str, &str)] = &[(
+    "docker.io/local/e2e/jessie-dnsutils:1.7",
+    "docker.io/local/e2e/busybox:1.36.1-1",
+)];
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -59,6 +68,9 @@ pub struct Pass {
     pub driver: PathBuf,
     /// Every spec that ran or was skipped at run time.
     pub specs: Vec<Spec>,
+    /// How the suite exited (ginkgo exits non-zero when a spec failed,
+    /// and when a process died before it reported).
+    pub exit: std::process::ExitStatus,
 }
 
 impl Pass {
@@ -92,11 +104,14 @@ impl Pass {
         t
     }
 
-    /// Whether no spec failed.
+    /// Whether the suite exited cleanly, some spec passed and none failed.
     pub fn passed(&self) -> bool {
-        self.specs
-            .iter()
-            .all(|s| s.state == "passed" || s.state == "skipped")
+        self.exit.success()
+            && self.specs.iter().any(|s| s.state == "passed")
+            && self
+                .specs
+                .iter()
+                .all(|s| s.state == "passed" || s.state == "skipped")
     }
 }
 
@@ -164,6 +179,28 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             )
             .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
         }
+        for (alias, image) in ALIASES {
+            let address = sock.display().to_string();
+            // `tag` refuses an existing name: a rerun on the same lab.
+            let _ = sh(
+                "ctr",
+                &["--address", &address, "-n", "k8s.io", "images", "rm", alias],
+            );
+            sh(
+                "ctr",
+                &[
+                    "--address",
+                    &address,
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "tag",
+                    image,
+                    alias,
+                ],
+            )
+            .with_context(|| format!("tagging {image} as {alias} on {}", node.name))?;
+        }
     }
     progress(&format!(
         "{} images imported on {} nodes",
@@ -180,7 +217,12 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "driver".into());
-        let report = opts.out.join(format!("{name}.json"));
+        let out = std::path::absolute(&opts.out)?;
+        let report_name = format!("{name}.json");
+        let report = out.join(&report_name);
+        // The ginkgo CLI runs the suite in the binary's directory: every
+        // path it is given is absolute.
+        let driver = root.join(driver);
         let log = opts.out.join(format!("{name}.log"));
         let _ = std::fs::remove_file(&report);
         let focus = match &opts.focus {
@@ -202,7 +244,6 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         let ginkgo_args = [
             format!("focus={focus}"),
             format!("skip={}", opts.skip),
-            format!("json-report={}", report.display()),
             // Upstream's default; the parallel CLI's own is one hour.
             "timeout=3h".to_owned(),
             "no-color".to_owned(),
@@ -211,7 +252,10 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         let mut command = match (&opts.ginkgo, opts.procs) {
             (Some(ginkgo), procs) if procs > 1 => {
                 let mut c = Command::new(ginkgo);
+                // The CLI writes the report relative to its output dir.
                 c.arg(format!("--procs={procs}"))
+                    .arg(format!("--output-dir={}", out.display()))
+                    .arg(format!("--json-report={report_name}"))
                     .args(ginkgo_args.iter().map(|a| format!("--{a}")))
                     .arg(&opts.e2e)
                     .arg("--")
@@ -221,6 +265,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             _ => {
                 let mut c = Command::new(&opts.e2e);
                 c.args(&suite_args)
+                    .arg(format!("-ginkgo.json-report={}", report.display()))
                     .args(ginkgo_args.iter().map(|a| format!("-ginkgo.{a}")));
                 c
             }
@@ -251,6 +296,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         passes.push(Pass {
             driver: driver.clone(),
             specs,
+            exit: status,
         });
     }
     progress(&format!(
@@ -320,7 +366,12 @@ pub fn render(passes: &[Pass]) -> String {
     let mut out = String::new();
     for p in passes {
         let tally: Vec<String> = p.tally().iter().map(|(k, v)| format!("{v} {k}")).collect();
-        out.push_str(&format!("{}: {}\n", p.driver.display(), tally.join(", ")));
+        out.push_str(&format!(
+            "{}: {} ({})\n",
+            p.driver.display(),
+            tally.join(", "),
+            p.exit
+        ));
         out.push_str("  pattern and suite: passed / failed / skipped at run time\n");
         for (pattern, [passed, failed, skipped]) in p.by_pattern() {
             out.push_str(&format!("  {pattern}: {passed} / {failed} / {skipped}\n"));
