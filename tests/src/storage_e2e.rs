@@ -27,6 +27,16 @@ const ALIASES: &[(&str, &str)] = &[(
     "docker.io/local/e2e/busybox:1.36.1-1",
 )];
 
+/// The passes run when no definition is named: each definition file with
+/// the specs it is for (a regex within `External Storage`). ext4 runs all
+/// (it claims neither xfs nor topology, so those skip there); xfs and
+/// topology run only their own patterns.
+pub const DEFAULT_PASSES: &[(&str, &str)] = &[
+    ("tests/storage-e2e/csi-scsi-ext4.yaml", ""),
+    ("tests/storage-e2e/csi-scsi-xfs.yaml", r"\(xfs\)"),
+    ("tests/storage-e2e/csi-scsi-topology.yaml", r"\] topology "),
+];
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -34,7 +44,8 @@ pub struct Options {
     pub e2e: PathBuf,
     /// The kept lab's `lab.json`.
     pub lab_json: PathBuf,
-    /// Driver definition files (`-storage.testdriver`), one pass each.
+    /// Driver definition files (`-storage.testdriver`), one pass each;
+    /// empty: [`DEFAULT_PASSES`].
     pub drivers: Vec<PathBuf>,
     /// Specs to run (ginkgo focus), within `External Storage`.
     pub focus: Option<String>,
@@ -212,7 +223,16 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
     let admin_log = opts.out.join("array-admin.log");
     let admin = ArrayAdmin::start(&manifest, &admin_log)?;
     let mut passes = Vec::new();
-    for driver in &opts.drivers {
+    // A focus of the user's replaces each default pass's own.
+    let planned: Vec<(PathBuf, &str)> = if opts.drivers.is_empty() {
+        DEFAULT_PASSES
+            .iter()
+            .map(|&(d, f)| (PathBuf::from(d), f))
+            .collect()
+    } else {
+        opts.drivers.iter().map(|d| (d.clone(), "")).collect()
+    };
+    for (driver, pass_focus) in &planned {
         let name = driver
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -225,9 +245,9 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         let driver = root.join(driver);
         let log = opts.out.join(format!("{name}.log"));
         let _ = std::fs::remove_file(&report);
-        let focus = match &opts.focus {
-            Some(f) => format!("External.Storage.*{f}"),
-            None => "External.Storage".to_owned(),
+        let focus = match opts.focus.as_deref().unwrap_or(pass_focus) {
+            "" => "External.Storage".to_owned(),
+            f => format!("External.Storage.*{f}"),
         };
         progress(&format!(
             "{}: running (log {})",

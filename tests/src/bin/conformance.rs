@@ -34,8 +34,10 @@ agent, through a router socket.
 --kubernetes --keep`), one pass per driver definition:
   --e2e PATH         the e2e.test binary (default: $E2E_TEST)
   --lab-json FILE    the kept lab's lab.json (default ./lab.json, where lab up writes it)
-  --driver FILE      a definition (default tests/storage-e2e/csi-scsi-ext4.yaml)
-  --focus REGEX      only the External Storage specs that match
+  --driver FILE      a definition, one pass each (default: ext4, xfs and
+                     topology, tests/storage-e2e/csi-scsi-*.yaml, each with the
+                     specs it is for)
+  --focus REGEX      only the External Storage specs that match (in every pass)
   --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\]|\\[Feature:Windows\\])
   --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)
   --ginkgo PATH      the ginkgo CLI (`tools/build ginkgo`; default: $GINKGO),
@@ -82,10 +84,6 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
     }
     if opts.e2e.as_os_str().is_empty() {
         return Err("--e2e PATH (or $E2E_TEST) is required".into());
-    }
-    if opts.drivers.is_empty() {
-        opts.drivers
-            .push(PathBuf::from("tests/storage-e2e/csi-scsi-ext4.yaml"));
     }
     Ok(opts)
 }
