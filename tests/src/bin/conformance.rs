@@ -38,7 +38,8 @@ agent, through a router socket.
                      topology, tests/storage-e2e/csi-scsi-*.yaml, each with the
                      specs it is for)
   --focus REGEX      only the External Storage specs that match (in every pass)
-  --skip REGEX       never these (default: \\[Disruptive\\]|\\[Serial\\]|\\[Feature:Windows\\])
+  --skip REGEX       never these (default: the specs docs/conformance.md lists
+                     under \"Not run\", with why)
   --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)
   --ginkgo PATH      the ginkgo CLI (`tools/build ginkgo`; default: $GINKGO),
                      which runs the specs in parallel processes
@@ -54,7 +55,7 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         lab_json: PathBuf::from("lab.json"),
         drivers: Vec::new(),
         focus: None,
-        skip: r"\[Disruptive\]|\[Serial\]|\[Feature:Windows\]".to_owned(),
+        skip: storage_e2e::default_skip(),
         out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
         ginkgo: std::env::var_os("GINKGO").map(PathBuf::from),
         procs: 4,
