@@ -19,6 +19,7 @@ pub mod node_tree;
 pub mod patience;
 pub mod pki;
 pub mod reliability;
+pub mod storage_e2e;
 pub mod tail;
 pub mod tgt;
 pub mod vm;

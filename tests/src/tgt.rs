@@ -371,34 +371,7 @@ impl Tgtd {
         backing_file: &Path,
         identity: &LunIdentity,
     ) -> Result<(), TgtError> {
-        let params = identity.params()?;
-        let backing = backing_file
-            .to_str()
-            .ok_or_else(|| TgtError::InvalidParameter {
-                what: "backing file",
-                value: backing_file.display().to_string(),
-                why: "not UTF-8",
-            })?;
-        let (t, l) = (tid.to_string(), lun.to_string());
-        let base = ["--mode", "logicalunit", "--tid", &t, "--lun", &l];
-        self.tgtadm(
-            &[
-                &["--op", "new"][..],
-                &base,
-                &["--bstype", "rdwr", "-b", backing],
-            ]
-            .concat(),
-        )
-        .await?;
-        if let Err(e) = self
-            .tgtadm(&[&["--op", "update"][..], &base, &["--params", &params]].concat())
-            .await
-        {
-            let _ = self
-                .tgtadm(&[&["--op", "delete"][..], &base].concat())
-                .await;
-            return Err(e);
-        }
+        add_lun_at(self.control_port, tid, lun, backing_file, identity).await?;
         self.luns
             .insert((tid, lun), (backing_file.to_owned(), identity.clone()));
         Ok(())
@@ -406,18 +379,7 @@ impl Tgtd {
 
     /// Removes LUN `lun` of target `tid`.
     pub async fn remove_lun(&mut self, tid: u32, lun: u64) -> Result<(), TgtError> {
-        let (t, l) = (tid.to_string(), lun.to_string());
-        self.tgtadm(&[
-            "--op",
-            "delete",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            &t,
-            "--lun",
-            &l,
-        ])
-        .await?;
+        remove_lun_at(self.control_port, tid, lun).await?;
         self.luns.remove(&(tid, lun));
         Ok(())
     }
@@ -599,6 +561,126 @@ impl Drop for Tgtd {
     }
 }
 
+/// Adds LUN `lun` of target `tid` on the tgtd at `control_port`: the rdwr
+/// backing store `backing_file`, then its identity (deleted again when
+/// tgtd refuses the identity, so no LUN is left without it).
+async fn add_lun_at(
+    control_port: u16,
+    tid: u32,
+    lun: u64,
+    backing_file: &Path,
+    identity: &LunIdentity,
+) -> Result<(), TgtError> {
+    let params = identity.params()?;
+    let backing = backing_file
+        .to_str()
+        .ok_or_else(|| TgtError::InvalidParameter {
+            what: "backing file",
+            value: backing_file.display().to_string(),
+            why: "not UTF-8",
+        })?;
+    let (t, l) = (tid.to_string(), lun.to_string());
+    let base = ["--mode", "logicalunit", "--tid", &t, "--lun", &l];
+    let new = [
+        &["--op", "new"][..],
+        &base,
+        &["--bstype", "rdwr", "-b", backing],
+    ]
+    .concat();
+    tgtadm_raw(control_port, &new).await?;
+    let update = [&["--op", "update"][..], &base, &["--params", &params]].concat();
+    if let Err(e) = tgtadm_raw(control_port, &update).await {
+        let delete = [&["--op", "delete"][..], &base].concat();
+        let _ = tgtadm_raw(control_port, &delete).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Removes LUN `lun` of target `tid` on the tgtd at `control_port`.
+async fn remove_lun_at(control_port: u16, tid: u32, lun: u64) -> Result<(), TgtError> {
+    let (t, l) = (tid.to_string(), lun.to_string());
+    let args = [
+        "--op",
+        "delete",
+        "--mode",
+        "logicalunit",
+        "--tid",
+        &t,
+        "--lun",
+        &l,
+    ];
+    tgtadm_raw(control_port, &args).await.map(|_| ())
+}
+
+/// A disk LUN as `tgtadm --op show --mode target` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownLun {
+    /// Its target.
+    pub tid: u32,
+    /// Its number.
+    pub lun: u64,
+    /// `SCSI ID` (the NAA 6 WWID is `naa.<scsi_id>`, see [`LunIdentity`]).
+    pub scsi_id: String,
+    /// `SCSI SN`.
+    pub scsi_sn: String,
+    /// `Backing store path`.
+    pub backing_file: PathBuf,
+}
+
+/// The disk LUNs (backed by a file) of `tgtadm --op show --mode target`.
+pub fn parse_show(text: &str) -> Vec<ShownLun> {
+    let mut out = Vec::new();
+    let (mut tid, mut lun) = (None, None);
+    let (mut id, mut sn) = (String::new(), String::new());
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("Target ") {
+            tid = rest.split(':').next().and_then(|t| t.trim().parse().ok());
+        } else if let Some(n) = line.strip_prefix("LUN: ") {
+            lun = n.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("SCSI ID: ") {
+            id = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("SCSI SN: ") {
+            sn = v.trim().to_owned();
+        } else if let Some(path) = line.strip_prefix("Backing store path: ")
+            && path.starts_with('/')
+            && let (Some(tid), Some(lun)) = (tid, lun)
+        {
+            out.push(ShownLun {
+                tid,
+                lun,
+                scsi_id: id.clone(),
+                scsi_sn: sn.clone(),
+                backing_file: PathBuf::from(path),
+            });
+        }
+    }
+    out
+}
+
+/// The disk LUNs of the tgtd at `control_port` (another process's: a kept
+/// lab's).
+pub async fn shown_luns(control_port: u16) -> Result<Vec<ShownLun>, TgtError> {
+    let text = tgtadm_raw(control_port, &["--op", "show", "--mode", "target"]).await?;
+    Ok(parse_show(&text))
+}
+
+/// Makes the tgtd at `control_port` see the grown backing file of `lun`,
+/// as [`Tgtd::refresh_lun_size`] does for its own, with the identity tgtd
+/// shows plus the vendor and product every lab LUN has
+/// ([`LunIdentity::lab`]; tgtadm does not show them).
+pub async fn refresh_shown_lun(control_port: u16, lun: &ShownLun) -> Result<(), TgtError> {
+    let lab = LunIdentity::lab(0, 0);
+    let identity = LunIdentity {
+        scsi_id: lun.scsi_id.clone(),
+        scsi_sn: lun.scsi_sn.clone(),
+        ..lab
+    };
+    remove_lun_at(control_port, lun.tid, lun.lun).await?;
+    add_lun_at(control_port, lun.tid, lun.lun, &lun.backing_file, &identity).await
+}
+
 /// A control port in 20000..32000 (tgtd refuses numbers above 32767),
 /// different on every call.
 pub fn random_control_port() -> u16 {
@@ -644,4 +726,69 @@ fn signal(pid: u32, sig: &str) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tgtadm --op show --mode target` of a lab's tgtd (trimmed).
+    const SHOWN: &str = "\
+Target 1: iqn.2026-11.io.csi-scsi.lab:array-a
+    System information:
+        Driver: iscsi
+        State: ready
+    I_T nexus information:
+    LUN information:
+        LUN: 0
+            Type: controller
+            SCSI ID: IET     00010000
+            SCSI SN: beaf10
+            Size: 0 MB, Block size: 1
+            Backing store type: null
+            Backing store path: None
+            Backing store flags: 
+        LUN: 1
+            Type: disk
+            SCSI ID: 60014050000100000000000000000001
+            SCSI SN: SN1-1
+            Size: 537 MB, Block size: 512
+            Backing store type: rdwr
+            Backing store path: /tmp/e2e-lab/luns/a1.img
+            Backing store flags: 
+Target 3: iqn.2026-11.io.csi-scsi.lab:array-c
+    LUN information:
+        LUN: 0
+            Type: controller
+            Backing store path: None
+        LUN: 12
+            Type: disk
+            SCSI ID: 6001405000030000000000000000000c
+            SCSI SN: SN3-12
+            Backing store path: /tmp/e2e-lab/luns/c12.img
+";
+
+    #[test]
+    fn show_lists_the_disk_luns_with_their_target_identity_and_file() {
+        let luns = parse_show(SHOWN);
+        assert_eq!(
+            luns,
+            [
+                ShownLun {
+                    tid: 1,
+                    lun: 1,
+                    scsi_id: "60014050000100000000000000000001".into(),
+                    scsi_sn: "SN1-1".into(),
+                    backing_file: "/tmp/e2e-lab/luns/a1.img".into(),
+                },
+                ShownLun {
+                    tid: 3,
+                    lun: 12,
+                    scsi_id: "6001405000030000000000000000000c".into(),
+                    scsi_sn: "SN3-12".into(),
+                    backing_file: "/tmp/e2e-lab/luns/c12.img".into(),
+                },
+            ]
+        );
+    }
 }

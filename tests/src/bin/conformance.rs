@@ -8,10 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use csi_scsi_tests::conformance::{self, Options};
+use csi_scsi_tests::storage_e2e;
 
 const USAGE: &str = "\
 usage: conformance --csi-sanity PATH [--dir DIR] [--pool N] [--focus REGEX]
                    [--docs FILE] [--keep]
+       conformance --kubernetes --e2e PATH [--lab-json FILE] [--driver FILE]...
+                   [--focus REGEX] [--skip REGEX] [--out DIR]
+                   [--ginkgo PATH] [--procs N]
 
 Runs csi-sanity (build it with `tools/build csi-sanity`) against a fresh
 lab (needs root): Identity and Controller on the proxy, Node on node-a's
@@ -23,7 +27,67 @@ agent, through a router socket.
                      half-LUN pass only
   --docs FILE        the skip list every skip must appear in
                      (default docs/conformance.md; `-` for none)
-  --keep             leave the lab running afterwards";
+  --keep             leave the lab running afterwards
+
+--kubernetes runs Kubernetes' own storage e2e suite (build it with
+`tools/build e2e.test`) against a kept Kubernetes lab (`lab up
+--kubernetes --keep`), one pass per driver definition:
+  --e2e PATH         the e2e.test binary (default: $E2E_TEST)
+  --lab-json FILE    the kept lab's lab.json (default ./lab.json, where lab up writes it)
+  --driver FILE      a definition, one pass each (default: ext4, xfs and
+                     topology, tests/storage-e2e/csi-scsi-*.yaml, each with the
+                     specs it is for)
+  --focus REGEX      only the External Storage specs that match (in every pass)
+  --skip REGEX       never these (default: the specs docs/conformance.md lists
+                     under \"Not run\", with why)
+  --out DIR          images, reports, logs (default /tmp/csi-scsi-storage-e2e)
+  --ginkgo PATH      the ginkgo CLI (`tools/build ginkgo`; default: $GINKGO),
+                     which runs the specs in parallel processes
+  --procs N          parallel processes with --ginkgo (default 4; 1 runs
+                     e2e.test alone)";
+
+/// `--kubernetes`: the storage e2e suite's options.
+fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
+    let mut opts = storage_e2e::Options {
+        e2e: std::env::var_os("E2E_TEST")
+            .map(PathBuf::from)
+            .unwrap_or_default(),
+        lab_json: PathBuf::from("lab.json"),
+        drivers: Vec::new(),
+        focus: None,
+        skip: storage_e2e::default_skip(),
+        out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
+        ginkgo: std::env::var_os("GINKGO").map(PathBuf::from),
+        procs: 4,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--kubernetes" => {}
+            "--e2e" => opts.e2e = value()?.into(),
+            "--lab-json" => opts.lab_json = value()?.into(),
+            "--driver" => opts.drivers.push(value()?.into()),
+            "--focus" => opts.focus = Some(value()?),
+            "--skip" => opts.skip = value()?,
+            "--out" => opts.out = value()?.into(),
+            "--ginkgo" => opts.ginkgo = Some(value()?.into()),
+            "--procs" => {
+                opts.procs = value()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or("--procs takes 1 to 16")?
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if opts.e2e.as_os_str().is_empty() {
+        return Err("--e2e PATH (or $E2E_TEST) is required".into());
+    }
+    Ok(opts)
+}
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut opts = Options {
@@ -68,6 +132,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.iter().any(|a| a == "--kubernetes") {
+        return kubernetes(&argv);
+    }
     let opts = match parse(&argv) {
         Ok(o) => o,
         Err(e) => {
@@ -89,6 +156,39 @@ async fn main() -> ExitCode {
                 println!(
                     "conformance: FAILED (log: {}/csi-sanity.log)",
                     opts.dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("conformance: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--kubernetes`: the storage e2e suite against a kept lab.
+fn kubernetes(argv: &[String]) -> ExitCode {
+    let opts = match parse_kubernetes(argv) {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("conformance: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(64);
+        }
+    };
+    match storage_e2e::run(&opts, &mut |s: &str| println!("  - {s}")) {
+        Ok(passes) => {
+            print!("{}", storage_e2e::render(&passes));
+            if passes.iter().all(storage_e2e::Pass::passed) {
+                println!("conformance: storage e2e PASSED");
+                ExitCode::SUCCESS
+            } else {
+                println!(
+                    "conformance: storage e2e FAILED (logs: {})",
+                    opts.out.display()
                 );
                 ExitCode::FAILURE
             }

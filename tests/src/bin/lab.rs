@@ -22,8 +22,9 @@ use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
 const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
+              [--pool-large N]
        lab down [--dir DIR]
-       lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests]
+       lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests] [--recipes DIR]
   --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
@@ -38,6 +39,9 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
   --pool N  N small LUNs (64 MiB, c1..cN, N from 1 to 64) on array-c, which
             every node sees (label tier=pool): devices for suites that create
             many volumes
+  --pool-large N  N more on array-c after those, of 1 GiB each (sparse; N up
+            to 16): for volumes a 64 MiB LUN cannot hold (the storage e2e
+            suite's expansion specs start at 1 GiB, xfs needs 300 MiB)
   images    build every image deploy/ uses (recipes: deploy/images/) as
             image archives (OCI layout with docker's manifest.json) for
             `ctr -n k8s.io images import` or `docker load -i`; no Docker, no
@@ -53,7 +57,9 @@ const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] 
                     first, then --profile release
     --write-digests write the sidecars' digests built here into
                     deploy/base/controller.yaml and the chart's values.yaml
-                    (after an intended change: Go, tools/external-*, a recipe)";
+                    (after an intended change: Go, tools/external-*, a recipe)
+    --recipes DIR   build the recipes in DIR instead (the storage e2e
+                    suite's images: tests/storage-e2e/images)";
 
 /// A flag's count, refused (not clamped or defaulted) when missing, not a
 /// number, or out of `range`: a typo must not run a different lab.
@@ -111,7 +117,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(64);
                 }
             },
-            "--out" | "--tag" | "--profile" => {
+            "--out" | "--tag" | "--profile" | "--recipes" => {
                 let Some(value) = it.next() else {
                     eprintln!("lab: {a} needs a value (try --help)");
                     return ExitCode::from(64);
@@ -119,11 +125,19 @@ fn main() -> ExitCode {
                 match a.as_str() {
                     "--out" => images.out = PathBuf::from(value),
                     "--tag" => images.tag = value.clone(),
+                    "--recipes" => images.recipes = Some(PathBuf::from(value)),
                     _ => images.profile = value.clone(),
                 }
             }
             "--pool" => match count(a, it.next(), 1..=64) {
                 Ok(n) => config.pool_luns = n,
+                Err(e) => {
+                    eprintln!("lab: {e}");
+                    return ExitCode::from(64);
+                }
+            },
+            "--pool-large" => match count(a, it.next(), 1..=16) {
+                Ok(n) => config.large_pool_luns = n,
                 Err(e) => {
                     eprintln!("lab: {e}");
                     return ExitCode::from(64);

@@ -40,6 +40,9 @@ pub struct ImageOptions {
     pub profile: String,
     /// What to do with the sidecars' pinned digests in deploy/.
     pub pins: Pins,
+    /// Where the recipes are (`deploy/images/` by default; the storage e2e
+    /// suite's images are in `tests/storage-e2e/images/`).
+    pub recipes: Option<PathBuf>,
 }
 
 /// The sidecars' digests in deploy/ against the images built.
@@ -69,6 +72,7 @@ impl Default for ImageOptions {
             tag: "dev".into(),
             profile: "debug".into(),
             pins: Pins::Check,
+            recipes: None,
         }
     }
 }
@@ -90,7 +94,7 @@ pub struct BuiltImage {
 }
 
 /// The repository root.
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     std::fs::canonicalize(&root).unwrap_or(root)
 }
@@ -100,10 +104,14 @@ pub fn recipes_dir() -> PathBuf {
     workspace().join("deploy/images")
 }
 
-/// Every recipe file, sorted.
+/// Every recipe file in `deploy/images/`, sorted.
 pub fn recipes() -> anyhow::Result<Vec<PathBuf>> {
-    let dir = recipes_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    recipes_in(&recipes_dir())
+}
+
+/// Every recipe file in `dir`, sorted.
+pub fn recipes_in(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()?;
@@ -118,7 +126,10 @@ pub fn recipes() -> anyhow::Result<Vec<PathBuf>> {
 /// Builds every recipe in `deploy/images/`. Every missing cargo binary
 /// is reported at once, before anything is built.
 pub fn build(opts: &ImageOptions) -> anyhow::Result<Vec<BuiltImage>> {
-    let files = recipes()?;
+    let files = match &opts.recipes {
+        Some(dir) => recipes_in(dir)?,
+        None => recipes()?,
+    };
     let mut missing = Vec::new();
     for file in &files {
         for bin in Recipe::load(file)?.cargo {
@@ -297,6 +308,7 @@ fn build_image(recipe: &Recipe, stem: &str, opts: &ImageOptions) -> anyhow::Resu
         // The image is named by tag; the digest deploy/ pins is checked
         // against the one built (`build`), and the archive gives the image
         // that name too.
+        ImageName::Reference(reference) => (reference.clone(), None),
         ImageName::ControllerContainer(container) => {
             let pinned = controller_image(container)?;
             let by_tag = pinned
@@ -352,6 +364,9 @@ fn build_image(recipe: &Recipe, stem: &str, opts: &ImageOptions) -> anyhow::Resu
             }
             rootfs.install(built, &go.to, false)?;
         }
+    }
+    for copy in &recipe.copies {
+        rootfs.install(&copy.from, &copy.to, false)?;
     }
     for dir in &recipe.dirs {
         rootfs.mkdir(&dir.path, dir.mode()?)?;
@@ -542,6 +557,13 @@ mod tests {
                     "{}: no container {c} in controller.yaml",
                     path.display()
                 ),
+                // deploy/ names its images by name or container only.
+                ImageName::Reference(r) => {
+                    panic!(
+                        "{}: deploy/ has no image by reference ({r})",
+                        path.display()
+                    )
+                }
             }
         }
         Ok(())
@@ -693,6 +715,7 @@ mod tests {
             tag: "test".into(),
             profile: "debug".into(),
             pins: Pins::Check,
+            recipes: None,
         };
         let built = build_recipe(&recipes_dir().join(format!("{name}.yaml")), &opts)?;
         let root = unpack(&built.archive, dir)?;

@@ -35,6 +35,20 @@ pub struct Recipe {
     /// Empty directories to create.
     #[serde(default)]
     pub dirs: Vec<Dir>,
+    /// Files of this machine copied to another path (`/bin/bash` as the
+    /// image's `/usr/bin/sh`), with their libraries.
+    #[serde(default)]
+    pub copies: Vec<Copy>,
+}
+
+/// A host file placed at another path in the image.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Copy {
+    /// The file on this machine.
+    pub from: PathBuf,
+    /// Its path in the image.
+    pub to: PathBuf,
 }
 
 /// Where the image's reference comes from.
@@ -48,6 +62,9 @@ pub enum ImageName {
     /// is the image of this container of the controller Deployment in
     /// deploy/base/controller.yaml; `--tag` does not apply.
     ControllerContainer(String),
+    /// The whole reference, as written (`local/e2e/busybox:1.36.1-1`): an
+    /// image a test suite asks for by name; `--tag` does not apply.
+    Reference(String),
 }
 
 /// A binary of this workspace.
@@ -131,6 +148,10 @@ impl Recipe {
                 bail!("image.controller_container is empty")
             }
             ImageName::ControllerContainer(_) => {}
+            // Checked where it is used: the archive's tag must parse.
+            ImageName::Reference(r) => {
+                crate::images::archive::tag(r).with_context(|| format!("image.reference {r:?}"))?;
+            }
         }
         if self.entrypoint.is_empty() {
             bail!("entrypoint is empty");

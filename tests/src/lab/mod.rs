@@ -48,6 +48,8 @@ pub const ISCSIADM_ARGV_LOG: &str = "iscsiadm-argv.log";
 pub const SEAM_DIR: &str = "seam";
 /// Size of each pool LUN (`LabConfig::pool_luns`).
 pub const POOL_LUN_BYTES: u64 = 64 << 20;
+/// Size of each large pool LUN (`LabConfig::large_pool_luns`).
+pub const LARGE_POOL_LUN_BYTES: u64 = 1 << 30;
 /// The `array` every lab iSCSI target names: they are all one tgtd.
 pub const LAB_ARRAY: &str = "lab-tgtd";
 /// CHAP credentials of array-a (a lab secret, written to the secrets dir).
@@ -77,6 +79,10 @@ pub struct LabConfig {
     /// Extra small LUNs (64 MiB each, `c1`..`cN`) behind a third target,
     /// array-c (no CHAP, no ACL; label `array=c`): a pool for workloads.
     pub pool_luns: usize,
+    /// More LUNs on array-c after those, of 1 GiB each (sparse files): for
+    /// what a 64 MiB LUN cannot hold (the storage e2e suite's expansion
+    /// specs start at 1 GiB, xfs needs 300 MiB).
+    pub large_pool_luns: usize,
     /// Extra environment of the proxy (e.g. `CSI_SCSI_FAULT`).
     pub proxy_env: Vec<(String, String)>,
     /// Extra arguments of every agent (e.g. `--max-volumes 4`).
@@ -165,6 +171,10 @@ pub struct Manifest {
     pub certificates: PathBuf,
     /// Per node: CSI socket, agent address, kubelet dir.
     pub nodes: Vec<ManifestNode>,
+    /// The arrays' tgtd control port (`tgtadm -C <this> --op show --mode
+    /// target`); absent in a lab.json older than it.
+    #[serde(default)]
+    pub tgtd_control_port: Option<u16>,
 }
 
 /// One node in `lab.json`.
@@ -207,6 +217,7 @@ impl LabConfig {
             tgt_control: 19077,
             fc_scan_delay_ms: 0,
             pool_luns: 0,
+            large_pool_luns: 0,
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
             faulty_disks: false,
@@ -233,6 +244,7 @@ impl LabConfig {
             tgt_control: 20000 + (n % 12000),
             fc_scan_delay_ms: 0,
             pool_luns: 0,
+            large_pool_luns: 0,
             proxy_env: Vec::new(),
             agent_args: Vec::new(),
             faulty_disks: false,
@@ -310,9 +322,14 @@ impl Lab {
             f.set_len(size)?;
             luns.insert(name.to_owned(), path);
         }
-        for n in 1..=config.pool_luns {
+        for n in 1..=config.pool_luns + config.large_pool_luns {
             let path = luns_dir.join(format!("c{n}.img"));
-            std::fs::File::create(&path)?.set_len(POOL_LUN_BYTES)?;
+            let size = if n <= config.pool_luns {
+                POOL_LUN_BYTES
+            } else {
+                LARGE_POOL_LUN_BYTES
+            };
+            std::fs::File::create(&path)?.set_len(size)?;
             luns.insert(format!("c{n}"), path);
         }
         let portal: SocketAddr = format!("{}:3260", net.host_ip()).parse()?;
@@ -355,7 +372,7 @@ impl Lab {
         let mut pool = Vec::new();
         if config.pool_luns > 0 {
             tgtd.add_target(3, iqn_c).await?;
-            for n in 1..=config.pool_luns as u64 {
+            for n in 1..=(config.pool_luns + config.large_pool_luns) as u64 {
                 let file = &luns[&format!("c{n}")];
                 tgtd.add_lun(3, n, file, &LunIdentity::lab(3, n)).await?;
                 pool.push(lun_def(n as u32, file));
@@ -784,6 +801,7 @@ impl Lab {
                     netns: self.net.netns(i),
                 })
                 .collect(),
+            tgtd_control_port: self.tgtd.as_ref().map(Tgtd::control_port),
         }
     }
 
@@ -1189,6 +1207,9 @@ pub fn down(dir: &Path) {
     for root in &record.cgroups {
         cgroups::remove_tree(root);
     }
+    // While the lab's files are all there (before any unmount): they say
+    // which Pods' network namespaces are ours.
+    kube::cni::remove_pod_netns(&dir);
     // Loop devices over the lab's files, before the mounts: a loop over a
     // failing disk names its file by a path under the lab only while the
     // disks' FUSE mount is there. A loop still mounted is freed at its

@@ -7,8 +7,10 @@
 //! proxy with the real CSI sidecars as the Deployment.
 
 pub mod api;
+pub mod array_admin;
 pub mod audit;
 pub mod ca_rotation;
+pub mod cni;
 pub mod enrolment;
 pub mod identities;
 pub mod images;
@@ -169,6 +171,7 @@ impl KubeLab {
             tag: LAB_TAG.into(),
             profile: "debug".into(),
             pins: crate::images::Pins::Check,
+            recipes: None,
         })?;
         archives.extend(built.iter().map(|b| b.archive.clone()));
 
@@ -178,10 +181,11 @@ impl KubeLab {
         let cluster_cidr = format!("198.19.{subnet}.0/24");
         let mut nodes = Vec::new();
         let mut routes = Vec::new();
+        let (block, prefix_len) = pod_block(lab.nodes.len());
         for (i, n) in lab.nodes.iter().enumerate() {
             let base = dir.join("nodes").join(&n.name);
             let fs = NodeFs::create(&base)?;
-            let pod_subnet = format!("198.19.{subnet}.{}/28", 16 * (i + 1));
+            let pod_subnet = format!("198.19.{subnet}.{}/{prefix_len}", block * (i + 1));
             routes.push((pod_subnet.clone(), n.ip.clone()));
             let spec = NodeSpec {
                 name: &n.name,
@@ -357,6 +361,18 @@ fn proxy_secret(kubectl: &Kubectl, ca: &Path, namespace: &str) -> anyhow::Result
 /// Routes every node's Pod subnet through that node, on the host (the API
 /// server answers Pods that reach it through the `kubernetes` Service) and
 /// on every other node: a flat Pod network, as a cluster's CNI provides.
+/// The size and prefix length of each node's Pod subnet: the largest block
+/// that fits the cluster's /24 once per node, after the first block (which
+/// holds the Service range, `.0/28`). Three nodes get a /26 (62 Pods each:
+/// the storage e2e suite's parallel specs start many), eight a /28.
+fn pod_block(nodes: usize) -> (usize, u32) {
+    let mut block = 256;
+    while block * (nodes + 1) > 256 {
+        block /= 2;
+    }
+    (block, 32 - block.trailing_zeros())
+}
+
 fn route_pod_subnets(lab: &Lab, routes: &[(String, String)]) -> anyhow::Result<()> {
     for (subnet, via) in routes {
         sh_ok("ip", &["route", "replace", subnet, "via", via])?;
@@ -399,5 +415,19 @@ impl KubeLab {
         plane.detach();
         lab.keep();
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_gets_the_largest_pod_block_that_fits_after_the_services() {
+        for (nodes, want) in [(1, (128, 25)), (3, (64, 26)), (4, (32, 27)), (8, (16, 28))] {
+            assert_eq!(pod_block(nodes), want, "{nodes} nodes");
+            let (block, _) = want;
+            assert!(block * (nodes + 1) <= 256 && block >= 16);
+        }
     }
 }

@@ -100,7 +100,7 @@ impl KubeNode {
                     // API server (the `kubernetes` Service) and other nodes.
                     "ipam": {"type": "host-local", "ranges": [[{"subnet": spec.pod_subnet}]],
                              "routes": [{"dst": "0.0.0.0/0"}],
-                             "dataDir": rt.join("ipam").display().to_string()}
+                             "dataDir": super::cni::ipam_dir(&rt).display().to_string()}
                 }]
             }))?,
         )?;

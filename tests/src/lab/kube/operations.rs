@@ -289,6 +289,7 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
         tag: NEXT_TAG.into(),
         profile: "debug".into(),
         pins: crate::images::Pins::Check,
+        recipes: None,
     })?;
     for b in built.iter().filter(|b| b.reference.contains(NEXT_TAG)) {
         for n in &nodes {
