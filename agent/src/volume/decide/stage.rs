@@ -133,7 +133,9 @@ pub(crate) fn grows_unmounted(fs: FsType, read_only: bool) -> bool {
 /// Whether the device outgrew its filesystem by [`GROW_SLACK`] or more
 /// (the LUN grew while the volume was not staged: an offline expansion).
 pub(crate) fn outgrown(fs_bytes: u64, device_bytes: u64) -> bool {
-    device_bytes >= fs_bytes.saturating_add(GROW_SLACK)
+    fs_bytes
+        .checked_add(GROW_SLACK)
+        .is_some_and(|enough| device_bytes >= enough)
 }
 
 /// What the full probe's answer leads to.
