@@ -434,6 +434,21 @@ pub(crate) async fn grow(
     }
 }
 
+/// The size the ext4 filesystem on `device` claims, read off the async
+/// workers within [`PROBE_TIMEOUT`]; a read error or a superblock that does
+/// not parse is not ready (UNAVAILABLE), never a size.
+pub(crate) async fn ext4_size(device: &Path) -> Result<u64, AgentError> {
+    let owned = device.to_owned();
+    super::blocking::within("superblock", device, PROBE_TIMEOUT, move || {
+        ext4::size(&owned)
+    })
+    .await?
+    .map_err(|reason| AgentError::DeviceNotReady {
+        device: device.to_owned(),
+        reason,
+    })
+}
+
 /// Turns a grow tool's exit into a result, recognising the kernel's refusal
 /// of an online grow so that it is reported as such and never as success.
 fn check_grow(
@@ -511,5 +526,6 @@ fn failed(tool: &Path, code: i32, stderr: &str, stdout: &str) -> AgentError {
     })
 }
 
+pub(crate) mod ext4;
 #[cfg(test)]
 mod tests;

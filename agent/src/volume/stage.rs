@@ -63,11 +63,33 @@ async fn stage_filesystem(
     let typed = early.unwrap_or_else(|| filesystem::carries(&device.node, fs));
     if !typed.answer().await? {
         format_if_blank(host, req, device, fs, read_only).await?;
+    } else if decide::grows_unmounted(fs, read_only) {
+        grow_if_outgrown(host, req, device).await?;
     }
     mount::create_dir(staging)?;
     let options = options.clone().with_read_only(read_only);
     mount::mount_filesystem(&device.node, staging, fs, &options).await?;
     tracing::info!(volume_id = %req.volume, device = %device.node.display(), staging = %staging.display(), %fs, "staged");
+    Ok(())
+}
+
+/// Grows the unmounted ext4 on the device when its LUN outgrew it (the
+/// array grew the LUN while the volume was not staged): offline, so a Pod
+/// that comes back after an offline expansion needs no online grow.
+async fn grow_if_outgrown(
+    host: &Host,
+    req: &StageRequest,
+    device: &Device,
+) -> Result<(), AgentError> {
+    let fs_bytes = filesystem::ext4_size(&device.node).await?;
+    let device_bytes = block::size(&device.node).map_err(|e| AgentError::io(&device.node, e))?;
+    if !decide::outgrown(fs_bytes, device_bytes) {
+        return Ok(());
+    }
+    // The last look before writing to the device.
+    device::reverify(host, req.volume.wwid(), &device.node, &device.kernel_name).await?;
+    filesystem::grow(host, FsType::Ext4, &device.node, None).await?;
+    tracing::info!(volume_id = %req.volume, device = %device.node.display(), fs_bytes, device_bytes, "grew the unmounted ext4 to fill its device before mounting it");
     Ok(())
 }
 

@@ -44,7 +44,7 @@ pub const NOT_RUN: &[(&str, &str)] = &[
         "HostExec: enters PID 1's mount namespace, which on a lab node is the host's, not the node's",
     ),
     (
-        r"\((default fs|ext4)\)\(allowExpansion\)\] volume-expand (Verify if (offline|online) PVC expansion works|should resize volume when PVC is edited while pod is using it)",
+        r"\((default fs|ext4)\)\(allowExpansion\)\] volume-expand (Verify if online PVC expansion works|should resize volume when PVC is edited while pod is using it)",
         "grows a mounted ext4, which this machine's kernel refuses (no CAP_SYS_RESOURCE for online resize2fs)",
     ),
     (

@@ -119,6 +119,25 @@ pub(crate) fn read_only(
     Ok(device_read_only || published_read_only)
 }
 
+/// Below this, a device larger than its filesystem is not worth a grow
+/// (resize2fs rounds down to whole blocks; a few KiB never fill).
+pub(crate) const GROW_SLACK: u64 = 1 << 20;
+
+/// Whether NodeStage may grow the filesystem before it mounts it: an ext4
+/// staged read-write. ext4 grows unmounted; xfs only mounted, which
+/// NodeExpandVolume does.
+pub(crate) fn grows_unmounted(fs: FsType, read_only: bool) -> bool {
+    fs == FsType::Ext4 && !read_only
+}
+
+/// Whether the device outgrew its filesystem by [`GROW_SLACK`] or more
+/// (the LUN grew while the volume was not staged: an offline expansion).
+pub(crate) fn outgrown(fs_bytes: u64, device_bytes: u64) -> bool {
+    fs_bytes
+        .checked_add(GROW_SLACK)
+        .is_some_and(|enough| device_bytes >= enough)
+}
+
 /// What the full probe's answer leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnProbe {

@@ -1,6 +1,8 @@
 //! NodeExpandVolume after the LUN grew (`losetup -c`, then the tree's
 //! rescan): xfs grows online; ext4 grows online only where the kernel lets
-//! this agent (CAP_SYS_RESOURCE), and a refusal is reported, never hidden.
+//! this agent (CAP_SYS_RESOURCE), and a refusal is reported, never hidden;
+//! an ext4 whose LUN grew while it was not staged grows at NodeStage,
+//! unmounted.
 
 use std::path::Path;
 
@@ -110,6 +112,49 @@ async fn growing_a_mounted_ext4_either_really_grows_or_says_why_not() {
             assert_eq!(fs_size(&staging), before, "nothing pretends it grew");
         }
     }
+}
+
+#[tokio::test]
+async fn an_ext4_whose_lun_grew_while_unstaged_grows_at_stage_before_it_is_mounted() {
+    let Some(lab) = Lab::start(&[SMALL]).await else {
+        return;
+    };
+    let lun = lab.lun(0);
+    let vol = lun.volume_id.as_str();
+    let staging = lab.staging("pv-a");
+    let cap = mount_cap("ext4", Mode::SingleNodeWriter);
+    lab.stage(vol, &staging, cap.clone()).await.expect("stage");
+    std::fs::write(staging.join("kept.txt"), b"kept across the offline grow").expect("write");
+    let before = fs_size(&staging);
+    lab.unstage(vol, &staging).await.expect("unstage");
+
+    // The array grows the LUN while no Pod uses it (an offline expansion).
+    let grown: u64 = 128 << 20;
+    lun.backing.grow(grown).expect("grow the LUN");
+    lab.tree
+        .rescan_size(&lun.name, &lun.backing.device)
+        .expect("rescan");
+    lab.stage(vol, &staging, cap)
+        .await
+        .expect("stage after the grow");
+    let after = fs_size(&staging);
+    assert!(
+        after > before + (40 << 20),
+        "the unmounted ext4 grew at stage (no online resize needed): {before} -> {after}"
+    );
+    assert_eq!(
+        std::fs::read(staging.join("kept.txt")).expect("read"),
+        b"kept across the offline grow"
+    );
+    // kubelet's NodeExpandVolume after it: nothing left to grow, success
+    // even where the kernel refuses an online grow.
+    assert_eq!(
+        lab.expand(vol, &staging, &staging, grown as i64)
+            .await
+            .expect("expand after the offline grow"),
+        grown as i64
+    );
+    assert_eq!(fs_size(&staging), after);
 }
 
 #[tokio::test]

@@ -240,3 +240,32 @@ fn unstage_removes_only_this_volumes_record_and_only_once_unpublished() {
         Err(Code::FailedPrecondition)
     );
 }
+
+#[test]
+fn only_a_read_write_ext4_that_its_device_outgrew_grows_before_it_is_mounted() {
+    // (fs, read-only, may grow unmounted)
+    for (fs, ro, want) in [
+        (FsType::Ext4, false, true),
+        (FsType::Ext4, true, false),
+        (FsType::Xfs, false, false),
+        (FsType::Xfs, true, false),
+    ] {
+        assert_eq!(grows_unmounted(fs, ro), want, "{fs} read-only {ro}");
+    }
+    // (filesystem bytes, device bytes, outgrown)
+    for (fs_bytes, device_bytes, want) in [
+        (64 << 20, 64 << 20, false),
+        (64 << 20, (64 << 20) + 4096, false),
+        (64 << 20, (64 << 20) + GROW_SLACK, true),
+        (64 << 20, 128 << 20, true),
+        // A filesystem larger than its device (a LUN shrunk) is not grown.
+        (128 << 20, 64 << 20, false),
+        (u64::MAX, u64::MAX, false),
+    ] {
+        assert_eq!(
+            outgrown(fs_bytes, device_bytes),
+            want,
+            "{fs_bytes} on {device_bytes}"
+        );
+    }
+}
