@@ -129,21 +129,26 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(opts)
 }
 
+/// The parsed options, or the exit code after saying why and the usage.
+fn or_usage<T>(parsed: Result<T, String>) -> Result<T, ExitCode> {
+    parsed.map_err(|e| {
+        if !e.is_empty() {
+            eprintln!("conformance: {e}");
+        }
+        eprintln!("{USAGE}");
+        ExitCode::from(64)
+    })
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.iter().any(|a| a == "--kubernetes") {
         return kubernetes(&argv);
     }
-    let opts = match parse(&argv) {
+    let opts = match or_usage(parse(&argv)) {
         Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("conformance: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(64);
-        }
+        Err(code) => return code,
     };
     csi_scsi_certs::install_crypto_provider();
     match conformance::run(&opts, &mut |s: &str| println!("  - {s}")).await {
@@ -169,15 +174,9 @@ async fn main() -> ExitCode {
 
 /// `--kubernetes`: the storage e2e suite against a kept lab.
 fn kubernetes(argv: &[String]) -> ExitCode {
-    let opts = match parse_kubernetes(argv) {
+    let opts = match or_usage(parse_kubernetes(argv)) {
         Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("conformance: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(64);
-        }
+        Err(code) => return code,
     };
     match storage_e2e::run(&opts, &mut |s: &str| println!("  - {s}")) {
         Ok(passes) => {

@@ -2,13 +2,13 @@
 //! and imported into every node's containerd of a kept lab, under the names
 //! `KUBE_TEST_REPO_LIST` gives them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 
 use crate::images::{BuiltImage, ImageOptions, Pins};
 use crate::lab::kube::KubeManifest;
-use crate::lab::net::sh;
+use crate::lab::kube::node::{containerd_socket, ctr_at, import_image};
 
 /// Images the suite names that one of ours serves as is, tagged with the
 /// other name on every node: the multi-volume specs start their Pods from
@@ -33,50 +33,17 @@ pub(super) fn import(
         ..ImageOptions::default()
     })?;
     for node in &manifest.lab.nodes {
-        let sock = containerd_socket(&manifest.lab.dir, &node.name);
+        let sock = containerd_socket(&manifest.lab.dir.join("nodes").join(&node.name));
         for image in &built {
-            sh(
-                "ctr",
-                &[
-                    "--address",
-                    &sock.display().to_string(),
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    "--no-unpack",
-                    &image.archive.display().to_string(),
-                ],
-            )
-            .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
+            import_image(&sock, &image.archive)
+                .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
         }
         for (alias, image) in ALIASES {
-            let address = sock.display().to_string();
             // `tag` refuses an existing name: a rerun on the same lab.
-            let _ = sh(
-                "ctr",
-                &["--address", &address, "-n", "k8s.io", "images", "rm", alias],
-            );
-            sh(
-                "ctr",
-                &[
-                    "--address",
-                    &address,
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "tag",
-                    image,
-                    alias,
-                ],
-            )
-            .with_context(|| format!("tagging {image} as {alias} on {}", node.name))?;
+            let _ = ctr_at(&sock, &["images", "rm", alias]);
+            ctr_at(&sock, &["images", "tag", image, alias])
+                .with_context(|| format!("tagging {image} as {alias} on {}", node.name))?;
         }
     }
     Ok(built)
-}
-
-/// The containerd socket of lab node `node` (as the lab's node makes it).
-fn containerd_socket(lab_dir: &Path, node: &str) -> PathBuf {
-    lab_dir.join(format!("nodes/{node}/runtime/containerd/containerd.sock"))
 }

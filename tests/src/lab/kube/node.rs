@@ -85,7 +85,7 @@ impl KubeNode {
         let cni = rt.join("cni");
         std::fs::create_dir_all(&ctrd)?;
         std::fs::create_dir_all(&cni)?;
-        let sock = ctrd.join("containerd.sock");
+        let sock = containerd_socket(spec.base);
         std::fs::write(
             cni.join("10-lab.conflist"),
             serde_json::to_vec_pretty(&serde_json::json!({
@@ -159,20 +159,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             Daemon::spawn_program(Path::new("nsenter"), &containerd_args, &containerd_log);
         wait_for_socket(&sock, &containerd).await?;
         for archive in images {
-            sh(
-                "ctr",
-                &[
-                    "--address",
-                    &sock.display().to_string(),
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    "--no-unpack",
-                    &archive.display().to_string(),
-                ],
-            )
-            .with_context(|| format!("importing {}", archive.display()))?;
+            import_image(&sock, archive)
+                .with_context(|| format!("importing {}", archive.display()))?;
         }
 
         // The node's identity: system:node:<name> in system:nodes, so the
@@ -474,4 +462,25 @@ async fn wait_for_socket(sock: &Path, daemon: &Daemon) -> anyhow::Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     anyhow::bail!("containerd did not start:\n{}", daemon.log())
+}
+
+/// The containerd socket of the lab node whose files are under `base`
+/// (`<lab>/nodes/<name>`).
+pub fn containerd_socket(base: &Path) -> PathBuf {
+    base.join("runtime/containerd/containerd.sock")
+}
+
+/// `ctr` against the containerd at `socket`, in the CRI namespace.
+pub fn ctr_at(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let address = socket.display().to_string();
+    let mut all = vec!["--address", address.as_str(), "-n", "k8s.io"];
+    all.extend_from_slice(args);
+    sh("ctr", &all)
+}
+
+/// Imports an image archive into the containerd at `socket` (the node's
+/// "registry": there is none).
+pub fn import_image(socket: &Path, archive: &Path) -> anyhow::Result<()> {
+    let archive = archive.display().to_string();
+    ctr_at(socket, &["images", "import", "--no-unpack", &archive]).map(|_| ())
 }

@@ -293,15 +293,8 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
     })?;
     for b in built.iter().filter(|b| b.reference.contains(NEXT_TAG)) {
         for n in &nodes {
-            lab.ctr(
-                n,
-                &[
-                    "images",
-                    "import",
-                    "--no-unpack",
-                    &b.archive.display().to_string(),
-                ],
-            )?;
+            let i = lab.node_index(n)?;
+            super::node::import_image(lab.nodes[i].containerd_socket(), &b.archive)?;
         }
     }
     let max_unavailable = k

@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use super::KubeLab;
 use super::api::{Typed, deleting, name_of, owner_kind, pod_node};
 use crate::kube::Kubectl;
-use crate::lab::net::sh;
 
 /// The agent DaemonSet's label.
 pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=csi-scsi-node";
@@ -76,15 +75,7 @@ impl KubeLab {
     /// `ctr` against node `node`'s containerd, in the CRI namespace.
     pub fn ctr(&self, node: &str, args: &[&str]) -> anyhow::Result<String> {
         let i = self.node_index(node)?;
-        let sock = self.nodes[i].containerd_socket();
-        let mut all = vec![
-            "--address",
-            sock.to_str().unwrap_or_default(),
-            "-n",
-            "k8s.io",
-        ];
-        all.extend_from_slice(args);
-        sh("ctr", &all)
+        super::node::ctr_at(self.nodes[i].containerd_socket(), args)
     }
 
     /// The host PID of a container's main process.

@@ -35,10 +35,7 @@ async fn a_mounted_xfs_grows_online_after_its_lun_grew() {
     let before = fs_size(&target);
 
     let grown: u64 = 512 << 20;
-    lun.backing.grow(grown).expect("grow the LUN");
-    lab.tree
-        .rescan_size(&lun.name, &lun.backing.device)
-        .expect("rescan");
+    lab.grow_lun(0, grown);
     for _ in 0..2 {
         let size = lab
             .expand(vol, &target, &staging, grown as i64)
@@ -77,10 +74,7 @@ async fn growing_a_mounted_ext4_either_really_grows_or_says_why_not() {
     let before = fs_size(&staging);
 
     let grown: u64 = 128 << 20;
-    lun.backing.grow(grown).expect("grow the LUN");
-    lab.tree
-        .rescan_size(&lun.name, &lun.backing.device)
-        .expect("rescan");
+    lab.grow_lun(0, grown);
     match lab.expand(vol, &staging, &staging, grown as i64).await {
         // A machine where the agent has CAP_SYS_RESOURCE: it really grew.
         Ok(size) => {
@@ -130,10 +124,7 @@ async fn an_ext4_whose_lun_grew_while_unstaged_grows_at_stage_before_it_is_mount
 
     // The array grows the LUN while no Pod uses it (an offline expansion).
     let grown: u64 = 128 << 20;
-    lun.backing.grow(grown).expect("grow the LUN");
-    lab.tree
-        .rescan_size(&lun.name, &lun.backing.device)
-        .expect("rescan");
+    lab.grow_lun(0, grown);
     lab.stage(vol, &staging, cap)
         .await
         .expect("stage after the grow");
@@ -188,10 +179,7 @@ async fn expanding_a_raw_block_volume_reports_the_new_device_size() {
     lab.publish(vol, &staging, &target, cap, false)
         .await
         .expect("publish");
-    lun.backing.grow(96 << 20).expect("grow");
-    lab.tree
-        .rescan_size(&lun.name, &lun.backing.device)
-        .expect("rescan");
+    lab.grow_lun(0, 96 << 20);
     assert_eq!(
         lab.expand(vol, &target, &staging, 0).await.expect("expand"),
         96 << 20

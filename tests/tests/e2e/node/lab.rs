@@ -142,6 +142,16 @@ impl Lab {
         &self.luns[i]
     }
 
+    /// The array grows LUN `i` to `bytes` (its backing file and loop
+    /// device) and the node's tree rescans it, as a kernel would.
+    pub fn grow_lun(&self, i: usize, bytes: u64) {
+        let lun = &self.luns[i];
+        lun.backing.grow(bytes).expect("grow the LUN");
+        self.tree
+            .rescan_size(&lun.name, &lun.backing.device)
+            .expect("rescan");
+    }
+
     /// A staging path as kubelet makes it (the directory exists).
     pub fn staging(&self, pv: &str) -> PathBuf {
         let p = self.kubelet.join(format!(
