@@ -433,6 +433,43 @@ fn fits_checks_phase_size_labels_and_visibility() {
 }
 
 #[test]
+fn free_for_is_fits_without_the_size() {
+    let dev = device(1, 100, &["a"], Phase::Available);
+    let fast = Selector::parse("tier=fast").expect("selector");
+    let slow = Selector::parse("tier=slow").expect("selector");
+    // (selector, node, free)
+    let cases = [
+        (&fast, None, true),
+        (&fast, Some("a"), true),
+        (&fast, Some("b"), false),
+        (&slow, None, false),
+    ];
+    for (selector, at, want) in cases {
+        assert_eq!(
+            free_for(&dev, selector, at.map(node).as_ref()),
+            want,
+            "{selector:?} from {at:?}"
+        );
+    }
+    let mut disputed = dev.clone();
+    disputed.conflicts.push(TargetConflict {
+        target: "other-array".into(),
+        nodes: vec![node("a")],
+        since: 1,
+    });
+    assert!(!free_for(&disputed, &fast, None), "in a target conflict");
+    for phase in [
+        Phase::Bound,
+        Phase::Releasing,
+        Phase::Unverified,
+        Phase::Lost,
+    ] {
+        let taken = device(1, 100, &["a"], phase);
+        assert!(!free_for(&taken, &fast, None), "{phase:?}");
+    }
+}
+
+#[test]
 fn release_fail_and_release_again_count_the_failures() {
     let mut dev = device(1, 100, &["a"], Phase::Bound);
     assert!(!releasing(&dev));

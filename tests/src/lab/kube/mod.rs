@@ -9,6 +9,7 @@
 pub mod api;
 pub mod audit;
 pub mod ca_rotation;
+pub mod capacity;
 pub mod enrolment;
 pub mod identities;
 pub mod images;
