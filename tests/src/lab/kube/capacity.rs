@@ -48,6 +48,7 @@ pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
     k.apply_object(&storage_class(CLASS, "array=b", "ext4", "discard"))?;
     // One object per node segment, each with the largest LUN the class
     // selects that the node sees (GetCapacity's maximum_volume_size).
+    let mut seen = BTreeMap::new();
     let per_node = k
         .wait_for(
             &format!(
@@ -61,10 +62,19 @@ pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
                     && fits(&node_name(0))
                     && fits(&node_b)
                     && found.get(&node_c).is_some_and(|b| *b < CLAIM_BYTES);
+                seen.clone_from(&found);
                 Ok(ready.then_some(found))
             },
         )
-        .await?;
+        .await
+        .with_context(|| {
+            let all = k
+                .run(&["get", "csistoragecapacities", "-A", "-o", "yaml"])
+                .unwrap_or_default();
+            format!(
+                "maximumVolumeSize per node last seen: {seen:?}; every CSIStorageCapacity:\n{all}"
+            )
+        })?;
     k.apply_object(&pvc(NAME, CLASS, "Filesystem", CLAIM_SIZE))?;
     k.apply_object(&steered_pod(&node_b, &node_c))?;
     let (on, selected) = k
