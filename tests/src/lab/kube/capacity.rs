@@ -4,18 +4,22 @@
 //! `storageCapacity: true`) places a Pod whose WaitForFirstConsumer claim
 //! fits only a LUN one node sees on that node, at the first try.
 //!
-//! The class selects array-b's LUNs (`array=b`): b1 (1 GiB) and, through
-//! the LUN both arrays export, mp (512 MiB). array-b's ACL admits every
-//! node but node-c, so for a 768 MiB claim node-a and node-b have a LUN
-//! and node-c has none. The Pod may run on node-b or node-c and prefers
-//! node-c: without capacity the scheduler would pick node-c, CreateVolume
-//! would find nothing there (RESOURCE_EXHAUSTED, a ProvisioningFailed
-//! Event) and the scheduler would pick node-c again, so the Pod would
-//! never reach node-b in time.
+//! The lab's Fibre Channel LUN fc1 (512 MiB) is zoned to node-b and node-c
+//! only (node-a has no HBA): the step declares its SCSITarget (`array=fc`,
+//! as the embedded lab does) and a class selecting it, so for a 400 MiB
+//! claim node-b has a LUN and node-a none. The Pod may run on node-a or
+//! node-b and prefers node-a: without capacity the scheduler would pick
+//! node-a, CreateVolume would find nothing there (RESOURCE_EXHAUSTED, a
+//! ProvisioningFailed Event) and the scheduler would pick node-a again, so
+//! the Pod would never reach node-b in time. (array-b, whose ACL leaves
+//! node-c out, is no use here: the Kubernetes lab's nodes reach none of
+//! its LUNs.) The target stays: the last steps expect its LUN wiped and
+//! Available.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
+use csi_scsi_proxy::resources::{FibreChannelSpec, SCSITarget, SCSITargetSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Event, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolumeClaim, Pod, PreferredSchedulingTerm,
@@ -28,11 +32,15 @@ use super::scenario::{NS, WAIT, delete_workloads, pod, pvc, storage_class};
 use crate::lab::node_name;
 use crate::lab::scenario::NODE_KEY;
 
-/// The class: array-b's LUNs.
+/// The class: the Fibre Channel LUN.
 const CLASS: &str = "lab-capacity";
-/// The claim: more than mp (512 MiB), less than b1 (1 GiB).
-const CLAIM_SIZE: &str = "768Mi";
-const CLAIM_BYTES: u64 = 768 << 20;
+/// The lab's Fibre Channel target: its port, as the embedded lab's
+/// targets file names it.
+const FC_TARGET: &str = "fc-1";
+const FC_WWPN: &str = "50:0a:09:81:89:1b:8d:c5";
+/// The claim: fc1 (512 MiB) holds it.
+const CLAIM_SIZE: &str = "400Mi";
+const CLAIM_BYTES: u64 = 400 << 20;
 /// The claim's and the Pod's name.
 const NAME: &str = "capacity";
 /// The annotation the scheduler sets on a claim for the node it picked.
@@ -44,24 +52,38 @@ const OWNER: &str = "csi-scsi-controller";
 /// Runs the step; the summary gives each node's numbers and where the Pod went.
 pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
     let k = &lab.kubectl;
-    let (node_b, node_c) = (node_name(1), node_name(2));
-    k.apply_object(&storage_class(CLASS, "array=b", "ext4", "discard"))?;
+    let (node_a, node_b, node_c) = (node_name(0), node_name(1), node_name(2));
+    k.apply_object(&SCSITarget::new(
+        FC_TARGET,
+        SCSITargetSpec {
+            fibre_channel: Some(FibreChannelSpec {
+                wwpns: vec![FC_WWPN.into()],
+            }),
+            nodes: vec![node_b.clone(), node_c.clone()],
+            device_labels: BTreeMap::from([
+                ("array".into(), "fc".into()),
+                ("tier".into(), "fast".into()),
+            ]),
+            ..SCSITargetSpec::default()
+        },
+    ))?;
+    k.apply_object(&storage_class(CLASS, "array=fc", "ext4", "discard"))?;
     // One object per node segment, each with the largest LUN the class
     // selects that the node sees (GetCapacity's maximum_volume_size).
     let mut seen = BTreeMap::new();
     let per_node = k
         .wait_for(
             &format!(
-                "CSIStorageCapacity for {CLASS}: node-a and {node_b} 768 MiB or more, {node_c} less"
+                "CSIStorageCapacity for {CLASS}: {node_b} and {node_c} {CLAIM_SIZE} or more, {node_a} less"
             ),
             WAIT,
             |k| {
                 let found = largest_per_node(k, &lab.namespace)?;
                 let fits = |n: &str| found.get(n).is_some_and(|b| *b >= CLAIM_BYTES);
                 let ready = found.len() == lab.nodes.len()
-                    && fits(&node_name(0))
                     && fits(&node_b)
-                    && found.get(&node_c).is_some_and(|b| *b < CLAIM_BYTES);
+                    && fits(&node_c)
+                    && found.get(&node_a).is_some_and(|b| *b < CLAIM_BYTES);
                 seen.clone_from(&found);
                 Ok(ready.then_some(found))
             },
@@ -76,7 +98,7 @@ pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
             )
         })?;
     k.apply_object(&pvc(NAME, CLASS, "Filesystem", CLAIM_SIZE))?;
-    k.apply_object(&steered_pod(&node_b, &node_c))?;
+    k.apply_object(&steered_pod(&node_b, &node_a))?;
     let (on, selected) = k
         .wait_for(
             &format!("PVC {NAME} bound and Pod {NAME} on a node"),
@@ -96,7 +118,7 @@ pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
         )
         .await?;
     // Placed where the LUN is, at the first try: no CreateVolume went to
-    // node-c.
+    // node-a.
     let failed: Vec<String> = k
         .objects::<Event>(&[
             "-n",
@@ -120,7 +142,7 @@ pub async fn steers_the_scheduler(lab: &KubeLab) -> anyhow::Result<String> {
         .collect::<Vec<_>>()
         .join(", ");
     Ok(format!(
-        "maximumVolumeSize for {CLASS}: {numbers}; the {CLAIM_SIZE} claim's Pod (preferring {node_c}) placed on {on} at the first try"
+        "maximumVolumeSize for {CLASS}: {numbers}; the {CLAIM_SIZE} claim's Pod (preferring {node_a}) placed on {on} at the first try"
     ))
 }
 

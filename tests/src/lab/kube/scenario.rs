@@ -97,7 +97,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "capacity: a CSIStorageCapacity per node with the largest free LUN of the class; a Pod whose 768 MiB claim fits only array-b's LUN goes to node-b, not node-c it prefers, at the first try",
+        "capacity: a CSIStorageCapacity per node with the largest free LUN of the class; a Pod whose 400 MiB claim fits only the Fibre Channel LUN (node-b, node-c) goes to node-b, not node-a it prefers, at the first try",
         async { Ok(((), super::capacity::steers_the_scheduler(lab).await?)) },
     )
     .await?;
