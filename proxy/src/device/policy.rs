@@ -38,6 +38,7 @@ use super::model::{
     BindRequest, Binding, Device, DiscoveryRound, LunReport, NewLuns, NodeView, Phase, Publication,
     TargetConflict,
 };
+use crate::selector::Selector;
 use csi_scsi_contract::FsType;
 
 /// How stale `last_seen` may get when nothing else about a device changed:
@@ -375,17 +376,23 @@ pub fn limit_below_floor(capabilities: &[Capability], limit_bytes: u64) -> Optio
     size_floor(capabilities).filter(|fs| limit_bytes != 0 && limit_bytes < fs.min_bytes())
 }
 
-/// Whether `dev` may back `req`: Available, in no target conflict, of a
-/// fitting size (no smaller than [`smallest`]), labels matching, and
-/// visible from `node` when one is given.
-pub fn fits(dev: &Device, req: &BindRequest, node: Option<&NodeName>) -> bool {
+/// Whether `dev` is free for a new volume of a class selecting
+/// `selector`, seen from `node` (`None`: from anywhere): Available, in no
+/// target conflict, labels matching. What a bind may take, whatever the
+/// size, and so what GetCapacity counts.
+pub fn free_for(dev: &Device, selector: &Selector, node: Option<&NodeName>) -> bool {
     dev.phase == Phase::Available
         // Another array's target reports its WWID too: which LUN a node
         // would write through is in doubt until an operator settles it.
         && dev.conflicts.is_empty()
-        && (smallest(req)..=req.max_bytes).contains(&dev.size_bytes)
-        && req.selector.matches(&dev.labels)
+        && selector.matches(&dev.labels)
         && node.is_none_or(|n| dev.nodes.iter().any(|v| &v.node == n))
+}
+
+/// Whether `dev` may back `req`: [`free_for`] its selector from `node`,
+/// and of a fitting size (no smaller than [`smallest`]).
+pub fn fits(dev: &Device, req: &BindRequest, node: Option<&NodeName>) -> bool {
+    free_for(dev, &req.selector, node) && (smallest(req)..=req.max_bytes).contains(&dev.size_bytes)
 }
 
 /// The order in which a bind considers fitting devices: the smallest

@@ -177,9 +177,10 @@ impl Inventory {
         self.store.put_resize(request).await
     }
 
-    /// Available bytes and the largest Available device of `min_bytes` or
-    /// more visible from any of `nodes` (empty: anywhere) matching
-    /// `selector`.
+    /// The bytes of every device [`policy::free_for`] `selector` from any
+    /// of `nodes` (empty: anywhere) of `min_bytes` or more, and the size of
+    /// the largest: what a bind could take (one LUN per volume, so a claim
+    /// fits when the largest does, not the sum).
     pub async fn capacity(
         &self,
         nodes: &[NodeName],
@@ -202,7 +203,7 @@ impl Inventory {
                     })
                     .await?;
                 for d in &page {
-                    if selector.matches(&d.labels) && seen.insert(d.wwid.clone()) {
+                    if policy::free_for(d, selector, scope) && seen.insert(d.wwid.clone()) {
                         total = total.saturating_add(d.size_bytes);
                         largest = largest.max(d.size_bytes);
                     }

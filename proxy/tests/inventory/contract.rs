@@ -516,6 +516,45 @@ pub async fn capacity_counts_each_available_device_visible_from_the_nodes_once(f
     assert_eq!(inv.capacity(&[], &slow, 0).await.unwrap(), (0, 0));
 }
 
+/// GetCapacity's numbers are what a bind could take: a LUN in a target
+/// conflict (never bound) is neither capacity nor the largest free LUN, or
+/// the scheduler would send a claim where CreateVolume finds nothing.
+pub async fn capacity_counts_no_lun_a_bind_could_not_take(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, 4 * GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let all = Selector::default();
+    let node_a = [node("node-a")];
+    assert_eq!(
+        inv.capacity(&node_a, &all, 0).await.unwrap(),
+        (5 * GIB, 4 * GIB)
+    );
+    // t2, of no array in common, reports LUN 2's WWID too.
+    let out = inv
+        .apply_discovery(round("t2", &[("node-b", vec![lun(2, 4 * GIB)])], &[]))
+        .await
+        .unwrap();
+    assert_eq!(out.conflicts, [wwid(2)], "{out:?}");
+    assert_eq!(get(inv, &wwid(2)).await.phase, Phase::Available);
+    assert_eq!(
+        inv.capacity(&node_a, &all, 0).await.unwrap(),
+        (GIB, GIB),
+        "the disputed LUN is not capacity"
+    );
+    assert_eq!(inv.capacity(&[], &all, 0).await.unwrap(), (GIB, GIB));
+    // And indeed no bind takes it.
+    let err = inv
+        .bind(sized(2 * GIB, u64::MAX, bind_req("pv-1", &["node-a"], "")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InventoryError::NoFit(_)), "{err:?}");
+}
+
 pub async fn bound_to_name_finds_a_volume_s_device_until_it_is_released(f: &Fixture) {
     let inv = &f.inv;
     inv.apply_discovery(round(
@@ -906,6 +945,7 @@ contract! {
     a_stale_update_is_refused_as_a_conflict,
     modify_re_applies_its_change_after_a_conflict,
     capacity_counts_each_available_device_visible_from_the_nodes_once,
+    capacity_counts_no_lun_a_bind_could_not_take,
     bound_to_name_finds_a_volume_s_device_until_it_is_released,
     devices_pages_in_wwid_order,
     phase_counts_and_the_largest_size_cover_every_device,

@@ -394,6 +394,17 @@ fn bind_order_is_the_smallest_then_the_fewest_wipe_failures_then_the_wwid() {
     );
 }
 
+/// `dev` as another array's target reports it too (a target conflict).
+fn disputed(dev: &Device) -> Device {
+    let mut d = dev.clone();
+    d.conflicts.push(TargetConflict {
+        target: "other-array".into(),
+        nodes: vec![node("a")],
+        since: 1,
+    });
+    d
+}
+
 #[test]
 fn fits_checks_phase_size_labels_and_visibility() {
     let dev = device(1, 100, &["a"], Phase::Available);
@@ -414,14 +425,8 @@ fn fits_checks_phase_size_labels_and_visibility() {
             "{req:?} from {at:?}"
         );
     }
-    let mut disputed = dev.clone();
-    disputed.conflicts.push(TargetConflict {
-        target: "other-array".into(),
-        nodes: vec![node("a")],
-        since: 1,
-    });
     assert!(
-        !fits(&disputed, &request(1, u64::MAX, "", &[]), None),
+        !fits(&disputed(&dev), &request(1, u64::MAX, "", &[]), None),
         "a LUN another array's target reports too is never bound"
     );
     for phase in [Phase::Bound, Phase::Releasing, Phase::Failed, Phase::Lost] {
@@ -430,6 +435,40 @@ fn fits_checks_phase_size_labels_and_visibility() {
             !fits(&taken, &request(1, u64::MAX, "", &[]), None),
             "{phase:?}"
         );
+    }
+}
+
+#[test]
+fn free_for_is_fits_without_the_size() {
+    let dev = device(1, 100, &["a"], Phase::Available);
+    let fast = Selector::parse("tier=fast").expect("selector");
+    let slow = Selector::parse("tier=slow").expect("selector");
+    // (selector, node, free)
+    let cases = [
+        (&fast, None, true),
+        (&fast, Some("a"), true),
+        (&fast, Some("b"), false),
+        (&slow, None, false),
+    ];
+    for (selector, at, want) in cases {
+        assert_eq!(
+            free_for(&dev, selector, at.map(node).as_ref()),
+            want,
+            "{selector:?} from {at:?}"
+        );
+    }
+    assert!(
+        !free_for(&disputed(&dev), &fast, None),
+        "in a target conflict"
+    );
+    for phase in [
+        Phase::Bound,
+        Phase::Releasing,
+        Phase::Unverified,
+        Phase::Lost,
+    ] {
+        let taken = device(1, 100, &["a"], phase);
+        assert!(!free_for(&taken, &fast, None), "{phase:?}");
     }
 }
 

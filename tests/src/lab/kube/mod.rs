@@ -10,6 +10,7 @@ pub mod api;
 pub mod array_admin;
 pub mod audit;
 pub mod ca_rotation;
+pub mod capacity;
 pub mod cni;
 pub mod enrolment;
 pub mod identities;

@@ -214,6 +214,7 @@ fn owners(role: &GrantingRole) -> Vec<&str> {
         (GrantingRole::Cluster(_), _) => vec![name.strip_prefix("csi-scsi-").unwrap_or(name)],
         (_, "csi-scsi-proxy" | "csi-scsi-chap-secrets") => vec!["proxy"],
         (_, "csi-scsi-sidecars") => vec!["provisioner", "attacher", "resizer"],
+        (_, "csi-scsi-provisioner-capacity") => vec!["provisioner"],
         _ => Vec::new(),
     }
 }

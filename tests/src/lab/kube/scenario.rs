@@ -73,12 +73,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool; one that matches no LUN)",
+        "classes: StorageClasses (xfs on array-a with CHAP; raw block on the pool; one that matches no LUN and one of the pool, bound at once)",
         async {
             k.run(&["create", "namespace", NS])?;
             k.apply_object(&storage_class("lab-xfs", "array=a", "xfs", "zero"))?;
             k.apply_object(&storage_class("lab-pool", "tier=pool", "ext4", "discard"))?;
-            k.apply_object(&storage_class("lab-none", "tier=none", "ext4", "none"))?;
+            k.apply_object(&bound_at_once(storage_class("lab-none", "tier=none", "ext4", "none")))?;
+            k.apply_object(&bound_at_once(storage_class("lab-pool-now", "tier=pool", "ext4", "discard")))?;
             k.apply_object(&storage_class("lab-chap", "array=a", "ext4", "discard"))?;
             Ok(((), String::new()))
         },
@@ -90,8 +91,14 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     let node_c = node_name(2);
 
     r.step(
-        "unbindable: PVCs no LUN can take (a selector matching none; 50 GiB) carry Events that say why",
-        async { Ok(((), unbindable(&k, &node_a).await?)) },
+        "unbindable: PVCs no LUN can take (a selector matching none; 50 GiB), bound at once, carry Events that say why",
+        async { Ok(((), unbindable(&k).await?)) },
+    )
+    .await?;
+
+    r.step(
+        "capacity: a CSIStorageCapacity per node with the largest free LUN of the class; a Pod whose 400 MiB claim fits only the Fibre Channel LUN (node-b, node-c) goes to node-b, not node-a it prefers, at the first try",
+        async { Ok(((), super::capacity::steers_the_scheduler(lab).await?)) },
     )
     .await?;
 
@@ -305,6 +312,15 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
     Ok(r)
+}
+
+/// `class`, bound when its claim is created (Immediate), not where the
+/// first Pod lands.
+fn bound_at_once(class: StorageClass) -> StorageClass {
+    StorageClass {
+        volume_binding_mode: Some("Immediate".into()),
+        ..class
+    }
 }
 
 /// A StorageClass of the driver: devices matching `selector`, filesystem
@@ -540,20 +556,22 @@ pub(super) fn excerpt(s: &str, n: usize) -> String {
     }
 }
 
-/// PVCs that cannot bind: the Event on each says why.
-async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
+/// PVCs that cannot bind: the Event on each says why. Their classes bind
+/// at once: under WaitForFirstConsumer the scheduler, which knows the
+/// free LUNs per node (storage capacity), never places their Pods, so
+/// CreateVolume, whose refusal this shows, would never be asked.
+async fn unbindable(k: &Kubectl) -> anyhow::Result<String> {
     let cases = [
         ("nofit", "lab-none", "32Mi", "no available device fits"),
         (
             "huge",
-            "lab-pool",
+            "lab-pool-now",
             "50Gi",
             "no device of the requested size exists",
         ),
     ];
     for (name, class, size, _) in cases {
         k.apply_object(&pvc(name, class, "Filesystem", size))?;
-        k.apply_object(&pod(name, node, name, false, "sleep 100000"))?;
     }
     let mut out = Vec::new();
     for (name, _, _, why) in cases {
@@ -600,7 +618,7 @@ async fn unbindable(k: &Kubectl, node: &str) -> anyhow::Result<String> {
             excerpt(&message, 120),
         ));
     }
-    delete_workloads(k, &["nofit", "huge"], &["nofit", "huge"])?;
+    delete_workloads(k, &[], &["nofit", "huge"])?;
     Ok(out.join("\n      "))
 }
 
