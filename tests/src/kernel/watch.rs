@@ -51,7 +51,13 @@ pub async fn run(ctx: NodeContext) -> std::io::Result<()> {
         let Ok(content) = std::fs::read_to_string(&path) else {
             continue;
         };
-        if content.trim().is_empty() {
+        // An empty rescan trigger is acted on too: a write that landed
+        // while the last one was acted on, within the same mtime tick, was
+        // cleared with it, and its own event must still re-read the size (a
+        // rescan more is harmless; our own clear's event costs one). Other
+        // triggers name what to do: empty, there is nothing to do.
+        let empty = content.trim().is_empty();
+        if empty && name != "rescan" {
             continue;
         }
         let written = modified(&path);
@@ -67,7 +73,7 @@ pub async fn run(ctx: NodeContext) -> std::io::Result<()> {
         // to read empty before it reads what the action changed (a size
         // after a rescan), so it is reset only now. A write that came in
         // meanwhile (a newer mtime) stays, and its event acts on it again.
-        if modified(&path) == written {
+        if !empty && modified(&path) == written {
             let _ = std::fs::write(&path, "");
         }
     }
