@@ -118,6 +118,11 @@ pub struct LunIdentity {
     pub product_id: String,
 }
 
+/// The INQUIRY vendor of every lab LUN ([`LunIdentity::lab`]).
+const LAB_VENDOR: &str = "CSISCSI";
+/// The INQUIRY product of every lab LUN.
+const LAB_PRODUCT: &str = "LAB-LUN";
+
 impl LunIdentity {
     /// The lab's identity for LUN number `n` of a given `array` (a small
     /// number naming the storage system): `scsi_id` is 32 hex digits
@@ -127,8 +132,8 @@ impl LunIdentity {
         Self {
             scsi_id: format!("6001405{:05x}{n:020x}", array & 0xf_ffff),
             scsi_sn: format!("SN{array}-{n}"),
-            vendor_id: "CSISCSI".to_owned(),
-            product_id: "LAB-LUN".to_owned(),
+            vendor_id: LAB_VENDOR.to_owned(),
+            product_id: LAB_PRODUCT.to_owned(),
         }
     }
 
@@ -671,11 +676,11 @@ pub async fn shown_luns(control_port: u16) -> Result<Vec<ShownLun>, TgtError> {
 /// shows plus the vendor and product every lab LUN has
 /// ([`LunIdentity::lab`]; tgtadm does not show them).
 pub async fn refresh_shown_lun(control_port: u16, lun: &ShownLun) -> Result<(), TgtError> {
-    let lab = LunIdentity::lab(0, 0);
     let identity = LunIdentity {
         scsi_id: lun.scsi_id.clone(),
         scsi_sn: lun.scsi_sn.clone(),
-        ..lab
+        vendor_id: LAB_VENDOR.to_owned(),
+        product_id: LAB_PRODUCT.to_owned(),
     };
     remove_lun_at(control_port, lun.tid, lun.lun).await?;
     add_lun_at(control_port, lun.tid, lun.lun, &lun.backing_file, &identity).await

@@ -20,6 +20,14 @@ pub struct Spec {
     pub seconds: f64,
 }
 
+impl Spec {
+    /// Left out by the focus or skip: ginkgo reports it skipped without a
+    /// message (one the suite skipped at run time says why).
+    pub fn not_selected(&self) -> bool {
+        self.state == "skipped" && self.message.is_empty()
+    }
+}
+
 /// The outcome of one pass.
 #[derive(Clone, Debug)]
 pub struct Pass {
@@ -37,7 +45,7 @@ impl Pass {
     pub fn tally(&self) -> BTreeMap<&str, usize> {
         let mut t = BTreeMap::new();
         for s in &self.specs {
-            let state = if s.state == "skipped" && s.message.is_empty() {
+            let state = if s.not_selected() {
                 "not selected"
             } else {
                 s.state.as_str()
@@ -54,7 +62,7 @@ impl Pass {
         for s in &self.specs {
             let column = match s.state.as_str() {
                 "passed" => 0,
-                "skipped" if s.message.is_empty() => continue,
+                _ if s.not_selected() => continue,
                 "skipped" => 2,
                 _ => 1,
             };
@@ -174,7 +182,7 @@ pub fn render(passes: &[Pass]) -> String {
         for s in p
             .specs
             .iter()
-            .filter(|s| s.state != "passed" && !(s.state == "skipped" && s.message.is_empty()))
+            .filter(|s| s.state != "passed" && !s.not_selected())
         {
             let first = s.message.lines().next().unwrap_or_default();
             out.push_str(&format!(
