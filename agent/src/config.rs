@@ -76,7 +76,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "mkfs.ext4,mkfs.xfs,mount,umount,resize2fs,xfs_growfs"
+        default_value = "mkfs.ext4,mkfs.xfs,mount,umount,e2fsck,resize2fs,xfs_growfs"
     )]
     pub required_tools: Vec<PathBuf>,
 

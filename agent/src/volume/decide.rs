@@ -1,11 +1,13 @@
 //! The node side's decisions, apart from its I/O: each step of stage,
-//! publish, unstage, unpublish and expand is a pure function of what the
+//! publish, unstage, unpublish and expand (and the last look at a device
+//! before a write) is a pure function of what the
 //! shell read (the mount at a path, a raw block record, a probe's result,
 //! read-only flags, filesystem types) and returns what to do: already done,
 //! go on (format, mount, bind), or a refusal with its reason. The shell
 //! (`stage.rs`, `publish.rs`, `expand.rs`) reads, calls these, and acts;
 //! the rules are table-tested here without root or devices.
 
+pub(crate) mod device;
 pub(crate) mod expand;
 pub(crate) mod publish;
 pub(crate) mod stage;

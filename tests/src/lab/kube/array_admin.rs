@@ -48,11 +48,14 @@ impl ArrayAdmin {
                 .build()
                 .expect("a runtime for tgtadm");
             let mut grown = 0;
+            // A line is written once: a request it cannot act on stays
+            // open, and is read again every poll.
+            let mut told = std::collections::HashSet::new();
             while !stopped.load(Ordering::Relaxed) {
                 match rt.block_on(act_once(&kubectl, port)) {
                     Ok(lines) => {
                         grown += lines.iter().filter(|l| l.starts_with("grew")).count();
-                        for l in lines {
+                        for l in lines.into_iter().filter(|l| told.insert(l.clone())) {
                             let _ = writeln!(log, "{l}");
                         }
                     }

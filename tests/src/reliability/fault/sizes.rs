@@ -78,8 +78,15 @@ impl Suite {
         // its I/O works: a wipe through it covers the LUN, rightly.
         for c in &cases {
             let seen = self.nodes_report(&c.wwid, c.reported, SEEN_BOUND).await?;
+            let why = match &seen {
+                Err(paths) => self.why_unchanged(paths, c.reported),
+                Ok(()) => String::new(),
+            };
             self.report.check(seen.is_ok(), || {
-                format!("{}: the nodes never reported the fault ({seen:?})", c.what)
+                format!(
+                    "{}: the nodes never reported the fault ({seen:?}){why}",
+                    c.what
+                )
             });
         }
         for c in &cases {
@@ -353,6 +360,49 @@ impl Suite {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// For each path in `paths` still not at `bytes`: what the node's
+    /// kernel stand-in knows of it (its record and loop device, the loop
+    /// device's size, the rescan trigger left unread), so a path that kept
+    /// its size says why.
+    fn why_unchanged(&self, paths: &[((String, String), u64)], bytes: u64) -> String {
+        let mut out = String::new();
+        for ((node, sd), _) in paths.iter().filter(|(_, s)| *s != bytes) {
+            let Some(n) = self.lab.nodes.iter().find(|n| &n.name == node) else {
+                continue;
+            };
+            let record = crate::kernel::state::NodeState::lock(&n.root).map(|l| {
+                l.state
+                    .sessions
+                    .iter()
+                    .flat_map(|s| s.disks.iter().map(move |d| (Some(s.sid), d)))
+                    .chain(l.state.fc_disks.iter().map(|(_, _, d)| (None, d)))
+                    .find(|(_, d)| &d.kernel_name == sd)
+                    .map(|(sid, d)| (sid, d.loop_device.clone()))
+            });
+            let trigger =
+                std::fs::read_to_string(n.root.join("sys/block").join(sd).join("device/rescan"));
+            let said = match record {
+                Ok(Some((sid, dev))) => {
+                    let name = dev.file_name().map(|f| f.to_string_lossy().into_owned());
+                    let sectors = name
+                        .and_then(|l| std::fs::read_to_string(format!("/sys/block/{l}/size")).ok());
+                    format!(
+                        "session {sid:?}, {} at {} sectors",
+                        dev.display(),
+                        sectors.as_deref().map_or("?", str::trim)
+                    )
+                }
+                Ok(None) => "no record of it in the stand-in's state".to_owned(),
+                Err(e) => format!("the stand-in's state unreadable: {e}"),
+            };
+            out.push_str(&format!(
+                "; {node}/{sd}: {said}, rescan trigger {:?}",
+                trigger.map_err(|e| e.kind())
+            ));
+        }
+        out
     }
 
     /// `sys/block` of node `name`'s device tree.
