@@ -209,19 +209,23 @@ async fn login_node(
     if let Err(e) = tree.add_iscsi_session(host, sid, iqn, portal, &ctx.initiator) {
         return fail(12, format!("session: {e}"));
     }
-    let mut record = SessionRecord {
+    locked.state.sessions.push(SessionRecord {
         sid,
         host,
         iqn: iqn.to_owned(),
         portal: portal.to_owned(),
         disks: Vec::new(),
-    };
-    let added = scan(&mut session, &fabric, &tree, &mut record).await;
-    let _ = session.logout().await;
-    locked.state.sessions.push(record);
+    });
+    // Saved before the scan (and by the scan after each disk it adds): a
+    // stand-in killed mid-login (an agent's command timeout) must leave a
+    // state that knows every session and disk it made, or a disk stays in
+    // the tree that no rescan or logout ever acts on again.
     if let Err(e) = locked.save() {
         return fail(12, format!("cannot save session: {e}"));
     }
+    let pos = locked.state.sessions.len() - 1;
+    let added = scan(&mut session, &fabric, &tree, &mut locked, pos).await;
+    let _ = session.logout().await;
     match added {
         Ok(_) => ok(format!(
             "Logging in to {who} (multiple)\nLogin to {who} successful.\n"
@@ -231,13 +235,16 @@ async fn login_node(
 }
 
 /// Adds the disk LUNs the session reports that are not present yet, and
-/// refreshes the size of the ones that are.
+/// refreshes the size of the ones that are. `pos` is the session's place in
+/// the state, which is saved as each disk is added.
 async fn scan(
     session: &mut iscsi::Session,
     fabric: &Fabric,
     tree: &NodeTree,
-    record: &mut SessionRecord,
+    locked: &mut super::state::Locked,
+    pos: usize,
 ) -> Result<usize, String> {
+    let record = locked.state.sessions[pos].clone();
     let luns = session.report_luns().await.map_err(|e| e.to_string())?;
     let mut added = 0;
     for lun in luns {
@@ -248,7 +255,8 @@ async fn scan(
         if inq.device_type != TYPE_DISK {
             continue;
         }
-        if let Some(existing) = record.disks.iter().find(|d| d.lun == lun32) {
+        let disks = &locked.state.sessions[pos].disks;
+        if let Some(existing) = disks.iter().find(|d| d.lun == lun32) {
             refresh_loop(&existing.loop_device);
             let _ = tree.rescan_size(&existing.kernel_name, &existing.loop_device);
             continue;
@@ -303,11 +311,14 @@ async fn scan(
         let dev_dir = tree.sys().join(format!("block/{name}/device"));
         let _ = std::fs::write(dev_dir.join("vpd_pg83"), &pg83);
         let _ = std::fs::write(dev_dir.join("vpd_pg80"), &pg80);
-        record.disks.push(DiskRecord {
+        locked.state.sessions[pos].disks.push(DiskRecord {
             lun: lun32,
             kernel_name: name,
             loop_device,
         });
+        locked
+            .save()
+            .map_err(|e| format!("cannot save the disk: {e}"))?;
         added += 1;
     }
     Ok(added)
@@ -354,7 +365,7 @@ pub async fn rescan_session(
     let Some(pos) = locked.state.sessions.iter().position(|s| s.sid == sid) else {
         return fail(21, "No session found.");
     };
-    let mut record = locked.state.sessions[pos].clone();
+    let record = locked.state.sessions[pos].clone();
     let rec = records::read(&ctx.root, &record.iqn, &record.portal)
         .ok()
         .flatten()
@@ -386,10 +397,8 @@ pub async fn rescan_session(
     let Ok(tree) = NodeTree::create(&ctx.root) else {
         return fail(12, "node tree unreadable");
     };
-    let r = scan(&mut session, &fabric, &tree, &mut record).await;
+    let r = scan(&mut session, &fabric, &tree, &mut locked, pos).await;
     let _ = session.logout().await;
-    locked.state.sessions[pos] = record.clone();
-    let _ = locked.save();
     match r {
         Ok(_) => ok(format!(
             "Rescanning session [sid: {sid}, target: {}, portal: {}]\n",
