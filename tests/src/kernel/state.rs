@@ -90,14 +90,22 @@ impl NodeState {
         })
     }
 
-    /// Every loop device the stand-in attached on this node.
-    pub fn loop_devices(&self) -> Vec<PathBuf> {
+    /// Every disk the stand-in made on this node, iSCSI and FC.
+    pub fn disks(&self) -> impl Iterator<Item = &DiskRecord> {
         self.sessions
             .iter()
             .flat_map(|s| s.disks.iter())
             .chain(self.fc_disks.iter().map(|(_, _, d)| d))
-            .map(|d| d.loop_device.clone())
-            .collect()
+    }
+
+    /// The disk the kernel named `kernel_name`, if the stand-in made it.
+    pub fn disk(&self, kernel_name: &str) -> Option<&DiskRecord> {
+        self.disks().find(|d| d.kernel_name == kernel_name)
+    }
+
+    /// Every loop device the stand-in attached on this node.
+    pub fn loop_devices(&self) -> Vec<PathBuf> {
+        self.disks().map(|d| d.loop_device.clone()).collect()
     }
 
     /// The lowest free session id (from 1) and SCSI host number (from 10:

@@ -125,15 +125,7 @@ fn rescan(ctx: &NodeContext, tree: &NodeTree, trigger: &Path) -> std::io::Result
         return Ok(());
     };
     let locked = NodeState::lock(&ctx.root)?;
-    let found = locked
-        .state
-        .sessions
-        .iter()
-        .flat_map(|s| s.disks.iter())
-        .chain(locked.state.fc_disks.iter().map(|(_, _, d)| d))
-        .find(|d| d.kernel_name == name)
-        .cloned();
-    if let Some(d) = found {
+    if let Some(d) = locked.state.disk(&name) {
         refresh_loop(&d.loop_device);
         tree.rescan_size(&name, &d.loop_device)?;
     }

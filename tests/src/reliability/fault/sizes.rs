@@ -372,24 +372,17 @@ impl Suite {
             let Some(n) = self.lab.nodes.iter().find(|n| &n.name == node) else {
                 continue;
             };
-            let record = crate::kernel::state::NodeState::lock(&n.root).map(|l| {
-                l.state
-                    .sessions
-                    .iter()
-                    .flat_map(|s| s.disks.iter().map(move |d| (Some(s.sid), d)))
-                    .chain(l.state.fc_disks.iter().map(|(_, _, d)| (None, d)))
-                    .find(|(_, d)| &d.kernel_name == sd)
-                    .map(|(sid, d)| (sid, d.loop_device.clone()))
-            });
+            let record = crate::kernel::state::NodeState::lock(&n.root)
+                .map(|l| l.state.disk(sd).map(|d| d.loop_device.clone()));
             let trigger =
                 std::fs::read_to_string(n.root.join("sys/block").join(sd).join("device/rescan"));
             let said = match record {
-                Ok(Some((sid, dev))) => {
+                Ok(Some(dev)) => {
                     let name = dev.file_name().map(|f| f.to_string_lossy().into_owned());
                     let sectors = name
                         .and_then(|l| std::fs::read_to_string(format!("/sys/block/{l}/size")).ok());
                     format!(
-                        "session {sid:?}, {} at {} sectors",
+                        "loop device {} at {} sectors",
                         dev.display(),
                         sectors.as_deref().map_or("?", str::trim)
                     )
