@@ -15,7 +15,7 @@ usage: conformance --csi-sanity PATH [--dir DIR] [--pool N] [--focus REGEX]
                    [--docs FILE] [--keep]
        conformance --kubernetes --e2e PATH [--lab-json FILE] [--driver FILE]...
                    [--focus REGEX] [--skip REGEX] [--out DIR]
-                   [--ginkgo PATH] [--procs N]
+                   [--ginkgo PATH] [--procs N] [--disruptive]
 
 Runs csi-sanity (build it with `tools/build csi-sanity`) against a fresh
 lab (needs root): Identity and Controller on the proxy, Node on node-a's
@@ -44,7 +44,10 @@ agent, through a router socket.
   --ginkgo PATH      the ginkgo CLI (`tools/build ginkgo`; default: $GINKGO),
                      which runs the specs in parallel processes
   --procs N          parallel processes with --ginkgo (default 4; 1 runs
-                     e2e.test alone)";
+                     e2e.test alone)
+  --disruptive       the disruptive pass instead: the ext4 definition's
+                     [Disruptive] specs (kubelet stopped and started over SSH
+                     to the nodes' shells, volumes mounted), one at a time";
 
 /// `--kubernetes`: the storage e2e suite's options.
 fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
@@ -55,7 +58,8 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         lab_json: PathBuf::from("lab.json"),
         drivers: Vec::new(),
         focus: None,
-        skip: storage_e2e::default_skip(),
+        skip: None,
+        disruptive: false,
         out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
         ginkgo: std::env::var_os("GINKGO").map(PathBuf::from),
         procs: 4,
@@ -69,7 +73,8 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
             "--lab-json" => opts.lab_json = value()?.into(),
             "--driver" => opts.drivers.push(value()?.into()),
             "--focus" => opts.focus = Some(value()?),
-            "--skip" => opts.skip = value()?,
+            "--skip" => opts.skip = Some(value()?),
+            "--disruptive" => opts.disruptive = true,
             "--out" => opts.out = value()?.into(),
             "--ginkgo" => opts.ginkgo = Some(value()?.into()),
             "--procs" => {

@@ -5,6 +5,8 @@
 //! (as root) and play a whole volume life cycle through it; with `--keep`,
 //! leave it running and write `lab.json`.
 //! `lab down [--dir DIR]`: remove everything a lab made (safe to repeat).
+//! `lab node-systemctl NODE_DIR ARGS`: `systemctl` on a Kubernetes lab
+//! node's shell (SSH), for its kubelet; not for direct use.
 //! `lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests]`:
 //! build every container image deploy/ uses (recipes in deploy/images/) as
 //! image archives, without Docker or a registry, and check the sidecars'
@@ -12,13 +14,14 @@
 //! for a release, `cargo build --release -p csi-scsi-proxy -p csi-scsi-agent`
 //! first, then `--profile release`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use csi_scsi_tests::images::{ImageOptions, Pins};
 use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::kube::install::Via;
+use csi_scsi_tests::lab::kube::node_shell;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
 const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
@@ -84,6 +87,11 @@ fn count(
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [cmd, node_dir, rest @ ..] = args.as_slice()
+        && cmd == "node-systemctl"
+    {
+        return node_systemctl(node_dir, rest);
+    }
     let mut config = LabConfig::standard();
     let mut keep = false;
     let mut kubernetes = false;
@@ -186,6 +194,24 @@ fn main() -> ExitCode {
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(64)
+        }
+    }
+}
+
+/// `lab node-systemctl <node dir> ARGS`: `systemctl` on a Kubernetes lab
+/// node's shell (tests/src/lab/kube/node_shell.rs).
+fn node_systemctl(node_dir: &str, args: &[String]) -> ExitCode {
+    let run = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(node_shell::systemctl(Path::new(node_dir), args)));
+    match run {
+        Ok((out, code)) => {
+            print!("{out}");
+            ExitCode::from(code)
+        }
+        Err(e) => {
+            eprintln!("systemctl: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

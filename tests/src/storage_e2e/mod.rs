@@ -29,13 +29,21 @@ pub const DEFAULT_PASSES: &[(&str, &str)] = &[
     ("tests/storage-e2e/csi-scsi-topology.yaml", r"\] topology "),
 ];
 
+/// The disruptive pass (`--disruptive`): the ext4 definition's specs that
+/// stop and start a node's kubelet (over SSH to the node's shell,
+/// `lab/kube/node_shell.rs`) with volumes mounted, one spec at a time.
+pub const DISRUPTIVE_PASS: (&str, &str) = ("tests/storage-e2e/csi-scsi-ext4.yaml", DISRUPTIVE);
+
+/// The specs of [`DISRUPTIVE_PASS`].
+const DISRUPTIVE: &str = r"\[Disruptive\]";
+
 /// Specs no pass runs unless `--skip` says otherwise: a regex each and
 /// why (docs/conformance.md, "Not run"). The last three fail in the lab for
 /// reasons of the lab's own, not the driver's.
 pub const NOT_RUN: &[(&str, &str)] = &[
     (
-        r"\[Disruptive\]",
-        "stops or restarts kubelet through SSH or systemd, which lab nodes do not have",
+        DISRUPTIVE,
+        "stops and starts kubelets: the disruptive pass runs them (`--disruptive`), one at a time",
     ),
     (r"\[Serial\]", "needs the whole cluster to itself"),
     (r"\[Feature:Windows\]", "Windows nodes"),
@@ -53,11 +61,13 @@ pub const NOT_RUN: &[(&str, &str)] = &[
     ),
 ];
 
-/// [`NOT_RUN`] as one ginkgo skip regex.
-pub fn default_skip() -> String {
+/// [`NOT_RUN`] as one ginkgo skip regex; for the disruptive pass, without
+/// its own specs.
+pub fn default_skip(disruptive: bool) -> String {
     NOT_RUN
         .iter()
         .map(|(regex, _)| *regex)
+        .filter(|regex| !(disruptive && *regex == DISRUPTIVE))
         .collect::<Vec<_>>()
         .join("|")
 }
@@ -74,8 +84,11 @@ pub struct Options {
     pub drivers: Vec<PathBuf>,
     /// Specs to run (ginkgo focus), within `External Storage`.
     pub focus: Option<String>,
-    /// Specs never to run (ginkgo skip).
-    pub skip: String,
+    /// Specs never to run (ginkgo skip); `None`: [`default_skip`].
+    pub skip: Option<String>,
+    /// The disruptive pass ([`DISRUPTIVE_PASS`]) instead of the others,
+    /// one spec at a time.
+    pub disruptive: bool,
     /// Where the images, reports and logs go.
     pub out: PathBuf,
     /// The ginkgo CLI, to run the specs in `procs` parallel processes.
@@ -105,7 +118,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
     let admin = ArrayAdmin::start(&manifest, &admin_log)?;
     let mut passes = Vec::new();
     // A focus of the user's replaces each default pass's own.
-    let planned: Vec<(PathBuf, &str)> = if opts.drivers.is_empty() {
+    let planned: Vec<(PathBuf, &str)> = if opts.disruptive {
+        let (driver, focus) = DISRUPTIVE_PASS;
+        let drivers = match opts.drivers.as_slice() {
+            [] => vec![PathBuf::from(driver)],
+            named => named.to_vec(),
+        };
+        drivers.into_iter().map(|d| (d, focus)).collect()
+    } else if opts.drivers.is_empty() {
         DEFAULT_PASSES
             .iter()
             .map(|&(d, f)| (PathBuf::from(d), f))
@@ -113,6 +133,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
     } else {
         opts.drivers.iter().map(|d| (d.clone(), "")).collect()
     };
+    let skip = opts
+        .skip
+        .clone()
+        .unwrap_or_else(|| default_skip(opts.disruptive));
+    // The nodes' shells, which the disruptive specs reach over SSH.
+    let ssh_key = manifest.ssh_key.clone().context(
+        "the kept lab's lab.json names no SSH key for its nodes' shells (a lab from before they had one: lab down, then lab up --kubernetes --keep)",
+    )?;
     for (driver, pass_focus) in &planned {
         let name = driver
             .file_stem()
@@ -144,13 +172,15 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         ];
         let ginkgo_args = [
             format!("focus={focus}"),
-            format!("skip={}", opts.skip),
+            format!("skip={skip}"),
             // Upstream's default; the parallel CLI's own is one hour.
             "timeout=3h".to_owned(),
             "no-color".to_owned(),
             "v".to_owned(),
         ];
-        let mut command = match (&opts.ginkgo, opts.procs) {
+        // Disruptive specs stop kubelets: never two at once.
+        let procs = if opts.disruptive { 1 } else { opts.procs };
+        let mut command = match (&opts.ginkgo, procs) {
             (Some(ginkgo), procs) if procs > 1 => {
                 let mut c = Command::new(ginkgo);
                 // The CLI writes the report relative to its output dir.
@@ -178,6 +208,8 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
                 "KUBE_TEST_REPO_LIST",
                 root.join("tests/storage-e2e/repo-list.yaml"),
             )
+            .env("KUBE_SSH_KEY_PATH", &ssh_key)
+            .env("KUBE_SSH_USER", crate::lab::kube::node_shell::USER)
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(log.with_extension("err"))?)
             .status()

@@ -16,9 +16,11 @@ pub mod enrolment;
 pub mod identities;
 pub mod images;
 pub mod install;
+pub mod kubelet_unit;
 pub mod node;
 pub mod node_fs;
 pub mod node_labels;
+pub mod node_shell;
 pub mod operations;
 pub mod pods;
 pub mod rbac;
@@ -43,6 +45,7 @@ use api::Typed;
 use install::{Installer, Via};
 use node::{KubeNode, NodeSpec};
 use node_fs::NodeFs;
+use node_shell::NodeShell;
 
 /// The Go tools the Kubernetes lab runs.
 pub const TOOLS: &[&str] = &[
@@ -83,6 +86,8 @@ pub struct KubeLab {
     pub namespace: String,
     /// The image archives every node imported.
     pub images: Vec<PathBuf>,
+    /// The nodes' shell (SSH as root, with this lab's key).
+    pub shell: NodeShell,
 }
 
 /// `lab.json` of a Kubernetes lab: the embedded lab's, plus the kubeconfig.
@@ -95,6 +100,10 @@ pub struct KubeManifest {
     pub kubeconfig: PathBuf,
     /// The real kubectl it was built with.
     pub kubectl: PathBuf,
+    /// The private key that logs in to the nodes' shells as root (SSH to
+    /// a Node's InternalIP; `KUBE_SSH_KEY_PATH` of the e2e suite).
+    #[serde(default)]
+    pub ssh_key: Option<PathBuf>,
 }
 
 impl KubeLab {
@@ -177,9 +186,10 @@ impl KubeLab {
         archives.extend(built.iter().map(|b| b.archive.clone()));
 
         progress(
-            "nodes: a mount namespace each (deploy/'s hostPaths), containerd with the images imported, kubelet, kube-proxy; waiting for Ready",
+            "nodes: a mount namespace each (deploy/'s hostPaths), containerd with the images imported, kubelet, kube-proxy, sshd (the node's shell); waiting for Ready",
         );
         let cluster_cidr = format!("198.19.{subnet}.0/24");
+        let shell = NodeShell::prepare(&dir.join("kube"))?;
         let mut nodes = Vec::new();
         let mut routes = Vec::new();
         let (block, prefix_len) = pod_block(lab.nodes.len());
@@ -197,6 +207,7 @@ impl KubeLab {
                 pod_subnet,
                 cluster_cidr: cluster_cidr.clone(),
                 cgroup_root: format!("/csi-scsi-{}-{}", lab.config.prefix, n.name),
+                shell: &shell,
             };
             nodes.push(KubeNode::start(&spec, &plane, &tools, &archives).await?);
         }
@@ -242,6 +253,7 @@ impl KubeLab {
             rendered,
             installer,
             images: archives,
+            shell,
         };
         match this.wait_installed().await {
             Ok(()) => Ok(this),
@@ -319,6 +331,7 @@ impl KubeLab {
             lab: self.lab.manifest(),
             kubeconfig: self.kubectl.kubeconfig().to_owned(),
             kubectl: self.plane.tools.path("kubectl").to_owned(),
+            ssh_key: Some(self.shell.key()),
         }
     }
 }

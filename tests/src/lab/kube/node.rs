@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::images::PAUSE;
+use super::kubelet_unit::KubeletUnit;
 use super::node_fs::NodeFs;
+use super::node_shell::NodeShell;
 use crate::daemon::Daemon;
 use crate::kube::{ControlPlane, GoTools};
 use crate::lab::net::sh;
@@ -23,16 +25,17 @@ pub struct KubeNode {
     pub name: String,
     /// containerd.
     pub containerd: Daemon,
-    /// kubelet.
-    pub kubelet: Daemon,
+    /// kubelet, as a service (its PID in a file: `systemctl` on the
+    /// node's shell stops and starts the same one).
+    pub kubelet: KubeletUnit,
     /// kube-proxy.
     pub kube_proxy: Daemon,
+    /// Its sshd (the node's shell: [`super::node_shell`]).
+    pub sshd: Daemon,
     /// Its mount namespace.
     pub fs: NodeFs,
     /// Its cgroup root (`/csi-scsi-<prefix>-<node>`), removed by `lab down`.
     pub cgroup_root: String,
-    kubelet_args: Vec<String>,
-    kubelet_log: PathBuf,
     containerd_args: Vec<String>,
     containerd_log: PathBuf,
     kube_proxy_args: Vec<String>,
@@ -69,6 +72,8 @@ pub struct NodeSpec<'a> {
     pub cluster_cidr: String,
     /// Its cgroup root.
     pub cgroup_root: String,
+    /// The lab's node shell (keys, commands).
+    pub shell: &'a NodeShell,
 }
 
 impl KubeNode {
@@ -249,8 +254,13 @@ resolvConf: ""
             "--v=2".into(),
         ];
         crate::lab::cgroups::create_root(&spec.cgroup_root)?;
-        let kubelet_log = spec.base.join("kubelet.log");
-        let kubelet = Daemon::spawn_program(Path::new("nsenter"), &kubelet_args, &kubelet_log);
+        let kubelet = KubeletUnit::create(
+            spec.base,
+            Path::new("nsenter"),
+            kubelet_args,
+            spec.base.join("kubelet.log"),
+        )?;
+        kubelet.start()?;
 
         // kube-proxy as system:kube-proxy (bound to system:node-proxier by
         // the API server's bootstrap policy), iptables mode in the node's
@@ -282,15 +292,18 @@ resolvConf: ""
         let kube_proxy_log = spec.base.join("kube-proxy.log");
         let kube_proxy =
             Daemon::spawn_program(Path::new("nsenter"), &kube_proxy_args, &kube_proxy_log);
+        let sshd = spec
+            .shell
+            .start(spec.base, spec.ip, spec.netns, spec.fs)
+            .await?;
         Ok(Self {
             name: spec.name.to_owned(),
             containerd,
             kubelet,
             kube_proxy,
+            sshd,
             fs: spec.fs.clone(),
             cgroup_root: spec.cgroup_root.clone(),
-            kubelet_args,
-            kubelet_log,
             containerd_args,
             containerd_log,
             kube_proxy_args,
@@ -301,14 +314,13 @@ resolvConf: ""
 
     /// Stops kubelet (SIGTERM, as systemd would): its Pods keep running.
     pub async fn stop_kubelet(&mut self) {
-        self.kubelet.terminate().await;
+        self.kubelet.stop().await;
     }
 
-    /// Starts kubelet again with the same flags (record its new PID for
-    /// `lab down`: [`KubeNode::pids`]).
-    pub fn restart_kubelet(&mut self) {
-        self.kubelet =
-            Daemon::spawn_program(Path::new("nsenter"), &self.kubelet_args, &self.kubelet_log);
+    /// Starts kubelet again with the same flags; returns its PID (to
+    /// record for `lab down`).
+    pub fn restart_kubelet(&mut self) -> anyhow::Result<u32> {
+        self.kubelet.start()
     }
 
     /// Cuts the node's power as far as one host allows. First every
@@ -321,11 +333,8 @@ resolvConf: ""
     pub async fn power_off(&mut self) -> anyhow::Result<PowerCut> {
         // Killed even when a shutdown fails: power_on must find them gone.
         let filesystems = self.shut_down_volume_filesystems();
-        for daemon in [
-            &mut self.kubelet,
-            &mut self.kube_proxy,
-            &mut self.containerd,
-        ] {
+        self.kubelet.kill().await;
+        for daemon in [&mut self.kube_proxy, &mut self.containerd] {
             crate::lab::sigkill(daemon.pid());
             // Reaps it (the signal it sends then finds it dead).
             daemon.terminate().await;
@@ -400,7 +409,7 @@ resolvConf: ""
             &self.containerd_log,
         );
         wait_for_socket(&self.containerd_socket, &self.containerd).await?;
-        self.restart_kubelet();
+        self.restart_kubelet()?;
         self.kube_proxy = Daemon::spawn_program(
             Path::new("nsenter"),
             &self.kube_proxy_args,
@@ -414,20 +423,24 @@ resolvConf: ""
         &self.containerd_socket
     }
 
-    /// Leaves containerd and kubelet running after this handle is dropped.
+    /// Leaves containerd, kubelet, kube-proxy and sshd running after this
+    /// handle is dropped.
     pub fn detach(self) {
         self.containerd.detach();
-        self.kubelet.detach();
         self.kube_proxy.detach();
+        self.sshd.detach();
     }
 
     /// PIDs to record for `lab down`.
     pub fn pids(&self) -> Vec<u32> {
-        vec![
+        [
             self.containerd.pid(),
-            self.kubelet.pid(),
             self.kube_proxy.pid(),
+            self.sshd.pid(),
         ]
+        .into_iter()
+        .chain(self.kubelet.main_pid())
+        .collect()
     }
 }
 

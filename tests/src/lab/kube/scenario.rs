@@ -163,7 +163,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "kubelet restart: node-a's kubelet restarts under a running Pod; the volume stays mounted, no NodeUnstage",
+        "kubelet restart: node-a's kubelet stopped and started over SSH, as the e2e suite does, under a running Pod; the volume stays mounted, no NodeUnstage",
         async { Ok(((), kubelet_restart(&mut *lab, 0).await?)) },
     )
     .await?;
@@ -1006,15 +1006,18 @@ pub(super) async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> any
 }
 
 async fn restart_kubelet(lab: &mut KubeLab, i: usize) -> anyhow::Result<()> {
-    lab.nodes[i].restart_kubelet();
-    let pid = lab.nodes[i].kubelet.pid();
+    let pid = lab.nodes[i].restart_kubelet()?;
     lab.lab.record_pids(&[pid])
 }
 
-/// kubelet restarts under a running Pod: it reconstructs the volume.
+/// kubelet restarts under a running Pod: it reconstructs the volume. The
+/// restart goes through the node's shell as Kubernetes' disruptive e2e
+/// specs do it (SSH to the Node's address, `sudo systemctl stop|start
+/// kubelet`, the Pod's mount looked up on the node meanwhile).
 async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let node = lab.nodes[i].name.clone();
+    let ip: std::net::IpAddr = lab.lab.nodes[i].ip.parse()?;
     let unstage = agent_calls(lab, &node, "NodeUnstageVolume")?;
     let unpublish = agent_calls(lab, &node, "NodeUnpublishVolume")?;
     let stage = agent_calls(lab, &node, "NodeStageVolume")?;
@@ -1023,9 +1026,29 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
         "no NodeStageVolume in {node}'s agent log: wrong log format?"
     );
     let uid = uid_of(&k.object::<Pod>("writer", Some(NS))?).to_owned();
-    lab.nodes[i].stop_kubelet().await;
+    let shell = lab.shell.clone();
+    let show = "systemctl show kubelet --property ActiveState --value";
+    let before = lab.nodes[i].kubelet.main_pid();
+    shell.run(ip, "sudo systemctl stop kubelet")?;
     let stopped = chrono_now(&k)?;
-    restart_kubelet(lab, i).await?;
+    let state = shell.run(ip, show)?;
+    anyhow::ensure!(
+        state.trim() == "inactive" && lab.nodes[i].kubelet.main_pid().is_none(),
+        "after `systemctl stop kubelet` on {node}: ActiveState {state:?}, kubelet PID {:?}",
+        lab.nodes[i].kubelet.main_pid()
+    );
+    // The node's own view: its mount namespace, where kubelet mounted the
+    // Pod's volume (the host's has no such mount).
+    let mounts = shell.run(ip, &format!("mount | grep {uid} | grep -v volume-subpaths"))?;
+    shell.run(ip, "sudo systemctl start kubelet")?;
+    let after = lab.nodes[i].kubelet.main_pid();
+    let state = shell.run(ip, show)?;
+    anyhow::ensure!(
+        state.trim() == "active" && after.is_some() && after != before,
+        "after `systemctl start kubelet` on {node}: ActiveState {state:?}, kubelet PID {before:?} -> {after:?}"
+    );
+    lab.lab
+        .record_pids(&after.into_iter().collect::<Vec<_>>())?;
     let t = std::time::Instant::now();
     wait_lease_renewed(&k, &node, stopped).await?;
     wait_node_ready(&k, &node, true).await?;
@@ -1054,7 +1077,10 @@ async fn kubelet_restart(lab: &mut KubeLab, i: usize) -> anyhow::Result<String> 
     let restarts = super::pods::restarts(&p, "c");
     let restaged = agent_calls(lab, &node, "NodeStageVolume")?.saturating_sub(stage);
     Ok(format!(
-        "{node}'s kubelet back (Lease renewed, Ready) {:.1}s after the restart; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
+        "{node}'s kubelet stopped and started over SSH (`sudo systemctl stop|start kubelet`, PID {} -> {}; the Pod's {} mounts seen on the node meanwhile), back (Lease renewed, Ready) {:.1}s after the start; Pod writer still Running (same UID, restarts {restarts}), marker read; NodeUnstageVolume/NodeUnpublishVolume calls unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
+        before.unwrap_or(0),
+        after.unwrap_or(0),
+        mounts.lines().count(),
         ready.as_secs_f64()
     ))
 }
