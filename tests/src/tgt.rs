@@ -516,15 +516,18 @@ impl Tgtd {
             );
         }
         tgtadm_blocking(&port, &["--op", "delete", "--mode", "system"]);
-        if wait_exit(&mut child, Duration::from_secs(2)) {
-            return;
+        if !wait_exit(&mut child, Duration::from_secs(2)) {
+            signal(child.id(), "TERM");
+            if !wait_exit(&mut child, Duration::from_millis(500)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
-        signal(child.id(), "TERM");
-        if wait_exit(&mut child, Duration::from_millis(500)) {
-            return;
+        // tgtd leaves its control socket and its lock behind, one pair per
+        // control port: thousands after many runs.
+        for suffix in ["", ".lock"] {
+            let _ = std::fs::remove_file(format!("/var/run/tgtd/socket.{port}{suffix}"));
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
 

@@ -946,7 +946,15 @@ async fn start_node(
         ]);
     }
     watch_args.push("watch".into());
-    let watcher = Daemon::spawn_program(&kernel, &watch_args, &base.join("kernel.log"));
+    // In the node's network namespace, as its kernel is: the logins it
+    // makes for the agent's Pod come from the node's address, which the
+    // arrays' ACLs name (from the host's, array-b refused them).
+    let mut in_node = vec![
+        format!("--net=/run/netns/{}", net.netns(i)),
+        kernel.display().to_string(),
+    ];
+    in_node.extend(watch_args);
+    let watcher = Daemon::spawn_program(Path::new("nsenter"), &in_node, &base.join("kernel.log"));
     record.pids.push(watcher.pid());
 
     let csi = kubelet.join("plugins/csi-scsi.io/csi.sock");

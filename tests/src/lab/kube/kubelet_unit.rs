@@ -102,11 +102,26 @@ impl KubeletUnit {
             return None;
         }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let ours = self
-            .args
-            .iter()
-            .all(|a| cmdline.split(|b| *b == 0).any(|arg| arg == a.as_bytes()));
+        let ours = self.is_command_line(&cmdline);
         ours.then_some(pid)
+    }
+
+    /// Whether `cmdline` (NUL-separated, as `/proc/<pid>/cmdline`) is this
+    /// unit's process: `nsenter` has exec'd the program at the end of its
+    /// own options, so the process's arguments are the tail of the unit's,
+    /// and its name is the program or one of those arguments.
+    fn is_command_line(&self, cmdline: &[u8]) -> bool {
+        let mut words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if words.last().is_some_and(|w| w.is_empty()) {
+            words.pop();
+        }
+        let Some((name, rest)) = words.split_first() else {
+            return false;
+        };
+        let named = self.program.as_os_str().as_encoded_bytes() == *name
+            || self.args.iter().any(|a| a.as_bytes() == *name);
+        let ours: Vec<&[u8]> = self.args.iter().map(|a| a.as_bytes()).collect();
+        named && !rest.is_empty() && ours.ends_with(rest)
     }
 
     /// Whether kubelet runs.

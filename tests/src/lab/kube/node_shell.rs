@@ -27,6 +27,10 @@ const SSHD: &str = "/usr/sbin/sshd";
 pub const USER: &str = "root";
 /// The environment variable naming the node's directory in a session.
 const NODE_DIR_ENV: &str = "CSI_SCSI_LAB_NODE_DIR";
+/// The environment variable naming the host's mount namespace in a
+/// session (the node's `/proc/1` is the host's init, which this host's
+/// root may not enter).
+const HOST_MNT_ENV: &str = "CSI_SCSI_LAB_HOST_MNT";
 
 /// The lab's SSH keys and the commands its node sessions find first on
 /// their PATH (`<lab>/kube/node-shell`).
@@ -67,14 +71,17 @@ impl NodeShell {
             &bin.join("systemctl"),
             &format!(
                 "# systemctl on a lab node: the kubelet unit only (tests/src/lab/kube/node_shell.rs).\n\
-                 # The lab's command runs in the host's mount namespace, where the unit's\n\
-                 # command line (nsenter into the node's namespaces) resolves.\n\
-                 exec nsenter --mount=/proc/1/ns/mnt -- {lab} node-systemctl \"${NODE_DIR_ENV}\" \"$@\"\n"
+                 # The lab's command runs in the host's mount namespace (the session's\n\
+                 # sshd's), where the unit's command line (nsenter into the node's\n\
+                 # namespaces) resolves.\n\
+                 exec nsenter --mount=\"${HOST_MNT_ENV}\" -- {lab} node-systemctl \"${NODE_DIR_ENV}\" \"$@\"\n"
             ),
         )?;
         write_script(
             &bin.join("sudo"),
-            "# sudo on a lab node: sessions are root's already.\nexec \"$@\"\n",
+            "# sudo on a lab node: sessions are root's already.\n\
+             if [ \"$1\" = --version ]; then echo 'Sudo version 1 (csi-scsi lab node: runs its command as root)'; exit 0; fi\n\
+             exec \"$@\"\n",
         )?;
         Ok(shell)
     }
@@ -112,6 +119,8 @@ impl NodeShell {
                  # the node's mount namespace, the lab's systemctl and sudo first on PATH.\n\
                  export PATH={path}\n\
                  export {NODE_DIR_ENV}={base}\n\
+                 # sshd's session process stays in the host's mount namespace.\n\
+                 export {HOST_MNT_ENV}=/proc/$PPID/ns/mnt\n\
                  exec nsenter {mount} /bin/sh -c \"$SSH_ORIGINAL_COMMAND\"\n",
                 path = quote(&format!(
                     "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -256,15 +265,21 @@ fn write_script(path: &Path, body: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// A unit whose "kubelet" is `sleep` (a real process), in a fresh
-    /// node directory.
+    /// A unit whose "kubelet" is `sleep` (a real process) started as the
+    /// lab starts kubelet (`nsenter`, which execs it), in a fresh node
+    /// directory.
     fn unit(dir: &Path) -> KubeletUnit {
         // The second operand makes the command line this test's own.
         let marker = format!("0.{}", std::process::id());
         KubeletUnit::create(
             dir,
-            Path::new("sleep"),
-            vec!["1000".into(), marker],
+            Path::new("nsenter"),
+            vec![
+                "--net=/proc/self/ns/net".into(),
+                "sleep".into(),
+                "1000".into(),
+                marker,
+            ],
             dir.join("kubelet.log"),
         )
         .unwrap()
