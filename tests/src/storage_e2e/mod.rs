@@ -38,8 +38,8 @@ pub const DISRUPTIVE_PASS: (&str, &str) = ("tests/storage-e2e/csi-scsi-ext4.yaml
 const DISRUPTIVE: &str = r"\[Disruptive\]";
 
 /// Specs no pass runs unless `--skip` says otherwise: a regex each and
-/// why (docs/conformance.md, "Not run"). The last three fail in the lab for
-/// reasons of the lab's own, not the driver's.
+/// why (docs/conformance.md, "Not run"). The last two fail in the lab for
+/// a reason of this machine's kernel, not the driver's.
 pub const NOT_RUN: &[(&str, &str)] = &[
     (
         DISRUPTIVE,
@@ -47,10 +47,6 @@ pub const NOT_RUN: &[(&str, &str)] = &[
     ),
     (r"\[Serial\]", "needs the whole cluster to itself"),
     (r"\[Feature:Windows\]", "Windows nodes"),
-    (
-        r"should not mount / map unused volumes in a pod",
-        "HostExec: enters PID 1's mount namespace, which on a lab node is the host's, not the node's",
-    ),
     (
         r"\((default fs|ext4)\)\(allowExpansion\)\] volume-expand (Verify if online PVC expansion works|should resize volume when PVC is edited while pod is using it)",
         "grows a mounted ext4, which this machine's kernel refuses (no CAP_SYS_RESOURCE for online resize2fs)",

@@ -32,6 +32,8 @@ pub struct KubeNode {
     pub kube_proxy: Daemon,
     /// Its sshd (the node's shell: [`super::node_shell`]).
     pub sshd: Daemon,
+    /// What the node's `/proc/1` shows ([`NodeFs::anchor_proc_1`]).
+    pub proc_1: Daemon,
     /// Its mount namespace.
     pub fs: NodeFs,
     /// Its cgroup root (`/csi-scsi-<prefix>-<node>`), removed by `lab down`.
@@ -150,6 +152,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 cni = cni.display(),
             ),
         )?;
+        let proc_1 = spec.fs.anchor_proc_1(&spec.base.join("proc-1.log")).await?;
         let netns = format!("--net=/run/netns/{}", spec.netns);
         let mntns = spec.fs.nsenter_arg();
         let containerd_args = vec![
@@ -302,6 +305,7 @@ resolvConf: ""
             kubelet,
             kube_proxy,
             sshd,
+            proc_1,
             fs: spec.fs.clone(),
             cgroup_root: spec.cgroup_root.clone(),
             containerd_args,
@@ -423,12 +427,13 @@ resolvConf: ""
         &self.containerd_socket
     }
 
-    /// Leaves containerd, kubelet, kube-proxy and sshd running after this
-    /// handle is dropped.
+    /// Leaves containerd, kubelet, kube-proxy, sshd and the PID 1 stand-in
+    /// running after this handle is dropped.
     pub fn detach(self) {
         self.containerd.detach();
         self.kube_proxy.detach();
         self.sshd.detach();
+        self.proc_1.detach();
     }
 
     /// PIDs to record for `lab down`.

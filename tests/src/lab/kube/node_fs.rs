@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::daemon::Daemon;
 use crate::lab::net::sh;
 
 /// Where the seam is mounted in the node's namespace (the lab overlay's
@@ -114,6 +115,36 @@ impl NodeFs {
     /// `nsenter`'s argument that enters this namespace.
     pub fn nsenter_arg(&self) -> String {
         format!("--mount={}", self.handle.display())
+    }
+
+    /// Gives the namespace a PID 1 of its own, as a node's `/proc/1` is its
+    /// init, in its mount namespace: what Kubernetes' HostExec Pods enter
+    /// (`nsenter --mount=/rootfs/proc/1/ns/mnt`) to look at "the node". The
+    /// lab's nodes share the host's PID namespace, whose PID 1 is the
+    /// host's (and not even root's to enter here), so a process that only
+    /// holds this namespace (`sleep infinity`) stands in: its `/proc/<pid>`
+    /// is bind mounted over `/proc/1` in this namespace only. Returns that
+    /// process (stop it with the lab).
+    pub async fn anchor_proc_1(&self, log: &Path) -> anyhow::Result<Daemon> {
+        let args = [
+            self.nsenter_arg(),
+            "sleep".to_owned(),
+            "infinity".to_owned(),
+        ];
+        let anchor = Daemon::spawn_program(Path::new("nsenter"), &args, log);
+        let pid = anchor.pid();
+        // Until nsenter has entered the namespace and exec'd sleep, its
+        // /proc entry is the host's nsenter.
+        for _ in 0..200 {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            if exe.file_name().is_some_and(|n| n == "sleep") {
+                self.run("mount", &["--bind", &format!("/proc/{pid}"), "/proc/1"])
+                    .context("binding the node's PID 1 over /proc/1")?;
+                return Ok(anchor);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        anyhow::bail!("the node's PID 1 stand-in did not start:\n{}", anchor.log())
     }
 
     /// Runs `program` in this namespace (the host's network).

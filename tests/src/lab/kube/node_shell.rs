@@ -282,17 +282,17 @@ mod tests {
             ],
             dir.join("kubelet.log"),
         )
-        .unwrap()
+        .expect("the unit file")
     }
 
     async fn systemctl_says(dir: &Path, args: &str) -> (String, u8) {
         let args: Vec<String> = args.split(' ').map(str::to_owned).collect();
-        systemctl(dir, &args).await.unwrap()
+        systemctl(dir, &args).await.expect("systemctl answers")
     }
 
     #[tokio::test]
     async fn systemctl_starts_stops_and_reports_the_nodes_kubelet() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         let unit = unit(dir.path());
         let show = "show kubelet --property ActiveState --value";
         assert_eq!(
@@ -341,19 +341,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_recorded_pid_of_another_process_is_not_the_kubelet() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         let unit = unit(dir.path());
         // This test's own process: alive, but not the unit's command line.
         std::fs::write(
             dir.path().join("kubelet.pid"),
             std::process::id().to_string(),
         )
-        .unwrap();
+        .expect("writing the PID file");
         assert_eq!(unit.main_pid(), None);
         assert_eq!(unit.active_state(), ActiveState::Inactive);
         // stop must not signal it (this test would die).
         unit.stop().await;
-        let pid = unit.start().unwrap();
+        let pid = unit.start().expect("started");
         assert_ne!(pid, std::process::id());
         unit.stop().await;
         assert_eq!(unit.main_pid(), None);
@@ -361,7 +361,7 @@ mod tests {
 
     #[tokio::test]
     async fn systemctl_refuses_what_it_does_not_keep() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         unit(dir.path());
         for args in [
             "start containerd",
@@ -369,11 +369,13 @@ mod tests {
             "show kubelet --property ExecMainStartTimestamp --value",
         ] {
             let args: Vec<String> = args.split(' ').map(str::to_owned).collect();
-            let err = systemctl(dir.path(), &args).await.unwrap_err();
+            let Err(err) = systemctl(dir.path(), &args).await else {
+                panic!("{args:?} answered");
+            };
             assert!(err.to_string().contains("lab node:"), "{err}");
         }
         // A node directory without a unit is an error, not "inactive".
-        let empty = tempfile::tempdir().unwrap();
+        let empty = tempfile::tempdir().expect("a temporary directory");
         let args = vec!["is-active".to_owned(), "kubelet".to_owned()];
         assert!(systemctl(empty.path(), &args).await.is_err());
     }
