@@ -21,6 +21,9 @@ const PID: &str = "kubelet.pid";
 /// (systemd's default `TimeoutStopSec` is 90 s; kubelet exits in well
 /// under a second).
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a start waits for `nsenter` to enter the node's namespaces and
+/// exec kubelet (milliseconds, unless the host is starved).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A node's kubelet service.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -107,9 +110,10 @@ impl KubeletUnit {
     }
 
     /// Whether `cmdline` (NUL-separated, as `/proc/<pid>/cmdline`) is this
-    /// unit's process: `nsenter` has exec'd the program at the end of its
-    /// own options, so the process's arguments are the tail of the unit's,
-    /// and its name is the program or one of those arguments.
+    /// unit's process once `nsenter` (the program) has exec'd what its
+    /// arguments name: its name is one of the unit's arguments and its
+    /// own arguments are their tail. `nsenter` itself, before that exec,
+    /// is not yet the main process ([`Self::start`] waits it out).
     fn is_command_line(&self, cmdline: &[u8]) -> bool {
         let mut words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         if words.last().is_some_and(|w| w.is_empty()) {
@@ -118,10 +122,8 @@ impl KubeletUnit {
         let Some((name, rest)) = words.split_first() else {
             return false;
         };
-        let named = self.program.as_os_str().as_encoded_bytes() == *name
-            || self.args.iter().any(|a| a.as_bytes() == *name);
         let ours: Vec<&[u8]> = self.args.iter().map(|a| a.as_bytes()).collect();
-        named && !rest.is_empty() && ours.ends_with(rest)
+        ours.contains(name) && !rest.is_empty() && ours.ends_with(rest)
     }
 
     /// Whether kubelet runs.
@@ -133,15 +135,26 @@ impl KubeletUnit {
     }
 
     /// Starts kubelet unless it runs (as `systemctl start`); returns its
-    /// PID. The process outlives the caller (`lab down` stops it: its
-    /// command line names the lab's directory).
-    pub fn start(&self) -> anyhow::Result<u32> {
+    /// PID once `nsenter` has exec'd it, so that what reads the unit next
+    /// (`systemctl show`, a stop) finds it. The process outlives the
+    /// caller (`lab down` stops it: its command line names the lab's
+    /// directory).
+    pub async fn start(&self) -> anyhow::Result<u32> {
         if let Some(pid) = self.main_pid() {
             return Ok(pid);
         }
         let pid = Daemon::spawn_program(&self.program, &self.args, &self.log).detach();
         std::fs::write(self.base.join(PID), format!("{pid}\n"))
             .with_context(|| format!("recording kubelet's PID in {}", self.base.display()))?;
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        while self.main_pid() != Some(pid) {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "kubelet (PID {pid}) did not start:\n{}",
+                crate::tail::tail(&self.log(), 20)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(pid)
     }
 

@@ -263,7 +263,7 @@ resolvConf: ""
             kubelet_args,
             spec.base.join("kubelet.log"),
         )?;
-        kubelet.start()?;
+        kubelet.start().await?;
 
         // kube-proxy as system:kube-proxy (bound to system:node-proxier by
         // the API server's bootstrap policy), iptables mode in the node's
@@ -323,8 +323,8 @@ resolvConf: ""
 
     /// Starts kubelet again with the same flags; returns its PID (to
     /// record for `lab down`).
-    pub fn restart_kubelet(&mut self) -> anyhow::Result<u32> {
-        self.kubelet.start()
+    pub async fn restart_kubelet(&mut self) -> anyhow::Result<u32> {
+        self.kubelet.start().await
     }
 
     /// Cuts the node's power as far as one host allows. First every
@@ -413,7 +413,7 @@ resolvConf: ""
             &self.containerd_log,
         );
         wait_for_socket(&self.containerd_socket, &self.containerd).await?;
-        self.restart_kubelet()?;
+        self.restart_kubelet().await?;
         self.kube_proxy = Daemon::spawn_program(
             Path::new("nsenter"),
             &self.kube_proxy_args,

@@ -213,7 +213,7 @@ pub async fn systemctl(node_dir: &Path, args: &[String]) -> anyhow::Result<(Stri
     };
     Ok(match args.as_slice() {
         ["start", "kubelet"] => {
-            unit.start()?;
+            unit.start().await?;
             (String::new(), 0)
         }
         ["stop", "kubelet"] => {
@@ -222,7 +222,7 @@ pub async fn systemctl(node_dir: &Path, args: &[String]) -> anyhow::Result<(Stri
         }
         ["restart", "kubelet"] => {
             unit.stop().await;
-            unit.start()?;
+            unit.start().await?;
             (String::new(), 0)
         }
         ["is-active", "kubelet"] => (format!("{}\n", unit.active_state().as_str()), state(&unit)),
@@ -353,7 +353,7 @@ mod tests {
         assert_eq!(unit.active_state(), ActiveState::Inactive);
         // stop must not signal it (this test would die).
         unit.stop().await;
-        let pid = unit.start().expect("started");
+        let pid = unit.start().await.expect("started");
         assert_ne!(pid, std::process::id());
         unit.stop().await;
         assert_eq!(unit.main_pid(), None);

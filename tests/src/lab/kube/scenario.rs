@@ -1032,7 +1032,7 @@ pub(super) async fn wait_node_ready(k: &Kubectl, node: &str, ready: bool) -> any
 }
 
 async fn restart_kubelet(lab: &mut KubeLab, i: usize) -> anyhow::Result<()> {
-    let pid = lab.nodes[i].restart_kubelet()?;
+    let pid = lab.nodes[i].restart_kubelet().await?;
     lab.lab.record_pids(&[pid])
 }
 
