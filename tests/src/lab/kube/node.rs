@@ -442,6 +442,7 @@ resolvConf: ""
             self.containerd.pid(),
             self.kube_proxy.pid(),
             self.sshd.pid(),
+            self.proc_1.pid(),
         ]
         .into_iter()
         .chain(self.kubelet.main_pid())
