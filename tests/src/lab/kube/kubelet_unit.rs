@@ -90,8 +90,8 @@ impl KubeletUnit {
     }
 
     /// The running kubelet's PID: the recorded one, if that process is
-    /// alive (not a zombie) and is this unit's (its command line holds
-    /// the unit's arguments: a reused PID is not taken for it).
+    /// alive (not a zombie) and is this unit's ([`Self::is_command_line`]:
+    /// a reused PID is not taken for it).
     pub fn main_pid(&self) -> Option<u32> {
         let pid: u32 = std::fs::read_to_string(self.base.join(PID))
             .ok()?
