@@ -16,9 +16,18 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-versions="${KUBE_VERSIONS:-1.33.0 1.37.0}"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+# The oldest and newest minors of the support matrix (docs/kubernetes.md);
+# .ci/deploy-check passes the ones tools/ pins.
+versions="${KUBE_VERSIONS:-1.35.0 1.37.0}"
+# RENDERED_DIR keeps what was rendered (.ci/deploy-check checks the
+# sidecars' flags in it); otherwise a temporary directory.
+if [ -n "${RENDERED_DIR:-}" ]; then
+    out="$RENDERED_DIR"
+    mkdir -p "$out"
+else
+    out="$(mktemp -d)"
+    trap 'rm -rf "$out"' EXIT
+fi
 
 command -v kubectl >/dev/null || { echo "validate.sh: kubectl is required (kubectl kustomize)" >&2; exit 1; }
 

@@ -268,6 +268,17 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// The release the API server says it is (`/version`'s `gitVersion`, `v1.37.2`).
+    pub fn git_version(&self) -> anyhow::Result<String> {
+        let raw = self.admin.run(&["get", "--raw", "/version"])?;
+        let version: serde_json::Value =
+            serde_json::from_str(&raw).with_context(|| format!("/version: {raw}"))?;
+        version["gitVersion"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("/version has no gitVersion: {version}"))
+    }
+
     /// The API server's audit log (JSON lines, one event per request stage).
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")

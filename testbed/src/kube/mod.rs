@@ -15,4 +15,4 @@ pub use helm::Helm;
 pub use kubectl::Kubectl;
 pub use pki::KubePki;
 pub use shared::shared_plane;
-pub use tools::GoTools;
+pub use tools::{GoTools, KubeMinor, MINOR_ENV};

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 use anyhow::Context;
 
-use super::{ControlPlane, ControlPlaneConfig, GoTools};
+use super::{ControlPlane, ControlPlaneConfig, GoTools, KubeMinor};
 
 /// Prefix of the shared planes' directories under the temporary directory.
 const PREFIX: &str = "csi-scsi-kube-test-";
@@ -48,7 +48,13 @@ fn start(setup: impl FnOnce(&ControlPlane) -> anyhow::Result<()>) -> anyhow::Res
     sweep_leftovers();
     let dir = std::env::temp_dir().join(format!("{PREFIX}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let tools = GoTools::build(&["etcd", "kube-apiserver", "kubectl"])?;
+    // CI runs the backend tests once more against the oldest supported
+    // minor (CSI_SCSI_KUBERNETES_MINOR).
+    let tools = GoTools::build_at(
+        KubeMinor::from_env()?,
+        &["etcd", "kube-apiserver", "kubectl"],
+    )?;
+    let minor = tools.kubernetes();
     // Its own runtime on its own thread: each #[tokio::test] has a runtime
     // that ends with the test, and the caller may be on any of them.
     let config = ControlPlaneConfig::api_only(&dir);
@@ -61,6 +67,15 @@ fn start(setup: impl FnOnce(&ControlPlane) -> anyhow::Result<()>) -> anyhow::Res
     .join()
     .map_err(|_| anyhow::anyhow!("the control plane's start-up thread panicked"))??;
     let watchdog = watchdog(&plane.pids(), &dir)?;
+    let version = plane.git_version()?;
+    anyhow::ensure!(
+        minor.matches(&version),
+        "the shared control plane was built at Kubernetes {minor} but serves {version}"
+    );
+    eprintln!(
+        "shared control plane: Kubernetes {version} in {}",
+        dir.display()
+    );
     setup(&plane).context("setting up the shared control plane")?;
     Ok(Shared {
         plane,

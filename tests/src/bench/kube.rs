@@ -144,7 +144,7 @@ struct KubeFigures {
 async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
     let mut config = LabConfig::for_test(dir);
     config.pool_luns = n;
-    let lab = KubeLab::up(config, Via::Kustomize, &mut |_| {}).await?;
+    let lab = KubeLab::up(config, Via::Kustomize, None, &mut |_| {}).await?;
     let k = lab.kubectl.clone();
     k.run(&["create", "namespace", "bench"])?;
     k.apply(

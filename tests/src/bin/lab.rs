@@ -1,6 +1,6 @@
 //! `lab`: the local multi-node lab (the README's main job).
 //!
-//! `lab up [--kubernetes [--via kustomize|helm]] [--keep] [--dir DIR]
+//! `lab up [--kubernetes [--version MINOR] [--via kustomize|helm]] [--keep] [--dir DIR]
 //! [--nodes N] [--pool N]`: build a cluster of this driver on this machine
 //! (as root) and play a whole volume life cycle through it; with `--keep`,
 //! leave it running and write `lab.json`.
@@ -18,19 +18,23 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use csi_scsi_testbed::kube::KubeMinor;
 use csi_scsi_tests::images::{ImageOptions, Pins};
 use csi_scsi_tests::lab::kube::KubeLab;
 use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::kube::node_shell;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str = "usage: lab up [--kubernetes [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
+const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
               [--pool-large N]
        lab down [--dir DIR]
        lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests] [--recipes DIR]
-  --kubernetes  a real Kubernetes 1.33 control plane, containerd and kubelet on
+  --kubernetes  a real Kubernetes control plane, containerd and kubelet on
             every node, the driver installed from deploy/; the life cycle is
             driven through PVCs and Pods (docs/kubernetes-lab.md)
+    --version MINOR  the Kubernetes minor (control plane, kubelet, kubectl),
+                     one of the support matrix (`tools/build
+                     --kubernetes-minors`); default: the newest
     --via kustomize  install, upgrade and reinstall with kubectl and
                      deploy/overlays/lab (the default)
     --via helm       the same with helm and deploy/chart/csi-scsi
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
     let mut keep = false;
     let mut kubernetes = false;
     let mut via = Via::default();
+    let mut minor = None;
     let mut cmd = None;
     let mut images = ImageOptions::default();
     let mut it = args.iter();
@@ -111,6 +116,17 @@ fn main() -> ExitCode {
                 Ok(n) => config.nodes = n,
                 Err(e) => {
                     eprintln!("lab: {e}");
+                    return ExitCode::from(64);
+                }
+            },
+            "--version" => match it.next().map(|v| v.parse::<KubeMinor>()) {
+                Some(Ok(m)) => minor = Some(m),
+                Some(Err(e)) => {
+                    eprintln!("lab: --version: {e:#}");
+                    return ExitCode::from(64);
+                }
+                None => {
+                    eprintln!("lab: --version needs a Kubernetes minor such as 1.35");
                     return ExitCode::from(64);
                 }
             },
@@ -161,6 +177,10 @@ fn main() -> ExitCode {
             }
         }
     }
+    if minor.is_some() && !kubernetes {
+        eprintln!("lab: --version is a Kubernetes minor: it goes with --kubernetes");
+        return ExitCode::from(64);
+    }
     csi_scsi_certs::install_crypto_provider();
     match cmd.as_deref() {
         Some("images") => match build_images(&images) {
@@ -180,7 +200,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             let run = match kubernetes {
-                true => rt.block_on(up_kubernetes(config, via, keep)),
+                true => rt.block_on(up_kubernetes(config, via, minor, keep)),
                 false => rt.block_on(up(config, keep)),
             };
             match run {
@@ -294,7 +314,12 @@ async fn up(config: LabConfig, keep: bool) -> anyhow::Result<()> {
     outcome.finish(report, keep, move || lab.keep())
 }
 
-async fn up_kubernetes(config: LabConfig, via: Via, keep: bool) -> anyhow::Result<()> {
+async fn up_kubernetes(
+    config: LabConfig,
+    via: Via,
+    minor: Option<KubeMinor>,
+    keep: bool,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     println!(
         "csi-scsi Kubernetes lab: {} nodes in {}",
@@ -308,7 +333,7 @@ async fn up_kubernetes(config: LabConfig, via: Via, keep: bool) -> anyhow::Resul
         faulty_disks: !keep,
         ..config
     };
-    let mut lab = KubeLab::up(config, via, &mut |s: &str| println!("  - {s}")).await?;
+    let mut lab = KubeLab::up(config, via, minor, &mut |s: &str| println!("  - {s}")).await?;
     println!(
         "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",
         start.elapsed().as_secs_f64()

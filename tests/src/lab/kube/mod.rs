@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Lab, LabConfig, Manifest};
 use crate::binaries::binary;
-use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Helm, Kubectl};
+use crate::kube::{ControlPlane, ControlPlaneConfig, GoTools, Helm, KubeMinor, Kubectl};
 use api::Typed;
 use install::{Installer, Via};
 use node::{KubeNode, NodeSpec};
@@ -108,9 +108,12 @@ pub struct KubeManifest {
 
 impl KubeLab {
     /// Builds and starts everything; `progress` hears about each step.
+    /// `minor`: the Kubernetes minor of the control plane, kubelets and
+    /// kubectl (`None`: the newest supported).
     pub async fn up(
         mut config: LabConfig,
         via: Via,
+        minor: Option<KubeMinor>,
         progress: &mut dyn FnMut(&str),
     ) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
@@ -119,14 +122,15 @@ impl KubeLab {
         // crash, drain and NotReady volumes and the upgrade's writers (3),
         // with room for LUNs still being wiped.
         config.pool_luns = config.pool_luns.max(14);
-        progress(
-            "Go tools: Kubernetes 1.33, etcd and the CSI sidecars from tools/ (cached after the first build)",
-        );
         let mut tools = TOOLS.to_vec();
         if via == Via::Helm {
             tools.push("helm");
         }
-        let tools = GoTools::build(&tools)?;
+        let tools = GoTools::build_at(minor, &tools)?;
+        progress(&format!(
+            "Go tools: Kubernetes {}, etcd and the CSI sidecars from tools/ (cached after the first build)",
+            tools.kubernetes()
+        ));
         let lab = Lab::up(config, progress).await?;
         let dir = lab.config.dir.clone();
         let mut lab = Some(lab);
@@ -169,6 +173,13 @@ impl KubeLab {
         )
         .await?;
         lab.record_pids(&plane.pids())?;
+        let version = plane.git_version()?;
+        anyhow::ensure!(
+            plane.tools.kubernetes().matches(&version),
+            "the control plane was built at Kubernetes {} but serves {version}",
+            plane.tools.kubernetes()
+        );
+        progress(&format!("control plane serving Kubernetes {version}"));
         let kubectl = plane.admin.clone();
 
         progress(

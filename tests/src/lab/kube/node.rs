@@ -210,8 +210,10 @@ authorization:
 tlsCertFile: {cert}
 tlsPrivateKeyFile: {key}
 containerRuntimeEndpoint: unix://{sock}
-# cgroup v1 hosts: cgroupfs (1.35 also needs failCgroupV1: false).
+# cgroup v1 hosts: cgroupfs. From 1.35 the kubelet refuses to start on
+# cgroup v1 unless failCgroupV1 is false (docs/kubernetes-lab.md).
 cgroupDriver: cgroupfs
+failCgroupV1: false
 # Several kubelets on one host: each removes pod cgroups under its root
 # that it does not know, so each needs a root of its own.
 cgroupRoot: {cgroup_root}
