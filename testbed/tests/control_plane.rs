@@ -2,12 +2,13 @@
 //! client may do anything, a fresh service account may do nothing until
 //! RBAC grants it.
 
-use csi_scsi_testbed::kube::{ControlPlane, ControlPlaneConfig, GoTools};
+use csi_scsi_testbed::kube::{ControlPlane, ControlPlaneConfig, GoTools, KubeMinor};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn api_server_enforces_rbac_for_service_account_tokens() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tools = GoTools::build(&["etcd", "kube-apiserver", "kubectl"]).expect("Go tools");
+    let minor = KubeMinor::from_env().expect("CSI_SCSI_KUBERNETES_MINOR");
+    let tools = GoTools::build_at(minor, &["etcd", "kube-apiserver", "kubectl"]).expect("Go tools");
     let plane = ControlPlane::start(ControlPlaneConfig::api_only(dir.path()), tools)
         .await
         .expect("control plane");

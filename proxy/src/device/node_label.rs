@@ -5,7 +5,7 @@
 //! labels, except under `node-restriction.kubernetes.io/` and under the
 //! `kubernetes.io/` and `k8s.io/` namespaces outside the list of labels
 //! kubelets set themselves. This mirrors that rule (the plugin's
-//! `getForbiddenLabels` and the kubelet's `IsKubeletLabel`, Kubernetes 1.33).
+//! `getForbiddenLabels` and the kubelet's `IsKubeletLabel`, the same from Kubernetes 1.33 to 1.37).
 
 /// Labels a kubelet sets on its own Node (`IsKubeletLabel`'s list).
 const KUBELET_LABELS: &[&str] = &[
