@@ -3,28 +3,113 @@
 //! `KUBE_TEST_REPO_LIST` gives them.
 
 use std::path::Path;
+use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 use crate::images::{BuiltImage, ImageOptions, Pins};
 use crate::lab::kube::KubeManifest;
 use crate::lab::kube::node::{containerd_socket, ctr_at, import_image};
 
-/// Images the suite names that one of ours serves as is, tagged with the
-/// other name on every node: the multi-volume specs start their Pods from
-/// `jessie-dnsutils` but run in them only the shell checks they run in
-/// `busybox` (`test/e2e/storage/testsuites/multivolume.go`).
-const ALIASES: &[(&str, &str)] = &[(
-    "docker.io/local/e2e/jessie-dnsutils:1.7",
-    "docker.io/local/e2e/busybox:1.36.1-1",
-)];
+/// Repositories the suite names that one of ours serves as is: the
+/// multi-volume specs start their Pods from `glibc-dns-testing` (before
+/// Kubernetes 1.37, `jessie-dnsutils`) but run in them only the shell
+/// checks they run in `busybox` (`test/e2e/storage/testsuites/multivolume.go`).
+const SERVED_BY: &[(&str, &str)] = &[
+    ("glibc-dns-testing", "busybox"),
+    ("jessie-dnsutils", "busybox"),
+];
 
-/// Builds the suite's images into `out` and imports them (and their
-/// aliases) into every node of the lab in `manifest`; the images built.
+/// The registry `tests/storage-e2e/repo-list.yaml` maps every one of the
+/// suite's registries to: only its names are ours to serve (the suite also
+/// lists fixed upstream names, such as the hostpath driver's sidecars).
+const REGISTRY: &str = "local/e2e/";
+
+/// The images of ours every storage pass needs, by repository name.
+const NEEDED: &[&str] = &["busybox", "agnhost", "nginx", "pause"];
+
+/// The image references the suite in `e2e` runs its Pods from, with
+/// `repo_list` as `KUBE_TEST_REPO_LIST` (`e2e.test -list-images`): each
+/// Kubernetes release moves some tags, so ours are tagged from this.
+pub(super) fn wanted(e2e: &Path, repo_list: &Path) -> anyhow::Result<Vec<String>> {
+    let out = Command::new(e2e)
+        .arg("-list-images")
+        .env("KUBE_TEST_REPO_LIST", repo_list)
+        .output()
+        .with_context(|| format!("running {} -list-images", e2e.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} -list-images failed: {}",
+            e2e.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let refs: Vec<String> = String::from_utf8(out.stdout)?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    Ok(refs)
+}
+
+/// The repository name of a reference (`local/e2e/busybox:1.37.0-2` ->
+/// `busybox`), and the reference as containerd stores it: a first
+/// component that is no registry host means Docker Hub (`docker.io/`).
+fn parse_ref(reference: &str) -> Option<(String, String)> {
+    let (path, _tag) = reference.rsplit_once(':')?;
+    let name = path.rsplit('/').next()?.to_owned();
+    let first = path.split('/').next()?;
+    let is_host =
+        path.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let full = match is_host {
+        true => reference.to_owned(),
+        false => format!("docker.io/{reference}"),
+    };
+    Some((name, full))
+}
+
+/// For each reference the suite wants whose repository one of `built`
+/// serves (by name, or through [`SERVED_BY`]): (wanted, built image).
+/// Fails when the suite names none of an image a storage pass needs.
+fn tags_for(built: &[String], wanted: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    let ours: Vec<(String, String)> = built.iter().filter_map(|b| parse_ref(b)).collect();
+    let mut tags = Vec::new();
+    for w in wanted.iter().filter(|w| w.starts_with(REGISTRY)) {
+        let Some((name, full)) = parse_ref(w) else {
+            continue;
+        };
+        let serving = SERVED_BY
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(name.as_str(), |(_, by)| by);
+        if let Some((_, image)) = ours.iter().find(|(n, _)| n == serving)
+            && *image != full
+        {
+            tags.push((full, image.clone()));
+        }
+    }
+    for needed in NEEDED {
+        let named = wanted
+            .iter()
+            .filter(|w| w.starts_with(REGISTRY))
+            .filter_map(|w| parse_ref(w))
+            .any(|(n, _)| n == *needed);
+        if !named {
+            bail!("the suite's -list-images names no {needed} image: {wanted:?}");
+        }
+    }
+    Ok(tags)
+}
+
+/// Builds the suite's images into `out` and imports them into every node
+/// of the lab in `manifest`, tagged with the references in `wanted` (the
+/// suite's `-list-images`) they serve; the images built.
 pub(super) fn import(
     manifest: &KubeManifest,
     root: &Path,
     out: &Path,
+    wanted: &[String],
 ) -> anyhow::Result<Vec<BuiltImage>> {
     let built = crate::images::build(&ImageOptions {
         out: out.to_owned(),
@@ -32,13 +117,15 @@ pub(super) fn import(
         recipes: Some(root.join("tests/storage-e2e/images")),
         ..ImageOptions::default()
     })?;
+    let references: Vec<String> = built.iter().map(|b| b.reference.clone()).collect();
+    let tags = tags_for(&references, wanted)?;
     for node in &manifest.lab.nodes {
         let sock = containerd_socket(&manifest.lab.dir.join("nodes").join(&node.name));
         for image in &built {
             import_image(&sock, &image.archive)
                 .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
         }
-        for (alias, image) in ALIASES {
+        for (alias, image) in &tags {
             // `tag` refuses an existing name: a rerun on the same lab.
             let _ = ctr_at(&sock, &["images", "rm", alias]);
             ctr_at(&sock, &["images", "tag", image, alias])
@@ -46,4 +133,69 @@ pub(super) fn import(
         }
     }
     Ok(built)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn ours_are_tagged_with_the_tags_the_suite_names() {
+        let built = strings(&[
+            "local/e2e/busybox:1.36.1-1",
+            "local/e2e/agnhost:2.53",
+            "local/e2e/nginx:1.14-4",
+            "local/e2e/pause:3.10",
+        ]);
+        let wanted = strings(&[
+            "local/e2e/busybox:1.37.0-2",
+            "local/e2e/agnhost:2.66.1",
+            "local/e2e/agnhost:2.55",
+            "local/e2e/nginx:1.27.0-2",
+            "local/e2e/pause:3.10",
+            "local/e2e/glibc-dns-testing:2.1.1",
+            "local/e2e/kitten:1.8",
+            "invalid.registry.k8s.io/invalid/alpine:3.1",
+            "registry.k8s.io/e2e-test-images/busybox:1.36.1-1",
+        ]);
+        let mut tags = tags_for(&built, &wanted).expect("tags");
+        tags.sort();
+        assert_eq!(
+            tags,
+            vec![
+                (
+                    "docker.io/local/e2e/agnhost:2.55".into(),
+                    "docker.io/local/e2e/agnhost:2.53".into()
+                ),
+                (
+                    "docker.io/local/e2e/agnhost:2.66.1".into(),
+                    "docker.io/local/e2e/agnhost:2.53".into()
+                ),
+                (
+                    "docker.io/local/e2e/busybox:1.37.0-2".into(),
+                    "docker.io/local/e2e/busybox:1.36.1-1".into()
+                ),
+                (
+                    "docker.io/local/e2e/glibc-dns-testing:2.1.1".into(),
+                    "docker.io/local/e2e/busybox:1.36.1-1".into()
+                ),
+                (
+                    "docker.io/local/e2e/nginx:1.27.0-2".into(),
+                    "docker.io/local/e2e/nginx:1.14-4".into()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_suite_that_names_no_needed_image_is_refused() {
+        let built = strings(&["local/e2e/busybox:1.36.1-1"]);
+        let wanted = strings(&["local/e2e/busybox:1.37.0-2", "local/e2e/agnhost:2.66.1"]);
+        let err = tags_for(&built, &wanted).expect_err("no nginx, no pause");
+        assert!(format!("{err:#}").contains("nginx"), "{err:#}");
+    }
 }

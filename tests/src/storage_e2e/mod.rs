@@ -102,7 +102,9 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
     .with_context(|| format!("parsing {}", opts.lab_json.display()))?;
     let root = crate::images::workspace();
     std::fs::create_dir_all(&opts.out)?;
-    let built = images::import(&manifest, &root, &opts.out.join("images"))?;
+    let repo_list = root.join("tests/storage-e2e/repo-list.yaml");
+    let wanted = images::wanted(&opts.e2e, &repo_list)?;
+    let built = images::import(&manifest, &root, &opts.out.join("images"), &wanted)?;
     progress(&format!(
         "{} images imported on {} nodes",
         built.len(),
