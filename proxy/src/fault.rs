@@ -85,3 +85,24 @@ pub(crate) fn take_held_wipe(wwid: &str) -> bool {
 fn held_wipes() -> std::sync::MutexGuard<'static, BTreeSet<String>> {
     HELD_WIPES.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// Binds inside [`Fault::SkipCas`]'s window between read and write.
+static BINDS_IN_WINDOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Wakes a bind waiting in that window when another one enters it.
+static BIND_ENTERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// [`Fault::SkipCas`]: holds a bind between its read and its write until
+/// another bind has read too (up to two seconds), so concurrent creates
+/// claim one LUN twice on every run instead of by luck of timing.
+pub(crate) async fn meet_another_bind() {
+    use std::sync::atomic::Ordering;
+    let entered = BIND_ENTERED.notified();
+    let before = BINDS_IN_WINDOW.fetch_add(1, Ordering::SeqCst);
+    if before == 0 {
+        let _ = tokio::time::timeout(Duration::from_secs(2), entered).await;
+    } else {
+        BIND_ENTERED.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    BINDS_IN_WINDOW.fetch_sub(1, Ordering::SeqCst);
+}

@@ -527,7 +527,10 @@ impl Inventory {
         picked: Device,
         request: BindRequest,
     ) -> Result<Device, InventoryError> {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // Wait for a second bind to pick the same LUN (or give up after a
+        // while), so the defect shows on every run with concurrent creates,
+        // not only when two happen to land within a few milliseconds.
+        crate::fault::meet_another_bind().await;
         let mut dev = self
             .store
             .device(&picked.wwid)
