@@ -127,12 +127,25 @@ impl KubePki {
         server: &str,
         creds: &KeyFiles,
     ) -> anyhow::Result<()> {
+        self.kubeconfig_elsewhere(path, server, &self.ca(), (&creds.cert, &creds.key))
+    }
+
+    /// A kubeconfig at `path` for a machine that keeps the CA, the
+    /// certificate and the key at its own paths (`ca`, `cert`, `key`: a
+    /// lab guest's), which is what it names.
+    pub fn kubeconfig_elsewhere(
+        &self,
+        path: &Path,
+        server: &str,
+        ca: &Path,
+        (cert, key): (&Path, &Path),
+    ) -> anyhow::Result<()> {
         let user = format!(
             "    client-certificate: {}\n    client-key: {}\n",
-            creds.cert.display(),
-            creds.key.display()
+            cert.display(),
+            key.display()
         );
-        self.kubeconfig(path, server, &user)
+        self.kubeconfig(path, server, ca, &user)
     }
 
     /// A kubeconfig at `path` for `server` authenticating with a bearer
@@ -144,13 +157,13 @@ impl KubePki {
         token_file: &Path,
     ) -> anyhow::Result<()> {
         let user = format!("    tokenFile: {}\n", token_file.display());
-        self.kubeconfig(path, server, &user)
+        self.kubeconfig(path, server, &self.ca(), &user)
     }
 
-    fn kubeconfig(&self, path: &Path, server: &str, user: &str) -> anyhow::Result<()> {
+    fn kubeconfig(&self, path: &Path, server: &str, ca: &Path, user: &str) -> anyhow::Result<()> {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: lab\n  user:\n{user}contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\ncurrent-context: lab\n",
-            ca = self.ca().display()
+            ca = ca.display()
         );
         write_secret(path, &text).with_context(|| format!("writing {}", path.display()))
     }

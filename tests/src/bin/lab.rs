@@ -1,6 +1,6 @@
 //! `lab`: the local multi-node lab (the README's main job).
 //!
-//! `lab up [--kubernetes [--version MINOR] [--via kustomize|helm]] [--keep] [--dir DIR]
+//! `lab up [--kubernetes [--version MINOR] [--via kustomize|helm]] [--vm] [--keep] [--dir DIR]
 //! [--nodes N] [--pool N]`: build a cluster of this driver on this machine
 //! (as root) and play a whole volume life cycle through it; with `--keep`,
 //! leave it running and write `lab.json`.
@@ -25,7 +25,7 @@ use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::kube::node_shell;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
-const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustomize|helm] | --vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
+const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustomize|helm]] [--vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
               [--pool-large N]
        lab down [--dir DIR]
        lab images [--out DIR] [--tag TAG] [--profile PROFILE] [--write-digests] [--recipes DIR]
@@ -42,6 +42,11 @@ const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustom
   --vm      every node a qemu guest booting Debian's kernel: the real iSCSI
             initiator, udev and dm-multipath (two portals, two paths per LUN),
             the agent with its production defaults (docs/lab.md, VM nodes)
+  --kubernetes --vm  both: every guest is also a Kubernetes node (containerd,
+            runc, CNI, kubelet inside), the driver installed from
+            deploy/overlays/lab-vm, the agent as the DaemonSet's Pod on the
+            guest's real kernel, the controller on a host-side control-plane
+            node (docs/kubernetes-lab.md, VM nodes)
   --nodes N N nodes, 3 to 8 (default 3)
   --pool N  N small LUNs (64 MiB, c1..cN, N from 1 to 64) on array-c, which
             every node sees (label tier=pool): devices for suites that create
@@ -329,8 +334,11 @@ async fn up_kubernetes(
     let dir = config.dir.clone();
     // The failing disks (the agent-crash step stalls them) are served by
     // this process: a kept lab has plain loop devices instead.
+    // VM nodes read the LUNs through tgtd, not through the stand-in's
+    // loop devices: nothing for the failing disks to serve.
+    let vm = config.vm;
     let config = LabConfig {
-        faulty_disks: !keep,
+        faulty_disks: !keep && !vm,
         ..config
     };
     let mut lab = KubeLab::up(config, via, minor, &mut |s: &str| println!("  - {s}")).await?;
@@ -338,7 +346,10 @@ async fn up_kubernetes(
         "  - up in {:.1}s; the volume life cycle, driven through the Kubernetes API:",
         start.elapsed().as_secs_f64()
     );
-    let report = csi_scsi_tests::lab::kube::scenario::run(&mut lab).await;
+    let report = match vm {
+        true => csi_scsi_tests::lab::kube::vm_scenario::run(&mut lab).await,
+        false => csi_scsi_tests::lab::kube::scenario::run(&mut lab).await,
+    };
     let outcome = Outcome {
         dir: &dir,
         logs: "*.log, kube/*.log, nodes/*/kubelet.log, the driver's containers in nodes/*/host/var/log/pods",

@@ -441,9 +441,11 @@ impl Lab {
         fabric.save(&fabric_path)?;
 
         let mut nodes = Vec::new();
-        if config.vm {
+        // VM nodes that are Kubernetes nodes boot once the control plane
+        // is up (crate::lab::kube::vm_node).
+        if config.vm && !config.agents_as_pods {
             nodes = start_vm_nodes(&config, &net, &mut record, progress).await?;
-        } else {
+        } else if !config.vm {
             progress("nodes: device trees, shared kubelet directories, kernel stand-ins, agents");
         }
         for i in (0..config.nodes).filter(|_| !config.vm) {
@@ -1044,6 +1046,46 @@ async fn start_node(
     })
 }
 
+/// The resident memory of process `pid` in MiB (0 when unreadable: a
+/// figure printed, never a decision).
+pub(crate) fn rss_mib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        >> 10
+}
+
+impl LabNode {
+    /// A VM node: lab address `ip` (its namespace's), its agent API and
+    /// status served at `serving` (forwarded from `ip` on the VM lab; the
+    /// guest's cluster address when it is a Kubernetes node).
+    pub(crate) fn guest(
+        name: &str,
+        ip: &str,
+        serving: std::net::Ipv4Addr,
+        vm: Vm,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            name: name.to_owned(),
+            ip: ip.to_owned(),
+            root: PathBuf::from("/"),
+            kubelet: PathBuf::from("/var/lib/kubelet"),
+            csi: vm.csi.clone(),
+            api: SocketAddr::from((serving, AGENT_PORT)),
+            status: SocketAddr::from((serving, AGENT_STATUS_PORT)),
+            agent: None,
+            watcher: None,
+            vm: Some(vm),
+            agent_args: Vec::new(),
+        })
+    }
+}
+
 /// Boots every node as a VM ([`crate::vm`]) and waits until each serves
 /// CSI; prints the time and memory each took.
 async fn start_vm_nodes(
@@ -1053,7 +1095,7 @@ async fn start_vm_nodes(
     progress: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Vec<LabNode>> {
     let t = std::time::Instant::now();
-    let image = vm::Image::build(&config.dir.join("vm"))?;
+    let image = vm::Image::build(&config.dir.join("vm"), None)?;
     progress(&format!(
         "VM image: Debian's kernel and an initramfs from Debian packages with this build's agent ({:.1}s)",
         t.elapsed().as_secs_f64()
@@ -1077,41 +1119,25 @@ async fn start_vm_nodes(
                 index: i,
                 dir: &base,
                 portal2: &second,
-                join_token: &pki.join(format!("{name}.join-token")),
-                ca: &pki.join("ca/ca.crt"),
+                enrolment: Some((
+                    &pki.join(format!("{name}.join-token")),
+                    &pki.join("ca/ca.crt"),
+                )),
                 agent_port: AGENT_PORT,
                 status_port: AGENT_STATUS_PORT,
+                kube: None,
             },
         )?;
         record.pids.extend([vm.qemu.pid(), vm.relay.pid()]);
         save_record(&config.dir, record)?;
-        nodes.push(LabNode {
-            name: name.clone(),
-            ip: net.node_ip(i),
-            root: PathBuf::from("/"),
-            kubelet: PathBuf::from("/var/lib/kubelet"),
-            csi: vm.csi.clone(),
-            api: format!("{}:{AGENT_PORT}", net.node_ip(i)).parse()?,
-            status: format!("{}:{AGENT_STATUS_PORT}", net.node_ip(i)).parse()?,
-            agent: None,
-            watcher: None,
-            vm: Some(vm),
-            agent_args: Vec::new(),
-        });
+        let ip = net.node_ip(i);
+        nodes.push(LabNode::guest(&name, &ip, ip.parse()?, vm)?);
     }
     for n in &mut nodes {
         let booted = std::time::Instant::now();
         let vm = n.vm.as_mut().context("vm")?;
         vm.wait_ready(Duration::from_secs(180)).await?;
-        let rss_mib = std::fs::read_to_string(format!("/proc/{}/status", vm.qemu.pid()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-            >> 10;
+        let rss_mib = rss_mib(vm.qemu.pid());
         progress(&format!(
             "{}: booted and serving CSI ({:.1}s after boot began, +{:.1}s waited here); qemu RSS {rss_mib} MiB",
             n.name,

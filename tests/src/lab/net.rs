@@ -73,6 +73,13 @@ impl Network {
         format!("198.18.{}.{}", self.subnet, 11 + i)
     }
 
+    /// The address of VM node `i` on the cluster network (its Node's
+    /// InternalIP, `lab up --kubernetes --vm`): on the bridge's subnet,
+    /// answered for by the node's namespace.
+    pub fn guest_ip(&self, i: usize) -> String {
+        format!("198.18.{}.{}", self.subnet, 21 + i)
+    }
+
     /// Node `i`'s namespace name.
     pub fn netns(&self, i: usize) -> String {
         format!("{}-n{i}", self.prefix)

@@ -6,11 +6,14 @@
 //! its user networks reach tgtd's two portals from the node's own address
 //! (so initiator ACLs see the node), and qemu forwards the node's agent,
 //! status and helper ports to the guest. See docs/lab.md, "VM nodes".
+//! With [`KubeGuest`] the guest is a Kubernetes node as well
+//! (`lab up --kubernetes --vm`, docs/kubernetes-lab.md): containerd and
+//! kubelet run inside, on a third NIC that carries the Node's address.
 
 pub mod checks;
 pub mod guest;
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -24,6 +27,9 @@ use crate::lab::net::{Network, sh};
 pub const GUEST_PORT: u16 = 9813;
 /// Memory of each guest, in MiB.
 pub const GUEST_MEMORY_MIB: u32 = 512;
+/// Memory of a guest that is a Kubernetes node: containerd, kubelet and
+/// the images (in the guest's tmpfs root) besides the storage stack.
+pub const KUBE_GUEST_MEMORY_MIB: u32 = 2048;
 /// The guest's first user network (eth0: the default route, portal 1).
 const NET0: &str = "198.19.0";
 /// The guest's second user network (eth1: portal 2).
@@ -40,19 +46,19 @@ pub struct Image {
 
 impl Image {
     /// Builds the image into `dir` from the Debian packages and this
-    /// build's agent and guest helper.
-    pub fn build(dir: &Path) -> anyhow::Result<Self> {
+    /// build's agent and guest helper; with `kubelet`, for guests that are
+    /// Kubernetes nodes (containerd, runc, CNI plugins and that kubelet).
+    pub fn build(dir: &Path, kubelet: Option<&Path>) -> anyhow::Result<Self> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vm/build-image");
-        let out = sh(
-            "bash",
-            &[
-                &script.display().to_string(),
-                &dir.display().to_string(),
-                &binary("csi-scsi-agent").display().to_string(),
-                &binary("csi-scsi-lab-guest").display().to_string(),
-            ],
-        )
-        .context("building the VM node image (tests/vm/build-image)")?;
+        let mut args = vec![
+            script.display().to_string(),
+            dir.display().to_string(),
+            binary("csi-scsi-agent").display().to_string(),
+            binary("csi-scsi-lab-guest").display().to_string(),
+        ];
+        args.extend(kubelet.map(|k| k.display().to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = sh("bash", &args).context("building the VM node image (tests/vm/build-image)")?;
         print!("{out}");
         Ok(Self {
             kernel: dir.join("vmlinuz"),
@@ -71,14 +77,28 @@ pub struct NodeSpec<'a> {
     pub dir: &'a Path,
     /// The second portal's address (the first is the default route's).
     pub portal2: &'a str,
-    /// Its one-time join token file.
-    pub join_token: &'a Path,
-    /// The CA certificate the agent trusts while enrolling.
-    pub ca: &'a Path,
+    /// The agent's one-time join token file and the CA it trusts while
+    /// enrolling, when the lab runs the agent in the guest (on a
+    /// Kubernetes node the DaemonSet's agent enrols with its Pod's token).
+    pub enrolment: Option<(&'a Path, &'a Path)>,
     /// The agent API's port.
     pub agent_port: u16,
     /// The agent's status port.
     pub status_port: u16,
+    /// Set when the guest is a Kubernetes node.
+    pub kube: Option<KubeGuest<'a>>,
+}
+
+/// What makes a guest a Kubernetes node.
+pub struct KubeGuest<'a> {
+    /// Its address on the cluster network: the Node's InternalIP, where
+    /// the kubelet and the agent Pod serve.
+    pub address: Ipv4Addr,
+    /// Files for the guest's `/etc/csi-scsi/kube` (kubeconfig,
+    /// certificates, the kubelet's and containerd's configuration).
+    pub files: &'a Path,
+    /// A cpio of the images it imports (`/var/lib/csi-scsi-images`).
+    pub images: &'a Path,
 }
 
 /// A running guest.
@@ -107,17 +127,31 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
         format!(
             "NODE_NAME={name}\nINITIATOR=iqn.2026-11.io.csi-scsi.lab:{name}\n\
              ADDR0={NET0}.15/24\nGW0={NET0}.2\nADDR1={NET1}.15/24\nGW1={NET1}.2\n\
-             PORTAL1={portal2}\nGUEST_PORT={GUEST_PORT}\nSTATUS_PORT={status}\n",
+             PORTAL1={portal2}\nGUEST_PORT={GUEST_PORT}\nSTATUS_PORT={status}\n{kube}",
             name = spec.name,
             portal2 = spec.portal2,
             status = spec.status_port,
+            kube = match &spec.kube {
+                Some(k) => format!("KUBE=1\nCLUSTER_ADDR={}\n", k.address),
+                None => String::new(),
+            },
         ),
     )?;
-    csi_scsi_certs::write_private_file(
-        &etc.join("join-token"),
-        std::fs::read_to_string(spec.join_token)?.trim(),
-    )?;
-    std::fs::copy(spec.ca, etc.join("ca.crt"))?;
+    if let Some(k) = &spec.kube {
+        let to = etc.join("kube");
+        std::fs::create_dir_all(&to)?;
+        for entry in std::fs::read_dir(k.files)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    if let Some((join_token, ca)) = spec.enrolment {
+        csi_scsi_certs::write_private_file(
+            &etc.join("join-token"),
+            std::fs::read_to_string(join_token)?.trim(),
+        )?;
+        std::fs::copy(ca, etc.join("ca.crt"))?;
+    }
     // The node's files, appended to the shared image: the kernel unpacks
     // concatenated archives in order.
     let initrd = dir.join("initrd.cpio");
@@ -134,9 +168,37 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
         ],
     )?;
     std::fs::remove_dir_all(dir.join("initrd"))?;
+    if let Some(k) = &spec.kube {
+        sh(
+            "sh",
+            &[
+                "-c",
+                &format!("cat '{}' >> '{}'", k.images.display(), initrd.display()),
+            ],
+        )?;
+    }
 
     let ip = net.node_ip(spec.index);
     let fwd = |port: u16| format!("hostfwd=tcp:{ip}:{port}-{NET0}.15:{port}");
+    // A Kubernetes node serves on its cluster address (the third NIC), so
+    // nothing is forwarded from the node's namespace.
+    let forwards = match &spec.kube {
+        Some(_) => String::new(),
+        None => format!(
+            ",{},{},{}",
+            fwd(spec.agent_port),
+            fwd(spec.status_port),
+            fwd(GUEST_PORT)
+        ),
+    };
+    let cluster_nic = match &spec.kube {
+        Some(k) => Some(add_cluster_nic(net, spec.index, k.address)?),
+        None => None,
+    };
+    let (memory, second_log) = match &spec.kube {
+        Some(_) => (KUBE_GUEST_MEMORY_MIB, "kubelet.log"),
+        None => (GUEST_MEMORY_MIB, "agent.log"),
+    };
     let monitor = dir.join("monitor.sock");
     let console = dir.join("console.log");
     let accel = if kvm_usable() {
@@ -144,7 +206,7 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
     } else {
         "tcg,tb-size=64"
     };
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "netns",
         "exec",
         &net.netns(spec.index),
@@ -154,7 +216,7 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
         "-accel",
         accel,
         "-m",
-        &GUEST_MEMORY_MIB.to_string(),
+        &memory.to_string(),
         "-smp",
         "1",
         "-display",
@@ -169,15 +231,12 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
         "-serial",
         &format!("file:{}", console.display()),
         "-serial",
-        &format!("file:{}", dir.join("agent.log").display()),
+        &format!("file:{}", dir.join(second_log).display()),
         "-monitor",
         &format!("unix:{},server=on,wait=off", monitor.display()),
         "-netdev",
         &format!(
-            "user,id=net0,net={NET0}.0/24,host={NET0}.2,dns={NET0}.3,dhcpstart={NET0}.15,{},{},{}",
-            fwd(spec.agent_port),
-            fwd(spec.status_port),
-            fwd(GUEST_PORT)
+            "user,id=net0,net={NET0}.0/24,host={NET0}.2,dns={NET0}.3,dhcpstart={NET0}.15{forwards}"
         ),
         "-device",
         "virtio-net-pci,netdev=net0",
@@ -191,8 +250,22 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if let Some(tap) = &cluster_nic {
+        args.extend([
+            "-netdev".to_owned(),
+            format!("tap,id=net2,ifname={tap},script=no,downscript=no"),
+            "-device".to_owned(),
+            "virtio-net-pci,netdev=net2".to_owned(),
+            // containerd's log on a third serial port.
+            "-serial".to_owned(),
+            format!("file:{}", dir.join("containerd.log").display()),
+        ]);
+    }
     let qemu = Daemon::spawn_program(Path::new("ip"), &args, &dir.join("qemu.log"));
-    let helper: SocketAddr = format!("{ip}:{GUEST_PORT}").parse()?;
+    let helper: SocketAddr = match &spec.kube {
+        Some(k) => SocketAddr::from((k.address, GUEST_PORT)),
+        None => format!("{ip}:{GUEST_PORT}").parse()?,
+    };
     let csi = dir.join("kubelet/plugins/csi-scsi.io/csi.sock");
     let relay = Daemon::spawn_program(
         &binary("csi-scsi-lab-guest"),
@@ -254,6 +327,42 @@ impl Vm {
         let _ = tokio::time::timeout(Duration::from_millis(200), m.read(&mut buf)).await;
         Ok(())
     }
+}
+
+/// The guest's third NIC, the cluster network: a tap in node `i`'s
+/// namespace, routed to `address`. The namespace answers ARP for the
+/// address on the lab's bridge (proxy ARP) and forwards to the tap, so the
+/// guest is reachable at it from the host and every other node as if it
+/// sat on the bridge itself. Returns the tap's name.
+fn add_cluster_nic(net: &Network, i: usize, address: Ipv4Addr) -> anyhow::Result<String> {
+    let ns = net.netns(i);
+    let tap = format!("{}g{i}", net.prefix);
+    let veth = format!("{}c{i}", net.prefix);
+    sh(
+        "ip",
+        &["-n", &ns, "tuntap", "add", "mode", "tap", "name", &tap],
+    )?;
+    sh("ip", &["-n", &ns, "link", "set", &tap, "up"])?;
+    sh(
+        "ip",
+        &[
+            "-n",
+            &ns,
+            "route",
+            "add",
+            &format!("{address}/32"),
+            "dev",
+            &tap,
+        ],
+    )?;
+    for setting in [
+        "net.ipv4.ip_forward=1".to_owned(),
+        format!("net.ipv4.conf.{veth}.proxy_arp=1"),
+        format!("net.ipv4.conf.{tap}.proxy_arp=1"),
+    ] {
+        sh("ip", &["netns", "exec", &ns, "sysctl", "-qw", &setting])?;
+    }
+    Ok(tap)
 }
 
 /// Whether `/dev/kvm` is a KVM that boots a stock kernel. The PVM

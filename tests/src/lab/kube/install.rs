@@ -69,6 +69,8 @@ pub struct Rendered {
 pub struct Installer {
     /// The path taken.
     pub via: Via,
+    /// The kustomize overlay under `deploy/overlays`.
+    overlay: &'static str,
     kubectl: Kubectl,
     helm: Option<Helm>,
 }
@@ -81,9 +83,18 @@ impl Installer {
         }
         Ok(Self {
             via,
+            overlay: "lab",
             kubectl: kubectl.clone(),
             helm,
         })
+    }
+
+    /// The same install for the lab whose nodes are qemu guests:
+    /// `deploy/overlays/lab-vm` (no kernel stand-in seam; the controller on
+    /// the control-plane node).
+    pub fn on_vm_nodes(mut self) -> Self {
+        self.overlay = "lab-vm";
+        self
     }
 
     fn helm(&self) -> anyhow::Result<&Helm> {
@@ -109,7 +120,7 @@ impl Installer {
         before_workloads: impl FnOnce(&str) -> anyhow::Result<()>,
     ) -> anyhow::Result<Rendered> {
         let kubectl = &self.kubectl;
-        let overlay = deploy_dir().join("overlays/lab");
+        let overlay = deploy_dir().join("overlays").join(self.overlay);
         let yaml = kubectl.run(&["kustomize", &overlay.display().to_string()])?;
         let docs = objects(&yaml).context("parsing the rendered overlay")?;
         let mut apply = Vec::new();

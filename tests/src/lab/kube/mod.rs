@@ -18,6 +18,7 @@ pub mod images;
 pub mod install;
 pub mod kubelet_unit;
 pub mod node;
+pub mod node_config;
 pub mod node_fs;
 pub mod node_labels;
 pub mod node_shell;
@@ -28,6 +29,8 @@ pub mod scenario;
 pub mod shutdown;
 pub mod stale_leader;
 pub mod targets;
+pub mod vm_node;
+pub mod vm_scenario;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -118,6 +121,11 @@ impl KubeLab {
     ) -> anyhow::Result<Self> {
         config.embedded_proxy = false;
         config.agents_as_pods = true;
+        if config.vm && via != Via::Kustomize {
+            anyhow::bail!(
+                "the lab on VM nodes installs with deploy/overlays/lab-vm (kustomize) only"
+            );
+        }
         // On the pool: the raw-block volume, the two-replica batch (6), the
         // crash, drain and NotReady volumes and the upgrade's writers (3),
         // with room for LUNs still being wiped.
@@ -158,6 +166,7 @@ impl KubeLab {
         let lab = slot.as_mut().context("the lab")?;
         let dir = lab.config.dir.clone();
         let subnet = lab.config.subnet;
+        let this_is_vm = lab.config.vm;
 
         progress(
             "control plane: etcd, kube-apiserver (client certs, Node+RBAC), controller manager, scheduler",
@@ -187,59 +196,38 @@ impl KubeLab {
         );
         sh_ok("mount", &["--make-rshared", "/"])?;
         let mut archives = vec![images::build(&dir.join("kube"))?];
-        let built = crate::images::build(&crate::images::ImageOptions {
-            out: dir.join("kube/images"),
-            tag: LAB_TAG.into(),
-            profile: "debug".into(),
-            pins: crate::images::Pins::Check,
-            recipes: None,
-        })?;
+        let built: Vec<crate::images::BuiltImage> =
+            crate::images::build(&crate::images::ImageOptions {
+                out: dir.join("kube/images"),
+                tag: LAB_TAG.into(),
+                profile: "debug".into(),
+                pins: crate::images::Pins::Check,
+                recipes: None,
+            })?;
         archives.extend(built.iter().map(|b| b.archive.clone()));
 
-        progress(
-            "nodes: a mount namespace each (deploy/'s hostPaths), containerd with the images imported, kubelet, kube-proxy, sshd (the node's shell); waiting for Ready",
-        );
-        let cluster_cidr = format!("198.19.{subnet}.0/24");
         let shell = NodeShell::prepare(&dir.join("kube"))?;
-        let mut nodes = Vec::new();
-        let mut routes = Vec::new();
-        let (block, prefix_len) = pod_block(lab.nodes.len());
-        for (i, n) in lab.nodes.iter().enumerate() {
-            let base = dir.join("nodes").join(&n.name);
-            let fs = NodeFs::create(&base)?;
-            let pod_subnet = format!("198.19.{subnet}.{}/{prefix_len}", block * (i + 1));
-            routes.push((pod_subnet.clone(), n.ip.clone()));
-            let spec = NodeSpec {
-                name: &n.name,
-                ip: n.ip.parse()?,
-                netns: &lab.net.netns(i),
-                base: &base,
-                fs: &fs,
-                pod_subnet,
-                cluster_cidr: cluster_cidr.clone(),
-                cgroup_root: format!("/csi-scsi-{}-{}", lab.config.prefix, n.name),
-                shell: &shell,
-            };
-            nodes.push(KubeNode::start(&spec, &plane, &tools, &archives).await?);
-        }
-        for n in &nodes {
-            lab.record_pids(&n.pids())?;
-            lab.record_cgroup(&n.cgroup_root)?;
-        }
-        route_pod_subnets(lab, &routes)?;
-        for n in &nodes {
-            kubectl
-                .wait_for(
-                    &format!("Node {} Ready", n.name),
-                    Duration::from_secs(120),
-                    |k| {
-                        let node = k.object::<Node>(&n.name, None)?;
-                        Ok(api::node_ready(&node).then_some(()))
-                    },
+        let nodes = match lab.config.vm {
+            false => {
+                progress(
+                    "nodes: a mount namespace each (deploy/'s hostPaths), containerd with the images imported, kubelet, kube-proxy, sshd (the node's shell); waiting for Ready",
+                );
+                host_nodes(lab, &plane, &tools, &archives, &shell, &kubectl).await?
+            }
+            true => {
+                vm_cluster(
+                    lab,
+                    &plane,
+                    &tools,
+                    &built,
+                    &archives[0],
+                    &shell,
+                    &kubectl,
+                    progress,
                 )
-                .await
-                .with_context(|| crate::tail::tail(&n.kubelet.log(), 40))?;
-        }
+                .await?
+            }
+        };
 
         progress(&format!(
             "driver: installed with {via}; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready"
@@ -251,7 +239,10 @@ impl KubeLab {
                 &dir.join("kube/helm"),
             )
         });
-        let installer = Installer::new(via, &kubectl, helm)?;
+        let mut installer = Installer::new(via, &kubectl, helm)?;
+        if this_is_vm {
+            installer = installer.on_vm_nodes();
+        }
         let ca = lab.pki.ca_dir();
         let rendered = installer.install(|ns| proxy_secret(&kubectl, &ca, ns))?;
         let namespace = rendered.namespace.clone();
@@ -283,7 +274,9 @@ impl KubeLab {
     pub async fn wait_installed(&self) -> anyhow::Result<()> {
         let k = &self.kubectl;
         let ns = &self.namespace;
-        let nodes = self.nodes.len();
+        // The agents' nodes: every lab node (on VM nodes, not the
+        // controller's host-side node).
+        let nodes = self.lab.nodes.len();
         k.wait_for(
             &format!("DaemonSet csi-scsi-node: {nodes} Pods ready"),
             Duration::from_secs(180),
@@ -314,7 +307,7 @@ impl KubeLab {
         )
         .await
         .with_context(|| pods::describe(k, ns))?;
-        for n in &self.nodes {
+        for n in &self.lab.nodes {
             k.wait_for(
                 &format!("CSINode {} with csi-scsi.io", n.name),
                 Duration::from_secs(60),
@@ -345,6 +338,160 @@ impl KubeLab {
             ssh_key: Some(self.shell.key()),
         }
     }
+}
+
+/// The Kubernetes lab's nodes on this host: one per lab node, each in its
+/// network and mount namespaces, Ready.
+async fn host_nodes(
+    lab: &mut Lab,
+    plane: &ControlPlane,
+    tools: &GoTools,
+    archives: &[PathBuf],
+    shell: &NodeShell,
+    kubectl: &Kubectl,
+) -> anyhow::Result<Vec<KubeNode>> {
+    let dir = lab.config.dir.clone();
+    let subnet = lab.config.subnet;
+    let cluster_cidr = format!("198.19.{subnet}.0/24");
+    let mut nodes = Vec::new();
+    let mut routes = Vec::new();
+    let (block, prefix_len) = pod_block(lab.nodes.len());
+    for (i, n) in lab.nodes.iter().enumerate() {
+        let base = dir.join("nodes").join(&n.name);
+        let fs = NodeFs::create(&base)?;
+        let pod_subnet = format!("198.19.{subnet}.{}/{prefix_len}", block * (i + 1));
+        routes.push((pod_subnet.clone(), n.ip.clone()));
+        let spec = NodeSpec {
+            name: &n.name,
+            ip: n.ip.parse()?,
+            netns: &lab.net.netns(i),
+            base: &base,
+            fs: &fs,
+            pod_subnet,
+            cluster_cidr: cluster_cidr.clone(),
+            cgroup_root: format!("/csi-scsi-{}-{}", lab.config.prefix, n.name),
+            shell,
+        };
+        nodes.push(KubeNode::start(&spec, plane, tools, archives).await?);
+    }
+    for n in &nodes {
+        lab.record_pids(&n.pids())?;
+        lab.record_cgroup(&n.cgroup_root)?;
+    }
+    route_pod_subnets(lab, &routes)?;
+    for n in &nodes {
+        kubectl
+            .wait_for(
+                &format!("Node {} Ready", n.name),
+                Duration::from_secs(120),
+                |k| {
+                    let node = k.object::<Node>(&n.name, None)?;
+                    Ok(api::node_ready(&node).then_some(()))
+                },
+            )
+            .await
+            .with_context(|| crate::tail::tail(&n.kubelet.log(), 40))?;
+    }
+
+    Ok(nodes)
+}
+
+/// The name of the host-side node that runs the controller in the lab on
+/// VM nodes.
+pub const CONTROL_NODE: &str = "control-plane";
+
+/// The lab on VM nodes: every lab node a qemu guest that is a Kubernetes
+/// node ([`vm_node`]), and one host-side node, `control-plane`, labelled
+/// and tainted as a control-plane node, where the controller Deployment
+/// runs (deploy/overlays/lab-vm places it there, and the agents on the
+/// guests only). Returns the host-side node.
+#[allow(clippy::too_many_arguments)]
+async fn vm_cluster(
+    lab: &mut Lab,
+    plane: &ControlPlane,
+    tools: &GoTools,
+    built: &[crate::images::BuiltImage],
+    workloads: &Path,
+    shell: &NodeShell,
+    kubectl: &Kubectl,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<KubeNode>> {
+    let dir = lab.config.dir.clone();
+    let subnet = lab.config.subnet;
+    let guests = lab.config.nodes;
+    let (block, prefix_len) = pod_block(guests + 1);
+    let pod_subnet = |i: usize| format!("198.19.{subnet}.{}/{prefix_len}", block * (i + 1));
+    progress(
+        "control-plane node: on this host in a namespace of its own (containerd with the controller's images, kubelet, kube-proxy), labelled and tainted node-role.kubernetes.io/control-plane",
+    );
+    let c = guests;
+    lab.net.add_node(c)?;
+    let base = dir.join("nodes").join(CONTROL_NODE);
+    let fs = NodeFs::create(&base)?;
+    let mut archives = vec![workloads.to_owned()];
+    archives.extend(built.iter().map(|b| b.archive.clone()));
+    let spec = NodeSpec {
+        name: CONTROL_NODE,
+        ip: lab.net.node_ip(c).parse()?,
+        netns: &lab.net.netns(c),
+        base: &base,
+        fs: &fs,
+        pod_subnet: pod_subnet(c),
+        cluster_cidr: format!("198.19.{subnet}.0/24"),
+        cgroup_root: format!("/csi-scsi-{}-{CONTROL_NODE}", lab.config.prefix),
+        shell,
+    };
+    let control = KubeNode::start(&spec, plane, tools, &archives).await?;
+    lab.record_pids(&control.pids())?;
+    lab.record_cgroup(&control.cgroup_root)?;
+    kubectl
+        .wait_for(
+            &format!("Node {CONTROL_NODE} Ready"),
+            Duration::from_secs(120),
+            |k| {
+                let node = k.object::<Node>(CONTROL_NODE, None)?;
+                Ok(api::node_ready(&node).then_some(()))
+            },
+        )
+        .await
+        .with_context(|| crate::tail::tail(&control.kubelet.log(), 40))?;
+    // What a kubelet may not set on itself (NodeRestriction): the admin does.
+    kubectl.run(&[
+        "label",
+        "node",
+        CONTROL_NODE,
+        "node-role.kubernetes.io/control-plane=",
+    ])?;
+    kubectl.run(&[
+        "taint",
+        "node",
+        CONTROL_NODE,
+        "node-role.kubernetes.io/control-plane=:NoSchedule",
+    ])?;
+
+    let t = std::time::Instant::now();
+    let agent = built
+        .iter()
+        .find(|b| b.reference.contains("csi-scsi/agent"))
+        .context("the agent's image")?;
+    progress(&format!(
+        "VM nodes: {guests} qemu guests (TCG) of Debian's kernel with the real initiator, udev and dm-multipath, each a Kubernetes node: containerd, runc, CNI and kubelet {} inside, the agent's and the workloads' images imported",
+        tools.kubernetes()
+    ));
+    let guest_archives = vec![workloads.to_owned(), agent.archive.clone()];
+    let subnets: Vec<String> = (0..guests).map(pod_subnet).collect();
+    vm_node::boot_guests(lab, plane, tools, &guest_archives, &subnets)?;
+    // The controller's Pods answer the agents from the control node's Pod
+    // subnet: the host and each guest's namespace route it there.
+    route_pod_subnets(lab, &[(pod_subnet(c), lab.net.node_ip(c))])?;
+    let figures = vm_node::wait_ready(lab, kubectl, t, Duration::from_secs(420)).await?;
+    for (name, secs, rss) in &figures.nodes {
+        progress(&format!(
+            "{name}: Node Ready {secs:.1}s after the guests began to boot; qemu RSS {rss} MiB (guest memory {} MiB)",
+            crate::vm::KUBE_GUEST_MEMORY_MIB
+        ));
+    }
+    Ok(vec![control])
 }
 
 /// The trust material the driver's Pods mount, made as docs/kubernetes.md

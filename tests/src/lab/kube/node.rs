@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use super::images::PAUSE;
 use super::kubelet_unit::KubeletUnit;
+use super::node_config;
 use super::node_fs::NodeFs;
 use super::node_shell::NodeShell;
 use crate::daemon::Daemon;
@@ -95,62 +95,25 @@ impl KubeNode {
         let sock = containerd_socket(spec.base);
         std::fs::write(
             cni.join("10-lab.conflist"),
-            serde_json::to_vec_pretty(&serde_json::json!({
-                "cniVersion": "1.0.0",
-                "name": "lab",
-                "plugins": [{
-                    "type": "bridge",
-                    "bridge": "cni0",
-                    "isGateway": true,
-                    "ipMasq": false,
-                    // The default route through the node: Pods reach the
-                    // API server (the `kubernetes` Service) and other nodes.
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": spec.pod_subnet}]],
-                             "routes": [{"dst": "0.0.0.0/0"}],
-                             "dataDir": super::cni::ipam_dir(&rt).display().to_string()}
-                }]
-            }))?,
+            serde_json::to_vec_pretty(&node_config::cni_network(
+                &spec.pod_subnet,
+                &super::cni::ipam_dir(&rt),
+            ))?,
         )?;
         let config = ctrd.join("config.toml");
         std::fs::write(
             &config,
-            format!(
-                r#"version = 2
-root = "{root}"
-state = "{state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = "{sock}.debug"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE}"
-  # root here lacks CAP_SYS_RESOURCE: runc may only raise oom_score_adj.
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
-"#,
-                root = ctrd.join("root").display(),
-                state = ctrd.join("state").display(),
-                sock = sock.display(),
-                opt = ctrd.join("opt").display(),
-                runc = ctrd.join("runc").display(),
-                cni = cni.display(),
-            ),
+            node_config::containerd(&node_config::ContainerdPaths {
+                root: ctrd.join("root"),
+                state: ctrd.join("state"),
+                socket: sock.clone(),
+                opt: ctrd.join("opt"),
+                runc_root: ctrd.join("runc"),
+                cni_conf: cni.clone(),
+                // Root here lacks CAP_SYS_RESOURCE: runc may only raise
+                // oom_score_adj.
+                restrict_oom_score_adj: true,
+            }),
         )?;
         let proc_1 = spec.fs.anchor_proc_1(&spec.base.join("proc-1.log")).await?;
         let netns = format!("--net=/run/netns/{}", spec.netns);
@@ -190,61 +153,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         let kubelet_config = rt.join("kubelet.yaml");
         std::fs::write(
             &kubelet_config,
-            format!(
-                r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: {ip}
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: {ca}
-authorization:
-  mode: Webhook
-tlsCertFile: {cert}
-tlsPrivateKeyFile: {key}
-containerRuntimeEndpoint: unix://{sock}
-# cgroup v1 hosts: cgroupfs. From 1.35 the kubelet refuses to start on
-# cgroup v1 unless failCgroupV1 is false (docs/kubernetes-lab.md).
-cgroupDriver: cgroupfs
-failCgroupV1: false
-# Several kubelets on one host: each removes pod cgroups under its root
-# that it does not know, so each needs a root of its own.
-cgroupRoot: {cgroup_root}
-cgroupsPerQOS: true
-enforceNodeAllocatable: ["pods"]
-# Root here cannot lower OOM scores (no CAP_SYS_RESOURCE).
-oomScoreAdj: 0
-failSwapOn: false
-makeIPTablesUtilChains: false
-# The lab shares one host disk: no evictions or image GC from its use
-# (the images cannot be pulled again: there is no registry).
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  nodefs.inodesFree: "1%"
-  imagefs.available: "1%"
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-nodeStatusUpdateFrequency: 5s
-# kubelet calls NodeExpandVolume for an online resize on a pod sync, whose
-# default period (1m, plus up to 50% jitter) made the expand step ~80 s.
-syncFrequency: 5s
-resolvConf: ""
-"#,
-                ip = spec.ip,
-                ca = plane.pki.ca().display(),
-                cert = serving.cert.display(),
-                key = serving.key.display(),
-                sock = sock.display(),
-                cgroup_root = spec.cgroup_root,
-            ),
+            node_config::kubelet(&node_config::KubeletSettings {
+                address: spec.ip,
+                client_ca: &plane.pki.ca(),
+                serving: (&serving.cert, &serving.key),
+                runtime_socket: &sock,
+                shared_host_cgroup_root: Some(&spec.cgroup_root),
+            }),
         )?;
         let kubelet_args = vec![
             netns.clone(),

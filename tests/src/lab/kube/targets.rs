@@ -72,6 +72,17 @@ pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The lab's tgtd portals: the host's address, and on VM nodes the second
+/// one too (two paths to every LUN, one per guest NIC).
+fn portals(lab: &KubeLab) -> Vec<String> {
+    let net = &lab.lab.net;
+    let mut portals = vec![format!("{}:3260", net.host_ip())];
+    if lab.lab.config.vm {
+        portals.push(format!("{}:3260", net.second_host_ip()));
+    }
+    portals
+}
+
 /// An SCSITarget `name` of the lab's tgtd (portal on the host, IQN
 /// `iqn.2026-11.io.csi-scsi.lab:<iqn>`, array [`LAB_ARRAY`]), with the
 /// CHAP Secret in `chap_namespace` when given.
@@ -83,7 +94,7 @@ pub(super) fn lab_target(
 ) -> SCSITarget {
     let spec = SCSITargetSpec {
         iscsi: Some(IscsiSpec {
-            portals: vec![format!("{}:3260", lab.lab.net.host_ip())],
+            portals: portals(lab),
             iqn: format!("iqn.2026-11.io.csi-scsi.lab:{iqn}"),
             chap_secret_ref: chap_namespace.map(|ns| SecretReference {
                 name: CHAP_SECRET.into(),
