@@ -530,9 +530,6 @@ fn proxy_secret(kubectl: &Kubectl, ca: &Path, namespace: &str) -> anyhow::Result
     Ok(())
 }
 
-/// Routes every node's Pod subnet through that node, on the host (the API
-/// server answers Pods that reach it through the `kubernetes` Service) and
-/// on every other node: a flat Pod network, as a cluster's CNI provides.
 /// The size and prefix length of each node's Pod subnet: the largest block
 /// that fits the cluster's /24 once per node, after the first block (which
 /// holds the Service range, `.0/28`). Three nodes get a /26 (62 Pods each:
@@ -545,6 +542,9 @@ fn pod_block(nodes: usize) -> (usize, u32) {
     (block, 32 - block.trailing_zeros())
 }
 
+/// Routes every node's Pod subnet through that node, on the host (the API
+/// server answers Pods that reach it through the `kubernetes` Service) and
+/// on every other node: a flat Pod network, as a cluster's CNI provides.
 fn route_pod_subnets(lab: &Lab, routes: &[(String, String)]) -> anyhow::Result<()> {
     for (subnet, via) in routes {
         sh_ok("ip", &["route", "replace", subnet, "via", via])?;
