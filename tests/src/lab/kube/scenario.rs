@@ -305,17 +305,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
                 "--wait=true",
                 "--timeout=120s",
             ])?;
-            k.wait_for("every PV gone", WAIT, |k| {
-                Ok(k.objects::<PersistentVolume>(&[])?.is_empty().then_some(()))
-            })
-            .await?;
-            let available = k
-                .wait_for("every SCSIDevice Available", WAIT, |k| {
-                    let items = k.objects::<SCSIDevice>(&[])?;
-                    let all = items.iter().all(|d| phase(d) == Some(Phase::Available));
-                    Ok(all.then_some(items.len()))
-                })
-                .await?;
+            let available = wait_all_released(&k).await?;
             Ok(((), format!("{available} devices Available")))
         },
     )
@@ -555,6 +545,21 @@ fn events_of(k: &Kubectl, name: &str) -> anyhow::Result<Vec<Event>> {
 }
 
 /// The device's phase (None before the proxy wrote its status).
+/// Waits until every PV is gone and every SCSIDevice is Available again
+/// (wiped and offered); returns how many devices there are.
+pub(super) async fn wait_all_released(k: &Kubectl) -> anyhow::Result<usize> {
+    k.wait_for("every PV gone", WAIT, |k| {
+        Ok(k.objects::<PersistentVolume>(&[])?.is_empty().then_some(()))
+    })
+    .await?;
+    k.wait_for("every SCSIDevice Available", WAIT, |k| {
+        let items = k.objects::<SCSIDevice>(&[])?;
+        let all = items.iter().all(|d| phase(d) == Some(Phase::Available));
+        Ok(all.then_some(items.len()))
+    })
+    .await
+}
+
 pub(super) fn phase(d: &SCSIDevice) -> Option<Phase> {
     d.status.as_ref().map(|s| s.phase)
 }

@@ -5,15 +5,13 @@
 //! dm-multipath map over both portals' paths.
 
 use anyhow::{Context, bail};
-use csi_scsi_proxy::device::Phase;
 use csi_scsi_proxy::resources::{SCSIDevice, SCSITarget};
-use k8s_openapi::api::core::v1::PersistentVolume;
 
 use super::KubeLab;
 use super::api::Typed;
 use super::scenario::{
-    NS, WAIT, bound_pv, delete_workloads, exec, phase, pod, pv_wwid, pvc, storage_class,
-    wait_running,
+    NS, WAIT, bound_pv, delete_workloads, exec, pod, pv_wwid, pvc, storage_class,
+    wait_all_released, wait_running,
 };
 use crate::lab::node_name;
 use crate::lab::scenario::Report;
@@ -22,7 +20,7 @@ use crate::lab::scenario::Report;
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     let mut r = Report::default();
     let k = lab.kubectl.clone();
-    let (node_a, node_b, node_c) = (node_name(0), node_name(1), node_name(2));
+    let node_b = node_name(1);
 
     r.step(
         "targets: array-a's CHAP Secret and the SCSITargets (two portals each), created through the API; every guest's agent discovers through its real initiator",
@@ -60,43 +58,18 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
 
     r.step(
         "ext4: a PVC and a Pod on node-a that writes a marker (fsynced); staged on a dm-multipath map over both portals",
-        async {
-            k.apply_object(&pvc("data", "vm-ext4", "Filesystem", "400Mi"))?;
-            k.apply_object(&pod(
-                "writer",
-                &node_a,
-                "data",
-                false,
-                "echo vm-marker-1 > /data/marker && sync && sleep 100000",
-            ))?;
-            wait_running(&k, "writer").await?;
-            let got = exec(&k, "writer", &["cat", "/data/marker"])?;
-            anyhow::ensure!(got.trim() == "vm-marker-1", "marker read back as {got:?}");
-            let pv = bound_pv(&k, "data").context("bound PV")?;
-            let map = staged_map(lab, 0, &pv_wwid(&k, &pv)?).await?;
-            Ok(((), format!("{pv} on {node_a}: {map}")))
-        },
+        marker_pod(lab, ("data", "vm-ext4", "400Mi"), ("writer", 0), "vm-marker-1"),
     )
     .await?;
 
     r.step(
         "xfs: a PVC and a Pod on node-c that writes a marker; its own map",
-        async {
-            k.apply_object(&pvc("logs", "vm-xfs", "Filesystem", "600Mi"))?;
-            k.apply_object(&pod(
-                "logger",
-                &node_c,
-                "logs",
-                false,
-                "echo vm-marker-2 > /data/marker && sync && sleep 100000",
-            ))?;
-            wait_running(&k, "logger").await?;
-            let got = exec(&k, "logger", &["cat", "/data/marker"])?;
-            anyhow::ensure!(got.trim() == "vm-marker-2", "marker read back as {got:?}");
-            let pv = bound_pv(&k, "logs").context("bound PV")?;
-            let map = staged_map(lab, 2, &pv_wwid(&k, &pv)?).await?;
-            Ok(((), format!("{pv} on {node_c}: {map}")))
-        },
+        marker_pod(
+            lab,
+            ("logs", "vm-xfs", "600Mi"),
+            ("logger", 2),
+            "vm-marker-2",
+        ),
     )
     .await?;
 
@@ -145,22 +118,39 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         "delete: Pods and PVCs deleted; PVs go, the LUNs are wiped and offered again",
         async {
             delete_workloads(&k, &["reader", "logger", "raw"], &["data", "logs", "raw"])?;
-            k.wait_for("every PV gone", WAIT, |k| {
-                Ok(k.objects::<PersistentVolume>(&[])?.is_empty().then_some(()))
-            })
-            .await?;
-            let available = k
-                .wait_for("every SCSIDevice Available", WAIT, |k| {
-                    let items = k.objects::<SCSIDevice>(&[])?;
-                    let all = items.iter().all(|d| phase(d) == Some(Phase::Available));
-                    Ok(all.then_some(items.len()))
-                })
-                .await?;
+            let available = wait_all_released(&k).await?;
             Ok(((), format!("{available} devices Available")))
         },
     )
     .await?;
     Ok(r)
+}
+
+/// A filesystem PVC `(claim, class, size)` and a Pod `(name, node index)`
+/// writing `marker` (fsynced) to it; the marker is read back, and the
+/// volume's staging mount in that guest stands on its dm-multipath map.
+async fn marker_pod(
+    lab: &KubeLab,
+    (claim, class, size): (&str, &str, &str),
+    (name, node): (&str, usize),
+    marker: &str,
+) -> anyhow::Result<((), String)> {
+    let k = &lab.kubectl;
+    let node_name = node_name(node);
+    k.apply_object(&pvc(claim, class, "Filesystem", size))?;
+    k.apply_object(&pod(
+        name,
+        &node_name,
+        claim,
+        false,
+        &format!("echo {marker} > /data/marker && sync && sleep 100000"),
+    ))?;
+    wait_running(k, name).await?;
+    let got = exec(k, name, &["cat", "/data/marker"])?;
+    anyhow::ensure!(got.trim() == marker, "marker read back as {got:?}");
+    let pv = bound_pv(k, claim).context("bound PV")?;
+    let map = staged_map(lab, node, &pv_wwid(k, &pv)?).await?;
+    Ok(((), format!("{pv} on {node_name}: {map}")))
 }
 
 /// The dm-multipath map of `wwid` on guest `i` that kubelet's staging
