@@ -229,8 +229,13 @@ impl KubeLab {
             }
         };
 
+        let source = if this_is_vm {
+            "kustomize (deploy/overlays/lab-vm)".to_owned()
+        } else {
+            via.to_string()
+        };
         progress(&format!(
-            "driver: installed with {via}; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready"
+            "driver: installed with {source}; the proxy's certificate Secret as docs/kubernetes.md makes it; DaemonSet and Deployment Pods Ready"
         ));
         let helm = (via == Via::Helm).then(|| {
             Helm::new(

@@ -78,6 +78,10 @@ impl NodeFs {
                 if !b.target.starts_with(SEAM_MOUNT) || b.target == SEAM_MOUNT {
                     std::fs::create_dir_all(b.target)
                         .with_context(|| format!("creating the mount point {}", b.target))?;
+                } else if let Ok(inner) = Path::new(b.target).strip_prefix(SEAM_MOUNT) {
+                    // Inside the seam: its mount point is in the seam's
+                    // directory (a node without a stand-in has none yet).
+                    std::fs::create_dir_all(base.join(super::super::SEAM_DIR).join(inner))?;
                 }
             }
         }
