@@ -41,6 +41,47 @@ pub enum TransportError {
     Tls(#[from] CertError),
 }
 
+/// Whether the connection under `failure` (a failed call's error, its
+/// causes walked) was refused over a certificate: the agent's did not
+/// verify here, or the agent refused the proxy's. A timeout, a reset or a
+/// refused connection is not: it says nothing about either certificate
+/// (a starved node answers late), so it must not be taken for one.
+pub fn certificate_refused(failure: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(failure);
+    while let Some(e) = next {
+        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = tls {
+            return refuses_a_certificate(tls);
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The TLS failures that are about a certificate, either side's.
+fn refuses_a_certificate(e: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::CertificateRequired
+        ),
+        _ => false,
+    }
+}
+
 /// Bounds the TLS handshakes in progress on one listener: a peer that
 /// opens connections and never finishes its handshake holds a slot for at
 /// most the handshake timeout, and once every slot is held a new

@@ -403,10 +403,18 @@ impl Enroller {
                     return Ok(Outcome::Renewed { serial });
                 }
                 Err(s) => {
-                    untrusted = Some(
-                        crate::agents::transport_failure(&s)
-                            .unwrap_or_else(|| s.message().to_owned()),
-                    );
+                    let why = crate::agents::transport_failure(&s);
+                    // Doubt is not distrust: a handshake that timed out or
+                    // a reset leaves the agent's certificate as it is (a
+                    // starved node answers late; the next pass asks again).
+                    // Only a certificate refused, or an answer from the
+                    // agent, sends the proxy to the node's credential.
+                    if let Some(why) = &why
+                        && !csi_scsi_daemon::certificate_refused(&s)
+                    {
+                        return Err(unreachable(why.clone()));
+                    }
+                    untrusted = Some(why.unwrap_or_else(|| s.message().to_owned()));
                 }
             }
         }

@@ -25,6 +25,11 @@ use csi_scsi_tests::lab::kube::install::Via;
 use csi_scsi_tests::lab::kube::node_shell;
 use csi_scsi_tests::lab::{Lab, LabConfig, down, scenario};
 
+/// Guests of `--kubernetes --vm` by default: a third one-vCPU TCG guest
+/// beside the host's control plane starves two cores (readiness probes and
+/// the API server's calls to kubelets time out).
+const VM_KUBE_NODES: usize = 2;
+
 const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustomize|helm]] [--vm] [--keep] [--dir DIR] [--nodes N] [--pool N]
               [--pool-large N]
        lab down [--dir DIR]
@@ -47,7 +52,9 @@ const USAGE: &str = "usage: lab up [--kubernetes [--version MINOR] [--via kustom
             deploy/overlays/lab-vm, the agent as the DaemonSet's Pod on the
             guest's real kernel, the controller on a host-side control-plane
             node (docs/kubernetes-lab.md, VM nodes)
-  --nodes N N nodes, 3 to 8 (default 3)
+  --nodes N N nodes, 3 to 8 (default 3); with --kubernetes --vm 2 to 8
+            (default 2: three TCG guests and the control plane starve this
+            machine's two cores, docs/kubernetes-lab.md)
   --pool N  N small LUNs (64 MiB, c1..cN, N from 1 to 64) on array-c, which
             every node sees (label tier=pool): devices for suites that create
             many volumes
@@ -107,6 +114,7 @@ fn main() -> ExitCode {
     let mut via = Via::default();
     let mut minor = None;
     let mut cmd = None;
+    let mut nodes = None;
     let mut images = ImageOptions::default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -117,8 +125,8 @@ fn main() -> ExitCode {
             "--kubernetes" => kubernetes = true,
             "--vm" => config.vm = true,
             "--dir" => config.dir = it.next().map(PathBuf::from).unwrap_or(config.dir),
-            "--nodes" => match count(a, it.next(), 3..=8) {
-                Ok(n) => config.nodes = n,
+            "--nodes" => match count(a, it.next(), 2..=8) {
+                Ok(n) => nodes = Some(n),
                 Err(e) => {
                     eprintln!("lab: {e}");
                     return ExitCode::from(64);
@@ -181,6 +189,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(64);
             }
         }
+    }
+    match (nodes, kubernetes && config.vm) {
+        (Some(2), false) => {
+            eprintln!("lab: --nodes 2: must be 3 to 8 (2 only with --kubernetes --vm)");
+            return ExitCode::from(64);
+        }
+        (Some(n), _) => config.nodes = n,
+        (None, true) => config.nodes = VM_KUBE_NODES,
+        (None, false) => {}
     }
     if minor.is_some() && !kubernetes {
         eprintln!("lab: --version is a Kubernetes minor: it goes with --kubernetes");

@@ -679,21 +679,26 @@ fn wwid_of(v: &Volume) -> anyhow::Result<&str> {
 }
 
 /// A map as `multipath -ll` shows it.
-struct MapView {
-    name: String,
-    active: usize,
-    failed: usize,
-    listing: String,
+pub(crate) struct MapView {
+    /// The map's name (`3<naa>`).
+    pub(crate) name: String,
+    /// Paths `active ready running`.
+    pub(crate) active: usize,
+    /// Paths failed or faulty.
+    pub(crate) failed: usize,
+    /// The listing itself.
+    pub(crate) listing: String,
 }
 
 impl MapView {
-    fn summary(&self) -> String {
+    /// "N active, M failed".
+    pub(crate) fn summary(&self) -> String {
         format!("{} active, {} failed", self.active, self.failed)
     }
 }
 
 /// The multipath map of `wwid` (`naa.<hex>`) in the guest.
-async fn map_of(g: &Guest, wwid: &str) -> anyhow::Result<MapView> {
+pub(crate) async fn map_of(g: &Guest, wwid: &str) -> anyhow::Result<MapView> {
     let name = format!("3{}", wwid.trim_start_matches("naa."));
     let listing = g.run(&["multipath", "-ll", &name]).await?;
     ensure!(listing.contains(&name), "no map {name}: {listing}");
@@ -714,7 +719,7 @@ async fn map_of(g: &Guest, wwid: &str) -> anyhow::Result<MapView> {
 }
 
 /// Waits until the map of `wwid` satisfies `ok`.
-async fn wait_map(
+pub(crate) async fn wait_map(
     g: &Guest,
     wwid: &str,
     ok: impl Fn(&MapView) -> bool,

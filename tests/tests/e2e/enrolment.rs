@@ -618,3 +618,84 @@ fn now_secs() -> f64 {
         .expect("after 1970")
         .as_secs_f64()
 }
+
+/// In front of `to`: the first connection is accepted and held, never
+/// forwarded (a node too starved to finish a handshake in time); every
+/// later one is relayed. Returns its address.
+async fn hold_first_connection(to: std::net::SocketAddr) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut conn, _)) = listener.accept().await {
+            if held.is_empty() {
+                held.push(conn);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut agent) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut agent).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_handshake_that_times_out_is_not_a_refused_certificate_and_nothing_is_re_enrolled() {
+    use csi_scsi_proxy::enrolment::{EnrolError, Enroller, JoinTokenCheck, Outcome};
+    let env = Env::new();
+    let (token_file, _) = join_token(&env, "node-a", 60, "node-a.token");
+    let (agent, tls) = enrolling_agent(&env, "node-a", &token_file).await;
+    let proxy = signing_proxy(&env, &[("node-a", &agent)], 3600);
+    eventually("the agent's first certificate", || async {
+        tls.join("tls.crt").exists().then_some(())
+    })
+    .await;
+    drop(proxy);
+    let first = std::fs::read(tls.join("tls.crt")).expect("certificate");
+    // Without the rule the proxy would go to the node's credential (here
+    // a used join token, so Refused; in a cluster a ServiceAccount token,
+    // so a new certificate): the outcome tells.
+
+    let ca = env.pki.ca_dir();
+    let directory = csi_scsi_proxy::directory::FileDirectory::load(&env.path("agents.txt"))
+        .expect("agents file");
+    let enroller = Enroller::new(
+        directory,
+        proxy_store(&env),
+        csi_scsi_certs::CertificateAuthority::load(&ca.join("ca.crt"), &ca.join("ca.key"))
+            .expect("signer"),
+        Duration::from_secs(3600),
+        std::sync::Arc::new(JoinTokenCheck(csi_scsi_certs::JoinTokens::new(
+            &env.path("join-tokens"),
+        ))),
+    );
+    let node: csi_scsi_contract::NodeName = "node-a".parse().expect("node name");
+    let gate = hold_first_connection(agent.api).await.to_string();
+    let started = std::time::Instant::now();
+    match enroller.visit(&node, &gate, None).await {
+        Err(EnrolError::Unreachable { reason, .. }) => {
+            assert!(!reason.is_empty(), "an unreachable agent without a reason");
+        }
+        other => panic!("a held handshake gave {other:?}, not Unreachable"),
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "the held connection was not the one that failed"
+    );
+    assert_eq!(
+        std::fs::read(tls.join("tls.crt")).expect("certificate"),
+        first,
+        "the agent's certificate was replaced after a timeout"
+    );
+    // The next look goes through: the same certificate, verified, current.
+    assert_eq!(
+        enroller.visit(&node, &gate, None).await.expect("visit"),
+        Outcome::Current
+    );
+    assert_eq!(std::fs::read(tls.join("tls.crt")).expect("certificate"), first);
+}

@@ -128,8 +128,12 @@ impl KubeLab {
         }
         // On the pool: the raw-block volume, the two-replica batch (6), the
         // crash, drain and NotReady volumes and the upgrade's writers (3),
-        // with room for LUNs still being wiped.
-        config.pool_luns = config.pool_luns.max(14);
+        // with room for LUNs still being wiped. VM nodes' steps use no
+        // pool: under TCG every LUN a guest logs in to costs udev and
+        // multipath work (14 more maps starved the guests).
+        if !config.vm {
+            config.pool_luns = config.pool_luns.max(14);
+        }
         let mut tools = TOOLS.to_vec();
         if via == Via::Helm {
             tools.push("helm");
@@ -282,9 +286,11 @@ impl KubeLab {
         // The agents' nodes: every lab node (on VM nodes, not the
         // controller's host-side node).
         let nodes = self.lab.nodes.len();
+        // Under TCG a guest takes minutes to create and start a container.
+        let within = Duration::from_secs(if self.lab.config.vm { 420 } else { 180 });
         k.wait_for(
             &format!("DaemonSet csi-scsi-node: {nodes} Pods ready"),
-            Duration::from_secs(180),
+            within,
             |k| {
                 let ds = k.object::<DaemonSet>("csi-scsi-node", Some(ns))?;
                 let st = ds.status.unwrap_or_default();

@@ -39,7 +39,10 @@ use crate::lab::scenario::{Report, lun_file};
 
 /// The namespace the workloads run in.
 pub(super) const NS: &str = "lab";
-pub(super) const WAIT: Duration = Duration::from_secs(120);
+/// How long a step waits for the cluster. A success is never this slow on
+/// host-side nodes; on VM nodes under TCG a stage (login, udev, multipath,
+/// mkfs) takes a minute or two.
+pub(super) const WAIT: Duration = Duration::from_secs(240);
 
 /// Runs the life cycle; every step's result is printed as it finishes.
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
@@ -872,7 +875,7 @@ async fn cleanup_modes(lab: &mut KubeLab, node: &str) -> anyhow::Result<String> 
 
 /// Expansion as a storage administrator sees it: the claim asks first, the
 /// driver records the request beside the PVC, the array grows the LUN.
-async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
+pub(super) async fn expand(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let before = df_kib(&k, "writer")?;
     let pv = bound_pv(&k, "data")?;

@@ -45,7 +45,7 @@ const TARGETS: &[TargetRow] = &[
 
 /// Creates (or updates) the CHAP Secret of array-a and the three targets,
 /// all of one tgtd (`array`: the LUN array-a and array-b both export is
-/// one device, not a conflict).
+/// one device, not a conflict); array-c only when the lab has a pool.
 pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
     let k = &lab.kubectl;
     let ns = &lab.namespace;
@@ -61,7 +61,11 @@ pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
         ])),
         ..Secret::default()
     })?;
+    let pool = lab.lab.config.pool_luns + lab.lab.config.large_pool_luns > 0;
     for (name, iqn, chap, labels) in TARGETS {
+        if *name == "array-c" && !pool {
+            continue;
+        }
         let mut target = lab_target(lab, name, iqn, chap.then_some(ns.as_str()));
         target.spec.device_labels = labels
             .iter()

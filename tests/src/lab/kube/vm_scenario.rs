@@ -4,6 +4,8 @@
 //! Each filesystem volume's staging mount is checked in the guest to be a
 //! dm-multipath map over both portals' paths.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, bail};
 use csi_scsi_proxy::resources::{SCSIDevice, SCSITarget};
 
@@ -15,25 +17,34 @@ use super::scenario::{
 };
 use crate::lab::node_name;
 use crate::lab::scenario::Report;
+use crate::vm::checks::wait_map;
+
+/// How long the first discovery may take: under TCG a guest's first
+/// Discover (logins to both portals, udev, multipath) outlasts the proxy's
+/// 60 s deadline, and the next pass, 90 s on, finds the LUNs.
+const DISCOVERY_WAIT: Duration = Duration::from_secs(300);
 
 /// Runs the steps; the first failure ends the run.
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     let mut r = Report::default();
     let k = lab.kubectl.clone();
     let node_b = node_name(1);
+    // Two guests by default (lab.rs, VM_KUBE_NODES): the last one is the
+    // node array-b's ACL refuses.
+    let last = lab.lab.nodes.len() - 1;
 
     r.step(
         "targets: array-a's CHAP Secret and the SCSITargets (two portals each), created through the API; every guest's agent discovers through its real initiator",
         async {
             super::targets::create_targets(lab)?;
             let devices = k
-                .wait_for("SCSIDevices discovered", WAIT, |k| {
+                .wait_for("SCSIDevices discovered", DISCOVERY_WAIT, |k| {
                     let n = k.objects::<SCSIDevice>(&[])?.len();
                     Ok((n >= 4).then_some(n))
                 })
                 .await?;
             let nodes = k
-                .wait_for("SCSITarget array-a seen by every guest", WAIT, |k| {
+                .wait_for("SCSITarget array-a seen by every guest", DISCOVERY_WAIT, |k| {
                     let status = k.object::<SCSITarget>("array-a", None)?.status.unwrap_or_default();
                     let nodes = status.nodes.len();
                     Ok((nodes == lab.lab.nodes.len()).then_some(nodes))
@@ -45,7 +56,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "classes: ext4 and xfs on array-a (CHAP), raw block on array-b (its ACL refuses node-c)",
+        "classes: ext4 and xfs on array-a (CHAP), raw block on array-b (its ACL refuses the last node)",
         async {
             k.run(&["create", "namespace", NS])?;
             k.apply_object(&storage_class("vm-ext4", "array=a", "ext4", "zero"))?;
@@ -63,23 +74,23 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
-        "xfs: a PVC and a Pod on node-c that writes a marker; its own map",
+        "xfs: a PVC and a Pod on the last node that writes a marker; its own map",
         marker_pod(
             lab,
             ("logs", "vm-xfs", "600Mi"),
-            ("logger", 2),
+            ("logger", last),
             "vm-marker-2",
         ),
     )
     .await?;
 
     r.step(
-        "raw block: a Block PVC on array-b and a Pod on node-b that writes and reads the device",
+        "raw block: a Block PVC on array-b and a Pod on node-a (array-b admits it) that writes and reads the device",
         async {
             k.apply_object(&pvc("raw", "vm-block", "Block", "600Mi"))?;
             k.apply_object(&pod(
                 "raw",
-                &node_b,
+                &node_name(0),
                 "raw",
                 true,
                 "echo vm-block-marker | dd of=/dev/xvda bs=512 conv=fsync 2>/dev/null && sleep 100000",
@@ -93,6 +104,23 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             anyhow::ensure!(got.trim() == "vm-block-marker", "block marker read back as {got:?}");
             Ok(((), String::new()))
         },
+    )
+    .await?;
+
+    r.step(
+        "expand: the ext4 PVC asks for 256 MiB more while its Pod runs; the array grows the LUN; the resizer, the agent (the map resized) and kubelet grow the filesystem online (df in the Pod)",
+        async {
+            let grown = super::scenario::expand(&mut *lab).await?;
+            let wwid = pv_wwid(&lab.kubectl, &bound_pv(&lab.kubectl, "data")?)?;
+            let map = staged_map(lab, 0, &wwid).await?;
+            Ok(((), format!("{grown}\n      still staged on {map}")))
+        },
+    )
+    .await?;
+
+    r.step(
+        "path cut: portal 2's link of node-a cut while the ext4 Pod writes 64 KiB blocks, each fsynced; writes go on over one path, the path comes back, every block reads back",
+        path_cut(lab),
     )
     .await?;
 
@@ -124,6 +152,83 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
     Ok(r)
+}
+
+/// Writes block `$n` of 64 KiB (its text "block <n>" repeated) and
+/// fsyncs it, until `/data/cut/stop` exists; `/data/cut/progress` holds
+/// "<blocks> <errors>".
+const CUT_LOAD: &str = r#"mkdir -p /data/cut; n=0; e=0; while [ ! -e /data/cut/stop ]; do
+  if yes "block $n" | head -c 65536 | dd of=/data/cut/b.$n conv=fsync 2>/dev/null; then n=$((n+1)); else e=$((e+1)); fi
+  echo "$n $e" > /data/cut/p.tmp && mv /data/cut/p.tmp /data/cut/progress
+done"#;
+
+/// Counts the blocks of [`CUT_LOAD`] below `/data/cut/progress`'s count
+/// whose content differs from what was written.
+const CUT_VERIFY: &str = r#"read n e < /data/cut/progress; i=0; bad=0; while [ $i -lt $n ]; do
+  yes "block $i" | head -c 65536 | cmp -s - /data/cut/b.$i || bad=$((bad+1)); i=$((i+1)); done; echo "$n $e $bad""#;
+
+/// The path-cut step: [`CUT_LOAD`] started in the `writer` Pod on node-a,
+/// portal 2's link of the guest cut until multipath fails that path and
+/// the Pod has written on over the other one, then restored; every block
+/// reads back and none failed.
+async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
+    let k = &lab.kubectl;
+    let vm = lab.lab.nodes[0].vm.as_ref().context("a VM node")?;
+    let wwid = pv_wwid(k, &bound_pv(k, "data")?)?;
+    let launch = format!("nohup sh -c '{}' >/dev/null 2>&1 &", CUT_LOAD.replace('\'', "'\\''"));
+    exec(k, "writer", &["sh", "-c", &launch])?;
+    let progress = |k: &crate::kube::Kubectl| -> anyhow::Result<(u64, u64)> {
+        let text = exec(k, "writer", &["cat", "/data/cut/progress"])?;
+        let mut it = text.split_whitespace().map(str::parse::<u64>);
+        match (it.next(), it.next()) {
+            (Some(Ok(n)), Some(Ok(e))) => Ok((n, e)),
+            _ => bail!("progress {text:?}"),
+        }
+    };
+    k.wait_for("the writer's first blocks", WAIT, |k| {
+        Ok((progress(k).unwrap_or((0, 0)).0 >= 5).then_some(()))
+    })
+    .await?;
+    let cut_at = Instant::now();
+    vm.set_link(1, false).await?;
+    let failed = wait_map(&vm.guest, &wwid, |m| m.failed == 1, WAIT)
+        .await
+        .context("multipath never failed the cut path")?;
+    let failed_after = cut_at.elapsed();
+    let (at_failure, _) = progress(k)?;
+    let (during, errors) = k
+        .wait_for("20 more blocks over the one path left", WAIT, |k| {
+            let (n, e) = progress(k)?;
+            if e > 0 {
+                bail!("{e} write errors during the cut");
+            }
+            Ok((n >= at_failure + 20).then_some((n, e)))
+        })
+        .await?;
+    vm.set_link(1, true).await?;
+    let back = wait_map(&vm.guest, &wwid, |m| m.active == 2, WAIT)
+        .await
+        .context("the path was not reinstated")?;
+    let reinstated = cut_at.elapsed();
+    exec(k, "writer", &["touch", "/data/cut/stop"])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let verdict = exec(k, "writer", &["sh", "-c", CUT_VERIFY])?;
+    let mut it = verdict.split_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(n)), Some(Ok(e)), Some(Ok(bad))) = (it.next(), it.next(), it.next()) else {
+        bail!("verify said {verdict:?}");
+    };
+    anyhow::ensure!(e == 0 && bad == 0, "{n} blocks: {e} write errors, {bad} differ");
+    Ok((
+        (),
+        format!(
+            "multipath failed the path {:.1}s after the cut ({}); {} blocks written over one path ({during} by then, {errors} errors); reinstated {:.1}s after the cut ({}); {n} blocks of 64 KiB read back intact",
+            failed_after.as_secs_f64(),
+            failed.summary(),
+            during - at_failure,
+            reinstated.as_secs_f64(),
+            back.summary()
+        ),
+    ))
 }
 
 /// A filesystem PVC `(claim, class, size)` and a Pod `(name, node index)`
