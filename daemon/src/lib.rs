@@ -27,8 +27,7 @@ mod unserved;
 pub use agent_tcp::{Severance, UNACKED_LIMIT};
 pub use agent_transport::{
     HandshakeLimit, TransportError, agent_channel, certificate_refused, enrolment_channel,
-    severable_agent_channel,
-    tls_incoming, tls_incoming_bounded,
+    severable_agent_channel, tls_incoming, tls_incoming_bounded,
 };
 pub use csi_identity::{IdentityService, NODE_TOPOLOGY_KEY, PLUGIN_NAME};
 pub use csi_socket::{CsiSocket, SocketError};

@@ -697,5 +697,8 @@ async fn a_handshake_that_times_out_is_not_a_refused_certificate_and_nothing_is_
         enroller.visit(&node, &gate, None).await.expect("visit"),
         Outcome::Current
     );
-    assert_eq!(std::fs::read(tls.join("tls.crt")).expect("certificate"), first);
+    assert_eq!(
+        std::fs::read(tls.join("tls.crt")).expect("certificate"),
+        first
+    );
 }

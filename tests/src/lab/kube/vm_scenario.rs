@@ -175,7 +175,10 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
     let k = &lab.kubectl;
     let vm = lab.lab.nodes[0].vm.as_ref().context("a VM node")?;
     let wwid = pv_wwid(k, &bound_pv(k, "data")?)?;
-    let launch = format!("nohup sh -c '{}' >/dev/null 2>&1 &", CUT_LOAD.replace('\'', "'\\''"));
+    let launch = format!(
+        "nohup sh -c '{}' >/dev/null 2>&1 &",
+        CUT_LOAD.replace('\'', "'\\''")
+    );
     exec(k, "writer", &["sh", "-c", &launch])?;
     let progress = |k: &crate::kube::Kubectl| -> anyhow::Result<(u64, u64)> {
         let text = exec(k, "writer", &["cat", "/data/cut/progress"])?;
@@ -217,7 +220,10 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
     let (Some(Ok(n)), Some(Ok(e)), Some(Ok(bad))) = (it.next(), it.next(), it.next()) else {
         bail!("verify said {verdict:?}");
     };
-    anyhow::ensure!(e == 0 && bad == 0, "{n} blocks: {e} write errors, {bad} differ");
+    anyhow::ensure!(
+        e == 0 && bad == 0,
+        "{n} blocks: {e} write errors, {bad} differ"
+    );
     Ok((
         (),
         format!(
