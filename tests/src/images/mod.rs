@@ -538,6 +538,47 @@ mod tests {
     use super::*;
     use crate::lab::net::sh;
 
+    /// Every program the agent spawns (`host.tool("…")` in agent/src) is
+    /// in its image: a missing one fails only on a real node, at the
+    /// moment the agent needs it.
+    #[test]
+    fn the_agent_image_holds_every_tool_the_agent_spawns() -> anyhow::Result<()> {
+        let recipe = Recipe::load(&recipes_dir().join("agent.yaml"))?;
+        let in_image: std::collections::BTreeSet<String> = recipe
+            .host
+            .iter()
+            .chain(recipe.copies.iter().map(|c| &c.to))
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let mut spawned = std::collections::BTreeSet::new();
+        let mut dirs = vec![workspace().join("agent/src")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path)?;
+                for rest in text.split(".tool(\"").skip(1) {
+                    if let Some((name, _)) = rest.split_once('"') {
+                        spawned.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+        anyhow::ensure!(
+            spawned.contains("iscsiadm") && spawned.contains("multipathd"),
+            "the scan of agent/src found too little: {spawned:?}"
+        );
+        let missing: Vec<_> = spawned.difference(&in_image).collect();
+        anyhow::ensure!(
+            missing.is_empty(),
+            "deploy/images/agent.yaml lacks {missing:?} (the agent spawns them)"
+        );
+        Ok(())
+    }
+
     #[test]
     fn every_recipe_parses_and_names_what_deploy_uses() -> anyhow::Result<()> {
         let kustomization =

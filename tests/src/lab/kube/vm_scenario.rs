@@ -125,9 +125,15 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "all paths lost: array-a refuses node-a and drops its sessions under the ext4 Pod; the Pod's next fsynced write fails once multipath stops queueing, NodeGetVolumeStats says abnormal, nothing is detached or wiped; the array takes node-a back, both paths return, the Pod is recreated there and every block fsynced before reads back",
+        all_paths_lost(lab),
+    )
+    .await?;
+
+    r.step(
         "move: the ext4 Pod is deleted and recreated on node-b, which reads node-a's marker; node-a's map is gone",
         async {
-            delete_workloads(&k, &["writer"], &[])?;
+            delete_workloads(&k, &["survivor"], &[])?;
             k.apply_object(&pod("reader", &node_b, "data", false, "sleep 100000"))?;
             wait_running(&k, "reader").await?;
             let got = exec(&k, "reader", &["cat", "/data/marker"])?;
@@ -232,6 +238,165 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
             failed.summary(),
             during - at_failure,
             reinstated.as_secs_f64(),
+            back.summary()
+        ),
+    ))
+}
+
+/// How many times node `i`'s agent (its container log in the guest) shows
+/// an agent API call of `method`.
+async fn agent_calls_in_guest(lab: &KubeLab, i: usize, method: &str) -> anyhow::Result<usize> {
+    let guest = &lab.lab.nodes[i].vm.as_ref().context("a VM node")?.guest;
+    let script = format!(
+        "cat /var/log/pods/csi-scsi_csi-scsi-node-*/csi-scsi-agent/*.log | grep -c 'method=\"{method}\"' || true"
+    );
+    Ok(guest.run(&["sh", "-c", &script]).await?.trim().parse()?)
+}
+
+/// Detach and Wipe calls node-a's agent has served.
+async fn detach_or_wipe_calls(lab: &KubeLab) -> anyhow::Result<usize> {
+    Ok(
+        agent_calls_in_guest(lab, 0, "Detach").await?
+            + agent_calls_in_guest(lab, 0, "Wipe").await?,
+    )
+}
+
+/// The all-paths-lost step: array-a's ACL keeps node-b only and its
+/// sessions are dropped, so node-a's map loses both paths under the
+/// `writer` Pod (the blocks of [`CUT_LOAD`] on it). While that lasts the
+/// Pod's fsynced write must fail (not hang, not succeed), the agent's
+/// NodeGetVolumeStats must say abnormal, and the VolumeAttachment, the
+/// device's phase and the map must stay, with no Detach or Wipe on
+/// node-a. Then the array takes node-a back; once both paths are active
+/// the Pod is replaced by `survivor` on node-a, which reads every block.
+async fn all_paths_lost(lab: &mut KubeLab) -> anyhow::Result<((), String)> {
+    use csi_scsi_proto::csi::NodeGetVolumeStatsRequest;
+    use csi_scsi_proto::csi::node_client::NodeClient;
+    let k = lab.kubectl.clone();
+    let node_a = node_name(0);
+    let pv = bound_pv(&k, "data")?;
+    let wwid = pv_wwid(&k, &pv)?;
+    let handle = super::scenario::volume_handle(&k, &pv)?;
+    let pod_uid =
+        super::api::uid_of(&k.object::<k8s_openapi::api::core::v1::Pod>("writer", Some(NS))?)
+            .to_owned();
+    let phase_before = super::scenario::phase(&super::scenario::device_of_volume(&k, &handle)?);
+    let guest = lab.lab.nodes[0]
+        .vm
+        .as_ref()
+        .context("a VM node")?
+        .guest
+        .clone();
+    let before = detach_or_wipe_calls(lab).await?;
+
+    let node_b_ip = lab.lab.net.node_ip(1);
+    let tgtd = lab.lab.tgtd.as_mut().context("tgtd")?;
+    tgtd.unbind_all(1).await?;
+    tgtd.bind_initiator_address(1, &node_b_ip).await?;
+    let lost_at = Instant::now();
+    let dropped = tgtd.drop_connections(1).await?;
+    wait_map(&guest, &wwid, |m| m.active == 0, WAIT)
+        .await
+        .context("node-a's paths did not fail")?;
+    let failed_after = lost_at.elapsed();
+
+    // What the Pod sees: a write and fsync that fails once multipath
+    // gives up queueing (no_path_retry), never a success.
+    let t = Instant::now();
+    let seen = exec(
+        &k,
+        "writer",
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/data/lost bs=4096 count=1 conv=fsync 2>&1; echo rc=$?",
+        ],
+    )?;
+    let write_took = t.elapsed();
+    anyhow::ensure!(
+        !seen.contains("rc=0"),
+        "a fsynced write with every path lost succeeded: {seen:?}"
+    );
+
+    // What the node plugin reports, through the guest's CSI socket (as
+    // kubelet calls it).
+    let volume_path =
+        format!("/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount");
+    let mut node = NodeClient::new(crate::csi_client::csi_channel(&lab.lab.nodes[0].csi).await?);
+    let stats = node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: handle.clone(),
+            volume_path,
+            staging_target_path: String::new(),
+        })
+        .await
+        .context("NodeGetVolumeStats")?
+        .into_inner();
+    let condition = stats
+        .volume_condition
+        .filter(|c| c.abnormal)
+        .map(|c| c.message)
+        .context("NodeGetVolumeStats reports no abnormal condition with every path lost")?;
+    anyhow::ensure!(
+        condition.contains("no path"),
+        "the condition does not say the paths are gone: {condition}"
+    );
+
+    // Nothing detached or wiped while it lasts.
+    let va =
+        super::scenario::attachment(&k, &pv, &node_a)?.context("the VolumeAttachment is gone")?;
+    anyhow::ensure!(
+        super::scenario::attached(&va),
+        "the VolumeAttachment is no longer attached: {}",
+        super::scenario::attachment_status(&va)
+    );
+    let phase_now = super::scenario::phase(&super::scenario::device_of_volume(&k, &handle)?);
+    anyhow::ensure!(
+        phase_now == phase_before,
+        "the device went from {phase_before:?} to {phase_now:?} while its paths were lost"
+    );
+    anyhow::ensure!(
+        crate::vm::checks::map_of(&guest, &wwid).await.is_ok(),
+        "node-a's map is gone: something removed it"
+    );
+    let during = detach_or_wipe_calls(lab).await?;
+    anyhow::ensure!(
+        during == before,
+        "node-a's agent was called {} Detach or Wipe",
+        during - before
+    );
+
+    // The array takes node-a back.
+    lab.lab.tgtd.as_mut().context("tgtd")?.bind_all(1).await?;
+    let back = wait_map(&guest, &wwid, |m| m.active == 2, WAIT)
+        .await
+        .context("node-a's paths did not come back")?;
+    let back_after = lost_at.elapsed();
+    delete_workloads(&k, &["writer"], &[])?;
+    k.apply_object(&pod("survivor", &node_a, "data", false, "sleep 100000"))?;
+    wait_running(&k, "survivor").await?;
+    let verdict = exec(&k, "survivor", &["sh", "-c", CUT_VERIFY])?;
+    let mut it = verdict.split_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(n)), Some(Ok(_)), Some(Ok(bad))) = (it.next(), it.next(), it.next()) else {
+        bail!("verify said {verdict:?}");
+    };
+    anyhow::ensure!(
+        n > 0 && bad == 0,
+        "{bad} of {n} blocks differ after every path was lost"
+    );
+    let marker = exec(&k, "survivor", &["cat", "/data/marker"])?;
+    anyhow::ensure!(marker.trim() == "vm-marker-1", "marker read as {marker:?}");
+    Ok((
+        (),
+        format!(
+            "{dropped} connections dropped; both paths failed {:.1}s after; the Pod's fsynced write answered after {:.1}s: {}; NodeGetVolumeStats: {condition}; VolumeAttachment attached, device {phase_now:?}, map kept, no Detach or Wipe; paths back {:.1}s after the loss ({}); a new Pod on {node_a} read {n} blocks and the marker intact",
+            failed_after.as_secs_f64(),
+            write_took.as_secs_f64(),
+            seen.lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" | "),
+            back_after.as_secs_f64(),
             back.summary()
         ),
     ))
