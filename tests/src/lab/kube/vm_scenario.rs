@@ -173,6 +173,17 @@ done"#;
 const CUT_VERIFY: &str = r#"read n e < /data/cut/progress; i=0; bad=0; while [ $i -lt $n ]; do
   yes "block $i" | head -c 65536 | cmp -s - /data/cut/b.$i || bad=$((bad+1)); i=$((i+1)); done; echo "$n $e $bad""#;
 
+/// [`CUT_VERIFY`] in `pod`: (blocks written, write errors, blocks that
+/// differ).
+fn verify_blocks(k: &crate::kube::Kubectl, pod: &str) -> anyhow::Result<(u64, u64, u64)> {
+    let verdict = exec(k, pod, &["sh", "-c", CUT_VERIFY])?;
+    let mut it = verdict.split_whitespace().map(str::parse::<u64>);
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(n)), Some(Ok(e)), Some(Ok(bad))) => Ok((n, e, bad)),
+        _ => bail!("the verify script in {pod} said {verdict:?}"),
+    }
+}
+
 /// The path-cut step: [`CUT_LOAD`] started in the `writer` Pod on node-a,
 /// portal 2's link of the guest cut until multipath fails that path and
 /// the Pod has written on over the other one, then restored; every block
@@ -221,11 +232,7 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
     let reinstated = cut_at.elapsed();
     exec(k, "writer", &["touch", "/data/cut/stop"])?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let verdict = exec(k, "writer", &["sh", "-c", CUT_VERIFY])?;
-    let mut it = verdict.split_whitespace().map(str::parse::<u64>);
-    let (Some(Ok(n)), Some(Ok(e)), Some(Ok(bad))) = (it.next(), it.next(), it.next()) else {
-        bail!("verify said {verdict:?}");
-    };
+    let (n, e, bad) = verify_blocks(k, "writer")?;
     anyhow::ensure!(
         e == 0 && bad == 0,
         "{n} blocks: {e} write errors, {bad} differ"
@@ -375,11 +382,7 @@ async fn all_paths_lost(lab: &mut KubeLab) -> anyhow::Result<((), String)> {
     delete_workloads(&k, &["writer"], &[])?;
     k.apply_object(&pod("survivor", &node_a, "data", false, "sleep 100000"))?;
     wait_running(&k, "survivor").await?;
-    let verdict = exec(&k, "survivor", &["sh", "-c", CUT_VERIFY])?;
-    let mut it = verdict.split_whitespace().map(str::parse::<u64>);
-    let (Some(Ok(n)), Some(Ok(_)), Some(Ok(bad))) = (it.next(), it.next(), it.next()) else {
-        bail!("verify said {verdict:?}");
-    };
+    let (n, _, bad) = verify_blocks(&k, "survivor")?;
     anyhow::ensure!(
         n > 0 && bad == 0,
         "{bad} of {n} blocks differ after every path was lost"
@@ -446,12 +449,13 @@ async fn staged_map(lab: &KubeLab, i: usize, wwid: &str) -> anyhow::Result<Strin
         bail!("{dm} for {wwid} has {paths} path(s), not one per portal");
     }
     let guest = &lab.lab.nodes[i].vm.as_ref().context("a VM node")?.guest;
-    // The devices kubelet's CSI mounts stand on, links resolved.
+    // The devices kubelet's CSI mounts stand on, links resolved (a raw
+    // block volume's bind mount of its device file names no path: kept).
     let sources = guest
         .run(&[
             "sh",
             "-c",
-            "awk '$2 ~ /kubernetes.io\\/csi\\// {print $1}' /proc/mounts | while read -r s; do readlink -f \"$s\"; done",
+            "awk '$2 ~ /kubernetes.io\\/csi\\// {print $1}' /proc/mounts | while read -r s; do readlink -f \"$s\" || echo \"$s\"; done",
         ])
         .await?;
     anyhow::ensure!(
