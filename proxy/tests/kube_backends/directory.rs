@@ -351,7 +351,9 @@ async fn ready_pods_map_their_node_to_ip_and_port_and_a_deleted_pod_drops_out() 
     other["metadata"]["labels"] = json!({"app": "other"});
     agents.put(other).await;
     let (client, log) = admin_logging().await;
-    let dir = agents.spawn(client);
+    // Ready: both lists are in. Before that a snapshot may hold node-a's
+    // Pod without its Node's labels (the Pod watch listed first).
+    let dir = agents.ready_directory(client).await;
     let mut rx = dir.subscribe();
     eventually("node-a's agent", || {
         dir.snapshot().contains_key(&node("node-a"))
