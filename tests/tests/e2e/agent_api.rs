@@ -8,6 +8,7 @@ use csi_scsi_certs::{MaterialPaths, MaterialStore, Role, TrustDomain};
 use csi_scsi_daemon::agent_channel;
 use csi_scsi_proto::agent::agent_client::AgentClient;
 use csi_scsi_proto::agent::*;
+use csi_scsi_tests::disks::Fault;
 use csi_scsi_tests::lab::Lab;
 use csi_scsi_tests::lab::net::sh;
 use tonic::Code;
@@ -475,7 +476,10 @@ async fn a_dead_portal_is_reported_and_the_live_one_is_used() {
 
 #[tokio::test]
 async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes() {
-    let (_d, lab, cl) = lab().await;
+    // The LUN's disk stalls once the wipe is under way, so the wipe is
+    // still running while the other calls come, however fast the machine.
+    let (_d, lab, cl) = lab_with(|c| c.faulty_disks = true).await;
+    let disks = lab.disks.as_ref().expect("failing disks");
     let mut b = client(&lab, 1);
     b.attach(AttachRequest {
         wwid: FC_WWID.into(),
@@ -496,6 +500,11 @@ async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes()
         .into_inner();
     let progress = first.message().await.expect("progress").expect("a step");
     assert!(!progress.done, "the wipe is still running: {progress:?}");
+    disks.inject("fc1", Fault::Stall).expect("inject");
+    disks
+        .until_stalled("fc1", Duration::from_secs(30))
+        .await
+        .expect("the wipe reached the stalled disk");
     // A successor (a restarted proxy) asks for the same LUN meanwhile.
     let again = wipe(&mut b, FC_WWID, WipeMode::Zero).await;
     assert_eq!(again.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
@@ -525,6 +534,7 @@ async fn a_second_call_for_a_lun_being_wiped_is_aborted_and_the_wipe_completes()
         })
         .await;
     assert_eq!(stage.map(|_| ()).map_err(|s| s.code()), Err(Code::Aborted));
+    disks.heal("fc1").expect("heal");
     let mut last = progress;
     while let Some(p) = first.message().await.expect("the first wipe goes on") {
         last = p;

@@ -69,7 +69,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
 
     r.step(
         "ext4: a PVC and a Pod on node-a that writes a marker (fsynced); staged on a dm-multipath map over both portals",
-        marker_pod(lab, ("data", "vm-ext4", "400Mi"), ("writer", 0), "vm-marker-1"),
+        marker_pod(
+            lab,
+            ("data", "vm-ext4", "400Mi"),
+            ("writer", 0),
+            "vm-marker-1",
+            &cut_load_on_start(),
+        ),
     )
     .await?;
 
@@ -80,6 +86,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             ("logs", "vm-xfs", "600Mi"),
             ("logger", last),
             "vm-marker-2",
+            "sleep 100000",
         ),
     )
     .await?;
@@ -168,6 +175,17 @@ const CUT_LOAD: &str = r#"mkdir -p /data/cut; n=0; e=0; while [ ! -e /data/cut/s
   echo "$n $e" > /data/cut/p.tmp && mv /data/cut/p.tmp /data/cut/progress
 done"#;
 
+/// Where the path-cut step asks the `writer` Pod to start [`CUT_LOAD`].
+const CUT_START: &str = "/data/cut-start";
+
+/// The `writer` Pod's own command after its marker: it waits for
+/// [`CUT_START`], then runs [`CUT_LOAD`]. The Pod's main process runs the
+/// load: a process started by `kubectl exec` in the background did not
+/// outlive the exec (busybox has no `nohup`, and the exec's session ends).
+fn cut_load_on_start() -> String {
+    format!("while [ ! -e {CUT_START} ]; do sleep 1; done; {CUT_LOAD}; sleep 100000")
+}
+
 /// Counts the blocks of [`CUT_LOAD`] below `/data/cut/progress`'s count
 /// whose content differs from what was written.
 const CUT_VERIFY: &str = r#"read n e < /data/cut/progress; i=0; bad=0; while [ $i -lt $n ]; do
@@ -192,11 +210,7 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
     let k = &lab.kubectl;
     let vm = lab.lab.nodes[0].vm.as_ref().context("a VM node")?;
     let wwid = pv_wwid(k, &bound_pv(k, "data")?)?;
-    let launch = format!(
-        "nohup sh -c '{}' >/dev/null 2>&1 &",
-        CUT_LOAD.replace('\'', "'\\''")
-    );
-    exec(k, "writer", &["sh", "-c", &launch])?;
+    exec(k, "writer", &["touch", CUT_START])?;
     let progress = |k: &crate::kube::Kubectl| -> anyhow::Result<(u64, u64)> {
         let text = exec(k, "writer", &["cat", "/data/cut/progress"])?;
         let mut it = text.split_whitespace().map(str::parse::<u64>);
@@ -205,8 +219,14 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
             _ => bail!("progress {text:?}"),
         }
     };
+    // Until the load wrote its first progress file, `cat` fails: that is
+    // "not yet", any other answer is read as it is.
     k.wait_for("the writer's first blocks", WAIT, |k| {
-        Ok((progress(k).unwrap_or((0, 0)).0 >= 5).then_some(()))
+        let started = exec(k, "writer", &["test", "-e", "/data/cut/progress"]).is_ok();
+        if !started {
+            return Ok(None);
+        }
+        Ok((progress(k)?.0 >= 5).then_some(()))
     })
     .await?;
     let cut_at = Instant::now();
@@ -413,6 +433,7 @@ async fn marker_pod(
     (claim, class, size): (&str, &str, &str),
     (name, node): (&str, usize),
     marker: &str,
+    then: &str,
 ) -> anyhow::Result<((), String)> {
     let k = &lab.kubectl;
     let node_name = node_name(node);
@@ -422,7 +443,7 @@ async fn marker_pod(
         &node_name,
         claim,
         false,
-        &format!("echo {marker} > /data/marker && sync && sleep 100000"),
+        &format!("echo {marker} > /data/marker && sync && {then}"),
     ))?;
     wait_running(k, name).await?;
     let got = exec(k, name, &["cat", "/data/marker"])?;
