@@ -19,7 +19,7 @@ pub const PAUSE: &str = "docker.io/local/pause:1";
 /// Applets the workloads use; each is a symlink to busybox.
 const APPLETS: &[&str] = &[
     "sh", "sleep", "cat", "echo", "df", "dd", "ls", "mkdir", "sync", "test", "stat", "blockdev",
-    "head", "grep", "true", "wc", "md5sum", "rm",
+    "head", "grep", "true", "wc", "md5sum", "rm", "yes", "cmp", "mv", "touch",
 ];
 
 /// Writes the image archive under `dir` and returns its path.

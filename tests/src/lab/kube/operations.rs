@@ -129,11 +129,11 @@ pub async fn agent_crash(lab: &mut KubeLab, node: &str) -> anyhow::Result<String
     ))
 }
 
-/// A Deployment's Pod with a volume on a node that is drained restarts on
-/// another node, with its data.
-pub async fn drain(lab: &mut KubeLab) -> anyhow::Result<String> {
+/// A Deployment's Pod with a volume of StorageClass `class` on a node
+/// that is drained restarts on another node, with its data.
+pub async fn drain(lab: &mut KubeLab, class: &str) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
-    k.apply_object(&pvc("moved", "lab-pool", "Filesystem", "32Mi"))?;
+    k.apply_object(&pvc("moved", class, "Filesystem", "32Mi"))?;
     k.apply(&one_replica(
         Workload::Deployment,
         "mover",

@@ -253,7 +253,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     if every_step {
         r.step(
             "drain: kubectl drain the node of a Deployment's Pod with a volume; it runs again on another node with its data",
-            async { Ok(((), super::operations::drain(&mut *lab).await?)) },
+            async { Ok(((), super::operations::drain(&mut *lab, "lab-pool").await?)) },
         )
         .await?;
     }

@@ -126,6 +126,12 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "kubelet restart: node-a's kubelet stopped and started under the running ext4 Pod; the volume stays mounted, kubelet reconstructs it, no NodeUnstage",
+        kubelet_restart_in_guest(lab, 0, "writer", "vm-marker-1"),
+    )
+    .await?;
+
+    r.step(
         "path cut: portal 2's link of node-a cut while the ext4 Pod writes 64 KiB blocks, each fsynced; writes go on over one path, the path comes back, every block reads back",
         path_cut(lab),
     )
@@ -161,6 +167,16 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             delete_workloads(&k, &["reader", "logger", "raw"], &["data", "logs", "raw"])?;
             let available = wait_all_released(&k).await?;
             Ok(((), format!("{available} devices Available")))
+        },
+    )
+    .await?;
+
+    r.step(
+        "drain: kubectl drain the node of a Deployment's Pod with an ext4 volume on array-a; it runs again on the other node with its data; the LUN wiped after",
+        async {
+            let moved = super::operations::drain(&mut *lab, "vm-ext4").await?;
+            let available = wait_all_released(&lab.kubectl).await?;
+            Ok(((), format!("{moved}; {available} devices Available")))
         },
     )
     .await?;
@@ -273,9 +289,20 @@ async fn path_cut(lab: &KubeLab) -> anyhow::Result<((), String)> {
 /// How many times node `i`'s agent (its container log in the guest) shows
 /// an agent API call of `method`.
 async fn agent_calls_in_guest(lab: &KubeLab, i: usize, method: &str) -> anyhow::Result<usize> {
+    agent_log_count(lab, i, &format!("method=\"{method}\"")).await
+}
+
+/// How many times node `i`'s agent (its container log in the guest) shows
+/// a CSI call of `method` (as kubelet made it).
+async fn csi_calls_in_guest(lab: &KubeLab, i: usize, method: &str) -> anyhow::Result<usize> {
+    agent_log_count(lab, i, &format!("rpc{{method={method} ")).await
+}
+
+/// Lines of node `i`'s agent container logs in the guest holding `needle`.
+async fn agent_log_count(lab: &KubeLab, i: usize, needle: &str) -> anyhow::Result<usize> {
     let guest = &lab.lab.nodes[i].vm.as_ref().context("a VM node")?.guest;
     let script = format!(
-        "cat /var/log/pods/csi-scsi_csi-scsi-node-*/csi-scsi-agent/*.log | grep -c 'method=\"{method}\"' || true"
+        "cat /var/log/pods/csi-scsi_csi-scsi-node-*/csi-scsi-agent/*.log | grep -cF '{needle}' || true"
     );
     Ok(guest.run(&["sh", "-c", &script]).await?.trim().parse()?)
 }
@@ -421,6 +448,91 @@ async fn all_paths_lost(lab: &mut KubeLab) -> anyhow::Result<((), String)> {
                 .join(" | "),
             back_after.as_secs_f64(),
             back.summary()
+        ),
+    ))
+}
+
+/// The kubelet-restart step on guest `i` under Pod `pod`: kubelet is
+/// stopped as `systemctl stop` would (the guest's init supervises it and
+/// holds it down while `/run/kubelet.stopped` exists), the Pod's volume
+/// stays mounted in the guest meanwhile, kubelet starts again and
+/// reconstructs the volume: same Pod, `marker` read, no NodeUnstage or
+/// NodeUnpublish.
+async fn kubelet_restart_in_guest(
+    lab: &KubeLab,
+    i: usize,
+    pod: &str,
+    marker: &str,
+) -> anyhow::Result<((), String)> {
+    use super::scenario::{chrono_now, wait_lease_renewed, wait_node_ready};
+    let k = &lab.kubectl;
+    let node = node_name(i);
+    let guest = &lab.lab.nodes[i].vm.as_ref().context("a VM node")?.guest;
+    let (unstage, unpublish) = (
+        csi_calls_in_guest(lab, i, "NodeUnstageVolume").await?,
+        csi_calls_in_guest(lab, i, "NodeUnpublishVolume").await?,
+    );
+    let stage = csi_calls_in_guest(lab, i, "NodeStageVolume").await?;
+    anyhow::ensure!(
+        stage > 0,
+        "no NodeStageVolume in {node}'s agent log: wrong log format?"
+    );
+    let uid = super::api::uid_of(&k.object::<k8s_openapi::api::core::v1::Pod>(pod, Some(NS))?)
+        .to_owned();
+    let before = guest.run(&["cat", "/run/kubelet.pid"]).await?.trim().to_owned();
+    guest
+        .run(&[
+            "sh",
+            "-c",
+            "touch /run/kubelet.stopped; p=$(cat /run/kubelet.pid); kill $p; while kill -0 $p 2>/dev/null; do sleep 0.2; done",
+        ])
+        .await?;
+    let stopped = chrono_now(k)?;
+    let mounts = guest
+        .run(&[
+            "sh",
+            "-c",
+            &format!("grep {uid} /proc/mounts | grep -vc volume-subpaths || true"),
+        ])
+        .await?;
+    let mounts: usize = mounts.trim().parse()?;
+    anyhow::ensure!(
+        mounts > 0,
+        "with kubelet stopped, {node} holds no mount of Pod {pod}"
+    );
+    guest.run(&["rm", "/run/kubelet.stopped"]).await?;
+    let t = Instant::now();
+    wait_lease_renewed(k, &node, stopped).await?;
+    wait_node_ready(k, &node, true).await?;
+    let ready = t.elapsed();
+    let after = guest.run(&["cat", "/run/kubelet.pid"]).await?.trim().to_owned();
+    anyhow::ensure!(after != before, "kubelet's PID is still {before}");
+    let got = k
+        .wait_for("kubectl exec through the restarted kubelet", WAIT, |k| {
+            Ok(exec(k, pod, &["cat", "/data/marker"]).ok())
+        })
+        .await?;
+    anyhow::ensure!(got.trim() == marker, "marker read back as {got:?}");
+    let p = k.object::<k8s_openapi::api::core::v1::Pod>(pod, Some(NS))?;
+    anyhow::ensure!(super::api::uid_of(&p) == uid, "the Pod was replaced");
+    // A few syncs, so a wrong teardown would have happened.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (u2, p2) = (
+        csi_calls_in_guest(lab, i, "NodeUnstageVolume").await?,
+        csi_calls_in_guest(lab, i, "NodeUnpublishVolume").await?,
+    );
+    anyhow::ensure!(
+        u2 == unstage && p2 == unpublish,
+        "kubelet tore the volume down after its restart: NodeUnstageVolume {unstage} -> {u2}, NodeUnpublishVolume {unpublish} -> {p2}"
+    );
+    let restaged = csi_calls_in_guest(lab, i, "NodeStageVolume")
+        .await?
+        .saturating_sub(stage);
+    Ok((
+        (),
+        format!(
+            "{node}'s kubelet stopped (PID {before}) with the Pod's {mounts} mounts kept in the guest, started again (PID {after}), Lease renewed and Ready {:.1}s after; Pod {pod} the same, marker read; NodeUnstageVolume/NodeUnpublishVolume unchanged ({unstage}/{unpublish}); {restaged} idempotent NodeStageVolume on reconstruction",
+            ready.as_secs_f64()
         ),
     ))
 }
