@@ -998,8 +998,29 @@ fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
 /// without creating it: a missing trigger is `NotFound`, not a new file.
 pub(crate) fn write_trigger(path: &Path, value: &str) -> std::io::Result<()> {
     tracing::debug!(path = %path.display(), value, "writing sysfs trigger");
-    let mut f = OpenOptions::new().write(true).truncate(true).open(path)?;
-    f.write_all(value.as_bytes())
+    off_the_runtime(|| {
+        let mut f = OpenOptions::new().write(true).truncate(true).open(path)?;
+        f.write_all(value.as_bytes())
+    })
+}
+
+/// Runs `work`, which may block in the kernel for long, so that the async
+/// runtime's worker hands its other tasks on first. A kernel acts within
+/// a trigger's write: a rescan re-reads the capacity from the target, a
+/// delete flushes the device, a scan probes every LUN, each for as long
+/// as the SCSI command timeout and its retries when a target does not
+/// answer. On a worker that stalls every other call and `/healthz` (a
+/// one-CPU node has one worker: the VM lab's agent was killed by its
+/// liveness probe during a rescan).
+fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        // A current-thread runtime (unit tests) or none: nothing to hand on.
+        _ => work(),
+    }
 }
 
 /// The WWID of the SCSI device directory `dev_dir`: its `wwid` attribute if

@@ -943,3 +943,69 @@ async fn connections_that_never_finish_a_handshake_hold_no_more_than_the_handsha
     }
     assert!(answered.is_some(), "answered once the slots are free");
 }
+
+/// A sysfs trigger the kernel holds (a rescan of a path whose target does
+/// not answer blocks in the write for the SCSI command timeout) keeps one
+/// thread, not the agent: on a one-CPU node (one runtime worker) its
+/// `/healthz` and its other calls still answer meanwhile. The trigger here
+/// is a FIFO, whose write blocks until something reads it.
+#[tokio::test]
+async fn a_rescan_held_in_the_kernel_does_not_stall_a_one_cpu_agent() {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    use nix::unistd::Pid;
+    // The lab's processes inherit this thread's CPUs: the agent's runtime
+    // sizes itself to one worker, as on a one-CPU node.
+    let mut one = CpuSet::new();
+    one.set(0).expect("cpu 0");
+    sched_setaffinity(Pid::from_raw(0), &one).expect("one CPU");
+    let (_d, lab, _cl) = lab().await;
+    let mut b = client(&lab, 1);
+    let dev = attach_fc(&mut b).await;
+    let name = dev
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let trigger = lab.nodes[1]
+        .root
+        .join("sys/block")
+        .join(&name)
+        .join("device/rescan");
+    std::fs::remove_file(&trigger).expect("the stand-in's trigger");
+    nix::unistd::mkfifo(&trigger, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let mut held = b.clone();
+    let rescan = tokio::spawn(async move {
+        held.rescan(RescanRequest {
+            wwid: FC_WWID.into(),
+        })
+        .await
+    });
+    // The rescan is in the write once the FIFO has a writer waiting; give
+    // it time to get there.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !rescan.is_finished(),
+        "the rescan did not wait on its trigger"
+    );
+    let health = tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::observability::get(lab.nodes[1].status, "/healthz"),
+    )
+    .await
+    .expect("/healthz answered while a rescan was held in the kernel");
+    assert_eq!(health.status, 200);
+    let status = tokio::time::timeout(Duration::from_secs(5), b.status(StatusRequest {}))
+        .await
+        .expect("a Status call answered while a rescan was held in the kernel");
+    assert!(status.is_ok(), "{status:?}");
+    // The kernel answers: the write completes, so does the rescan.
+    let mut reader = std::fs::File::open(&trigger).expect("open the FIFO");
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut got).expect("read");
+    assert_eq!(got, "1");
+    let done = tokio::time::timeout(Duration::from_secs(30), rescan)
+        .await
+        .expect("the rescan ends once the trigger is read")
+        .expect("joined");
+    assert!(done.is_ok(), "{done:?}");
+}

@@ -166,38 +166,35 @@ pub async fn enrolment(lab: &mut KubeLab, full_run: bool) -> anyhow::Result<Stri
     }
     let enrolled = logs.matches("enrolled the agent").count();
     let renewed = logs.matches("renewed the agent's certificate").count();
-    if !full_run {
-        return Ok(format!(
-            "{certs}\n      the current proxy containers' logs: {enrolled} enrolments, {renewed} renewals (renewal is the CA rotation step's); impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
-            refused_in.as_secs_f64(),
-            impostors
-                .iter()
-                .map(|i| i.refusal.as_str())
-                .collect::<Vec<_>>()
-                .join("\n      ")
+    let (recreated, renewals) = if full_run {
+        // Step "node deleted": node-c's Node came back with a new UID, and
+        // node-c's certificate names that UID (checked above): it enrolled
+        // afresh. The proxy's log says why the old one was refused, if the
+        // container that saw it is still the one logging (kubelet keeps the
+        // logs of a Pod's current and last container only).
+        let node_c = lab.nodes[2].name.clone();
+        let stale = logs.contains(&format!(
+            "the certificate of {node_c} was issued to Node UID"
         ));
-    }
-    // Step "node deleted": node-c's Node came back with a new UID, and
-    // node-c's certificate names that UID (checked above): it enrolled
-    // afresh. The proxy's log says why the old one was refused, if the
-    // container that saw it is still the one logging (kubelet keeps the
-    // logs of a Pod's current and last container only).
-    let node_c = lab.nodes[2].name.clone();
-    let stale = logs.contains(&format!(
-        "the certificate of {node_c} was issued to Node UID"
-    ));
-    // 120 s certificates renewed with 40 s left (the lab overlay): each
-    // agent about every 80 s, so the logs of a proxy container that has run
-    // a minute or more show renewals (every node's certificate being
-    // current, checked above, says the rest were renewed too).
-    anyhow::ensure!(renewed >= 1, "no renewal in the proxy's logs");
-    Ok(format!(
-        "{certs}\n      {node_c} enrolled again after its Node was re-created ({}); the current proxy containers' logs: {enrolled} enrolments, {renewed} renewals; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
-        if stale {
+        // 120 s certificates renewed with 40 s left (the lab overlay): each
+        // agent about every 80 s, so the logs of a proxy container that has
+        // run a minute or more show renewals (every node's certificate
+        // being current, checked above, says the rest were renewed too).
+        anyhow::ensure!(renewed >= 1, "no renewal in the proxy's logs");
+        let why = if stale {
             "its old certificate, naming the deleted Node's UID, refused, as the proxy's log says"
         } else {
             "its certificate names the new Node's UID"
-        },
+        };
+        (
+            format!("{node_c} enrolled again after its Node was re-created ({why}); "),
+            "",
+        )
+    } else {
+        (String::new(), " (renewal is the CA rotation step's)")
+    };
+    Ok(format!(
+        "{certs}\n      {recreated}the current proxy containers' logs: {enrolled} enrolments, {renewed} renewals{renewals}; impostors on {node_b} refused within {:.1}s, none Ready:\n      {}",
         refused_in.as_secs_f64(),
         impostors
             .iter()

@@ -114,17 +114,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             async { Ok(((), unbindable(&k).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "capacity: a CSIStorageCapacity per node with the largest free LUN of the class; a Pod whose 400 MiB claim fits only the Fibre Channel LUN (node-b, node-c) goes to node-b, not node-a it prefers, at the first try",
             async { Ok(((), super::capacity::steers_the_scheduler(lab).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "wrong CHAP: the Secret's password is wrong; the attach fails on the VolumeAttachment and the Pod; fixing the Secret lets it start",
             async { Ok(((), wrong_chap(&mut *lab, &node_c).await?)) },
@@ -192,17 +188,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             async { Ok(((), kubelet_restart(&mut *lab, 0).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "node NotReady: node-c's kubelet stops; the Node goes NotReady, the proxy keeps its views and its attachment (unreachable is not gone); kubelet back, Ready",
             async { Ok(((), node_not_ready(&mut *lab, 2).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "node deleted: node-c's Node is deleted (kubelet stopped); its agent Pod is garbage-collected; the proxy prunes it from the SCSIDevice views; kubelet re-registers it, CSINode and views return",
             async { Ok(((), node_deleted(&mut *lab, 2).await?)) },
@@ -240,17 +232,13 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             async { Ok(((), two_replicas(&mut *lab).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "agent crash: the agent's container is SIGKILLed as a new volume's NodeStage comes; kubelet restarts it and retries; the volume is formatted once",
             async { Ok(((), super::operations::agent_crash(&mut *lab, &node_b).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "drain: kubectl drain the node of a Deployment's Pod with a volume; it runs again on another node with its data",
             async { Ok(((), super::operations::drain(&mut *lab, "lab-pool").await?)) },
@@ -290,9 +278,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
             async { Ok(((), cleanup_modes(&mut *lab, &node_a).await?)) },
         )
         .await?;
-    }
 
-    if every_step {
         r.step(
             "out of service: a StatefulSet's Pod on a node that loses its power; NotReady, its volume stays published there; tainted node.kubernetes.io/out-of-service, the Pod and its volume move with the data; the node back, untainted, its agent listed again",
             async { Ok(((), super::shutdown::out_of_service(&mut *lab).await?)) },

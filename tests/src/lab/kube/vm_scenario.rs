@@ -477,9 +477,13 @@ async fn kubelet_restart_in_guest(
         stage > 0,
         "no NodeStageVolume in {node}'s agent log: wrong log format?"
     );
-    let uid = super::api::uid_of(&k.object::<k8s_openapi::api::core::v1::Pod>(pod, Some(NS))?)
+    let uid =
+        super::api::uid_of(&k.object::<k8s_openapi::api::core::v1::Pod>(pod, Some(NS))?).to_owned();
+    let before = guest
+        .run(&["cat", "/run/kubelet.pid"])
+        .await?
+        .trim()
         .to_owned();
-    let before = guest.run(&["cat", "/run/kubelet.pid"]).await?.trim().to_owned();
     guest
         .run(&[
             "sh",
@@ -505,7 +509,11 @@ async fn kubelet_restart_in_guest(
     wait_lease_renewed(k, &node, stopped).await?;
     wait_node_ready(k, &node, true).await?;
     let ready = t.elapsed();
-    let after = guest.run(&["cat", "/run/kubelet.pid"]).await?.trim().to_owned();
+    let after = guest
+        .run(&["cat", "/run/kubelet.pid"])
+        .await?
+        .trim()
+        .to_owned();
     anyhow::ensure!(after != before, "kubelet's PID is still {before}");
     let got = k
         .wait_for("kubectl exec through the restarted kubelet", WAIT, |k| {
