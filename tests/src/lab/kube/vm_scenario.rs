@@ -546,8 +546,9 @@ async fn kubelet_restart_in_guest(
 }
 
 /// A filesystem PVC `(claim, class, size)` and a Pod `(name, node index)`
-/// writing `marker` (fsynced) to it; the marker is read back, and the
-/// volume's staging mount in that guest stands on its dm-multipath map.
+/// writing `marker` (fsynced) to it, then running `then` as its command;
+/// the marker is read back, and the volume's staging mount in that guest
+/// stands on its dm-multipath map.
 async fn marker_pod(
     lab: &KubeLab,
     (claim, class, size): (&str, &str, &str),
