@@ -221,7 +221,15 @@ pub fn boot(image: &Image, net: &Network, spec: &NodeSpec<'_>) -> anyhow::Result
         "1",
         "-display",
         "none",
-        "-no-reboot",
+        // A plain VM node ends with its guest (a panic or a poweroff is
+        // seen at once); a Kubernetes node reboots on a reset, as a
+        // machine does (the hard-reset step, lab/kube/vm_reset.rs).
+        "-action",
+        if spec.kube.is_some() {
+            "reboot=reset"
+        } else {
+            "reboot=shutdown"
+        },
         "-kernel",
         &image.kernel.display().to_string(),
         "-initrd",
@@ -318,10 +326,25 @@ impl Vm {
     /// Cuts (`up` false) or restores the guest's NIC `nic` (0 or 1), as a
     /// pulled cable would: qemu's `set_link`.
     pub async fn set_link(&self, nic: usize, up: bool) -> anyhow::Result<()> {
+        self.monitor_command(&format!(
+            "set_link net{nic} {}",
+            if up { "on" } else { "off" }
+        ))
+        .await
+    }
+
+    /// Resets the guest as a power loss would: qemu's `system_reset`, no
+    /// shutdown, no sync; its memory (and its root, a tmpfs) is gone and
+    /// it boots again from the same kernel and initramfs.
+    pub async fn system_reset(&self) -> anyhow::Result<()> {
+        self.monitor_command("system_reset").await
+    }
+
+    /// Sends one command to qemu's monitor.
+    async fn monitor_command(&self, command: &str) -> anyhow::Result<()> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut m = tokio::net::UnixStream::connect(&self.monitor).await?;
-        let cmd = format!("set_link net{nic} {}\n", if up { "on" } else { "off" });
-        m.write_all(cmd.as_bytes()).await?;
+        m.write_all(format!("{command}\n").as_bytes()).await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut buf = vec![0u8; 4096];
         let _ = tokio::time::timeout(Duration::from_millis(200), m.read(&mut buf)).await;

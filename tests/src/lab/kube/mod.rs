@@ -30,7 +30,9 @@ pub mod shutdown;
 pub mod stale_leader;
 pub mod targets;
 pub mod vm_node;
+pub mod vm_reset;
 pub mod vm_scenario;
+pub mod vm_upgrade;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

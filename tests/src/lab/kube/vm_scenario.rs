@@ -180,6 +180,23 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         },
     )
     .await?;
+
+    r.step(
+        "upgrade under load: a Pod on every guest writes and verifies fsynced blocks while the agents' DaemonSet and the Deployment roll to another tag and back; 0 errors, same Pods and VolumeAttachments, no unmount",
+        async {
+            Ok((
+                (),
+                super::vm_upgrade::upgrade_under_load(&mut *lab, "vm-ext4").await?,
+            ))
+        },
+    )
+    .await?;
+
+    r.step(
+        "hard reset: node-a loses its power (qemu system_reset) while a Pod on it writes fsynced blocks; the guest boots blank, the next discovery logs it in again, kubelet stages the volume again and the same Pod runs there; every block fsynced before reads back; the volume attached to node-a alone throughout",
+        async { Ok(((), super::vm_reset::hard_reset(&mut *lab, "vm-ext4").await?)) },
+    )
+    .await?;
     Ok(r)
 }
 
@@ -578,7 +595,7 @@ async fn marker_pod(
 /// mount stands on, with its paths; fails unless there is exactly one
 /// such map, it has at least two paths (one per portal), and a staging
 /// mount's source is it.
-async fn staged_map(lab: &KubeLab, i: usize, wwid: &str) -> anyhow::Result<String> {
+pub(super) async fn staged_map(lab: &KubeLab, i: usize, wwid: &str) -> anyhow::Result<String> {
     let maps = maps_of(lab, i, wwid).await?;
     let [(dm, paths)] = maps.as_slice() else {
         bail!(
