@@ -24,8 +24,21 @@ use crate::vm::checks::wait_map;
 /// 60 s deadline, and the next pass, 90 s on, finds the LUNs.
 const DISCOVERY_WAIT: Duration = Duration::from_secs(300);
 
+/// A developer's shortcut (docs/kubernetes-lab.md): `drain` runs the
+/// targets and classes steps, then drain and the steps after it, which
+/// need nothing else; a run so cut is not the lab's SUCCESS.
+pub const FROM_ENV: &str = "CSI_SCSI_VM_KUBE_FROM";
+
 /// Runs the steps; the first failure ends the run.
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
+    let from_drain = match std::env::var(FROM_ENV) {
+        Ok(v) if v == "drain" => true,
+        Ok(v) => bail!("{FROM_ENV}={v:?}: the one shortcut is \"drain\""),
+        Err(_) => false,
+    };
+    if from_drain {
+        println!("  ({FROM_ENV}=drain: the steps from ext4 to delete are skipped; not a full run)");
+    }
     let mut r = Report::default();
     let k = lab.kubectl.clone();
     let node_b = node_name(1);
@@ -67,7 +80,8 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
+    if !from_drain {
+        r.step(
         "ext4: a PVC and a Pod on node-a that writes a marker (fsynced); staged on a dm-multipath map over both portals",
         marker_pod(
             lab,
@@ -79,19 +93,19 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
-        "xfs: a PVC and a Pod on the last node that writes a marker; its own map",
-        marker_pod(
-            lab,
-            ("logs", "vm-xfs", "600Mi"),
-            ("logger", last),
-            "vm-marker-2",
-            "sleep 100000",
-        ),
-    )
-    .await?;
+        r.step(
+            "xfs: a PVC and a Pod on the last node that writes a marker; its own map",
+            marker_pod(
+                lab,
+                ("logs", "vm-xfs", "600Mi"),
+                ("logger", last),
+                "vm-marker-2",
+                "sleep 100000",
+            ),
+        )
+        .await?;
 
-    r.step(
+        r.step(
         "raw block: a Block PVC on array-b and a Pod on node-a (array-b admits it) that writes and reads the device",
         async {
             k.apply_object(&pvc("raw", "vm-block", "Block", "600Mi"))?;
@@ -114,7 +128,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
+        r.step(
         "expand: the ext4 PVC asks for 256 MiB more while its Pod runs; the array grows the LUN; the resizer, the agent (the map resized) and kubelet grow the filesystem online (df in the Pod)",
         async {
             let grown = super::scenario::expand(&mut *lab).await?;
@@ -125,52 +139,62 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
+        r.step(
         "kubelet restart: node-a's kubelet stopped and started under the running ext4 Pod; the volume stays mounted, kubelet reconstructs it, no NodeUnstage",
         kubelet_restart_in_guest(lab, 0, "writer", "vm-marker-1"),
     )
     .await?;
 
-    r.step(
+        r.step(
         "path cut: portal 2's link of node-a cut while the ext4 Pod writes 64 KiB blocks, each fsynced; writes go on over one path, the path comes back, every block reads back",
         path_cut(lab),
     )
     .await?;
 
-    r.step(
+        r.step(
         "all paths lost: array-a refuses node-a and drops its sessions under the ext4 Pod; the Pod's next fsynced write fails once multipath stops queueing, NodeGetVolumeStats says abnormal, nothing is detached or wiped; the array takes node-a back, both paths return, the Pod is recreated there and every block fsynced before reads back",
         all_paths_lost(lab),
     )
     .await?;
 
-    r.step(
-        "move: the ext4 Pod is deleted and recreated on node-b, which reads node-a's marker; node-a's map is gone",
+        r.step(
+        "move: the ext4 Pod is deleted and recreated on node-b, which reads node-a's marker; node-a's agent detached the LUN and nothing on node-a stands on it",
         async {
+            let pv = bound_pv(&k, "data")?;
+            let wwid = pv_wwid(&k, &pv)?;
+            let detached = format!("detached wwid={wwid}");
+            let detaches = agent_log_count(lab, 0, &detached).await?;
             delete_workloads(&k, &["survivor"], &[])?;
             k.apply_object(&pod("reader", &node_b, "data", false, "sleep 100000"))?;
             wait_running(&k, "reader").await?;
             let got = exec(&k, "reader", &["cat", "/data/marker"])?;
             anyhow::ensure!(got.trim() == "vm-marker-1", "marker on {node_b} read as {got:?}");
-            let pv = bound_pv(&k, "data")?;
-            let wwid = pv_wwid(&k, &pv)?;
             let map = staged_map(lab, 1, &wwid).await?;
-            let left = maps_of(lab, 0, &wwid).await?;
-            anyhow::ensure!(left.is_empty(), "node-a still holds {left:?} for {wwid}");
-            Ok(((), format!("on {node_b}: {map}")))
+            // The detach removed node-a's map and logged out of array-a;
+            // the proxy's next discovery pass logs in again and the map
+            // comes back, by design (docs/lab.md, VM nodes: detach), so
+            // what must hold is that it was detached and is not in use.
+            anyhow::ensure!(
+                agent_log_count(lab, 0, &detached).await? > detaches,
+                "node-a's agent logged no detach of {wwid}"
+            );
+            let used = mounts_on_maps(lab, 0, &wwid).await?;
+            anyhow::ensure!(used.is_empty(), "on node-a, mounts still stand on {wwid}'s map: {used:?}");
+            Ok(((), format!("on {node_b}: {map}; node-a's agent detached it (its map back since by discovery: {:?}, nothing mounted on it)", maps_of(lab, 0, &wwid).await?)))
         },
     )
     .await?;
 
-    r.step(
-        "delete: Pods and PVCs deleted; PVs go, the LUNs are wiped and offered again",
-        async {
-            delete_workloads(&k, &["reader", "logger", "raw"], &["data", "logs", "raw"])?;
-            let available = wait_all_released(&k).await?;
-            Ok(((), format!("{available} devices Available")))
-        },
-    )
-    .await?;
-
+        r.step(
+            "delete: Pods and PVCs deleted; PVs go, the LUNs are wiped and offered again",
+            async {
+                delete_workloads(&k, &["reader", "logger", "raw"], &["data", "logs", "raw"])?;
+                let available = wait_all_released(&k).await?;
+                Ok(((), format!("{available} devices Available")))
+            },
+        )
+        .await?;
+    }
     r.step(
         "drain: kubectl drain the node of a Deployment's Pod with an ext4 volume on array-a; it runs again on the other node with its data; the LUN wiped after",
         async {
@@ -623,6 +647,35 @@ pub(super) async fn staged_map(lab: &KubeLab, i: usize, wwid: &str) -> anyhow::R
         node_name(i)
     );
     Ok(format!("/dev/{dm} over {paths} paths"))
+}
+
+/// The mounts on guest `i` (lines of `/proc/mounts`) whose source is one
+/// of `wwid`'s maps, links resolved.
+async fn mounts_on_maps(lab: &KubeLab, i: usize, wwid: &str) -> anyhow::Result<Vec<String>> {
+    let maps: Vec<String> = maps_of(lab, i, wwid)
+        .await?
+        .into_iter()
+        .map(|(dm, _)| format!("/dev/{dm}"))
+        .collect();
+    if maps.is_empty() {
+        return Ok(Vec::new());
+    }
+    let guest = &lab.lab.nodes[i].vm.as_ref().context("a VM node")?.guest;
+    let out = guest
+        .run(&[
+            "sh",
+            "-c",
+            "while read -r s rest; do echo \"$(readlink -f \"$s\" || echo \"$s\") $s $rest\"; done < /proc/mounts",
+        ])
+        .await?;
+    Ok(out
+        .lines()
+        .filter(|l| {
+            maps.iter()
+                .any(|m| l.split_whitespace().next() == Some(m.as_str()))
+        })
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The dm-multipath maps on guest `i` whose uuid names `wwid`
