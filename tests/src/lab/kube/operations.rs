@@ -231,36 +231,50 @@ pub(super) fn progress(k: &Kubectl, pod: &str) -> anyhow::Result<(u64, u64)> {
     }
 }
 
-/// The image tag the upgrade rolls to.
-pub(super) const NEXT_TAG: &str = "dev2";
+/// Load Pods ([`LOAD`]), one per node, each on a claim of its own.
+pub(super) struct Loads {
+    /// The Pods' (and their claims') names, `load-<node>`.
+    pub(super) names: Vec<String>,
+    /// The Pods' UIDs.
+    pub(super) uids: Vec<String>,
+    /// The claims' PVs.
+    pub(super) pvs: Vec<String>,
+}
 
-/// Rolls the DaemonSet and the Deployment to rebuilt images with another
-/// tag, then back, while Pods on every node write and verify.
-pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
-    let k = lab.kubectl.clone();
-    let ns = lab.namespace.clone();
-    let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
-    let load: Vec<String> = nodes.iter().map(|n| format!("load-{n}")).collect();
-    for (name, node) in load.iter().zip(&nodes) {
-        k.apply_object(&pvc(name, "lab-pool", "Filesystem", "32Mi"))?;
-        k.apply_object(&pod(name, node, name, false, LOAD))?;
+impl Loads {
+    /// Creates a claim of `class` and `size` and a load Pod on each of
+    /// `nodes`, and waits for them Running.
+    pub(super) async fn start(
+        k: &Kubectl,
+        class: &str,
+        size: &str,
+        nodes: &[String],
+    ) -> anyhow::Result<Self> {
+        let names: Vec<String> = nodes.iter().map(|n| format!("load-{n}")).collect();
+        for (name, node) in names.iter().zip(nodes) {
+            k.apply_object(&pvc(name, class, "Filesystem", size))?;
+            k.apply_object(&pod(name, node, name, false, LOAD))?;
+        }
+        for name in &names {
+            wait_running(k, name).await?;
+        }
+        let uids = names
+            .iter()
+            .map(|p| Ok(uid_of(&k.object::<Pod>(p, Some(NS))?).to_owned()))
+            .collect::<anyhow::Result<_>>()?;
+        let pvs = names
+            .iter()
+            .map(|c| bound_pv(k, c))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self { names, uids, pvs })
     }
-    for name in &load {
-        wait_running(&k, name).await?;
-    }
-    let uids: Vec<String> = load
-        .iter()
-        .map(|p| Ok(uid_of(&k.object::<Pod>(p, Some(NS))?).to_owned()))
-        .collect::<anyhow::Result<_>>()?;
-    // The evidence that outlives the agents' Pods (whose logs go with
-    // them): kubelet's logs from here on, and the VolumeAttachments.
-    let pvs: Vec<String> = load
-        .iter()
-        .map(|c| bound_pv(&k, c))
-        .collect::<anyhow::Result<_>>()?;
-    let attachments = |k: &Kubectl| -> anyhow::Result<Vec<String>> {
-        pvs.iter()
-            .zip(&nodes)
+
+    /// The UIDs of the PVs' VolumeAttachments to `nodes` (in order), each
+    /// attached and not going.
+    pub(super) fn attachments(&self, k: &Kubectl, nodes: &[String]) -> anyhow::Result<Vec<String>> {
+        self.pvs
+            .iter()
+            .zip(nodes)
             .map(|(pv, n)| {
                 let va =
                     attachment(k, pv, n)?.with_context(|| format!("{pv} not attached to {n}"))?;
@@ -272,8 +286,40 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
                 Ok(uid_of(&va).to_owned())
             })
             .collect()
-    };
-    let attached = attachments(&k)?;
+    }
+
+    /// Fails if `log` (node `node`'s kubelet) unmounts one of the PVs.
+    pub(super) fn not_torn_down(&self, node: &str, log: &str) -> anyhow::Result<()> {
+        let torn: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                self.pvs.iter().any(|pv| l.contains(pv.as_str()))
+                    && (l.contains("UnmountVolume") || l.contains("UnmountDevice"))
+            })
+            .collect();
+        anyhow::ensure!(
+            torn.is_empty(),
+            "kubelet on {node} tore a writer's volume down during the rollouts: {}",
+            torn.join("; ")
+        );
+        Ok(())
+    }
+}
+
+/// The image tag the upgrade rolls to.
+pub(super) const NEXT_TAG: &str = "dev2";
+
+/// Rolls the DaemonSet and the Deployment to rebuilt images with another
+/// tag, then back, while Pods on every node write and verify.
+pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
+    let k = lab.kubectl.clone();
+    let ns = lab.namespace.clone();
+    let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
+    let loads = Loads::start(&k, "lab-pool", "32Mi", &nodes).await?;
+    let (load, uids) = (loads.names.clone(), loads.uids.clone());
+    // The evidence that outlives the agents' Pods (whose logs go with
+    // them): kubelet's logs from here on, and the VolumeAttachments.
+    let attached = loads.attachments(&k, &nodes)?;
     let kubelet_from: Vec<usize> = nodes
         .iter()
         .map(|n| Ok(lab.kubelet_log(n)?.len()))
@@ -307,25 +353,12 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
     let down = roll(lab, LAB_TAG, Roll::Rollback).await?;
     let after_down = check_load(lab, &load, &uids, &after_up).await?;
     anyhow::ensure!(
-        attachments(&k)? == attached,
+        loads.attachments(&k, &nodes)? == attached,
         "a writer's VolumeAttachment was replaced during the rollouts"
     );
     for (n, from) in nodes.iter().zip(&kubelet_from) {
         let log = lab.kubelet_log(n)?;
-        let torn: Vec<&str> = log
-            .get(*from..)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| {
-                pvs.iter().any(|pv| l.contains(pv.as_str()))
-                    && (l.contains("UnmountVolume") || l.contains("UnmountDevice"))
-            })
-            .collect();
-        anyhow::ensure!(
-            torn.is_empty(),
-            "kubelet on {n} tore a writer's volume down during the rollouts: {}",
-            torn.join("; ")
-        );
+        loads.not_torn_down(n, log.get(*from..).unwrap_or_default())?;
     }
     // Every agent rebuilt its state from the live sessions and mounts.
     let mut rebuilt = Vec::new();

@@ -9,14 +9,10 @@
 //! under mounted volumes), not a change of code.
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Pod;
 
-use super::api::{Typed, uid_of};
 use super::node::ctr_at;
-use super::operations::{LOAD, NEXT_TAG, Roll, check_load, progress, roll};
-use super::scenario::{
-    NS, attached, attachment, bound_pv, delete_workloads, pod, pvc, wait_all_released, wait_running,
-};
+use super::operations::{Loads, NEXT_TAG, Roll, check_load, progress, roll};
+use super::scenario::{delete_workloads, wait_all_released};
 use super::{KubeLab, LAB_TAG};
 use crate::lab::node_name;
 
@@ -30,34 +26,9 @@ pub async fn upgrade_under_load(lab: &mut KubeLab, class: &str) -> anyhow::Resul
     let k = lab.kubectl.clone();
     let guests = lab.lab.nodes.len();
     let nodes: Vec<String> = (0..guests).map(node_name).collect();
-    let load: Vec<String> = nodes.iter().map(|n| format!("load-{n}")).collect();
-    for (name, node) in load.iter().zip(&nodes) {
-        k.apply_object(&pvc(name, class, "Filesystem", "400Mi"))?;
-        k.apply_object(&pod(name, node, name, false, LOAD))?;
-    }
-    for name in &load {
-        wait_running(&k, name).await?;
-    }
-    let uids: Vec<String> = load
-        .iter()
-        .map(|p| Ok(uid_of(&k.object::<Pod>(p, Some(NS))?).to_owned()))
-        .collect::<anyhow::Result<_>>()?;
-    let pvs: Vec<String> = load
-        .iter()
-        .map(|c| bound_pv(&k, c))
-        .collect::<anyhow::Result<_>>()?;
-    let attachments = |k: &crate::kube::Kubectl| -> anyhow::Result<Vec<String>> {
-        pvs.iter()
-            .zip(&nodes)
-            .map(|(pv, n)| {
-                let va =
-                    attachment(k, pv, n)?.with_context(|| format!("{pv} not attached to {n}"))?;
-                anyhow::ensure!(attached(&va), "{pv}'s attachment to {n} is not attached");
-                Ok(uid_of(&va).to_owned())
-            })
-            .collect()
-    };
-    let before = attachments(&k)?;
+    let loads = Loads::start(&k, class, "400Mi", &nodes).await?;
+    let (load, uids) = (loads.names.clone(), loads.uids.clone());
+    let before = loads.attachments(&k, &nodes)?;
     // kubelet's log in each guest (its serial port, a file here): the
     // evidence that outlives the agents' Pods.
     let kubelet_logs: Vec<std::path::PathBuf> = lab
@@ -127,25 +98,12 @@ pub async fn upgrade_under_load(lab: &mut KubeLab, class: &str) -> anyhow::Resul
     let down = roll(lab, LAB_TAG, Roll::Rollback).await?;
     let after_down = check_load(lab, &load, &uids, &after_up).await?;
     anyhow::ensure!(
-        attachments(&k)? == before,
+        loads.attachments(&k, &nodes)? == before,
         "a writer's VolumeAttachment was replaced during the rollouts"
     );
     for ((log, from), n) in kubelet_logs.iter().zip(&from).zip(&nodes) {
         let text = String::from_utf8_lossy(&std::fs::read(log)?).into_owned();
-        let torn: Vec<&str> = text
-            .get(*from..)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| {
-                pvs.iter().any(|pv| l.contains(pv.as_str()))
-                    && (l.contains("UnmountVolume") || l.contains("UnmountDevice"))
-            })
-            .collect();
-        anyhow::ensure!(
-            torn.is_empty(),
-            "kubelet on {n} tore a writer's volume down during the rollouts: {}",
-            torn.join("; ")
-        );
+        loads.not_torn_down(n, text.get(*from..).unwrap_or_default())?;
     }
     let blocks: u64 =
         after_down.iter().map(|(b, _)| b).sum::<u64>() - start.iter().map(|(b, _)| b).sum::<u64>();
