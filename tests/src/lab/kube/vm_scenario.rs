@@ -207,6 +207,11 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     .await?;
 
     r.step(
+        "hard reset: node-a loses its power (qemu system_reset) while a Pod on it writes fsynced blocks; the guest boots blank, the next discovery logs it in again, kubelet stages the volume again and the same Pod runs there; every block fsynced before reads back; the volume attached to node-a alone throughout",
+        async { Ok(((), super::vm_reset::hard_reset(&mut *lab, "vm-ext4").await?)) },
+    )
+    .await?;
+    r.step(
         "upgrade under load: a Pod on every guest writes and verifies fsynced blocks while the agents' DaemonSet and the Deployment roll to another tag and back; 0 errors, same Pods and VolumeAttachments, no unmount",
         async {
             Ok((
@@ -217,11 +222,6 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    r.step(
-        "hard reset: node-a loses its power (qemu system_reset) while a Pod on it writes fsynced blocks; the guest boots blank, the next discovery logs it in again, kubelet stages the volume again and the same Pod runs there; every block fsynced before reads back; the volume attached to node-a alone throughout",
-        async { Ok(((), super::vm_reset::hard_reset(&mut *lab, "vm-ext4").await?)) },
-    )
-    .await?;
     Ok(r)
 }
 
