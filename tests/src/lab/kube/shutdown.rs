@@ -251,7 +251,7 @@ async fn new_pod_running(
 }
 
 /// The nodes the SCSIDevice holding volume `handle` is published to.
-fn published_to(k: &Kubectl, handle: &str) -> anyhow::Result<Vec<String>> {
+pub(super) fn published_to(k: &Kubectl, handle: &str) -> anyhow::Result<Vec<String>> {
     let device = device_of_volume(k, handle)?;
     Ok(device
         .status

@@ -17,9 +17,10 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use super::KubeLab;
 use super::api::{Typed, node_ready, pod_node, pod_phase, pod_ready, uid_of};
 use super::scenario::{
-    NS, WAIT, attached, bound_pv, chrono_now, delete_workloads, device_of_volume, exec, pod,
-    pv_wwid, pvc, volume_handle, wait_all_released, wait_running,
+    NS, WAIT, attached, bound_pv, chrono_now, delete_workloads, exec, pod, pv_wwid, pvc,
+    volume_handle, wait_all_released, wait_running,
 };
+use super::shutdown::published_to;
 use super::vm_scenario::staged_map;
 use crate::lab::node_name;
 
@@ -116,12 +117,7 @@ pub async fn hard_reset(lab: &mut KubeLab, class: &str) -> anyhow::Result<String
             "{pv}'s VolumeAttachment changed during the outage: {}",
             serde_json::to_string(&va.status)?
         );
-        let published: Vec<String> = device_of_volume(&k, &handle)?
-            .status
-            .into_iter()
-            .flat_map(|s| s.published)
-            .map(|p| p.node.to_string())
-            .collect();
+        let published = published_to(&k, &handle)?;
         anyhow::ensure!(
             published == [node.clone()],
             "{pv} published to {published:?} during the outage, not {node} alone"
