@@ -399,36 +399,57 @@ async fn a_ca_rotation_reaches_every_agent_and_no_call_fails() {
         all_trust(only_old.clone())
     })
     .await;
+    // An agent writes its files before it serves them: wait until both
+    // present what the old CA signed, or the first calls would meet an
+    // agent's bootstrap certificate.
+    let (old_only, _) = client_config(&old_crt, Some(&env.path("proxy-issued-0")));
+    for (node, (agent, _)) in nodes.iter().zip(&agents) {
+        let config = old_only.clone();
+        eventually("the agent serves its certificate from the old CA", || {
+            let config = config.clone();
+            async move { health_check(agent.api, node, config).await.ok() }
+        })
+        .await;
+    }
 
     // Calls of the agent API (its proxy-only Enrolment service) without
-    // pause, each on a fresh connection with the proxy's files as they
-    // change. The proxy's own calls (its agent probe, every second, over
-    // its pooled connections) are counted from its /metrics at the end.
-    let store = MaterialStore::load(
-        MaterialPaths::in_dir(&tls),
-        Role::Proxy,
-        TrustDomain::new("csi-scsi.local").expect("domain"),
-    )
-    .expect("proxy material");
-    store.watch(Duration::from_secs(1));
+    // pause, each on a fresh connection with the proxy's files as they are
+    // at that moment (a watcher of its own would lag the proxy's and see an
+    // agent renewed by a CA it has not yet read). A call is a failure unless
+    // the files moved between its load and its answer: then it is redone
+    // on the new ones. The proxy's own calls (its agent probe, every second,
+    // over its pooled connections) are counted from its /metrics at the end.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut callers = Vec::new();
     for (node, (agent, _)) in nodes.iter().zip(&agents) {
-        let (node, api, store, stop) = (
+        let (node, api, tls, stop) = (
             node.to_string(),
             agent.api.to_string(),
-            store.clone(),
+            tls.clone(),
             stop.clone(),
         );
         callers.push(tokio::spawn(async move {
             let (mut calls, mut failures) = (0u32, Vec::new());
+            let version = |dir: &Path| std::fs::read_link(dir.join("..data")).ok();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let fresh = agent_channel(&api, &node, store.clone(), Duration::from_secs(5))
-                    .expect("channel");
-                calls += 1;
+                let loaded = version(&tls);
+                let store = MaterialStore::load(
+                    MaterialPaths::in_dir(&tls),
+                    Role::Proxy,
+                    TrustDomain::new("csi-scsi.local").expect("domain"),
+                )
+                .expect("proxy material");
+                let fresh =
+                    agent_channel(&api, &node, store, Duration::from_secs(5)).expect("channel");
                 let mut client = EnrolmentClient::new(fresh);
-                if let Err(s) = client.certificate_status(CertificateStatusRequest {}).await {
-                    failures.push(format!("{node}: {:?} {}", s.code(), s.message()));
+                let answer = client.certificate_status(CertificateStatusRequest {}).await;
+                match answer {
+                    Ok(_) => calls += 1,
+                    Err(_) if version(&tls) != loaded => continue,
+                    Err(s) => {
+                        calls += 1;
+                        failures.push(format!("{node}: {:?} {}", s.code(), s.message()));
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
