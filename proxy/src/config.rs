@@ -20,8 +20,17 @@ use crate::reconcile::release::ReleaseConfig;
 /// dials the agent of node X it accepts only a certificate naming
 /// spiffe://<trust-domain>/node/X. Certificate files are reloaded when they
 /// change.
+///
+/// A flag given twice takes its last value, so a kustomize overlay or a
+/// chart value can append an argument that overrides an earlier one.
 #[derive(Parser, Debug)]
-#[command(name = "csi-scsi-proxy", version, about, long_about)]
+#[command(
+    name = "csi-scsi-proxy",
+    version,
+    about,
+    long_about,
+    args_override_self = true
+)]
 pub struct Args {
     /// CSI socket served to the sidecars: unix:///path/csi.sock or /path/csi.sock.
     #[arg(
@@ -440,5 +449,21 @@ impl Args {
             enrolment,
             allow_kubelet_settable_selectors: self.allow_kubelet_settable_selectors,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_given_twice_takes_its_last_value() {
+        let args = Args::try_parse_from([
+            "csi-scsi-proxy",
+            "--agent-cert-lifetime=120",
+            "--agent-cert-lifetime=900",
+        ])
+        .expect("parsed");
+        assert_eq!(args.agent_cert_lifetime, 900);
     }
 }

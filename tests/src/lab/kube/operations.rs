@@ -212,14 +212,24 @@ async fn mover(k: &Kubectl) -> anyhow::Result<Pod> {
 }
 
 /// Writes 64 KiB blocks of random data, each fsynced, read back and
-/// compared, forever; `/data/progress` holds "<blocks> <errors>".
-pub(super) const LOAD: &str = r#"n=0; e=0; while true; do
+/// compared, forever, with `pause` seconds between blocks (none at 0);
+/// `/data/progress` holds "<blocks> <errors>".
+fn load_script(pause: u32) -> String {
+    let pause = if pause == 0 {
+        String::new()
+    } else {
+        format!("\n  sleep {pause}")
+    };
+    format!(
+        r#"n=0; e=0; while true; do
   dd if=/dev/urandom of=/tmp/b bs=65536 count=1 2>/dev/null
   s=$(md5sum < /tmp/b)
   f=/data/b.$((n % 16))
   if dd if=/tmp/b of=$f bs=65536 conv=fsync 2>/dev/null && [ "$(md5sum < $f)" = "$s" ]; then n=$((n+1)); else e=$((e+1)); fi
-  echo "$n $e" > /data/p.tmp && mv /data/p.tmp /data/progress
-done"#;
+  echo "$n $e" > /data/p.tmp && mv /data/p.tmp /data/progress{pause}
+done"#
+    )
+}
 
 /// (blocks written and verified, errors) of a load Pod.
 pub(super) fn progress(k: &Kubectl, pod: &str) -> anyhow::Result<(u64, u64)> {
@@ -231,7 +241,7 @@ pub(super) fn progress(k: &Kubectl, pod: &str) -> anyhow::Result<(u64, u64)> {
     }
 }
 
-/// Load Pods ([`LOAD`]), one per node, each on a claim of its own.
+/// Load Pods ([`load_script`]), one per node, each on a claim of its own.
 pub(super) struct Loads {
     /// The Pods' (and their claims') names, `load-<node>`.
     pub(super) names: Vec<String>,
@@ -243,17 +253,19 @@ pub(super) struct Loads {
 
 impl Loads {
     /// Creates a claim of `class` and `size` and a load Pod on each of
-    /// `nodes`, and waits for them Running.
+    /// `nodes`, pausing `pause` seconds between blocks, and waits for them
+    /// Running.
     pub(super) async fn start(
         k: &Kubectl,
         class: &str,
         size: &str,
         nodes: &[String],
+        pause: u32,
     ) -> anyhow::Result<Self> {
         let names: Vec<String> = nodes.iter().map(|n| format!("load-{n}")).collect();
         for (name, node) in names.iter().zip(nodes) {
             k.apply_object(&pvc(name, class, "Filesystem", size))?;
-            k.apply_object(&pod(name, node, name, false, LOAD))?;
+            k.apply_object(&pod(name, node, name, false, &load_script(pause)))?;
         }
         for name in &names {
             wait_running(k, name).await?;
@@ -315,7 +327,7 @@ pub async fn upgrade(lab: &mut KubeLab) -> anyhow::Result<String> {
     let k = lab.kubectl.clone();
     let ns = lab.namespace.clone();
     let nodes: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
-    let loads = Loads::start(&k, "lab-pool", "32Mi", &nodes).await?;
+    let loads = Loads::start(&k, "lab-pool", "32Mi", &nodes, 0).await?;
     let (load, uids) = (loads.names.clone(), loads.uids.clone());
     // The evidence that outlives the agents' Pods (whose logs go with
     // them): kubelet's logs from here on, and the VolumeAttachments.

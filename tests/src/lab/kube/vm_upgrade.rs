@@ -26,7 +26,9 @@ pub async fn upgrade_under_load(lab: &mut KubeLab, class: &str) -> anyhow::Resul
     let k = lab.kubectl.clone();
     let guests = lab.lab.nodes.len();
     let nodes: Vec<String> = (0..guests).map(node_name).collect();
-    let loads = Loads::start(&k, class, "400Mi", &nodes).await?;
+    // A block a second: unpaced, the loop's processes keep a guest's one
+    // emulated vCPU busy and starve everything else on it, the agent too.
+    let loads = Loads::start(&k, class, "400Mi", &nodes, 1).await?;
     let (load, uids) = (loads.names.clone(), loads.uids.clone());
     let before = loads.attachments(&k, &nodes)?;
     // kubelet's log in each guest (its serial port, a file here): the
