@@ -27,18 +27,41 @@ const DISCOVERY_WAIT: Duration = Duration::from_secs(480);
 
 /// A developer's shortcut (docs/kubernetes-lab.md): `drain` runs the
 /// targets and classes steps, then drain and the steps after it, which
-/// need nothing else; a run so cut is not the lab's SUCCESS.
+/// need nothing else; `upgrade` the same with the last step alone; a run
+/// so cut is not the lab's SUCCESS.
 pub const FROM_ENV: &str = "CSI_SCSI_VM_KUBE_FROM";
+
+/// Where a run begins after the targets and classes ([`FROM_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Start {
+    /// Every step: the lab's run.
+    Ext4,
+    /// Drain, hard reset, upgrade under load.
+    Drain,
+    /// Upgrade under load.
+    Upgrade,
+}
+
+impl Start {
+    /// The shortcut named in [`FROM_ENV`], if any.
+    fn from_env() -> anyhow::Result<Self> {
+        match std::env::var(FROM_ENV) {
+            Err(_) => Ok(Self::Ext4),
+            Ok(v) if v == "drain" => Ok(Self::Drain),
+            Ok(v) if v == "upgrade" => Ok(Self::Upgrade),
+            Ok(v) => bail!("{FROM_ENV}={v:?}: the shortcuts are \"drain\" and \"upgrade\""),
+        }
+    }
+}
 
 /// Runs the steps; the first failure ends the run.
 pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
-    let from_drain = match std::env::var(FROM_ENV) {
-        Ok(v) if v == "drain" => true,
-        Ok(v) => bail!("{FROM_ENV}={v:?}: the one shortcut is \"drain\""),
-        Err(_) => false,
-    };
-    if from_drain {
-        println!("  ({FROM_ENV}=drain: the steps from ext4 to delete are skipped; not a full run)");
+    let from = Start::from_env()?;
+    if from != Start::Ext4 {
+        println!(
+            "  ({FROM_ENV}={}: the steps before it are skipped, but targets and classes; not a full run)",
+            std::env::var(FROM_ENV).unwrap_or_default()
+        );
     }
     let mut r = Report::default();
     let k = lab.kubectl.clone();
@@ -81,7 +104,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
-    if !from_drain {
+    if from <= Start::Ext4 {
         r.step(
         "ext4: a PVC and a Pod on node-a that writes a marker (fsynced); staged on a dm-multipath map over both portals",
         marker_pod(
@@ -196,21 +219,23 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         )
         .await?;
     }
-    r.step(
-        "drain: kubectl drain the node of a Deployment's Pod with an ext4 volume on array-a; it runs again on the other node with its data; the LUN wiped after",
-        async {
-            let moved = super::operations::drain(&mut *lab, "vm-ext4").await?;
-            let available = wait_all_released(&lab.kubectl).await?;
-            Ok(((), format!("{moved}; {available} devices Available")))
-        },
-    )
-    .await?;
+    if from <= Start::Drain {
+        r.step(
+            "drain: kubectl drain the node of a Deployment's Pod with an ext4 volume on array-a; it runs again on the other node with its data; the LUN wiped after",
+            async {
+                let moved = super::operations::drain(&mut *lab, "vm-ext4").await?;
+                let available = wait_all_released(&lab.kubectl).await?;
+                Ok(((), format!("{moved}; {available} devices Available")))
+            },
+        )
+        .await?;
 
-    r.step(
-        "hard reset: node-a loses its power (qemu system_reset) while a Pod on it writes fsynced blocks; the guest boots blank, the next discovery logs it in again, kubelet stages the volume again and the same Pod runs there; every block fsynced before reads back; the volume attached to node-a alone throughout",
-        async { Ok(((), super::vm_reset::hard_reset(&mut *lab, "vm-ext4").await?)) },
-    )
-    .await?;
+        r.step(
+            "hard reset: node-a loses its power (qemu system_reset) while a Pod on it writes fsynced blocks; the guest boots blank, the next discovery logs it in again, kubelet stages the volume again and the same Pod runs there; every block fsynced before reads back; the volume attached to node-a alone throughout",
+            async { Ok(((), super::vm_reset::hard_reset(&mut *lab, "vm-ext4").await?)) },
+        )
+        .await?;
+    }
     r.step(
         "upgrade under load: a Pod on every guest writes and verifies fsynced blocks while the agents' DaemonSet and the Deployment roll to another tag and back; 0 errors, same Pods and VolumeAttachments, no unmount",
         async {
