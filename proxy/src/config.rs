@@ -466,4 +466,17 @@ mod tests {
         .expect("parsed");
         assert_eq!(args.agent_cert_lifetime, 900);
     }
+
+    #[test]
+    fn a_repeatable_flag_still_accumulates() {
+        let args = Args::try_parse_from([
+            "csi-scsi-proxy",
+            "--status-probe-source=127.0.0.1",
+            "--status-probe-source=::1",
+        ])
+        .expect("parsed");
+        let want: Vec<std::net::IpAddr> =
+            vec!["127.0.0.1".parse().expect("v4"), "::1".parse().expect("v6")];
+        assert_eq!(args.status_probe_sources, want);
+    }
 }

@@ -153,7 +153,7 @@ async fn kube_batch(n: usize, dir: &Path) -> anyhow::Result<KubeFigures> {
             "parameters":{"deviceSelector":"tier=pool","cleanup":"none","csi.storage.k8s.io/fstype":"ext4"}}"#,
     )?;
     // The targets, as in the lab's scenario; wait until the pool is in the inventory.
-    crate::lab::kube::targets::create_targets(&lab)?;
+    crate::lab::kube::targets::create_targets(&lab, crate::lab::kube::targets::Pool::Now)?;
     k.wait_for("the pool LUNs discovered", Duration::from_secs(120), |k| {
         let devices = k.objects::<SCSIDevice>(&[])?;
         let pool = devices

@@ -49,13 +49,13 @@ agent, through a router socket.
                      [Disruptive] specs (kubelet stopped and started over SSH
                      to the nodes' shells, volumes mounted), one at a time";
 
-/// `--kubernetes`: the storage e2e suite's options.
-fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
+/// `--kubernetes`: the kept lab's `lab.json` and the suite's options.
+fn parse_kubernetes(args: &[String]) -> Result<(PathBuf, storage_e2e::Options), String> {
+    let mut lab_json = PathBuf::from("lab.json");
     let mut opts = storage_e2e::Options {
         e2e: std::env::var_os("E2E_TEST")
             .map(PathBuf::from)
             .unwrap_or_default(),
-        lab_json: PathBuf::from("lab.json"),
         drivers: Vec::new(),
         focus: None,
         skip: None,
@@ -70,7 +70,7 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
         match a.as_str() {
             "--kubernetes" => {}
             "--e2e" => opts.e2e = value()?.into(),
-            "--lab-json" => opts.lab_json = value()?.into(),
+            "--lab-json" => lab_json = value()?.into(),
             "--driver" => opts.drivers.push(value()?.into()),
             "--focus" => opts.focus = Some(value()?),
             "--skip" => opts.skip = Some(value()?),
@@ -91,7 +91,7 @@ fn parse_kubernetes(args: &[String]) -> Result<storage_e2e::Options, String> {
     if opts.e2e.as_os_str().is_empty() {
         return Err("--e2e PATH (or $E2E_TEST) is required".into());
     }
-    Ok(opts)
+    Ok((lab_json, opts))
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -179,11 +179,11 @@ async fn main() -> ExitCode {
 
 /// `--kubernetes`: the storage e2e suite against a kept lab.
 fn kubernetes(argv: &[String]) -> ExitCode {
-    let opts = match or_usage(parse_kubernetes(argv)) {
+    let (lab_json, opts) = match or_usage(parse_kubernetes(argv)) {
         Ok(o) => o,
         Err(code) => return code,
     };
-    match storage_e2e::run(&opts, &mut |s: &str| println!("  - {s}")) {
+    match storage_e2e::run(&lab_json, &opts, &mut |s: &str| println!("  - {s}")) {
         Ok(passes) => {
             print!("{}", storage_e2e::render(&passes));
             if passes.iter().all(storage_e2e::Pass::passed) {

@@ -102,15 +102,19 @@ fn tags_for(built: &[String], wanted: &[String]) -> anyhow::Result<Vec<(String, 
     Ok(tags)
 }
 
-/// Builds the suite's images into `out` and imports them into every node
-/// of the lab in `manifest`, tagged with the references in `wanted` (the
-/// suite's `-list-images`) they serve; the images built.
-pub(super) fn import(
-    manifest: &KubeManifest,
-    root: &Path,
-    out: &Path,
-    wanted: &[String],
-) -> anyhow::Result<Vec<BuiltImage>> {
+/// The suite's images, built, and the references the suite names that
+/// each serves.
+#[derive(Clone, Debug)]
+pub struct SuiteImages {
+    /// The images built (each a docker-archive tarball).
+    pub built: Vec<BuiltImage>,
+    /// (alias the suite names, built image it is a tag of).
+    pub aliases: Vec<(String, String)>,
+}
+
+/// Builds the suite's images into `out`, with the aliases for the
+/// references in `wanted` (the suite's `-list-images`) they serve.
+pub(super) fn build(root: &Path, out: &Path, wanted: &[String]) -> anyhow::Result<SuiteImages> {
     let built = crate::images::build(&ImageOptions {
         out: out.to_owned(),
         pins: Pins::Check,
@@ -118,21 +122,27 @@ pub(super) fn import(
         ..ImageOptions::default()
     })?;
     let references: Vec<String> = built.iter().map(|b| b.reference.clone()).collect();
-    let tags = tags_for(&references, wanted)?;
+    let aliases = tags_for(&references, wanted)?;
+    Ok(SuiteImages { built, aliases })
+}
+
+/// Imports `images` into the containerd of every node of the lab in
+/// `manifest` (nodes on this host), each alias tagged.
+pub(super) fn import(manifest: &KubeManifest, images: &SuiteImages) -> anyhow::Result<()> {
     for node in &manifest.lab.nodes {
         let sock = containerd_socket(&manifest.lab.dir.join("nodes").join(&node.name));
-        for image in &built {
+        for image in &images.built {
             import_image(&sock, &image.archive)
                 .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
         }
-        for (alias, image) in &tags {
+        for (alias, image) in &images.aliases {
             // `tag` refuses an existing name: a rerun on the same lab.
             let _ = ctr_at(&sock, &["images", "rm", alias]);
             ctr_at(&sock, &["images", "tag", image, alias])
                 .with_context(|| format!("tagging {image} as {alias} on {}", node.name))?;
         }
     }
-    Ok(built)
+    Ok(())
 }
 
 #[cfg(test)]

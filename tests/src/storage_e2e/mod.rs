@@ -9,15 +9,20 @@
 mod images;
 mod report;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 use crate::lab::kube::KubeManifest;
 use crate::lab::kube::array_admin::ArrayAdmin;
 
+pub use images::SuiteImages;
 pub use report::{Pass, Spec, render};
+
+/// The suite's `KUBE_TEST_REPO_LIST`, in the workspace: every registry it
+/// names mapped to ours.
+const REPO_LIST: &str = "tests/storage-e2e/repo-list.yaml";
 
 /// The passes run when no definition is named: each definition file with
 /// the specs it is for (a regex within `External Storage`). ext4 runs all
@@ -37,36 +42,51 @@ pub const DISRUPTIVE_PASS: (&str, &str) = ("tests/storage-e2e/csi-scsi-ext4.yaml
 /// The specs of [`DISRUPTIVE_PASS`].
 const DISRUPTIVE: &str = r"\[Disruptive\]";
 
-/// Specs no pass runs unless `--skip` says otherwise: a regex each and
-/// why (docs/conformance.md, "Not run"). The last two fail in the lab for
-/// a reason of this machine's kernel, not the driver's.
-pub const NOT_RUN: &[(&str, &str)] = &[
+/// The kernel a lab's nodes (their disks, mounts and filesystems) run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Debian's, in qemu guests (`lab up --kubernetes --vm`).
+    Real,
+    /// This machine's, with the kernel stand-in (the fast Kubernetes lab).
+    StandIn,
+}
+
+/// Specs no pass runs unless `--skip` says otherwise: a regex each, why
+/// (docs/conformance.md, "Not run"), and on which nodes' kernel (`None`:
+/// on every lab). The last two fail in the fast lab for a reason of this
+/// machine's kernel, not the driver's.
+pub const NOT_RUN: &[(&str, &str, Option<Kernel>)] = &[
     (
         DISRUPTIVE,
         "stops and starts kubelets: the disruptive pass runs them (`--disruptive`), one at a time",
+        None,
     ),
-    (r"\[Serial\]", "needs the whole cluster to itself"),
+    (r"\[Serial\]", "needs the whole cluster to itself", None),
     (
         r"should remount stale subpath bind mount after network filesystem disruption",
         "new in 1.37: stops the Pod's container with crictl on the node, and the lab's nodes have no crictl yet",
+        None,
     ),
-    (r"\[Feature:Windows\]", "Windows nodes"),
+    (r"\[Feature:Windows\]", "Windows nodes", None),
     (
         r"\((default fs|ext4)\)\(allowExpansion\)\] volume-expand (Verify if online PVC expansion works|should resize volume when PVC is edited while pod is using it)",
         "grows a mounted ext4, which this machine's kernel refuses (no CAP_SYS_RESOURCE for online resize2fs)",
+        Some(Kernel::StandIn),
     ),
     (
         r"Generic Ephemeral-volume \(default fs\).*should support expansion of pvcs created for ephemeral pvcs",
         "grows a mounted ext4, which this machine's kernel refuses (no CAP_SYS_RESOURCE for online resize2fs)",
+        Some(Kernel::StandIn),
     ),
 ];
 
-/// [`NOT_RUN`] as one ginkgo skip regex; for the disruptive pass, without
-/// its own specs.
-pub fn default_skip(disruptive: bool) -> String {
+/// [`NOT_RUN`] as one ginkgo skip regex for nodes on `kernel`; for the
+/// disruptive pass, without its own specs.
+pub fn default_skip(disruptive: bool, kernel: Kernel) -> String {
     NOT_RUN
         .iter()
-        .map(|(regex, _)| *regex)
+        .filter(|(_, _, on)| on.is_none_or(|k| k == kernel))
+        .map(|(regex, _, _)| *regex)
         .filter(|regex| !(disruptive && *regex == DISRUPTIVE))
         .collect::<Vec<_>>()
         .join("|")
@@ -77,14 +97,13 @@ pub fn default_skip(disruptive: bool) -> String {
 pub struct Options {
     /// The suite's binary.
     pub e2e: PathBuf,
-    /// The kept lab's `lab.json`.
-    pub lab_json: PathBuf,
     /// Driver definition files (`-storage.testdriver`), one pass each;
     /// empty: [`DEFAULT_PASSES`].
     pub drivers: Vec<PathBuf>,
     /// Specs to run (ginkgo focus), within `External Storage`.
     pub focus: Option<String>,
-    /// Specs never to run (ginkgo skip); `None`: [`default_skip`].
+    /// Specs never to run (ginkgo skip); `None`: [`default_skip`] for the
+    /// fast lab's nodes.
     pub skip: Option<String>,
     /// The disruptive pass ([`DISRUPTIVE_PASS`]) instead of the others,
     /// one spec at a time.
@@ -97,27 +116,52 @@ pub struct Options {
     pub procs: usize,
 }
 
-/// Builds and imports the images, then runs every pass.
-pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec<Pass>> {
+/// Builds the images and imports them into the nodes of the kept lab
+/// whose `lab.json` is `lab_json`, then runs every pass.
+pub fn run(
+    lab_json: &Path,
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Pass>> {
     let manifest: KubeManifest = serde_json::from_slice(
-        &std::fs::read(&opts.lab_json)
-            .with_context(|| format!("reading {} (a kept lab)", opts.lab_json.display()))?,
+        &std::fs::read(lab_json)
+            .with_context(|| format!("reading {} (a kept lab)", lab_json.display()))?,
     )
-    .with_context(|| format!("parsing {}", opts.lab_json.display()))?;
-    let root = crate::images::workspace();
-    std::fs::create_dir_all(&opts.out)?;
-    let repo_list = root.join("tests/storage-e2e/repo-list.yaml");
-    let wanted = images::wanted(&opts.e2e, &repo_list)?;
-    let built = images::import(&manifest, &root, &opts.out.join("images"), &wanted)?;
+    .with_context(|| format!("parsing {}", lab_json.display()))?;
+    let built = build_images(opts)?;
+    images::import(&manifest, &built)?;
     progress(&format!(
         "{} images imported on {} nodes",
-        built.len(),
+        built.built.len(),
         manifest.lab.nodes.len()
     ));
+    run_passes(&manifest, opts, progress)
+}
+
+/// Builds the suite's images into `opts.out`, tagged as the suite in
+/// `opts.e2e` names them (a lab whose nodes are not on this host imports
+/// them its own way).
+pub fn build_images(opts: &Options) -> anyhow::Result<SuiteImages> {
+    let root = crate::images::workspace();
+    std::fs::create_dir_all(&opts.out)?;
+    let repo_list = root.join(REPO_LIST);
+    let wanted = images::wanted(&opts.e2e, &repo_list)?;
+    images::build(&root, &opts.out.join("images"), &wanted)
+}
+
+/// Runs every pass of `opts` against the lab in `manifest`, whose nodes
+/// hold the suite's images already.
+pub fn run_passes(
+    manifest: &KubeManifest,
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Pass>> {
+    let root = crate::images::workspace();
+    std::fs::create_dir_all(&opts.out)?;
     // The suite's expansion specs grow volumes beyond their LUNs: someone
     // must grow the LUNs, as the array's administrator would.
     let admin_log = opts.out.join("array-admin.log");
-    let admin = ArrayAdmin::start(&manifest, &admin_log)?;
+    let admin = ArrayAdmin::start(manifest, &admin_log)?;
     let mut passes = Vec::new();
     // A focus of the user's replaces each default pass's own.
     let planned: Vec<(PathBuf, &str)> = if opts.disruptive {
@@ -138,11 +182,15 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
     let skip = opts
         .skip
         .clone()
-        .unwrap_or_else(|| default_skip(opts.disruptive));
+        .unwrap_or_else(|| default_skip(opts.disruptive, Kernel::StandIn));
     // The nodes' shells, which the disruptive specs reach over SSH.
-    let ssh_key = manifest.ssh_key.clone().context(
-        "the kept lab's lab.json names no SSH key for its nodes' shells (a lab from before they had one: lab down, then lab up --kubernetes --keep)",
-    )?;
+    let ssh_key = match (&manifest.ssh_key, opts.disruptive) {
+        (Some(key), _) => Some(key.clone()),
+        (None, false) => None,
+        (None, true) => bail!(
+            "the kept lab's lab.json names no SSH key for its nodes' shells (a lab from before they had one: lab down, then lab up --kubernetes --keep)"
+        ),
+    };
     for (driver, pass_focus) in &planned {
         let name = driver
             .file_stem()
@@ -156,9 +204,10 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         let driver = root.join(driver);
         let log = opts.out.join(format!("{name}.log"));
         let _ = std::fs::remove_file(&report);
+        // A group: a focus of alternatives stays within External Storage.
         let focus = match opts.focus.as_deref().unwrap_or(pass_focus) {
             "" => "External.Storage".to_owned(),
-            f => format!("External.Storage.*{f}"),
+            f => format!("External.Storage.*(?:{f})"),
         };
         progress(&format!(
             "{}: running (log {})",
@@ -212,14 +261,15 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
             }
         };
         let started = std::time::Instant::now();
-        let status = command
+        command
             .current_dir(&root)
-            .env(
-                "KUBE_TEST_REPO_LIST",
-                root.join("tests/storage-e2e/repo-list.yaml"),
-            )
-            .env("KUBE_SSH_KEY_PATH", &ssh_key)
-            .env("KUBE_SSH_USER", crate::lab::kube::node_shell::USER)
+            .env("KUBE_TEST_REPO_LIST", root.join(REPO_LIST));
+        if let Some(key) = &ssh_key {
+            command
+                .env("KUBE_SSH_KEY_PATH", key)
+                .env("KUBE_SSH_USER", crate::lab::kube::node_shell::USER);
+        }
+        let status = command
             .stdout(std::fs::File::create(&log)?)
             .stderr(std::fs::File::create(log.with_extension("err"))?)
             .status()
@@ -248,4 +298,23 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Vec
         admin_log.display()
     ));
     Ok(passes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_kernel_nodes_run_the_online_ext4_grows_the_stand_in_refuses() {
+        let stand_in = default_skip(false, Kernel::StandIn);
+        let real = default_skip(false, Kernel::Real);
+        assert!(stand_in.contains("volume-expand"), "{stand_in}");
+        assert!(!real.contains("volume-expand"), "{real}");
+        assert!(!real.contains("expansion of pvcs"), "{real}");
+        for everywhere in [r"\[Serial\]", r"\[Feature:Windows\]", DISRUPTIVE] {
+            assert!(real.contains(everywhere), "{real}");
+            assert!(stand_in.contains(everywhere), "{stand_in}");
+        }
+        assert!(!default_skip(true, Kernel::Real).contains(DISRUPTIVE));
+    }
 }

@@ -32,6 +32,7 @@ pub mod targets;
 pub mod vm_node;
 pub mod vm_reset;
 pub mod vm_scenario;
+pub mod vm_storage_e2e;
 pub mod vm_upgrade;
 
 use std::path::{Path, PathBuf};
@@ -130,10 +131,14 @@ impl KubeLab {
         }
         // On the pool: the raw-block volume, the two-replica batch (6), the
         // crash, drain and NotReady volumes and the upgrade's writers (3),
-        // with room for LUNs still being wiped. VM nodes' steps use no
-        // pool: under TCG every LUN a guest logs in to costs udev and
-        // multipath work (14 more maps starved the guests).
-        if !config.vm {
+        // with room for LUNs still being wiped. On VM nodes only the
+        // storage e2e step uses a pool, a small one that only it declares
+        // (targets::Pool::Later): under TCG every LUN a guest logs in to
+        // costs udev and multipath work (14 more maps starved the guests).
+        if config.vm {
+            config.pool_luns = config.pool_luns.max(vm_storage_e2e::POOL_LUNS);
+            config.large_pool_luns = config.large_pool_luns.max(vm_storage_e2e::LARGE_POOL_LUNS);
+        } else {
             config.pool_luns = config.pool_luns.max(14);
         }
         let mut tools = TOOLS.to_vec();

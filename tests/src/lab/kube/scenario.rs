@@ -62,7 +62,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     }
 
     r.step("targets: a CHAP Secret and three SCSITargets, created through the API", async {
-        super::targets::create_targets(lab)?;
+        super::targets::create_targets(lab, super::targets::Pool::Now)?;
         let devices = k
             .wait_for("SCSIDevices discovered", WAIT, |k| {
                 let n = k.objects::<SCSIDevice>(&[])?.len();

@@ -36,17 +36,29 @@ const TARGETS: &[TargetRow] = &[
         &[("array", "b"), ("tier", "capacity")],
     ),
     (
-        "array-c",
+        POOL_TARGET,
         "array-c",
         false,
         &[("array", "c"), ("tier", "pool")],
     ),
 ];
 
+/// When a lab's pool (array-c) is declared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// With the other targets, when the lab has one.
+    Now,
+    /// Later ([`create_pool_target`]): under TCG every LUN a guest logs in
+    /// to costs it udev and multipath work, so the VM lab's guests see the
+    /// pool only in the step that uses it.
+    Later,
+}
+
 /// Creates (or updates) the CHAP Secret of array-a and the three targets,
 /// all of one tgtd (`array`: the LUN array-a and array-b both export is
-/// one device, not a conflict); array-c only when the lab has a pool.
-pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
+/// one device, not a conflict); array-c only when the lab has a pool and
+/// `pool` is [`Pool::Now`].
+pub fn create_targets(lab: &KubeLab, pool: Pool) -> anyhow::Result<()> {
     let k = &lab.kubectl;
     let ns = &lab.namespace;
     k.apply_object(&Secret {
@@ -61,19 +73,43 @@ pub fn create_targets(lab: &KubeLab) -> anyhow::Result<()> {
         ])),
         ..Secret::default()
     })?;
-    let pool = lab.lab.config.pool_luns + lab.lab.config.large_pool_luns > 0;
-    for (name, iqn, chap, labels) in TARGETS {
-        if *name == "array-c" && !pool {
+    let pool = has_pool(lab) && pool == Pool::Now;
+    for row in TARGETS {
+        if row.0 == POOL_TARGET && !pool {
             continue;
         }
-        let mut target = lab_target(lab, name, iqn, chap.then_some(ns.as_str()));
-        target.spec.device_labels = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        k.apply_object(&target)?;
+        k.apply_object(&target_of(lab, row))?;
     }
     Ok(())
+}
+
+/// The pool's target, array-c.
+pub const POOL_TARGET: &str = "array-c";
+
+/// Whether the lab's tgtd exports a pool (array-c).
+fn has_pool(lab: &KubeLab) -> bool {
+    lab.lab.config.pool_luns + lab.lab.config.large_pool_luns > 0
+}
+
+/// Creates (or updates) the pool's target, array-c; fails when the lab
+/// has no pool.
+pub fn create_pool_target(lab: &KubeLab) -> anyhow::Result<()> {
+    anyhow::ensure!(has_pool(lab), "the lab has no pool (--pool, --pool-large)");
+    let row = TARGETS
+        .iter()
+        .find(|row| row.0 == POOL_TARGET)
+        .expect("TARGETS holds the pool's row");
+    lab.kubectl.apply_object(&target_of(lab, row)).map(drop)
+}
+
+/// The SCSITarget of one row of [`TARGETS`].
+fn target_of(lab: &KubeLab, (name, iqn, chap, labels): &TargetRow) -> SCSITarget {
+    let mut target = lab_target(lab, name, iqn, chap.then_some(lab.namespace.as_str()));
+    target.spec.device_labels = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    target
 }
 
 /// The lab's tgtd portals: the host's address, and on VM nodes the second

@@ -27,8 +27,9 @@ const DISCOVERY_WAIT: Duration = Duration::from_secs(480);
 
 /// A developer's shortcut (docs/kubernetes-lab.md): `drain` runs the
 /// targets and classes steps, then drain and the steps after it, which
-/// need nothing else; `upgrade` the same with the last step alone; a run
-/// so cut is not the lab's SUCCESS.
+/// need nothing else; `upgrade` and `e2e` the same from the upgrade under
+/// load and from the storage e2e suite; a run so cut is not the lab's
+/// SUCCESS.
 pub const FROM_ENV: &str = "CSI_SCSI_VM_KUBE_FROM";
 
 /// Where a run begins after the targets and classes ([`FROM_ENV`]).
@@ -38,8 +39,10 @@ enum Start {
     Ext4,
     /// Drain, hard reset, upgrade under load.
     Drain,
-    /// Upgrade under load.
+    /// Upgrade under load, the storage e2e suite.
     Upgrade,
+    /// The storage e2e suite.
+    E2e,
 }
 
 impl Start {
@@ -49,7 +52,10 @@ impl Start {
             Err(_) => Ok(Self::Ext4),
             Ok(v) if v == "drain" => Ok(Self::Drain),
             Ok(v) if v == "upgrade" => Ok(Self::Upgrade),
-            Ok(v) => bail!("{FROM_ENV}={v:?}: the shortcuts are \"drain\" and \"upgrade\""),
+            Ok(v) if v == "e2e" => Ok(Self::E2e),
+            Ok(v) => {
+                bail!("{FROM_ENV}={v:?}: the shortcuts are \"drain\", \"upgrade\" and \"e2e\"")
+            }
         }
     }
 }
@@ -73,7 +79,7 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     r.step(
         "targets: array-a's CHAP Secret and the SCSITargets (two portals each), created through the API; every guest's agent discovers through its real initiator",
         async {
-            super::targets::create_targets(lab)?;
+            super::targets::create_targets(lab, super::targets::Pool::Later)?;
             let devices = k
                 .wait_for("SCSIDevices discovered", DISCOVERY_WAIT, |k| {
                     let n = k.objects::<SCSIDevice>(&[])?.len();
@@ -236,12 +242,24 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
         )
         .await?;
     }
+    if from <= Start::Upgrade {
+        r.step(
+            "upgrade under load: a Pod on every guest writes and verifies fsynced blocks while the agents' DaemonSet and the Deployment roll to another tag and back; 0 errors, same Pods and VolumeAttachments, no unmount",
+            async {
+                Ok((
+                    (),
+                    super::vm_upgrade::upgrade_under_load(&mut *lab, "vm-ext4").await?,
+                ))
+            },
+        )
+        .await?;
+    }
     r.step(
-        "upgrade under load: a Pod on every guest writes and verifies fsynced blocks while the agents' DaemonSet and the Deployment roll to another tag and back; 0 errors, same Pods and VolumeAttachments, no unmount",
+        "storage e2e: Kubernetes' own storage tests, a focused subset, on the guests (the suite's Pods that enter the node enter Debian's kernel); a small pool on array-c declared for it alone",
         async {
             Ok((
                 (),
-                super::vm_upgrade::upgrade_under_load(&mut *lab, "vm-ext4").await?,
+                super::vm_storage_e2e::storage_e2e(&mut *lab).await?,
             ))
         },
     )
