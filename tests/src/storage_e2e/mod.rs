@@ -4,7 +4,9 @@
 //! (`tests/storage-e2e/images/`) and imported into every node's
 //! containerd, named through `KUBE_TEST_REPO_LIST`; each driver definition
 //! in `tests/storage-e2e/` runs as one pass; ginkgo's JSON report gives the
-//! tally and every skip's reason.
+//! tally and every skip's reason. The VM-kube lab's last step runs a subset
+//! on its real-kernel nodes through [`build_images`] and [`run_passes`]
+//! (`lab/kube/vm_storage_e2e.rs`), its images imported its own way.
 
 mod images;
 mod report;
