@@ -37,7 +37,7 @@ pub const FROM_ENV: &str = "CSI_SCSI_VM_KUBE_FROM";
 enum Start {
     /// Every step: the lab's run.
     Ext4,
-    /// Drain, hard reset, upgrade under load.
+    /// Drain, hard reset, upgrade under load, the storage e2e suite.
     Drain,
     /// Upgrade under load, the storage e2e suite.
     Upgrade,
