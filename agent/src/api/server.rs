@@ -389,7 +389,7 @@ mod tests {
         Target {
             name: "array-a".to_owned(),
             transport: Some(target::Transport::Iscsi(IscsiTarget {
-                portals: vec!["10.0.0.1:3260".to_owned()],
+                portals: vec!["198.18.0.1:3260".to_owned()],
                 iqn: iqn.to_owned(),
                 chap: chap.map(|(u, p)| ChapCredentials {
                     username: u.to_owned(),

@@ -147,7 +147,7 @@ mod tests {
             (
                 AgentError::Iscsi(IscsiError::SessionBusy {
                     target: "iqn.2003-01.org.example:a".into(),
-                    portal: "10.0.0.1:3260".into(),
+                    portal: "198.18.0.1:3260".into(),
                     detail: "device in use".into(),
                 }),
                 Code::FailedPrecondition,
@@ -155,7 +155,7 @@ mod tests {
             (
                 AgentError::Iscsi(IscsiError::AuthFailed {
                     target: "iqn.2003-01.org.example:a".into(),
-                    portal: "10.0.0.1:3260".into(),
+                    portal: "198.18.0.1:3260".into(),
                 }),
                 Code::Unauthenticated,
             ),

@@ -59,6 +59,8 @@ fn parse_kubernetes(args: &[String]) -> Result<(PathBuf, storage_e2e::Options), 
         drivers: Vec::new(),
         focus: None,
         skip: None,
+        // `conformance --kubernetes` runs against the fast Kubernetes lab.
+        kernel: storage_e2e::Kernel::StandIn,
         disruptive: false,
         out: PathBuf::from("/tmp/csi-scsi-storage-e2e"),
         ginkgo: std::env::var_os("GINKGO").map(PathBuf::from),

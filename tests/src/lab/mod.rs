@@ -253,6 +253,12 @@ impl LabConfig {
             vm: false,
         }
     }
+
+    /// Whether the lab has a pool: array-c, exported by tgtd and declared
+    /// as a target, with small LUNs, large ones or both.
+    pub fn has_pool(&self) -> bool {
+        self.pool_luns + self.large_pool_luns > 0
+    }
 }
 
 /// The name of node `i`.
@@ -370,7 +376,7 @@ impl Lab {
         }
         let iqn_c = "iqn.2026-11.io.csi-scsi.lab:array-c";
         let mut pool = Vec::new();
-        if config.pool_luns > 0 {
+        if config.has_pool() {
             tgtd.add_target(3, iqn_c).await?;
             for n in 1..=(config.pool_luns + config.large_pool_luns) as u64 {
                 let file = &luns[&format!("c{n}")];
@@ -491,7 +497,7 @@ impl Lab {
                  "deviceLabels": {"array": "fc", "tier": "fast"}}
             ));
         }
-        if config.pool_luns > 0 {
+        if config.has_pool() {
             list.push(serde_json::json!(
                 {"name": "array-c", "iscsi": {"portals": portals, "iqn": iqn_c},
                  "deviceLabels": {"array": "c", "tier": "pool"}, "array": LAB_ARRAY}

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 
 use crate::images::{BuiltImage, ImageOptions, Pins};
 use crate::lab::kube::KubeManifest;
-use crate::lab::kube::node::{containerd_socket, ctr_at, import_image};
+use crate::lab::kube::node::{containerd_socket, ctr_at, import_image, tag_args};
 
 /// Repositories the suite names that one of ours serves as is: the
 /// multi-volume specs start their Pods from `glibc-dns-testing` (before
@@ -136,9 +136,7 @@ pub(super) fn import(manifest: &KubeManifest, images: &SuiteImages) -> anyhow::R
                 .with_context(|| format!("importing {} on {}", image.reference, node.name))?;
         }
         for (alias, image) in &images.aliases {
-            // `tag` refuses an existing name: a rerun on the same lab.
-            let _ = ctr_at(&sock, &["images", "rm", alias]);
-            ctr_at(&sock, &["images", "tag", image, alias])
+            ctr_at(&sock, &tag_args(image, alias))
                 .with_context(|| format!("tagging {image} as {alias} on {}", node.name))?;
         }
     }

@@ -104,9 +104,11 @@ pub struct Options {
     pub drivers: Vec<PathBuf>,
     /// Specs to run (ginkgo focus), within `External Storage`.
     pub focus: Option<String>,
-    /// Specs never to run (ginkgo skip); `None`: [`default_skip`] for the
-    /// fast lab's nodes.
+    /// Specs never to run (ginkgo skip); `None`: [`default_skip`] for
+    /// `kernel`.
     pub skip: Option<String>,
+    /// The kernel the lab's nodes run on: which of [`NOT_RUN`] apply.
+    pub kernel: Kernel,
     /// The disruptive pass ([`DISRUPTIVE_PASS`]) instead of the others,
     /// one spec at a time.
     pub disruptive: bool,
@@ -184,7 +186,7 @@ pub fn run_passes(
     let skip = opts
         .skip
         .clone()
-        .unwrap_or_else(|| default_skip(opts.disruptive, Kernel::StandIn));
+        .unwrap_or_else(|| default_skip(opts.disruptive, opts.kernel));
     // The nodes' shells, which the disruptive specs reach over SSH.
     let ssh_key = match (&manifest.ssh_key, opts.disruptive) {
         (Some(key), _) => Some(key.clone()),

@@ -21,6 +21,11 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Ran and passed.
+    pub fn passed(&self) -> bool {
+        self.state == "passed"
+    }
+
     /// Left out by the focus or skip: ginkgo reports it skipped without a
     /// message (one the suite skipped at run time says why).
     pub fn not_selected(&self) -> bool {
@@ -74,11 +79,11 @@ impl Pass {
     /// Whether the suite exited cleanly, some spec passed and none failed.
     pub fn passed(&self) -> bool {
         self.exit.success()
-            && self.specs.iter().any(|s| s.state == "passed")
+            && self.specs.iter().any(Spec::passed)
             && self
                 .specs
                 .iter()
-                .all(|s| s.state == "passed" || s.state == "skipped")
+                .all(|s| s.passed() || s.state == "skipped")
     }
 }
 
@@ -182,7 +187,7 @@ pub fn render(passes: &[Pass]) -> String {
         for s in p
             .specs
             .iter()
-            .filter(|s| s.state != "passed" && !s.not_selected())
+            .filter(|s| !s.passed() && !s.not_selected())
         {
             let first = s.message.lines().next().unwrap_or_default();
             out.push_str(&format!(

@@ -8,7 +8,7 @@ use crate::host::command::CommandRunner;
 const IQN: &str = "iqn.2024-01.io.lab:target-a";
 
 fn portal() -> Portal {
-    Portal::parse("10.0.0.1:3260").expect("portal")
+    Portal::parse("198.18.0.1:3260").expect("portal")
 }
 
 /// A stand-in `iscsiadm`: logs each argv as one line to `log`, then runs
@@ -62,10 +62,10 @@ async fn node_create_and_delete_argv() {
     assert_eq!(
         tool.calls(),
         [
-            format!("-m node -T {IQN} -p 10.0.0.1:3260 -o new"),
+            format!("-m node -T {IQN} -p 198.18.0.1:3260 -o new"),
             // Only the agent logs in; never iscsid at boot.
-            format!("-m node -T {IQN} -p 10.0.0.1:3260 -o update -n node.startup -v manual"),
-            format!("-m node -T {IQN} -p 10.0.0.1:3260 -o delete"),
+            format!("-m node -T {IQN} -p 198.18.0.1:3260 -o update -n node.startup -v manual"),
+            format!("-m node -T {IQN} -p 198.18.0.1:3260 -o delete"),
         ]
     );
 }
@@ -75,7 +75,7 @@ async fn chap_is_written_into_the_node_record_never_onto_a_command_line() {
     let tool = FakeTool::new("exit 0");
     let host = tool.host();
     // The record as `iscsiadm -o new` leaves it, with an old CHAP setting.
-    let record = host.iscsi_nodes.join(IQN).join("10.0.0.1,3260,1/default");
+    let record = host.iscsi_nodes.join(IQN).join("198.18.0.1,3260,1/default");
     std::fs::create_dir_all(record.parent().expect("dir")).expect("mkdir");
     std::fs::write(
         &record,
@@ -206,7 +206,7 @@ async fn login_sets_a_single_attempt_timeout_then_logs_in() {
         .await
         .expect("login");
     assert_eq!(outcome, LoginOutcome::LoggedIn);
-    let base = format!("-m node -T {IQN} -p 10.0.0.1:3260");
+    let base = format!("-m node -T {IQN} -p 198.18.0.1:3260");
     assert_eq!(
         tool.calls(),
         [
@@ -221,7 +221,7 @@ async fn login_sets_a_single_attempt_timeout_then_logs_in() {
 async fn login_exit_codes_become_typed_outcomes() {
     async fn login_with(code: i32) -> Result<LoginOutcome, IscsiError> {
         let tool = FakeTool::new(&format!(
-            "case \"$*\" in *--login*) echo 'iscsiadm: Could not login to [iface: default, target: x, portal: 10.0.0.1,3260].' >&2; exit {code};; esac"
+            "case \"$*\" in *--login*) echo 'iscsiadm: Could not login to [iface: default, target: x, portal: 198.18.0.1,3260].' >&2; exit {code};; esac"
         ));
         login(&tool.host(), IQN, &portal(), Duration::from_secs(5)).await
     }
@@ -240,7 +240,7 @@ async fn login_exit_codes_become_typed_outcomes() {
         })
     ));
     assert!(
-        matches!(login_with(4).await, Err(IscsiError::PortalUnreachable { ref portal, .. }) if portal == "10.0.0.1:3260")
+        matches!(login_with(4).await, Err(IscsiError::PortalUnreachable { ref portal, .. }) if portal == "198.18.0.1:3260")
     );
     assert!(matches!(
         login_with(19).await,
@@ -301,7 +301,7 @@ async fn logout_and_rescan_exit_codes() {
     assert_eq!(
         tool.calls(),
         [
-            format!("-m node -T {IQN} -p 10.0.0.1:3260 --logout"),
+            format!("-m node -T {IQN} -p 198.18.0.1:3260 --logout"),
             "-m session -r 3 --rescan".to_owned()
         ]
     );

@@ -414,9 +414,21 @@ pub fn ctr_at(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
     sh("ctr", &all)
 }
 
+/// `ctr`'s arguments (after its address and namespace) that import an
+/// image archive, on host-side nodes and in guests alike.
+pub const IMPORT_ARGS: [&str; 3] = ["images", "import", "--no-unpack"];
+
+/// `ctr`'s arguments that tag `image` as `alias`, replacing an alias a
+/// rerun on the same lab left (`tag` alone refuses an existing name).
+pub fn tag_args<'a>(image: &'a str, alias: &'a str) -> [&'a str; 5] {
+    ["images", "tag", "--force", image, alias]
+}
+
 /// Imports an image archive into the containerd at `socket` (the node's
 /// "registry": there is none).
 pub fn import_image(socket: &Path, archive: &Path) -> anyhow::Result<()> {
     let archive = archive.display().to_string();
-    ctr_at(socket, &["images", "import", "--no-unpack", &archive]).map(|_| ())
+    let mut args = IMPORT_ARGS.to_vec();
+    args.push(&archive);
+    ctr_at(socket, &args).map(|_| ())
 }

@@ -73,7 +73,7 @@ pub fn create_targets(lab: &KubeLab, pool: Pool) -> anyhow::Result<()> {
         ])),
         ..Secret::default()
     })?;
-    let pool = has_pool(lab) && pool == Pool::Now;
+    let pool = lab.lab.config.has_pool() && pool == Pool::Now;
     for row in TARGETS {
         if row.0 == POOL_TARGET && !pool {
             continue;
@@ -86,15 +86,10 @@ pub fn create_targets(lab: &KubeLab, pool: Pool) -> anyhow::Result<()> {
 /// The pool's target, array-c.
 pub const POOL_TARGET: &str = "array-c";
 
-/// Whether the lab's tgtd exports a pool (array-c).
-fn has_pool(lab: &KubeLab) -> bool {
-    lab.lab.config.pool_luns + lab.lab.config.large_pool_luns > 0
-}
-
 /// Creates (or updates) the pool's target, array-c; fails when the lab
 /// has no pool.
 pub fn create_pool_target(lab: &KubeLab) -> anyhow::Result<()> {
-    anyhow::ensure!(has_pool(lab), "the lab has no pool (--pool, --pool-large)");
+    anyhow::ensure!(lab.lab.config.has_pool(), "the lab has no pool (--pool, --pool-large)");
     let row = TARGETS
         .iter()
         .find(|row| row.0 == POOL_TARGET)

@@ -21,8 +21,8 @@ use crate::vm;
 
 /// Where a guest keeps its Kubernetes files (the init script reads them).
 const GUEST_KUBE_DIR: &str = "/etc/csi-scsi/kube";
-/// Where a guest finds the images it imports.
-const GUEST_IMAGES_DIR: &str = "var/lib/csi-scsi-images";
+/// Where a guest finds the images it imports (relative to its root).
+pub(super) const GUEST_IMAGES_DIR: &str = "var/lib/csi-scsi-images";
 
 /// What booting the guests measured.
 #[derive(Debug, Default)]

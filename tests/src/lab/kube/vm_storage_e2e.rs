@@ -3,7 +3,7 @@
 //! fast lab, [`crate::storage_e2e`]) on nodes whose kubelet, mounts and
 //! disks sit on Debian's real kernel, so the suite's test Pods that enter
 //! "the node" enter a guest. Under TCG a spec takes minutes, so the step
-//! runs a focused subset ([`FOCUS`]), chosen for what the real kernel
+//! runs a focused subset ([`SPECS`]), chosen for what the real kernel
 //! changes (docs/conformance.md, "On the real kernel"). The suite's
 //! images reach each guest's containerd through the lab's guest helper.
 
@@ -18,7 +18,9 @@ use csi_scsi_proxy::resources::SCSIDevice;
 use super::KubeLab;
 use super::api::Typed;
 use super::scenario::phase;
+use super::node::{IMPORT_ARGS, tag_args};
 use super::targets::{POOL_TARGET, create_pool_target};
+use super::vm_node::GUEST_IMAGES_DIR;
 use crate::kube::GoTools;
 use crate::storage_e2e::{self, Kernel, Options, SuiteImages};
 use crate::vm::guest::Guest;
@@ -33,25 +35,28 @@ pub const LARGE_POOL_LUNS: usize = 2;
 /// StorageClass, every capability claimed there).
 const DRIVER: &str = "tests/storage-e2e/csi-scsi-ext4.yaml";
 
-/// The specs run (ginkgo focus, within External Storage; names as at
-/// Kubernetes 1.37): data through a filesystem and through a raw map, two
-/// volumes moved to the other node, the mounts and maps the suite checks
-/// on the node itself, a subPath, one writer only, capacity, and the
-/// online ext4 grow that the fast lab's kernel refuses.
-pub const FOCUS: &str = concat!(
-    r"\[Testpattern: Dynamic PV \((default fs|block volmode)\)\] volumes should store data",
-    r"|\[Testpattern: Dynamic PV \(filesystem volmode\)\] multiVolume should access to two volumes with the same volume mode and retain data across pod recreation on different node",
-    r"|\[Testpattern: Dynamic PV \(block volmode\)\] volumeMode should not mount / map unused volumes in a pod",
-    r"|\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it",
-    r"|\[Testpattern: Dynamic PV \(default fs\)\] subPath should support existing directory",
-    r"|\[Testpattern: Dynamic PV \(default fs\)\] capacity provides storage capacity information",
-    r"|\[Testpattern: Dynamic PV \(default fs\)\] read-write-once-pod should block a second pod from using an in-use ReadWriteOncePod volume on the same node",
-);
+/// The specs run (ginkgo focus alternatives, within External Storage;
+/// names as at Kubernetes 1.37): data through a filesystem and through a
+/// raw map, two volumes moved to the other node, the mounts and maps the
+/// suite checks on the node itself, a subPath, one writer only, capacity,
+/// and the online ext4 grow that the fast lab's kernel refuses. Each
+/// selects exactly one spec: a suite that passes fewer (a spec renamed by
+/// a Kubernetes release) fails the step rather than passing on less.
+pub const SPECS: &[&str] = &[
+    r"\[Testpattern: Dynamic PV \(default fs\)\] volumes should store data",
+    r"\[Testpattern: Dynamic PV \(block volmode\)\] volumes should store data",
+    r"\[Testpattern: Dynamic PV \(filesystem volmode\)\] multiVolume should access to two volumes with the same volume mode and retain data across pod recreation on different node",
+    r"\[Testpattern: Dynamic PV \(block volmode\)\] volumeMode should not mount / map unused volumes in a pod",
+    r"\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it",
+    r"\[Testpattern: Dynamic PV \(default fs\)\] subPath should support existing directory",
+    r"\[Testpattern: Dynamic PV \(default fs\)\] capacity provides storage capacity information",
+    r"\[Testpattern: Dynamic PV \(default fs\)\] read-write-once-pod should block a second pod from using an in-use ReadWriteOncePod volume on the same node",
+];
 
-/// How many specs [`FOCUS`] names: a suite that selects fewer (a spec
-/// renamed by a Kubernetes release) fails the step rather than passing
-/// on less.
-const FOCUSED_SPECS: usize = 8;
+/// [`SPECS`] as one ginkgo focus.
+fn focus() -> String {
+    SPECS.join("|")
+}
 
 /// Parallel specs: one per guest.
 const PROCS: usize = 2;
@@ -59,8 +64,11 @@ const PROCS: usize = 2;
 /// How long the guests may take to log in to the pool and map its LUNs.
 const POOL_WAIT: Duration = Duration::from_secs(600);
 
-/// Where a guest keeps an archive while its containerd imports it.
-const GUEST_ARCHIVE: &str = "/var/lib/csi-scsi-images/e2e.tar";
+/// Where a guest keeps an archive while its containerd imports it: beside
+/// the images its init imports.
+fn guest_archive() -> PathBuf {
+    Path::new("/").join(GUEST_IMAGES_DIR).join("e2e.tar")
+}
 
 /// A guest helper write at most this large: the helper holds a write in
 /// memory.
@@ -79,8 +87,9 @@ pub async fn storage_e2e(lab: &mut KubeLab) -> anyhow::Result<String> {
     let opts = Options {
         e2e: tools.path("e2e.test").to_owned(),
         drivers: vec![PathBuf::from(DRIVER)],
-        focus: Some(FOCUS.to_owned()),
-        skip: Some(storage_e2e::default_skip(false, Kernel::Real)),
+        focus: Some(focus()),
+        skip: None,
+        kernel: Kernel::Real,
         disruptive: false,
         out: lab.lab.config.dir.join("storage-e2e"),
         ginkgo: Some(tools.path("ginkgo").to_owned()),
@@ -114,11 +123,12 @@ pub async fn storage_e2e(lab: &mut KubeLab) -> anyhow::Result<String> {
     );
     let passed: usize = passes
         .iter()
-        .map(|p| p.specs.iter().filter(|s| s.state == "passed").count())
+        .map(|p| p.specs.iter().filter(|s| s.passed()).count())
         .sum();
     anyhow::ensure!(
-        passed == FOCUSED_SPECS,
-        "{passed} of the {FOCUSED_SPECS} specs the step names passed (one renamed by a Kubernetes release, or skipped at run time?):\n{report}"
+        passed == SPECS.len(),
+        "{passed} of the {} specs the step names passed (one renamed by a Kubernetes release, or skipped at run time?):\n{report}",
+        SPECS.len()
     );
     Ok(format!(
         "{pool}; {} images into {} guests in {:.0}s; {:.0}s in all\n{}",
@@ -173,42 +183,64 @@ fn seen_by(device: &SCSIDevice) -> usize {
 /// Copies each image's archive into the guest, has its containerd import
 /// it (the namespace kubelet uses), and tags the aliases the suite names.
 async fn import_into_guest(guest: &Guest, images: &SuiteImages) -> anyhow::Result<()> {
-    let to = Path::new(GUEST_ARCHIVE);
+    let to = guest_archive();
+    let archive = to.display().to_string();
     for image in &images.built {
-        copy_into(guest, &image.archive, to).await?;
+        copy_into(guest, &image.archive, &to).await?;
+        let mut import = in_cri_namespace(&IMPORT_ARGS);
+        import.push(&archive);
         guest
-            .run(&[
-                "ctr",
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                "--no-unpack",
-                GUEST_ARCHIVE,
-            ])
+            .run(&import)
             .await
             .with_context(|| format!("importing {}", image.reference))?;
         // The guest's root is memory: the archive goes once imported.
-        guest.run(&["rm", "-f", GUEST_ARCHIVE]).await?;
+        guest.run(&["rm", "-f", archive.as_str()]).await?;
     }
     for (alias, image) in &images.aliases {
         guest
-            .run(&[
-                "ctr", "-n", "k8s.io", "images", "tag", "--force", image, alias,
-            ])
+            .run(&in_cri_namespace(&tag_args(image, alias)))
             .await
             .with_context(|| format!("tagging {image} as {alias}"))?;
     }
     Ok(())
 }
 
-/// Writes the host's file `from` to `to` in the guest, in chunks.
+/// The guest's `ctr` with `args`, in the namespace kubelet uses.
+fn in_cri_namespace<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["ctr", "-n", "k8s.io"];
+    all.extend_from_slice(args);
+    all
+}
+
+/// Writes the host's file `from` to `to` in the guest, a chunk read at a
+/// time (off the runtime's workers: the archives are tens of MiB).
 async fn copy_into(guest: &Guest, from: &Path, to: &Path) -> anyhow::Result<()> {
-    let data = std::fs::read(from).with_context(|| format!("reading {}", from.display()))?;
+    use tokio::io::AsyncReadExt;
+    let mut file = tokio::fs::File::open(from)
+        .await
+        .with_context(|| format!("opening {}", from.display()))?;
+    let mut chunk = vec![0u8; CHUNK];
     let mut offset = None;
-    for chunk in data.chunks(CHUNK) {
-        guest.write(to, offset, chunk).await?;
-        offset = Some(offset.unwrap_or(0) + chunk.len() as u64);
+    loop {
+        let mut filled = 0;
+        while filled < CHUNK {
+            let n = file
+                .read(&mut chunk[filled..])
+                .await
+                .with_context(|| format!("reading {}", from.display()))?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            break;
+        }
+        guest.write(to, offset, &chunk[..filled]).await?;
+        offset = Some(offset.unwrap_or(0) + filled as u64);
+        if filled < CHUNK {
+            break;
+        }
     }
     Ok(())
 }
