@@ -136,8 +136,8 @@ mod tests {
 
     #[test]
     fn urls_parse_with_or_without_scheme() {
-        let e = Endpoint::parse("http://10.0.0.5:9811").expect("url");
-        assert_eq!(e.to_string(), "http://10.0.0.5:9811");
+        let e = Endpoint::parse("http://198.18.0.11:9811").expect("url");
+        assert_eq!(e.to_string(), "http://198.18.0.11:9811");
         let e = Endpoint::parse("127.0.0.1:9812/").expect("url");
         assert_eq!(e.to_string(), "http://127.0.0.1:9812");
         let e = Endpoint::parse("http://example.invalid/csi/").expect("url");

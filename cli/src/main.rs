@@ -3,10 +3,14 @@
 //! tables, or JSON with `-o json`.
 //!
 //! ```text
-//! csi-scsi --url http://10.0.0.5:9811 status     # an agent
-//! csi-scsi --url http://10.0.0.9:9812 agents     # the proxy
-//! csi-scsi devices -o json
+//! csi-scsi --url http://198.18.0.11:9811 status  # an agent, at its node's address
+//! csi-scsi --url 127.0.0.1:9812 agents           # the proxy, through a port-forward
+//! CSI_SCSI_STATUS_URL=198.18.0.11:9811 csi-scsi devices -o json
 //! ```
+//!
+//! There is no default address: on Kubernetes no loopback address serves
+//! one (the agents bind their node's address), so a missing `--url` is a
+//! usage error that says where the endpoints are ([`WHERE`]).
 #![forbid(unsafe_code)]
 
 mod fetch;
@@ -16,27 +20,33 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use csi_scsi_status::{Header, SCHEMA, SchemaError, Status};
 use serde_json::Value;
 
+/// Where the status endpoints of an install are, as `deploy/` runs them
+/// (`--help` ends with it; a missing `--url` prints it).
+const WHERE: &str = "\
+Where the status endpoints are (deploy/'s manifests, namespace csi-scsi):
+  the proxy:   kubectl -n csi-scsi port-forward deploy/csi-scsi-controller 9812
+               then --url 127.0.0.1:9812 (the full view: it arrives from loopback)
+  an agent:    --url <node address>:9811 (the DaemonSet binds the node's address,
+               not loopback); the IP column of
+               kubectl -n csi-scsi get pods -l app.kubernetes.io/name=csi-scsi-node -o wide
+  without Kubernetes: the process's --status-listen address";
+
 /// Inspect a csi-scsi agent or proxy through its status endpoint.
 ///
-/// Point --url at an agent's --status-listen address (default port 9811)
-/// or the proxy's (default port 9812). Tables go to stdout; `-o json`
+/// Point --url at an agent's --status-listen address (port 9811 in the
+/// manifests) or the proxy's (port 9812). Tables go to stdout; `-o json`
 /// prints the same data as JSON for scripts.
 #[derive(Parser, Debug)]
-#[command(name = "csi-scsi", version, about, long_about)]
+#[command(name = "csi-scsi", version, about, long_about, after_help = WHERE)]
 struct Cli {
-    /// Status endpoint: http://host:port, or just host:port.
-    #[arg(
-        long,
-        short = 'u',
-        env = "CSI_SCSI_STATUS_URL",
-        default_value = "http://127.0.0.1:9811",
-        global = true
-    )]
-    url: String,
+    /// Status endpoint: http://host:port, or just host:port. Required
+    /// (no default).
+    #[arg(long, short = 'u', env = "CSI_SCSI_STATUS_URL", global = true)]
+    url: Option<String>,
 
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "table", global = true)]
@@ -76,6 +86,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let Some(url) = cli.url.as_deref() else {
+        missing_url().exit()
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -86,7 +99,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&cli)) {
+    match runtime.block_on(run(&cli, url)) {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS
@@ -98,8 +111,17 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: &Cli) -> anyhow::Result<String> {
-    let endpoint = fetch::Endpoint::parse(&cli.url)?;
+/// The usage error (exit status 2) for a missing `--url`, saying where
+/// the endpoints are.
+fn missing_url() -> clap::Error {
+    Cli::command().error(
+        clap::error::ErrorKind::MissingRequiredArgument,
+        format!("no status endpoint: pass --url or set CSI_SCSI_STATUS_URL\n\n{WHERE}"),
+    )
+}
+
+async fn run(cli: &Cli, url: &str) -> anyhow::Result<String> {
+    let endpoint = fetch::Endpoint::parse(url)?;
     let timeout = Duration::from_secs(cli.timeout.max(1));
     let raw: Value = endpoint.get_json("/status", timeout).await?;
     let doc = read_status(&endpoint, &raw)?;

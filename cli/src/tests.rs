@@ -174,3 +174,75 @@ fn a_redacted_document_says_so() {
         );
     }
 }
+
+/// A missing `--url` is a usage error (exit status 2, as the docs say)
+/// that tells how to reach the proxy and an agent; there is no default
+/// address, which on Kubernetes would reach nothing.
+#[test]
+fn a_missing_url_is_a_usage_error_that_says_where_the_endpoints_are() {
+    let url = Cli::command()
+        .get_arguments()
+        .find(|a| a.get_id() == "url")
+        .cloned()
+        .expect("the --url argument");
+    assert!(url.get_default_values().is_empty(), "--url has no default");
+    assert_eq!(
+        url.get_env().and_then(|e| e.to_str()),
+        Some("CSI_SCSI_STATUS_URL")
+    );
+    let e = missing_url();
+    assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    assert_eq!(e.exit_code(), 2);
+    let text = e.render().to_string();
+    for needed in [
+        "pass --url or set CSI_SCSI_STATUS_URL",
+        "kubectl -n csi-scsi port-forward deploy/csi-scsi-controller 9812",
+        "--url 127.0.0.1:9812",
+        "--url <node address>:9811",
+        "kubectl -n csi-scsi get pods -l app.kubernetes.io/name=csi-scsi-node -o wide",
+    ] {
+        assert!(text.contains(needed), "{needed:?} missing from:\n{text}");
+    }
+}
+
+/// What the hint and docs/operations.md say is what deploy/ installs: the
+/// controller's name and status port, the agents' label and that they
+/// bind the node's address on 9811.
+#[test]
+fn the_hint_and_the_docs_name_what_the_manifests_install() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |path: &str| {
+        std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let controller = read("deploy/base/controller.yaml");
+    let node = read("deploy/base/node.yaml");
+    let kustomization = read("deploy/base/kustomization.yaml");
+    for (manifest, text, needed) in [
+        ("kustomization.yaml", &kustomization, "namespace: csi-scsi"),
+        ("controller.yaml", &controller, "name: csi-scsi-controller"),
+        (
+            "controller.yaml",
+            &controller,
+            "--status-listen=0.0.0.0:9812",
+        ),
+        ("node.yaml", &node, "app.kubernetes.io/name: csi-scsi-node"),
+        ("node.yaml", &node, "hostNetwork: true"),
+        ("node.yaml", &node, "--status-listen=$(POD_IP):9811"),
+    ] {
+        assert!(
+            text.contains(needed),
+            "deploy/base/{manifest} no longer has {needed:?}: fix WHERE in cli/src/main.rs and docs/operations.md"
+        );
+    }
+    let operations = read("docs/operations.md");
+    for needed in [
+        "`--url` (env `CSI_SCSI_STATUS_URL`, no default)",
+        "kubectl -n csi-scsi port-forward deploy/csi-scsi-controller 9812",
+        "kubectl -n csi-scsi get pods -l app.kubernetes.io/name=csi-scsi-node -o wide",
+    ] {
+        assert!(
+            operations.contains(needed),
+            "docs/operations.md does not say {needed:?}"
+        );
+    }
+}

@@ -131,11 +131,12 @@ impl VolumeEvents {
         .await;
     }
 
-    /// Wiping a released LUN failed: it stays Failed until someone looks.
+    /// Wiping a released LUN failed: it stays Failed, retried with backoff,
+    /// until a wipe succeeds (or an operator asks for one, or retires it).
     /// Reported on the PersistentVolume `volume` (the PVC is usually gone).
     pub async fn wipe_failed(&self, volume: &str, wwid: &str, reason: &str) {
         let note = format!(
-            "wiping LUN {wwid} failed, it is not offered again until an administrator looks: {reason}"
+            "wiping LUN {wwid} failed; it is not offered again, and the wipe is retried with backoff. Fix the cause, then set the SCSIDevice's spec.retryWipe to retry now, or spec.retired to take the LUN out of service (docs/troubleshooting.md): {reason}"
         );
         self.on_volume(volume, "WipeFailed", "Delete", note, wwid)
             .await;

@@ -1,6 +1,6 @@
-//! StorageClass parameters: `deviceSelector`, `cleanup`, `fsType`. Any
-//! other key is refused, except the `csi.storage.k8s.io/` keys the
-//! external-provisioner adds itself.
+//! StorageClass parameters: `deviceSelector`, `cleanup`, `fsType`
+//! ([`KEYS`]). Any other key is refused, except the `csi.storage.k8s.io/`
+//! keys ([`PROVISIONER_PREFIX`]) the external-provisioner adds itself.
 
 use std::collections::BTreeMap;
 
@@ -30,7 +30,7 @@ pub struct ClassParameters {
 #[non_exhaustive]
 pub enum InvalidParameter {
     /// A key this driver does not know.
-    #[error("unknown parameter {0:?} (known: deviceSelector, cleanup, fsType)")]
+    #[error("unknown parameter {0:?} (known: {known})", known = KEYS.join(", "))]
     Unknown(String),
     /// A value out of its set.
     #[error("parameter {key}: {reason}")]
@@ -45,8 +45,20 @@ pub enum InvalidParameter {
     Selector(#[from] InvalidSelector),
 }
 
-/// Prefix of the keys the external-provisioner adds (`--extra-create-metadata`).
-const PROVISIONER_PREFIX: &str = "csi.storage.k8s.io/";
+/// Which LUNs may back the volume: a label selector.
+const DEVICE_SELECTOR: &str = "deviceSelector";
+/// What DeleteVolume does to the LUN.
+const CLEANUP: &str = "cleanup";
+/// The filesystem (the deprecated spelling of `csi.storage.k8s.io/fstype`).
+const FS_TYPE: &str = "fsType";
+
+/// Every key [`ClassParameters::parse`] accepts outside
+/// [`PROVISIONER_PREFIX`] (the list `docs/parameters.md` is checked against).
+pub const KEYS: [&str; 3] = [DEVICE_SELECTOR, CLEANUP, FS_TYPE];
+
+/// Prefix of the keys the external-provisioner adds or reads itself
+/// (`--extra-create-metadata`, `csi.storage.k8s.io/fstype`): ignored.
+pub const PROVISIONER_PREFIX: &str = "csi.storage.k8s.io/";
 /// The claim's name and namespace among them.
 const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
 const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
@@ -69,9 +81,9 @@ impl ClassParameters {
             }
             out.identity.insert(k.clone(), v.clone());
             match k.as_str() {
-                "deviceSelector" => out.selector = Selector::parse(v)?,
-                "cleanup" => out.cleanup = cleanup(v)?,
-                "fsType" => out.fs_type = Some(fs_type(v)?),
+                DEVICE_SELECTOR => out.selector = Selector::parse(v)?,
+                CLEANUP => out.cleanup = cleanup(v)?,
+                FS_TYPE => out.fs_type = Some(fs_type(v)?),
                 other => return Err(InvalidParameter::Unknown(excerpt(other))),
             }
         }
@@ -88,7 +100,7 @@ impl ClassParameters {
 /// Checks a filesystem name: ext4 or xfs.
 pub fn fs_type(v: &str) -> Result<FsType, InvalidParameter> {
     FsType::parse(v).map_err(|_| InvalidParameter::Value {
-        key: "fsType",
+        key: FS_TYPE,
         reason: format!("{:?} is not supported (ext4, xfs)", excerpt(v)),
     })
 }
@@ -96,7 +108,7 @@ pub fn fs_type(v: &str) -> Result<FsType, InvalidParameter> {
 /// Checks a cleanup mode.
 fn cleanup(v: &str) -> Result<Cleanup, InvalidParameter> {
     Cleanup::parse(v).ok_or_else(|| InvalidParameter::Value {
-        key: "cleanup",
+        key: CLEANUP,
         reason: format!(
             "{:?} is not one of none, discard, zero, random-1, random-3",
             excerpt(v)
@@ -148,10 +160,40 @@ mod tests {
     }
 
     #[test]
+    fn every_listed_key_is_accepted_and_the_refusal_names_them_all() {
+        // A valid value for each key, so a key dropped from the parser (or
+        // added to KEYS alone) fails here.
+        let valid = |key: &str| match key {
+            DEVICE_SELECTOR => "tier=fast",
+            CLEANUP => "none",
+            FS_TYPE => "ext4",
+            other => panic!("no valid value known for {other:?}: add it here"),
+        };
+        for key in KEYS {
+            let c = ClassParameters::parse(&p(&[(key, valid(key))]))
+                .unwrap_or_else(|e| panic!("{key} is in KEYS but refused: {e}"));
+            assert_eq!(c.identity.len(), 1, "{key} identifies the request");
+        }
+        let refused = ClassParameters::parse(&p(&[("replicas", "3")]))
+            .err()
+            .expect("an unknown key is refused");
+        assert_eq!(
+            refused.to_string(),
+            "unknown parameter \"replicas\" (known: deviceSelector, cleanup, fsType)"
+        );
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert_eq!(
             ClassParameters::parse(&p(&[("replicas", "3")])).err(),
             Some(InvalidParameter::Unknown("replicas".into()))
+        );
+        // The node plugin reads mkfsOptions from the volume context; it is
+        // no StorageClass parameter (docs/parameters.md).
+        assert_eq!(
+            ClassParameters::parse(&p(&[("mkfsOptions", "-m 0")])).err(),
+            Some(InvalidParameter::Unknown("mkfsOptions".into()))
         );
         assert!(ClassParameters::parse(&p(&[("cleanup", "shred")])).is_err());
         assert!(ClassParameters::parse(&p(&[("fsType", "btrfs")])).is_err());

@@ -126,6 +126,13 @@ impl Fixture {
 
     /// As [`Self::proxy`], leading as `leader` says.
     fn proxy_led(&self, workers: usize, leader: LeaderHandle) -> Proxy {
+        let soon =
+            Backoff::try_new(Duration::from_millis(100), Duration::from_millis(400), 0.0).unwrap();
+        self.proxy_with(workers, leader, soon)
+    }
+
+    /// As [`Self::proxy`], a release that did not finish waiting `retry`.
+    fn proxy_with(&self, workers: usize, leader: LeaderHandle, retry: Backoff) -> Proxy {
         let life = Arc::new(lifecycle_support::lifecycle_led(
             &self.ca,
             self.inventory(),
@@ -136,8 +143,7 @@ impl Fixture {
         let config = ReleaseConfig {
             workers,
             scan_interval: Duration::from_millis(200),
-            retry: Backoff::try_new(Duration::from_millis(100), Duration::from_millis(400), 0.0)
-                .unwrap(),
+            retry,
         };
         let qualify = QualifyConfig {
             workers: 2,
@@ -327,6 +333,97 @@ async fn a_failed_wipe_is_counted_and_retried_until_it_succeeds() {
     assert_eq!(f.agent.log.started(&vol.wwid), 3);
     assert_eq!(released.wipe_failures, 2);
     assert!(released.binding.is_none() && released.reason.is_empty());
+    p.kill().await;
+}
+
+/// A proxy whose failed wipes wait an hour before they are retried: only
+/// an operator's request (or a restart) brings one sooner.
+fn patient(f: &Fixture) -> Proxy {
+    let hour = Backoff::try_new(Duration::from_secs(3600), Duration::from_secs(3600), 0.0).unwrap();
+    f.proxy_with(2, LeaderHandle::always(), hour)
+}
+
+/// Sets what an operator sets on `wwid` (`spec.retired`, `spec.retryWipe`).
+async fn operator(p: &Proxy, wwid: &Wwid, retired: bool, retry_wipe: &str) {
+    p.life
+        .inventory()
+        .modify(wwid, |d| {
+            d.retired = retired;
+            d.retry_wipe = retry_wipe.into();
+            true
+        })
+        .await
+        .unwrap()
+        .expect("the device");
+}
+
+/// Several release scans' time.
+const SCANS: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn an_operator_s_retry_request_ends_a_failed_wipe_s_backoff_and_the_wipe_runs_again() {
+    let f = Fixture::new(1, Duration::from_millis(20), 1).await;
+    let p = patient(&f);
+    let vol = p.create("pv-1").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    let failed = failed_never_available(&p, &vol.wwid).await;
+    assert_eq!(failed.wipe_failures, 1);
+    // The backoff holds across scans: no second attempt by itself.
+    tokio::time::sleep(SCANS).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+    assert_eq!(p.device(&vol.wwid).await.phase, Phase::Failed);
+
+    operator(&p, &vol.wwid, false, "2026-05-01T10:00:00Z").await;
+    let released = p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(
+        f.agent.log.started(&vol.wwid),
+        2,
+        "one more wipe, a whole one"
+    );
+    assert_eq!(released.wipe_failures, 1);
+    assert!(released.binding.is_none() && released.reason.is_empty());
+    // The request answered, nothing more runs.
+    tokio::time::sleep(SCANS).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 2);
+    p.kill().await;
+}
+
+#[tokio::test]
+async fn a_retired_lun_is_neither_wiped_nor_offered_even_when_a_retry_is_asked_until_it_is_back_in_service()
+ {
+    let f = Fixture::new(2, Duration::from_millis(20), 1).await;
+    let p = patient(&f);
+    let vol = p.create("pv-1").await.unwrap();
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    failed_never_available(&p, &vol.wwid).await;
+
+    operator(&p, &vol.wwid, true, "asked").await;
+    tokio::time::sleep(SCANS).await;
+    assert_eq!(
+        f.agent.log.started(&vol.wwid),
+        1,
+        "a retired LUN is not wiped"
+    );
+    let held = p.device(&vol.wwid).await;
+    assert_eq!(held.phase, Phase::Failed, "nor offered: {held:?}");
+    assert!(held.binding.is_some(), "its deleted volume's record stays");
+    // A new volume gets the other LUN, then none.
+    let other = p.create("pv-2").await.unwrap();
+    assert_ne!(other.wwid, vol.wwid);
+    let none = p.create("pv-3").await.unwrap_err();
+    assert_eq!(none.code(), Code::ResourceExhausted, "{none:?}");
+    // A DeleteVolume retried meanwhile does not wipe it either.
+    p.life.delete(&volume_id(&vol), "t").await.unwrap();
+    tokio::time::sleep(SCANS).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 1);
+
+    // Back in service: the pending request is new to the workers, so the
+    // wipe runs at once, and the LUN is offered again.
+    operator(&p, &vol.wwid, false, "asked").await;
+    p.wait_for(&vol.wwid, Phase::Available).await;
+    assert_eq!(f.agent.log.started(&vol.wwid), 2);
+    let again = p.create("pv-3").await.unwrap();
+    assert_eq!(again.wwid, vol.wwid);
     p.kill().await;
 }
 

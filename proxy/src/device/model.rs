@@ -266,6 +266,14 @@ pub struct Device {
     pub wipe_failures: u32,
     /// Targets of another array that report its WWID (never merged).
     pub conflicts: Vec<TargetConflict>,
+    /// Taken out of service by an operator: never bound to a new volume,
+    /// never counted as capacity, never wiped or forgotten by the proxy
+    /// (a volume on it keeps working). Only an operator sets or clears it.
+    pub retired: bool,
+    /// An operator's request to retry the LUN's wipe now: any new value
+    /// ends the backoff of a release that did not finish (see
+    /// `crate::reconcile::release`). Only an operator sets it.
+    pub retry_wipe: String,
     /// Bumped on every write: the compare-and-swap token.
     pub generation: i64,
 }

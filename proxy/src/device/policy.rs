@@ -24,9 +24,15 @@
 //!
 //! Releasing and Failed are both [`releasing`]: the volume is deleted (or
 //! the LUN is new and its target says wipe) and a release worker
-//! (`crate::reconcile::release`) still has to wipe it. Unverified and
-//! HoldsData [`await_proof`]: a qualification worker
-//! (`crate::reconcile::qualify`) reads them.
+//! (`crate::reconcile::release`) still has to wipe it, unless an operator
+//! retired the LUN ([`wipe_due`]). Unverified and HoldsData
+//! [`await_proof`]: a qualification worker (`crate::reconcile::qualify`)
+//! reads them.
+//!
+//! `retired` is the operator's, in any phase: no transition here sets or
+//! clears it. A retired LUN is never [`free_for`] a new volume, never
+//! wiped by a release worker and never [`forgettable`]; a volume living on
+//! it keeps working, and nothing is detached or wiped because of it.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -195,6 +201,8 @@ pub fn merge(
                 reason: String::new(),
                 wipe_failures: 0,
                 conflicts: Vec::new(),
+                retired: false,
+                retry_wipe: String::new(),
                 generation: 0,
             },
             change: Change::Added,
@@ -307,10 +315,11 @@ fn target_conflict(
 
 /// Whether discovery removes `dev` after merging `round` into it: a
 /// phantom. It holds no volume and was never published, is Available or
-/// Lost, no node has a view of it and no other array claims it, at least
-/// one node answered the round and every node asked did (a node that did
-/// not answer is doubt, never "not reported"), this round did not report
-/// it, and it was last seen more than `forget_after` seconds ago. As
+/// Lost and not retired, no node has a view of it and no other array
+/// claims it, at least one node answered the round and every node asked
+/// did (a node that did not answer is doubt, never "not reported"), this
+/// round did not report it, and it was last seen more than `forget_after`
+/// seconds ago. As
 /// `last_seen` moves only every [`LAST_SEEN_RESOLUTION`], that much is
 /// added: a device that is still reported is never removed.
 pub fn forgettable(
@@ -321,6 +330,9 @@ pub fn forgettable(
     forget_after: i64,
 ) -> bool {
     !reported
+        // Forgotten, it would come back as a new LUN an operator never
+        // retired.
+        && !dev.retired
         && !round.answered.is_empty()
         && round.unanswered.is_empty()
         && dev.binding.is_none()
@@ -377,11 +389,13 @@ pub fn limit_below_floor(capabilities: &[Capability], limit_bytes: u64) -> Optio
 }
 
 /// Whether `dev` is free for a new volume of a class selecting
-/// `selector`, seen from `node` (`None`: from anywhere): Available, in no
-/// target conflict, labels matching. What a bind may take, whatever the
-/// size, and so what GetCapacity counts.
+/// `selector`, seen from `node` (`None`: from anywhere): Available, not
+/// retired, in no target conflict, labels matching. What a bind may take,
+/// whatever the size, and so what GetCapacity counts.
 pub fn free_for(dev: &Device, selector: &Selector, node: Option<&NodeName>) -> bool {
     dev.phase == Phase::Available
+        // Taken out of service by an operator.
+        && !dev.retired
         // Another array's target reports its WWID too: which LUN a node
         // would write through is in doubt until an operator settles it.
         && dev.conflicts.is_empty()
@@ -557,6 +571,13 @@ pub fn start_release(dev: &mut Device) -> bool {
 /// or volume of its name may use it, and a release worker retries it.
 pub fn releasing(dev: &Device) -> bool {
     matches!(dev.phase, Phase::Releasing | Phase::Failed)
+}
+
+/// Whether a release worker wipes `dev` now: its release is still to be
+/// done ([`releasing`]) and an operator has not retired it. A retired
+/// LUN keeps what is on it and is never offered.
+pub fn wipe_due(dev: &Device) -> bool {
+    releasing(dev) && !dev.retired
 }
 
 /// Whether a volume lives on `dev` (bound, or deleted but not yet wiped,

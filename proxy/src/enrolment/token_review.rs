@@ -12,7 +12,7 @@ use super::credentials::{CredentialCheck, Proven, Refusal};
 use crate::config::TokenRules;
 use csi_scsi_proto::agent::CredentialKind;
 
-/// What a Pod-bound token's review carries (Kubernetes 1.30 and later).
+/// What a Pod-bound token's review carries (every supported Kubernetes minor).
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 const NODE_NAME: &str = "authentication.kubernetes.io/node-name";

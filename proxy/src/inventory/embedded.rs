@@ -142,6 +142,10 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX device_nodes_wwid ON device_nodes (wwid);
      CREATE INDEX device_nodes_target ON device_nodes (target, wwid);
      CREATE INDEX device_nodes_free ON device_nodes (node, phase, size_bytes, wipe_failures, wwid);",
+    // 6: what an operator sets on a device (`Device::retired`,
+    // `Device::retry_wipe`); the proxy writes back what it read.
+    "ALTER TABLE devices ADD COLUMN retired INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE devices ADD COLUMN retry_wipe TEXT NOT NULL DEFAULT '';",
 ];
 
 /// The SQLite-backed inventory.
@@ -351,7 +355,7 @@ fn devices_where(
         .map_err(sql)
 }
 
-const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures, conflicts";
+const DEVICE_COLUMNS: &str = "wwid, target, lun, size_bytes, vendor, model, serial, labels, phase, binding, nodes, published, last_seen, reason, generation, wipe_failures, conflicts, retired, retry_wipe";
 
 fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
     let phase: String = r.get(8)?;
@@ -380,6 +384,8 @@ fn device_from_row(r: &Row<'_>) -> rusqlite::Result<Device> {
         generation: r.get(14)?,
         wipe_failures: r.get(15)?,
         conflicts: from_json(&r.get::<_, String>(16)?)?,
+        retired: r.get(17)?,
+        retry_wipe: r.get(18)?,
     })
 }
 
@@ -421,13 +427,16 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
         dev.generation,
         dev.wipe_failures,
         json(&dev.conflicts)?,
+        dev.retired,
+        dev.retry_wipe,
     ];
     let changed = if insert {
         conn.execute(
             "INSERT INTO devices (wwid, target, lun, size_bytes, vendor, model, serial, labels, phase,
                 binding_uid, volume_name, binding, nodes, published, last_seen, reason, generation,
-                wipe_failures, conflicts)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1, ?18, ?19)",
+                wipe_failures, conflicts, retired, retry_wipe)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17 + 1, ?18, ?19,
+                ?20, ?21)",
             args,
         )
     } else {
@@ -435,7 +444,8 @@ fn write(conn: &Connection, dev: &Device, insert: bool) -> Result<i64, Inventory
             "UPDATE devices SET target = ?2, lun = ?3, size_bytes = ?4, vendor = ?5, model = ?6,
                 serial = ?7, labels = ?8, phase = ?9, binding_uid = ?10, volume_name = ?11,
                 binding = ?12, nodes = ?13, published = ?14, last_seen = ?15, reason = ?16,
-                wipe_failures = ?18, conflicts = ?19, generation = generation + 1
+                wipe_failures = ?18, conflicts = ?19, retired = ?20, retry_wipe = ?21,
+                generation = generation + 1
              WHERE wwid = ?1 AND generation = ?17",
             args,
         )

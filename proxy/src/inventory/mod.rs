@@ -132,10 +132,24 @@ impl Inventory {
         self.store.devices(after, limit).await
     }
 
-    /// The WWIDs of every device whose release is still to be done
-    /// (`policy::releasing`), in WWID order.
-    pub async fn releasing(&self) -> Result<Vec<Wwid>, InventoryError> {
-        self.wwids_where(policy::releasing).await
+    /// Every device a release worker is to wipe (`policy::wipe_due`:
+    /// releasing, not retired), by WWID, with its operator's retry request
+    /// (`Device::retry_wipe`).
+    pub async fn releasing(&self) -> Result<BTreeMap<Wwid, String>, InventoryError> {
+        let mut out = BTreeMap::new();
+        let mut after: Option<Wwid> = None;
+        loop {
+            let page = self.store.devices(after.as_ref(), 500).await?;
+            out.extend(
+                page.iter()
+                    .filter(|d| policy::wipe_due(d))
+                    .map(|d| (d.wwid.clone(), d.retry_wipe.clone())),
+            );
+            match page.last() {
+                Some(last) if page.len() == 500 => after = Some(last.wwid.clone()),
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// The WWIDs of every device that awaits a probe proving it blank

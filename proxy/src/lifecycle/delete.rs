@@ -28,7 +28,8 @@ pub enum Released {
     /// Wiped (or nothing to wipe) and recorded: Available, or Lost when no
     /// node sees it.
     Done,
-    /// Nothing to do: no such device, or its release is finished already.
+    /// Nothing to do: no such device, its release is finished already, or
+    /// an operator retired it.
     NotReleasing,
 }
 
@@ -190,12 +191,16 @@ impl Lifecycle {
     /// One attempt at releasing `wwid`: wipe it through an agent that sees
     /// it and make it Available. Only a release worker calls this, and only
     /// one at a time per LUN ([`Releases::start`]). A wipe that failed is
-    /// recorded (`policy::wipe_failed`) and returned as the error.
+    /// recorded (`policy::wipe_failed`) and returned as the error. A LUN an
+    /// operator retired is not wiped (`policy::wipe_due`): nothing to do.
     pub async fn release(&self, wwid: &Wwid, request_id: &str) -> Result<Released, ProxyError> {
         let Some(dev) = self.inventory.device(wwid).await? else {
             return Ok(Released::NotReleasing);
         };
-        if !policy::releasing(&dev) {
+        if !policy::wipe_due(&dev) {
+            if dev.retired && policy::releasing(&dev) {
+                tracing::info!(%wwid, %request_id, "LUN retired by an operator: not wiped");
+            }
             return Ok(Released::NotReleasing);
         }
         // No binding: a new LUN its target's `newLuns: wipe` hands to the

@@ -3,6 +3,13 @@
 //! once, each LUN by one worker at a time. Woken by DeleteVolume and by a
 //! periodic scan of the inventory, which picks up every release a restart
 //! or a leader change interrupted. Leader-only, like discovery.
+//!
+//! A LUN whose attempt did not finish waits out a backoff (in memory: a
+//! restart ends it). An operator who fixed the cause asks for the wipe
+//! again by giving the device's `retry_wipe` a new value: the next scan
+//! that sees it ends the backoff, and the attempt is an ordinary one
+//! (`Lifecycle::release`, with every check a wipe makes). A retired LUN
+//! is not scanned for at all (`policy::wipe_due`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -29,10 +36,30 @@ pub struct ReleaseConfig {
 }
 
 /// A LUN whose last release attempt did not finish.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Retry {
     at: Instant,
     attempts: u32,
+    /// The device's `retry_wipe` when that attempt began.
+    request: String,
+}
+
+/// Ends the backoff of every LUN the scan found (`scanned`: WWID and its
+/// `retry_wipe`) whose retry request changed since its last attempt
+/// began: an operator asked for the wipe again. Returns those LUNs.
+fn honour_retry_requests(
+    retries: &mut BTreeMap<Wwid, Retry>,
+    scanned: &BTreeMap<Wwid, String>,
+) -> Vec<Wwid> {
+    let asked: Vec<Wwid> = retries
+        .iter()
+        .filter(|(wwid, r)| scanned.get(*wwid).is_some_and(|now| *now != r.request))
+        .map(|(wwid, _)| wwid.clone())
+        .collect();
+    for wwid in &asked {
+        retries.remove(wwid);
+    }
+    asked
 }
 
 /// Runs the release workers until the task is dropped (which aborts every
@@ -48,7 +75,13 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
         let now = Instant::now();
         if now >= next_scan {
             match life.inventory().releasing().await {
-                Ok(wwids) => candidates.extend(wwids),
+                Ok(scanned) => {
+                    let asked = honour_retry_requests(&mut lock(&retries), &scanned);
+                    for wwid in asked {
+                        tracing::info!(%wwid, "wipe retry requested by an operator: backoff ended");
+                    }
+                    candidates.extend(scanned.into_keys());
+                }
                 Err(e) => tracing::warn!(error = %e, "scan for releases failed"),
             }
             next_scan = now + config.scan_interval;
@@ -76,6 +109,12 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
                 let _permit = permit;
                 let _running = Running(&life, &wwid);
                 let request_id = format!("release-{}", uuid::Uuid::new_v4());
+                // Read before the attempt: a request made while it runs
+                // ends the backoff its failure would start.
+                let request = match life.inventory().device(&wwid).await {
+                    Ok(Some(d)) => d.retry_wipe,
+                    _ => String::new(),
+                };
                 match life.release(&wwid, &request_id).await {
                     Ok(done) => {
                         if done == Released::Done {
@@ -93,6 +132,7 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
                             Retry {
                                 at: Instant::now() + wait,
                                 attempts,
+                                request,
                             },
                         );
                     }
@@ -128,4 +168,53 @@ impl Drop for Running<'_> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wwid(i: u32) -> Wwid {
+        Wwid::parse(&format!("naa.6001405{i:025x}")).expect("a canonical WWID")
+    }
+
+    fn waiting(request: &str) -> Retry {
+        Retry {
+            at: Instant::now() + Duration::from_secs(1800),
+            attempts: 9,
+            request: request.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_changed_retry_request_ends_a_backoff() {
+        let mut retries = BTreeMap::from([
+            (wwid(1), waiting("")),
+            (wwid(2), waiting("")),
+            (wwid(3), waiting("monday")),
+            (wwid(4), waiting("monday")),
+            (wwid(5), waiting("")),
+        ]);
+        let scanned = BTreeMap::from([
+            // Asked for now, first time.
+            (wwid(1), "2026-05-01".to_owned()),
+            // Never asked.
+            (wwid(2), String::new()),
+            // Asked again, with a new value.
+            (wwid(3), "tuesday".to_owned()),
+            // The request its last attempt already answered.
+            (wwid(4), "monday".to_owned()),
+            // wwid(5): not in the scan (released meanwhile, or retired).
+        ]);
+        let ended = honour_retry_requests(&mut retries, &scanned);
+        assert_eq!(ended, [wwid(1), wwid(3)]);
+        let left: Vec<&Wwid> = retries.keys().collect();
+        assert_eq!(left, [&wwid(2), &wwid(4), &wwid(5)]);
+        assert!(
+            retries.values().all(|r| r.attempts == 9),
+            "the others keep their backoff"
+        );
+        // The same scan again ends nothing more.
+        assert!(honour_retry_requests(&mut retries, &scanned).is_empty());
+    }
 }

@@ -18,8 +18,8 @@ pub use pending_resize::{
     PendingResizeRequest, PendingResizeRequestSpec, PendingResizeRequestStatus,
 };
 pub use scsi_device::{
-    DeviceObjectError, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus, TARGET_CONFLICT_CONDITION,
-    conflict_message,
+    DeviceObjectError, RETIRED_REASON, SCSIDevice, SCSIDeviceSpec, SCSIDeviceStatus,
+    TARGET_CONFLICT_CONDITION, conflict_message, size_text,
 };
 pub use scsi_target::{
     FibreChannelSpec, IscsiSpec, SCSITarget, SCSITargetSpec, SCSITargetStatus, SecretReference,

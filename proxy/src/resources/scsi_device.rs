@@ -1,7 +1,10 @@
 //! `SCSIDevice` (cluster-scoped): one LUN, named from its WWID. The spec
-//! holds what discovery reported; the status holds the inventory's state
-//! (phase, binding, where it is visible) and is written only through the
-//! status subresource. The proxy is the only writer; agents never are.
+//! holds what discovery reported, and the two fields an operator sets
+//! (`retired`, `retryWipe`), which the proxy carries over unchanged in
+//! every write (a compare-and-swap: an operator's edit between its read
+//! and its write makes it read again). The status holds the inventory's
+//! state (phase, binding, where it is visible) and is written only through
+//! the status subresource, by the proxy alone; agents never write.
 // The derive takes one `printcolumn(...)` per column; clippy reads the
 // repeated `type_ = ...` arguments as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
@@ -36,14 +39,20 @@ use crate::device::{
     derive = "PartialEq",
     derive = "Default",
     doc = "One SCSI LUN, named from its WWID, as the csi-scsi proxy keeps it in its inventory.",
+    printcolumn(name = "LUN", type_ = "integer", json_path = ".spec.lun"),
+    printcolumn(name = "Serial", type_ = "string", json_path = ".spec.serial"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.sizeBytes"),
+    printcolumn(name = "Size", type_ = "string", json_path = ".status.size"),
     printcolumn(
-        name = "Volume",
+        name = "PV",
         type_ = "string",
         json_path = ".status.binding.volumeName"
     ),
-    printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodeNames"),
+    printcolumn(
+        name = "Published",
+        type_ = "string",
+        json_path = ".status.publishedNodes"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -59,6 +68,12 @@ use crate::device::{
         name = "Target",
         type_ = "string",
         json_path = ".spec.target",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Retired",
+        type_ = "boolean",
+        json_path = ".spec.retired",
         priority = 1
     ),
     printcolumn(
@@ -91,6 +106,18 @@ pub struct SCSIDeviceSpec {
     /// `deviceSelector`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Set by an operator to take the LUN out of service: it is never
+    /// bound to a new volume, counted as capacity, wiped or forgotten. A
+    /// volume on it keeps working; nothing is detached or wiped because of
+    /// it. The proxy never changes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
+    /// Set by an operator to any new value (a date, a counter) to have a
+    /// LUN whose wipe did not finish (Failed, or Releasing) tried again at
+    /// the next release scan, not after its backoff. The proxy never
+    /// changes it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub retry_wipe: String,
 }
 
 /// The inventory's state of the device.
@@ -100,6 +127,10 @@ pub struct SCSIDeviceStatus {
     /// Life-cycle phase (required: a status without one is never read as
     /// Available).
     pub phase: Phase,
+    /// `spec.sizeBytes` in binary units (`512Mi`, `1.5Gi`), rounded down,
+    /// so a claim of the size shown fits; for `kubectl get`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub size: String,
     /// The CSI volume ID (`<wwid>:<binding uid>`) while bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_id: Option<String>,
@@ -115,6 +146,9 @@ pub struct SCSIDeviceStatus {
     /// Where it is attached (ControllerPublished), and how.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub published: Vec<Publication>,
+    /// The nodes of `published`, in publish order (for `kubectl get`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub published_nodes: Vec<NodeName>,
     /// When a node last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<Time>,
@@ -204,6 +238,8 @@ impl SCSIDevice {
             reason: status.reason,
             wipe_failures: status.wipe_failures,
             conflicts: status.conflicts,
+            retired: self.spec.retired,
+            retry_wipe: self.spec.retry_wipe.clone(),
             generation,
         })
     }
@@ -223,6 +259,8 @@ impl SCSIDeviceSpec {
             model: d.model.clone(),
             serial: d.serial.clone(),
             labels: d.labels.clone(),
+            retired: d.retired,
+            retry_wipe: d.retry_wipe.clone(),
         }
     }
 }
@@ -232,9 +270,12 @@ impl SCSIDeviceSpec {
 impl SCSIDeviceStatus {
     /// The status part of an inventory device. `previous` keeps the
     /// `Usable` condition's transition time when its state did not change.
+    /// A retired device is not Usable, whatever its phase.
     pub fn from_device(d: &Device, previous: Option<&Self>, now: Timestamp) -> Self {
         let usable = matches!(d.phase, Phase::Available | Phase::Bound);
-        let (cond_status, reason, message) = if usable {
+        let (cond_status, reason, message) = if d.retired {
+            ("False", RETIRED_REASON, retired_message(d))
+        } else if usable {
             ("True", d.phase.as_str(), String::new())
         } else {
             ("False", d.phase.as_str(), d.reason.clone())
@@ -272,11 +313,13 @@ impl SCSIDeviceStatus {
         }
         Self {
             phase: d.phase,
+            size: size_text(d.size_bytes),
             volume_id: d.volume_id(),
             binding: d.binding.clone(),
             nodes: d.nodes.clone(),
             node_names: d.node_names(),
             published: d.published.clone(),
+            published_nodes: d.published_nodes(),
             last_seen: (d.last_seen > 0)
                 .then(|| Timestamp::from_second(d.last_seen).ok().map(Time))
                 .flatten(),
@@ -307,6 +350,45 @@ pub fn conflict_message(d: &Device) -> String {
     )
 }
 
+/// The `Usable` condition's reason on a retired device.
+pub const RETIRED_REASON: &str = "Retired";
+
+/// What the `Usable` condition says of a retired device.
+fn retired_message(d: &Device) -> String {
+    let mut text = format!(
+        "retired by an operator (spec.retired): never bound to a new volume, never wiped; phase {}",
+        d.phase.as_str()
+    );
+    if !d.reason.is_empty() {
+        text.push_str(": ");
+        text.push_str(&d.reason);
+    }
+    text
+}
+
+/// `bytes` in binary units, as Kubernetes quantities spell them: `512`,
+/// `64Mi`, `1.5Gi`. Exact multiples of a unit have no decimals; anything
+/// else has one decimal, rounded down, so the figure shown is never more
+/// than the LUN holds (a claim of that size fits).
+pub fn size_text(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes < 1024 {
+        return bytes.to_string();
+    }
+    let (mut unit, mut scale) = (0, 1024u128);
+    let n = u128::from(bytes);
+    while unit + 1 < UNITS.len() && n / scale >= 1024 {
+        unit += 1;
+        scale *= 1024;
+    }
+    let (whole, rest) = (n / scale, n % scale);
+    if rest == 0 {
+        format!("{whole}{}", UNITS[unit])
+    } else {
+        format!("{whole}.{}{}", rest * 10 / scale, UNITS[unit])
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -315,6 +397,96 @@ fn is_zero(n: &u32) -> bool {
 mod tests {
     use super::*;
     use crate::device::{AccessMode, Capability};
+
+    /// A device as the proxy keeps it, read back from an object.
+    fn object(spec: serde_json::Value, status: serde_json::Value) -> SCSIDevice {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "csi-scsi.io/v1alpha1",
+            "kind": "SCSIDevice",
+            "metadata": {"name": "naa.60014050000000000000000000000001", "resourceVersion": "7"},
+            "spec": spec,
+            "status": status,
+        }))
+        .expect("an SCSIDevice")
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units_and_never_more_than_the_lun_holds() {
+        for (bytes, text) in [
+            (0, "0"),
+            (1023, "1023"),
+            (1024, "1Ki"),
+            (64 << 20, "64Mi"),
+            (3 << 29, "1.5Gi"),
+            (1 << 30, "1Gi"),
+            ((1 << 30) + 1, "1.0Gi"),
+            // One byte short of 2Gi: shown below 2Gi, as a 2Gi claim does not fit.
+            ((2 << 30) - 1, "1.9Gi"),
+            ((1 << 30) - 1, "1023.9Mi"),
+            (5 << 40, "5Ti"),
+            (u64::MAX, "15.9Ei"),
+        ] {
+            assert_eq!(size_text(bytes), text, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn the_operator_s_fields_survive_the_proxy_s_read_and_write_and_derived_columns_are_written() {
+        let obj = object(
+            serde_json::json!({
+                "wwid": "naa.60014050000000000000000000000001",
+                "target": "t1",
+                "lun": 3,
+                "sizeBytes": 3u64 << 29,
+                "retired": true,
+                "retryWipe": "2026-05-01T10:00:00Z",
+            }),
+            serde_json::json!({
+                "phase": "Bound",
+                "binding": {"uid": "u1", "volumeName": "pvc-1"},
+                "published": [{"node": "node-b"}, {"node": "node-a"}],
+            }),
+        );
+        let d = obj.to_device().expect("device");
+        assert!(d.retired);
+        assert_eq!(d.retry_wipe, "2026-05-01T10:00:00Z");
+        assert_eq!(d.generation, 7);
+        let spec = SCSIDeviceSpec::from_device(&d);
+        assert_eq!(spec, obj.spec, "what the proxy writes back is what it read");
+        let status = SCSIDeviceStatus::from_device(&d, None, Timestamp::UNIX_EPOCH);
+        assert_eq!(status.size, "1.5Gi");
+        assert_eq!(
+            status.published_nodes,
+            [crate::node("node-b"), crate::node("node-a")]
+        );
+        let usable = &status.conditions[0];
+        assert_eq!(
+            (
+                usable.type_.as_str(),
+                usable.status.as_str(),
+                usable.reason.as_str()
+            ),
+            ("Usable", "False", RETIRED_REASON)
+        );
+        // Not retired: the fields stay out of the object, Bound is Usable.
+        let mut back = d.clone();
+        back.retired = false;
+        back.retry_wipe.clear();
+        let text = serde_json::to_value(SCSIDeviceSpec::from_device(&back)).expect("json");
+        assert!(
+            text.get("retired").is_none() && text.get("retryWipe").is_none(),
+            "{text}"
+        );
+        let status = SCSIDeviceStatus::from_device(&back, None, Timestamp::UNIX_EPOCH);
+        assert_eq!(status.conditions[0].status, "True");
+        // An object written before these fields reads as not retired.
+        let old = object(
+            serde_json::json!({"wwid": "naa.60014050000000000000000000000001", "target": "t1", "lun": 3, "sizeBytes": 1}),
+            serde_json::json!({"phase": "Available"}),
+        );
+        let d = old.to_device().expect("device");
+        assert!(!d.retired && d.retry_wipe.is_empty());
+    }
 
     #[test]
     fn a_status_written_before_publications_kept_their_capability_still_reads() {

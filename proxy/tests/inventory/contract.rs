@@ -555,6 +555,102 @@ pub async fn capacity_counts_no_lun_a_bind_could_not_take(f: &Fixture) {
     assert!(matches!(err, InventoryError::NoFit(_)), "{err:?}");
 }
 
+/// An operator's `retired` (Kubernetes: `spec.retired`; embedded: the
+/// `retired` column) takes a LUN out of every bind and every capacity
+/// figure, and out of the release scan; the proxy's own writes keep it,
+/// and the retry request beside it, as they were.
+pub async fn a_retired_device_is_never_bound_counted_or_scanned_for_a_wipe(f: &Fixture) {
+    let inv = &f.inv;
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, 2 * GIB), lun(3, GIB)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let all = Selector::default();
+    let node_a = [node("node-a")];
+    // LUN 1, the one a bind would take first, retired with a retry request.
+    let mut d = get(inv, &wwid(1)).await;
+    d.retired = true;
+    d.retry_wipe = "r1".into();
+    let written = inv.update(d).await.unwrap();
+    assert!(written.retired);
+    let stored = get(inv, &wwid(1)).await;
+    assert!(stored.retired, "kept by the store");
+    assert_eq!(stored.retry_wipe, "r1");
+    assert_eq!(
+        inv.capacity(&node_a, &all, 0).await.unwrap(),
+        (3 * GIB, 2 * GIB),
+        "the retired LUN is not capacity"
+    );
+    assert_eq!(
+        inv.capacity(&[], &all, 0).await.unwrap(),
+        (3 * GIB, 2 * GIB)
+    );
+    let first = inv.bind(bind_req("pv-1", &["node-a"], "")).await.unwrap();
+    assert_eq!(first.wwid, wwid(3), "the smallest LUN not retired");
+    let second = inv.bind(bind_req("pv-2", &[], "")).await.unwrap();
+    assert_eq!(second.wwid, wwid(2));
+    let err = inv.bind(bind_req("pv-3", &[], "")).await.unwrap_err();
+    assert!(matches!(err, InventoryError::NoFit(_)), "{err:?}");
+
+    // Discovery's writes of it (a new node, a new path) keep both fields.
+    let mut again = lun(1, GIB);
+    again.paths.push("another-path".into());
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![again, lun(2, 2 * GIB), lun(3, GIB)]),
+            ("node-b", vec![lun(1, GIB)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let seen = get(inv, &wwid(1)).await;
+    assert_eq!(seen.node_names(), ["node-a", "node-b"]);
+    assert!(seen.retired && seen.retry_wipe == "r1", "{seen:?}");
+
+    // A deleted volume's LUN is in the release scan, with its request,
+    // until an operator retires it.
+    inv.modify(&wwid(2), policy::start_release).await.unwrap();
+    let mut d = get(inv, &wwid(2)).await;
+    d.retry_wipe = "r2".into();
+    inv.update(d).await.unwrap();
+    let scan = inv.releasing().await.unwrap();
+    assert_eq!(
+        scan.into_iter().collect::<Vec<_>>(),
+        [(wwid(2), "r2".to_owned())]
+    );
+    inv.modify(&wwid(2), |d| {
+        d.retired = true;
+        true
+    })
+    .await
+    .unwrap();
+    assert!(
+        inv.releasing().await.unwrap().is_empty(),
+        "retired: not wiped"
+    );
+    assert_eq!(
+        get(inv, &wwid(2)).await.phase,
+        Phase::Releasing,
+        "nothing else changed"
+    );
+
+    // Back in service: bound again.
+    inv.modify(&wwid(1), |d| {
+        d.retired = false;
+        true
+    })
+    .await
+    .unwrap();
+    let third = inv.bind(bind_req("pv-3", &[], "")).await.unwrap();
+    assert_eq!(third.wwid, wwid(1));
+    assert_eq!(third.retry_wipe, "r1");
+}
+
 pub async fn bound_to_name_finds_a_volume_s_device_until_it_is_released(f: &Fixture) {
     let inv = &f.inv;
     inv.apply_discovery(round(
@@ -946,6 +1042,7 @@ contract! {
     modify_re_applies_its_change_after_a_conflict,
     capacity_counts_each_available_device_visible_from_the_nodes_once,
     capacity_counts_no_lun_a_bind_could_not_take,
+    a_retired_device_is_never_bound_counted_or_scanned_for_a_wipe,
     bound_to_name_finds_a_volume_s_device_until_it_is_released,
     devices_pages_in_wwid_order,
     phase_counts_and_the_largest_size_cover_every_device,

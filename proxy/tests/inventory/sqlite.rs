@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use csi_scsi_proxy::device::{DiscoveryRound, NewLuns, Phase};
-use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory};
+use csi_scsi_proxy::inventory::{EmbeddedInventory, Inventory, InventoryError};
 
 use crate::devices::{bind_req, lun, round, wwid};
 
-const SCHEMA_VERSION: u32 = 5;
+const SCHEMA_VERSION: u32 = 6;
 
 /// Runs `sql` through the sqlite3 tool; its output.
 fn sqlite3(db: &Path, sql: &str) -> String {
@@ -190,5 +190,69 @@ async fn a_device_changed_under_the_read_cache_is_read_again_by_the_next_write()
             &format!("SELECT reason, wipe_failures, generation FROM devices WHERE wwid = '{w}';")
         ),
         format!("set outside|{}|{}\n", after.wipe_failures, after.generation)
+    );
+}
+
+#[tokio::test]
+async fn a_lun_retired_with_sqlite3_while_the_proxy_is_stopped_is_never_bound() {
+    // docs/troubleshooting.md, embedded: stop the proxy, set `retired`,
+    // start it again.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inventory.db");
+    let inv = Inventory::new(Arc::new(EmbeddedInventory::open(&db).unwrap()));
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, 1 << 30), lun(2, 2 << 30)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    drop(inv);
+    let w = wwid(1);
+    sqlite3(
+        &db,
+        &format!("UPDATE devices SET retired = 1 WHERE wwid = '{w}';"),
+    );
+    assert_eq!(
+        sqlite3(
+            &db,
+            "SELECT wwid, phase, retired FROM devices WHERE retired = 1;"
+        ),
+        format!("{w}|Available|1\n")
+    );
+    let inv = Inventory::new(Arc::new(EmbeddedInventory::open(&db).unwrap()));
+    assert!(inv.device(&w).await.unwrap().unwrap().retired);
+    let d = inv.bind(bind_req("pv-1", &["node-a"], "")).await.unwrap();
+    assert_eq!(
+        d.wwid,
+        wwid(2),
+        "the retired LUN, though smaller, is passed over"
+    );
+    let none = inv.bind(bind_req("pv-2", &[], "")).await.unwrap_err();
+    assert!(
+        matches!(none, InventoryError::NoFit(_)),
+        "and never bound: {none}"
+    );
+    // The proxy's own writes of it keep the column.
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, 1 << 30), lun(2, 2 << 30)]),
+            ("node-b", vec![lun(1, 1 << 30)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        sqlite3(
+            &db,
+            &format!("SELECT retired FROM devices WHERE wwid = '{w}';")
+        ),
+        "1\n"
+    );
+    assert_eq!(
+        inv.device(&w).await.unwrap().unwrap().node_names(),
+        ["node-a", "node-b"]
     );
 }

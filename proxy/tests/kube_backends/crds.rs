@@ -68,5 +68,36 @@ fn the_crds_are_the_three_kinds_with_status_subresources() {
         .filter(|c| c.priority.unwrap_or(0) == 0)
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Phase", "Size", "Volume", "Nodes", "Age"]);
+    assert_eq!(
+        columns,
+        ["LUN", "Serial", "Phase", "Size", "PV", "Published", "Age"]
+    );
+    // Every column's path is one the schema has, and none is a list that
+    // grows with the nodes that see the LUN.
+    let schema = serde_json::to_value(&crds[1].spec.versions[0].schema).unwrap();
+    for c in crds[1].spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+    {
+        let mut at = &schema["openAPIV3Schema"];
+        // `metadata` is the server's, not in the schema.
+        for field in c.json_path.trim_start_matches('.').split('.') {
+            if field == "metadata" {
+                break;
+            }
+            at = &at["properties"][field];
+        }
+        assert!(
+            !at.is_null(),
+            "column {} names {}: not in the schema",
+            c.name,
+            c.json_path
+        );
+        assert!(
+            !c.json_path.contains("nodeNames") && !c.json_path.contains(".nodes"),
+            "column {} lists every node that sees the LUN",
+            c.name
+        );
+    }
 }

@@ -21,7 +21,8 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    WatchEvent, WatchParams,
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -472,6 +473,109 @@ async fn a_watch_whose_resource_version_is_gone_relists_and_reads_stay_right() {
 
 async fn get(inv: &Inventory, i: u32) -> csi_scsi_proxy::device::Device {
     inv.device(&wwid(i)).await.unwrap().expect("device")
+}
+
+// === what an operator sets, and what `kubectl get` shows ===
+
+/// The server's Table for SCSIDevice `name` (what `kubectl get` prints),
+/// as column name to cell, every column (priority 1 included).
+async fn table_row(admin: &kube::Client, name: &str) -> BTreeMap<String, Value> {
+    let request = hyper::Request::get(format!("/apis/csi-scsi.io/v1alpha1/scsidevices/{name}"))
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: Value = admin.request(request).await.unwrap();
+    let names = table["columnDefinitions"].as_array().unwrap();
+    let cells = table["rows"][0]["cells"].as_array().unwrap();
+    names
+        .iter()
+        .zip(cells)
+        .map(|(c, v)| (c["name"].as_str().unwrap().to_owned(), v.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_retired_by_a_merge_patch_stays_retired_through_the_proxy_s_writes_and_kubectl_get_shows_it()
+ {
+    let _only = real_kube::exclusive().await;
+    let admin = real_kube::admin().await;
+    let inv = real_kube::inventory(admin.clone()).await;
+    inv.apply_discovery(round(
+        "t1",
+        &[("node-a", vec![lun(1, GIB), lun(2, 3 * GIB / 2)])],
+        &[],
+    ))
+    .await
+    .unwrap();
+    // What `kubectl patch scsidevice <name> --type merge -p
+    // '{"spec":{"retired":true}}'` sends, from another client.
+    let devices: Api<SCSIDevice> = Api::all(admin.clone());
+    devices
+        .patch(
+            wwid(1).as_str(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"retired": true}})),
+        )
+        .await
+        .unwrap();
+    // The proxy writes the device at once, perhaps from a cache the patch
+    // has not reached: its compare-and-swap reads again, never undoes it.
+    inv.apply_discovery(round(
+        "t1",
+        &[
+            ("node-a", vec![lun(1, GIB), lun(2, 3 * GIB / 2)]),
+            ("node-b", vec![lun(1, GIB)]),
+        ],
+        &[],
+    ))
+    .await
+    .unwrap();
+    let stored = devices.get(wwid(1).as_str()).await.unwrap();
+    assert!(stored.spec.retired, "{stored:?}");
+    let seen: Vec<&str> = stored
+        .status
+        .as_ref()
+        .unwrap()
+        .node_names
+        .iter()
+        .map(|n| n.as_str())
+        .collect();
+    assert_eq!(seen, ["node-a", "node-b"], "the proxy's write went through");
+    // The bind passes it over; LUN 2 is bound and published.
+    let bound = inv.bind(bind_req("pv-1", &[], "")).await.unwrap();
+    assert_eq!(bound.wwid, wwid(2));
+    inv.modify(&wwid(2), |d| {
+        policy::publish(
+            d,
+            &bound.binding.as_ref().unwrap().uid,
+            crate::devices::publication("node-a"),
+        )
+        .is_ok()
+    })
+    .await
+    .unwrap();
+    let none = inv.bind(bind_req("pv-2", &[], "")).await.unwrap_err();
+    assert!(
+        matches!(none, InventoryError::NoFit(_)),
+        "the retired LUN is never bound: {none}"
+    );
+
+    let row = table_row(&admin, wwid(2).as_str()).await;
+    assert_eq!(row["LUN"], json!(2));
+    assert_eq!(row["Serial"], json!("sn2"));
+    assert_eq!(row["Phase"], json!("Bound"));
+    assert_eq!(row["Size"], json!("1.5Gi"));
+    assert_eq!(row["PV"], json!("pv-1"));
+    assert!(
+        row["Published"].as_str().unwrap().contains("node-a"),
+        "{row:?}"
+    );
+    assert!(row["Retired"].is_null(), "{row:?}");
+    assert!(!row.contains_key("Nodes"), "{row:?}");
+    let row = table_row(&admin, wwid(1).as_str()).await;
+    assert_eq!(row["Retired"], json!(true), "{row:?}");
+    assert_eq!(row["Size"], json!("1Gi"));
+    assert!(row["Published"].is_null(), "{row:?}");
 }
 
 // === paging ===

@@ -1004,3 +1004,77 @@ fn a_probe_offers_a_lun_only_at_the_size_it_read_and_holds_one_with_data_once() 
     let held = device(4, 100, &["a"], Phase::HoldsData);
     assert!(!fits(&held, &req, None));
 }
+
+#[test]
+fn a_retired_lun_is_never_bound_counted_wiped_or_forgotten_and_no_transition_clears_it() {
+    let retire = |mut d: Device| {
+        d.retired = true;
+        d
+    };
+    let any = Selector::default();
+    let req = request(1, u64::MAX, "", &[]);
+    let free = device(1, 100, &["a"], Phase::Available);
+    assert!(fits(&free, &req, None) && free_for(&free, &any, None));
+    let retired = retire(free.clone());
+    assert!(!fits(&retired, &req, None), "never bound");
+    assert!(!free_for(&retired, &any, None), "never counted as capacity");
+    assert!(!free_for(&retired, &any, Some(&node("a"))));
+    assert_eq!(choose([&free, &retired], &req, None), Some(&free));
+    assert_eq!(choose([&retired], &req, None), None);
+
+    // Its wipe is not due, in either phase a release worker wipes in; its
+    // release is still pending (no volume or bind may use it).
+    for phase in [Phase::Releasing, Phase::Failed] {
+        let pending = device(2, 100, &["a"], phase);
+        assert!(wipe_due(&pending), "{phase:?}");
+        let held = retire(pending);
+        assert!(!wipe_due(&held) && releasing(&held), "{phase:?}");
+    }
+    for phase in [
+        Phase::Available,
+        Phase::Bound,
+        Phase::Lost,
+        Phase::Unverified,
+    ] {
+        assert!(!wipe_due(&device(3, 100, &["a"], phase)), "{phase:?}");
+    }
+
+    // A phantom otherwise forgotten stays while retired: forgotten, it
+    // would come back as a LUN nobody retired.
+    let forget = 3_600;
+    let now = 10_000 + forget + LAST_SEEN_RESOLUTION;
+    let mut phantom = device(4, 100, &[], Phase::Lost);
+    phantom.last_seen = 10_000;
+    let clean = round(&[("a", vec![])], &[]);
+    assert!(forgettable(&phantom, &clean, false, now, forget));
+    assert!(!forgettable(&retire(phantom), &clean, false, now, forget));
+
+    // Every transition keeps the operator's flag and request.
+    let mut dev = retire(device(5, 100, &["a"], Phase::Available));
+    dev.retry_wipe = "asked".into();
+    bind(&mut dev, binding("v"));
+    let published = publish(
+        &mut dev,
+        "uid-v",
+        Publication {
+            node: node("a"),
+            access: None,
+            readonly: false,
+        },
+    );
+    assert_eq!(published, Ok(Publish::Recorded));
+    assert!(unpublish(&mut dev, "uid-v", &node("a")));
+    assert!(start_release(&mut dev));
+    wipe_failed(&mut dev, "EIO".into());
+    released(&mut dev);
+    lost(&mut dev, "gone");
+    found(&mut dev, NewLuns::Probe);
+    let seen = merged(&dev, &[("a", vec![lun(5, 100)])], 5_000).map_or(dev.clone(), |m| m.device);
+    for d in [&dev, &seen] {
+        assert!(d.retired, "{:?}", d.phase);
+        assert_eq!(d.retry_wipe, "asked");
+    }
+    // A LUN seen for the first time is nobody's to retire.
+    let new = device(6, 100, &["a"], Phase::Available);
+    assert!(!new.retired && new.retry_wipe.is_empty());
+}

@@ -24,6 +24,7 @@ pub mod node_labels;
 pub mod node_shell;
 pub mod operations;
 pub mod pods;
+pub mod quick_start;
 pub mod rbac;
 pub mod scenario;
 pub mod shutdown;

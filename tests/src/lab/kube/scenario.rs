@@ -104,6 +104,14 @@ pub async fn run(lab: &mut KubeLab) -> anyhow::Result<Report> {
     )
     .await?;
 
+    // Before the steps that use array-a's LUNs: it leaves every LUN wiped
+    // and Available, as it found them, and the class deleted.
+    r.step(
+        "quick start: docs/quick-start.md's StorageClass, PVC and Pod (deploy/examples) applied as written with kubectl; the PVC binds a tier=fast LUN (array-a), the Pod writes its line, prints it and reads it back; both deleted, the LUN is wiped and Available again",
+        async { Ok(((), super::quick_start::quick_start(lab).await?)) },
+    )
+    .await?;
+
     let node_a = node_name(0);
     let node_b = node_name(1);
     let node_c = node_name(2);
