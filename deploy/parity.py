@@ -7,16 +7,28 @@ what the kustomize production overlay installs (or, with --values and
                              [--overlay deploy/overlays/production]
                              [--values FILE] [--skip-kind KIND ...]
                              [--skip-object KIND/NAME ...]
+                             [--subchart NAME]
 
 --skip-kind leaves out the overlay's objects of that kind, --skip-object
 one object (the lab overlay renders the examples, which no values file
 does; the install has Secrets of its own, so the examples' CHAP Secret is
 left out by name).
 
+--subchart NAME: --chart is a parent chart (its dependencies built) with
+csi-scsi as its dependency NAME; the values file is csi-scsi's, given to
+the parent under the key NAME, as a parent chart's user writes it.
+
 Renders both (`helm template ... --include-crds`, `kubectl kustomize`, with
 the `helm` and `kubectl` on PATH), pairs the objects by apiVersion, kind,
 namespace and name, and compares each pair after removing only what is
-expected to differ:
+expected to differ.
+
+The chart is rendered with namespace.create=true: the overlays apply the
+labelled Namespace, as `helm template | kubectl apply` does with that
+value (with `helm install` it stays false, its default: the namespace
+exists before the release). The Namespace's labels are compared too.
+
+What may differ:
 
 - the labels Helm adds (helm.sh/chart, app.kubernetes.io/managed-by,
   app.kubernetes.io/instance, app.kubernetes.io/version), wherever a
@@ -42,6 +54,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -64,6 +77,13 @@ def render(cmd):
         print(f"parity: {' '.join(cmd)} failed:\n{err}", file=sys.stderr)
         sys.exit(2)
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def nest(values, key):
+    """A values file under one key (`key:` and every line indented): what
+    a parent chart's user writes for its dependency `key`."""
+    lines = [("  " + line if line.strip() else line) for line in values.splitlines()]
+    return f"{key}:\n" + "\n".join(lines) + "\n"
 
 
 def strip_maps(node):
@@ -145,11 +165,23 @@ def main():
                     help="leave out the overlay's objects of this kind")
     ap.add_argument("--skip-object", action="append", default=[],
                     help="leave out the overlay's object KIND/NAME")
+    ap.add_argument("--subchart", metavar="NAME",
+                    help="--chart is a parent chart with csi-scsi as its dependency NAME")
     args = ap.parse_args()
 
-    values = ["-f", args.values] if args.values else []
-    helm = render(["helm", "template", "csi-scsi", args.chart,
-                   "--namespace", args.namespace, "--include-crds"] + values)
+    prefix = f"{args.subchart}." if args.subchart else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        values = []
+        if args.values:
+            path = args.values
+            if args.subchart:
+                path = os.path.join(tmp, "values.yaml")
+                with open(args.values) as src, open(path, "w") as dst:
+                    dst.write(nest(src.read(), args.subchart))
+            values = ["-f", path]
+        helm = render(["helm", "template", "csi-scsi", args.chart,
+                       "--namespace", args.namespace, "--include-crds",
+                       "--set", f"{prefix}namespace.create=true"] + values)
     kust = [d for d in render(["kubectl", "kustomize", args.overlay])
             if d.get("kind") not in args.skip_kind
             and f"{d.get('kind')}/{d.get('metadata', {}).get('name')}" not in args.skip_object]
@@ -157,6 +189,8 @@ def main():
     k = index(kust, "kustomize", "the overlay")
 
     what = os.path.relpath(args.values) if args.values else "defaults"
+    if args.subchart:
+        what += f", as the subchart {args.subchart} of {os.path.basename(os.path.normpath(args.chart))}"
     problems = 0
     for only, where in ((sorted(set(k) - set(h)), "the overlay only"),
                         (sorted(set(h) - set(k)), "the chart only")):

@@ -2,7 +2,11 @@
 //! either path of docs/kubernetes.md §3: kustomize (`kubectl kustomize
 //! deploy/overlays/lab`, applied with the real kubectl) or the Helm chart
 //! (`helm install` with `deploy/chart/csi-scsi/ci/lab-values.yaml`, which
-//! deploy/parity.py holds equal to that overlay). The overlay's examples
+//! deploy/parity.py holds equal to that overlay). With Helm, every install
+//! after the first (the reinstall step) goes through a parent chart,
+//! `tests/fixtures/subchart`, with csi-scsi as its dependency and the same
+//! values under its key: the chart installed as a subchart, which
+//! deploy/parity.py also holds equal to the overlay. The overlay's examples
 //! (SCSITargets, CHAP Secret, StorageClasses) are left out: the lab's steps
 //! make their own through the API.
 
@@ -20,6 +24,10 @@ use crate::kube::{Helm, Kubectl};
 
 /// The namespace and release name a Helm install uses (docs/kubernetes.md).
 const RELEASE: &str = "csi-scsi";
+
+/// The parent chart's name for its csi-scsi dependency: the key its
+/// values for csi-scsi go under (tests/fixtures/subchart/Chart.yaml).
+const SUBCHART: &str = "csi-scsi";
 
 /// The driver's two workloads, as `kubectl` names them.
 const WORKLOADS: [&str; 2] = ["daemonset/csi-scsi-node", "deployment/csi-scsi-controller"];
@@ -49,7 +57,9 @@ impl std::fmt::Display for Via {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Kustomize => "kustomize (deploy/overlays/lab)",
-            Self::Helm => "helm (deploy/chart/csi-scsi, ci/lab-values.yaml)",
+            Self::Helm => {
+                "helm (deploy/chart/csi-scsi, ci/lab-values.yaml; a reinstall as the subchart of tests/fixtures/subchart)"
+            }
         })
     }
 }
@@ -73,6 +83,9 @@ pub struct Installer {
     overlay: &'static str,
     kubectl: Kubectl,
     helm: Option<Helm>,
+    /// Installs done so far: with Helm, the first is the chart's own, the
+    /// later ones the parent chart's.
+    installs: u32,
 }
 
 impl Installer {
@@ -86,6 +99,7 @@ impl Installer {
             overlay: "lab",
             kubectl: kubectl.clone(),
             helm,
+            installs: 0,
         })
     }
 
@@ -104,15 +118,20 @@ impl Installer {
     /// Installs the driver: everything but the workloads first, then
     /// `before_workloads(namespace)` (the certificate Secret), then the
     /// Deployment and the DaemonSet (with Helm: the namespace and the
-    /// Secret first, then the release, as docs/kubernetes.md says).
+    /// Secret first, then the release, as docs/kubernetes.md says; the
+    /// chart itself the first time, the parent chart with csi-scsi as its
+    /// subchart every later time).
     pub fn install(
-        &self,
+        &mut self,
         before_workloads: impl FnOnce(&str) -> anyhow::Result<()>,
     ) -> anyhow::Result<Rendered> {
-        match self.via {
+        let rendered = match self.via {
             Via::Kustomize => self.apply_overlay(before_workloads),
-            Via::Helm => self.helm_install(before_workloads),
-        }
+            Via::Helm if self.installs == 0 => self.helm_install(before_workloads),
+            Via::Helm => self.helm_install_as_subchart(before_workloads),
+        }?;
+        self.installs += 1;
+        Ok(rendered)
     }
 
     fn apply_overlay(
@@ -161,11 +180,54 @@ impl Installer {
         let kubectl = &self.kubectl;
         // docs/kubernetes.md §1 and §3 (Helm): the namespace exists before
         // the release (helm keeps its record there), labelled for the
-        // privileged node plugin; the proxy's Secret is in it.
+        // privileged node plugin; the proxy's Secret is in it. The chart
+        // renders no Namespace (namespace.create is false by default).
         kubectl.apply_object(&namespace(RELEASE))?;
         before_workloads(RELEASE)?;
         let chart = deploy_dir().join("chart/csi-scsi");
-        let values = chart.join("ci/lab-values.yaml");
+        let manifest = self.helm_release(&chart, &lab_values())?;
+        rendered(&objects(&manifest).context("parsing the release's manifest")?)
+    }
+
+    /// The same install as [`Self::helm_install`] through the parent chart
+    /// `tests/fixtures/subchart`, csi-scsi its dependency: the fixture and
+    /// the chart copied into a temporary directory as the repository lays
+    /// them out (the fixture names `file://../../../deploy/chart/csi-scsi`),
+    /// `helm dependency build` there (never in the tree), and
+    /// `ci/lab-values.yaml` under the parent's key for csi-scsi.
+    fn helm_install_as_subchart(
+        &self,
+        before_workloads: impl FnOnce(&str) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Rendered> {
+        self.kubectl.apply_object(&namespace(RELEASE))?;
+        before_workloads(RELEASE)?;
+        let dir = tempfile::tempdir().context("a directory for the parent chart")?;
+        let parent = dir.path().join("tests/fixtures/subchart");
+        copy_dir(&fixture_dir(), &parent)?;
+        copy_dir(
+            &deploy_dir().join("chart/csi-scsi"),
+            &dir.path().join("deploy/chart/csi-scsi"),
+        )?;
+        self.helm()?
+            .run(&["dependency", "build", &parent.display().to_string()])?;
+        let lab = lab_values();
+        let values = dir.path().join("values.yaml");
+        let text =
+            std::fs::read_to_string(&lab).with_context(|| format!("reading {}", lab.display()))?;
+        std::fs::write(&values, nested(&text, SUBCHART))?;
+        let manifest = self.helm_release(&parent, &values)?;
+        // The release is the parent's, its objects csi-scsi's templates.
+        let source = format!("# Source: csi-scsi-parent/charts/{SUBCHART}/templates/");
+        anyhow::ensure!(
+            manifest.contains(&source),
+            "the release installed through tests/fixtures/subchart has no object from {source:?}"
+        );
+        rendered(&objects(&manifest).context("parsing the release's manifest")?)
+    }
+
+    /// `helm install` of `chart` with `values` as the release `csi-scsi`
+    /// in its namespace; the release's manifest.
+    fn helm_release(&self, chart: &Path, values: &Path) -> anyhow::Result<String> {
         self.helm()?.run(&[
             "install",
             RELEASE,
@@ -174,19 +236,22 @@ impl Installer {
             RELEASE,
             "--values",
             &values.display().to_string(),
-            "--set",
-            "namespace.create=false",
         ])?;
-        let manifest = self
-            .helm()?
-            .run(&["get", "manifest", RELEASE, "--namespace", RELEASE])?;
-        let docs = objects(&manifest).context("parsing the release's manifest")?;
-        rendered(&docs)
+        self.helm()?
+            .run(&["get", "manifest", RELEASE, "--namespace", RELEASE])
     }
 
     /// Rolls both workloads to the driver's images tagged `tag`: `kubectl
-    /// set image`, or `helm upgrade --reuse-values` with the new tags.
+    /// set image`, or `helm upgrade --reset-then-reuse-values` (what
+    /// docs/upgrade.md tells users: the new chart's defaults, the release's
+    /// values over them) with the new tags (of
+    /// the chart's own release: the lab upgrades before it reinstalls).
     pub fn upgrade(&self, namespace: &str, tag: &str) -> anyhow::Result<()> {
+        if self.via == Via::Helm && self.installs > 1 {
+            bail!(
+                "the release is the parent chart's (tests/fixtures/subchart, the reinstall): upgrade runs before the reinstall"
+            );
+        }
         match self.via {
             Via::Kustomize => {
                 for (workload, container, image) in [
@@ -210,7 +275,7 @@ impl Installer {
                     &deploy_dir().join("chart/csi-scsi").display().to_string(),
                     "--namespace",
                     namespace,
-                    "--reuse-values",
+                    "--reset-then-reuse-values",
                     "--set",
                     &format!("controller.image.tag={tag}"),
                     "--set",
@@ -261,7 +326,7 @@ impl Installer {
                     "-n",
                     namespace,
                     "delete",
-                    "serviceaccount,role,rolebinding",
+                    "service,serviceaccount,role,rolebinding",
                     "-l",
                     label,
                 ])?;
@@ -323,6 +388,48 @@ const DRIVER_PODS: &str = "app.kubernetes.io/name in (csi-scsi-controller,csi-sc
 /// The repository's `deploy/`.
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The project lab's values for the chart.
+fn lab_values() -> PathBuf {
+    deploy_dir().join("chart/csi-scsi/ci/lab-values.yaml")
+}
+
+/// The parent chart with csi-scsi as its dependency.
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/subchart")
+}
+
+/// A values file under one key (`key:`, then every line indented): what a
+/// parent chart's user writes for its dependency `key` (as
+/// deploy/parity.py's `nest`).
+fn nested(values: &str, key: &str) -> String {
+    let mut out = format!("{key}:\n");
+    for line in values.lines() {
+        if !line.trim().is_empty() {
+            out.push_str("  ");
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Copies the directory `from` to `to`, recursively (files and
+/// directories only: the charts hold nothing else).
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type()?.is_dir() {
+            copy_dir(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)
+                .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// The namespace and roles of an install's objects, which must hold
@@ -392,4 +499,19 @@ fn namespace(name: &str) -> Namespace {
 /// `items` as one `v1/List`, for one `kubectl apply`.
 fn list(items: &[DynamicObject]) -> anyhow::Result<String> {
     Ok(serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nested;
+
+    #[test]
+    fn values_nested_under_a_key_read_as_the_same_values_under_it() {
+        let values = "# a comment\nlogFormat: text\ncontroller:\n  extraArgs: [--a=1]\n\n  resources:\n    limits: null\n";
+        let got: serde_json::Value =
+            serde_saphyr::from_str(&nested(values, "csi-scsi")).expect("YAML");
+        let want: serde_json::Value = serde_saphyr::from_str(values).expect("YAML");
+        assert_eq!(got, serde_json::json!({ "csi-scsi": want }));
+        assert_eq!(want["controller"]["extraArgs"][0], "--a=1");
+    }
 }
