@@ -184,11 +184,7 @@ pub fn render(passes: &[Pass]) -> String {
         }
         // A spec the focus or skip left out is "skipped" without a message;
         // one the suite skipped at run time says why.
-        for s in p
-            .specs
-            .iter()
-            .filter(|s| !s.passed() && !s.not_selected())
-        {
+        for s in p.specs.iter().filter(|s| !s.passed() && !s.not_selected()) {
             let first = s.message.lines().next().unwrap_or_default();
             out.push_str(&format!(
                 "  {} [{:.0}s] {}\n    {first}\n",

@@ -89,7 +89,10 @@ pub const POOL_TARGET: &str = "array-c";
 /// Creates (or updates) the pool's target, array-c; fails when the lab
 /// has no pool.
 pub fn create_pool_target(lab: &KubeLab) -> anyhow::Result<()> {
-    anyhow::ensure!(lab.lab.config.has_pool(), "the lab has no pool (--pool, --pool-large)");
+    anyhow::ensure!(
+        lab.lab.config.has_pool(),
+        "the lab has no pool (--pool, --pool-large)"
+    );
     let row = TARGETS
         .iter()
         .find(|row| row.0 == POOL_TARGET)

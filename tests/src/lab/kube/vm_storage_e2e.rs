@@ -17,8 +17,8 @@ use csi_scsi_proxy::resources::SCSIDevice;
 
 use super::KubeLab;
 use super::api::Typed;
-use super::scenario::phase;
 use super::node::{IMPORT_ARGS, tag_args};
+use super::scenario::phase;
 use super::targets::{POOL_TARGET, create_pool_target};
 use super::vm_node::GUEST_IMAGES_DIR;
 use crate::kube::GoTools;
