@@ -111,9 +111,14 @@ pub async fn run(life: Arc<Lifecycle>, config: ReleaseConfig) {
                 let request_id = format!("release-{}", uuid::Uuid::new_v4());
                 // Read before the attempt: a request made while it runs
                 // ends the backoff its failure would start.
+                // A failed read keeps the request the last attempt saw: an
+                // empty one would make a standing request look new.
                 let request = match life.inventory().device(&wwid).await {
                     Ok(Some(d)) => d.retry_wipe,
-                    _ => String::new(),
+                    Err(_) | Ok(None) => lock(&retries)
+                        .get(&wwid)
+                        .map(|r| r.request.clone())
+                        .unwrap_or_default(),
                 };
                 match life.release(&wwid, &request_id).await {
                     Ok(done) => {
