@@ -175,8 +175,7 @@ mod tests {
             assert_eq!(c.identity.len(), 1, "{key} identifies the request");
         }
         let refused = ClassParameters::parse(&p(&[("replicas", "3")]))
-            .err()
-            .expect("an unknown key is refused");
+            .expect_err("an unknown key is refused");
         assert_eq!(
             refused.to_string(),
             "unknown parameter \"replicas\" (known: deviceSelector, cleanup, fsType)"

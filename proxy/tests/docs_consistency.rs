@@ -74,7 +74,7 @@ fn keyed_rows<'a>(lines: &[&'a str]) -> Vec<(&'a str, Vec<&'a str>)> {
         .filter_map(|l| cells(l))
         .filter_map(|row| {
             let key = row[0].strip_prefix('`')?.strip_suffix('`')?;
-            (!key.contains('`')).then(|| (key, row))
+            (!key.contains('`')).then_some((key, row))
         })
         .collect()
 }
