@@ -704,11 +704,14 @@ async fn the_proxy_serves_health_readiness_metrics_and_status_with_every_agent()
         after.value("csi_scsi_devices", &[("phase", "Available")]),
         Some(0.0)
     );
-    // The probe of node-b, which never answers, may be under way.
+    // The probes run every second, one per agent: node-b's (a closed
+    // port) and node-a's may both be under way when the scrape is taken
+    // (a local CI run on 2026-12-01 saw 2 on a loaded machine). More than
+    // one per agent is a leak.
     assert!(
         after
             .value("csi_scsi_agent_calls_in_flight", &[])
-            .is_some_and(|n| n <= 1.0),
+            .is_some_and(|n| n <= 2.0),
         "{:?}",
         after.value("csi_scsi_agent_calls_in_flight", &[])
     );
